@@ -1,0 +1,94 @@
+// Command oac-guest is the agent baked into every guest image. See package
+// guest/agent for what it does and README.md for how it is started.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/oac/sandbox-agent/guest/agent"
+	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/reaper"
+	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/protocol/transport"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
+	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	debug := fs.Bool("debug", false, "log debug messages")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "oac-guest: unexpected arguments; see oac-guest -h")
+		return 2
+	}
+	if *showVersion {
+		fmt.Printf("oac-guest %s (protocol %d..%d)\n", buildinfo.Version, protocol.MinVersion, protocol.MaxVersion)
+		return 0
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "oac-guest")
+
+	pid1 := os.Getpid() == 1
+	if pid1 {
+		res, err := initsys.EnsureMounts(initsys.Mounts)
+		for _, r := range res {
+			if r.Err != nil {
+				log.Warn("mount", "target", r.Target, "err", r.Err)
+			} else {
+				log.Debug("mount", "target", r.Target, "action", r.Action)
+			}
+		}
+		if err != nil {
+			log.Error("init failed", "err", err)
+			return 1
+		}
+		if _, err := initsys.LoopbackUp(); err != nil {
+			log.Warn("loopback", "err", err)
+		}
+	} else if err := reaper.BecomeSubreaper(); err != nil {
+		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
+	}
+	rp := reaper.New()
+
+	var ep transport.Endpoint
+	var err error
+	if *transportURL != "" {
+		ep, err = transport.Parse(*transportURL)
+	} else {
+		ep, err = agent.DetectEndpoint()
+	}
+	if err != nil {
+		log.Error("transport", "err", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err = agent.Run(ctx, agent.Config{
+		Endpoint:     ep,
+		AgentVersion: buildinfo.Version,
+		Reaper:       rp,
+		Log:          log,
+		SetHostname:  pid1,
+	})
+	if err != nil {
+		log.Error("stopped", "err", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}

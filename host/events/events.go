@@ -1,0 +1,74 @@
+package events
+
+import (
+	"encoding/json"
+	"io"
+	"sync"
+	"time"
+)
+
+// Event kinds.
+const (
+	KindState   = "state"   // lifecycle state change: state, message
+	KindAgent   = "agent"   // the guest agent connected: pid, protocol, agent_version
+	KindProcess = "process" // a guest process started or exited
+	KindLog     = "log"     // one line of guest process output: stream, line
+	KindDropped = "log_dropped"
+)
+
+// Sandbox states.
+const (
+	StateStarting = "starting"
+	StateReady    = "ready"
+	StateFailed   = "failed"
+	StateStopped  = "stopped"
+)
+
+// Event is one line of oac-shim output.
+type Event struct {
+	Time         time.Time `json:"time"`
+	Sandbox      string    `json:"sandbox"`
+	Event        string    `json:"event"`
+	State        string    `json:"state,omitempty"`
+	Message      string    `json:"message,omitempty"`
+	Process      string    `json:"process,omitempty"`
+	PID          int       `json:"pid,omitempty"`
+	Running      *bool     `json:"running,omitempty"`
+	ExitCode     *int      `json:"exit_code,omitempty"`
+	Signal       string    `json:"signal,omitempty"`
+	Protocol     int       `json:"protocol,omitempty"`
+	AgentVersion string    `json:"agent_version,omitempty"`
+	Stream       string    `json:"stream,omitempty"`
+	Line         string    `json:"line,omitempty"`
+	Dropped      int64     `json:"dropped,omitempty"`
+}
+
+// Sink receives events. Emit must be safe for concurrent use.
+type Sink interface{ Emit(Event) }
+
+// JSONLines writes each event as one JSON object per line.
+type JSONLines struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+// NewJSONLines returns a sink writing to w.
+func NewJSONLines(w io.Writer) *JSONLines {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return &JSONLines{enc: enc}
+}
+
+// Emit writes e; a write error is dropped (events must never block or fail
+// the sandbox).
+func (j *JSONLines) Emit(e Event) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	_ = j.enc.Encode(e)
+}
+
+// Func adapts a function to Sink.
+type Func func(Event)
+
+// Emit calls f.
+func (f Func) Emit(e Event) { f(e) }

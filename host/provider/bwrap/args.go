@@ -1,0 +1,89 @@
+package bwrap
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// Paths inside the guest.
+const (
+	GuestAgentPath  = "/run/oac/oac-guest"
+	GuestSocketPath = "/run/oac/agent.sock"
+)
+
+// hostEntry is one top-level path of the default root: a directory to bind
+// read-only or a symlink to recreate (merged-/usr systems link /bin to
+// usr/bin).
+type hostEntry struct {
+	Path    string
+	Symlink string // target when the host path is a symlink
+}
+
+// argsConfig is everything the bwrap command line depends on.
+type argsConfig struct {
+	// RootFD is the O_PATH fd of a rootfs directory, or -1 for the default
+	// read-only view of the host.
+	RootFD int
+	// HostEntries make up the default root (ignored with RootFD).
+	HostEntries []hostEntry
+	// EtcFiles are host files bound read-only under /etc in the default
+	// root, as guest path -> host path.
+	EtcFiles [][2]string
+	AgentFD  int
+	SocketFD int
+}
+
+// buildArgs returns bwrap's arguments, agent command included.
+func buildArgs(c argsConfig) []string {
+	a := []string{
+		"--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
+		"--die-with-parent", "--as-pid-1", "--new-session", "--clearenv",
+	}
+	if c.RootFD >= 0 {
+		a = append(a, "--ro-bind-fd", strconv.Itoa(c.RootFD), "/")
+	} else {
+		for _, e := range c.HostEntries {
+			if e.Symlink != "" {
+				a = append(a, "--symlink", e.Symlink, e.Path)
+			} else {
+				a = append(a, "--ro-bind", e.Path, e.Path)
+			}
+		}
+		a = append(a, "--dir", "/etc")
+		for _, f := range c.EtcFiles {
+			a = append(a, "--ro-bind", f[1], f[0])
+		}
+	}
+	a = append(a,
+		"--proc", "/proc",
+		"--dev", "/dev",
+		"--perms", "1777", "--tmpfs", "/tmp",
+		"--tmpfs", "/run",
+		"--dir", "/run/oac",
+		"--ro-bind-fd", strconv.Itoa(c.AgentFD), GuestAgentPath,
+		"--bind-fd", strconv.Itoa(c.SocketFD), GuestSocketPath,
+		"--chdir", "/",
+		"--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		GuestAgentPath, "--transport", "unix://"+GuestSocketPath,
+	)
+	return a
+}
+
+// passwd and group list the identities every guest has.
+func passwd() string {
+	return "root:x:0:0:root:/root:/bin/sh\n" +
+		fmt.Sprintf("runtime:x:%d:%d:runtime:/home/runtime:/bin/sh\n", 1000, 1000) +
+		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+}
+
+func group() string {
+	return "root:x:0:\nruntime:x:1000:\nnogroup:x:65534:\n"
+}
+
+func hosts(hostname string) string {
+	s := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	if hostname != "" {
+		s += "127.0.1.1\t" + hostname + "\n"
+	}
+	return s
+}

@@ -1,0 +1,16 @@
+// Package bwrap is the bubblewrap provider: each sandbox is a bwrap process
+// with its own user, pid, net, ipc, uts, mount and cgroup namespaces, no
+// network but lo, and oac-guest as PID 1.
+//
+// When oac-shim runs as root, bwrap is started inside a user namespace that
+// maps guest uids/gids 0..65535 to a host range of its own (one slot per
+// running sandbox, claimed with a lock file), so guest root and the guest's
+// uid 1000 are two distinct, unprivileged host ids. The transport is an
+// AF_UNIX socket created by the shim and bound into the sandbox at
+// /run/oac/agent.sock; the agent binary, the socket and a rootfs directory
+// are passed to bwrap as O_PATH descriptors, so no host path is traversed
+// with the guest's ids.
+//
+// It owns the bwrap command line, the per-sandbox state directory and the id
+// range. It must not speak the protocol; the sandbox package does.
+package bwrap

@@ -1,0 +1,95 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+)
+
+// Sentinel errors; providers wrap them with context.
+var (
+	// ErrUnavailable: the provider cannot run on this host (missing binary,
+	// kernel feature, privilege). The wrapping message says what to install
+	// or change.
+	ErrUnavailable = errors.New("provider unavailable")
+	// ErrExists: a sandbox of that name is already running.
+	ErrExists = errors.New("sandbox already exists")
+	// ErrInvalidSpec: the Spec breaks a rule; nothing was created.
+	ErrInvalidSpec = errors.New("invalid sandbox spec")
+	// ErrNotStarted: the operation needs a started instance.
+	ErrNotStarted = errors.New("sandbox not started")
+)
+
+// Spec describes one sandbox to create.
+type Spec struct {
+	// Name identifies the sandbox on this host; see ValidName.
+	Name string
+	// AgentPath is the host path of the oac-guest binary to run as PID 1.
+	AgentPath string
+	// Rootfs is a host directory used as the guest's read-only root; empty
+	// selects the provider's default.
+	Rootfs string
+	// Hostname is written into the guest's /etc/hosts when the provider
+	// supplies it.
+	Hostname string
+	// Stderr receives the runtime's diagnostics and the agent's own log.
+	Stderr io.Writer
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// ValidName reports whether name is a valid sandbox name: 1 to 63 of a-z,
+// 0-9 and '-', not starting with '-'. Names become host paths, so nothing
+// else is accepted.
+func ValidName(name string) bool { return nameRE.MatchString(name) }
+
+// Validate checks the fields every provider relies on.
+func (s Spec) Validate() error {
+	if !ValidName(s.Name) {
+		return fmt.Errorf("%w: name must be 1 to 63 characters of a-z, 0-9 and '-', not starting with '-'", ErrInvalidSpec)
+	}
+	if s.AgentPath == "" {
+		return fmt.Errorf("%w: no oac-guest binary given", ErrInvalidSpec)
+	}
+	return nil
+}
+
+// Provider boots guests of one kind.
+type Provider interface {
+	// Name is the provider's name as given to --provider.
+	Name() string
+	// Check returns nil when the provider can run here, or an error
+	// wrapping ErrUnavailable that says why and what to do.
+	Check(ctx context.Context) error
+	// Create prepares a sandbox (state, transport listener) without
+	// starting it. On error nothing is left behind.
+	Create(ctx context.Context, spec Spec) (Instance, error)
+}
+
+// Instance is one created sandbox.
+type Instance interface {
+	// Start starts the runtime. The guest connects on its own.
+	Start(ctx context.Context) error
+	// Accept returns the guest's transport connection.
+	Accept(ctx context.Context) (net.Conn, error)
+	// Done is closed when the runtime has exited; Err then says why.
+	Done() <-chan struct{}
+	Err() error
+	// Kill stops the runtime at once and waits for it to exit.
+	Kill() error
+	// Destroy removes everything Create made. It kills a running runtime
+	// first and is safe to call more than once.
+	Destroy() error
+}
+
+// HostPIDer is implemented by instances whose runtime is a host process.
+type HostPIDer interface{ HostPID() int }
+
+// IDMapper is implemented by instances that map guest ids to host ids.
+type IDMapper interface {
+	// HostID returns the host uid and gid that guest uid/gid id maps to.
+	HostID(id int) (uid, gid int)
+}

@@ -1,0 +1,13 @@
+// Package sandbox runs one sandbox from create to destroy: it validates the
+// Bootstrap before anything exists, creates and starts the provider's
+// instance, accepts the guest's connection, negotiates the protocol, sends
+// the Bootstrap, turns the guest's messages into lifecycle events
+// (starting, ready, failed, stopped), carries log streams, and stops the
+// guest in order (Shutdown, grace, kill) when asked.
+//
+// It is the host's trust boundary for a session: every read from the guest
+// is bounded in size and time, streams are capped, log volume is rate
+// limited, and no guest-supplied value chooses a host path or reaches a log
+// unescaped. It must not know how a runtime boots (package provider) or how
+// frames are encoded (package protocol).
+package sandbox

@@ -1,0 +1,421 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+)
+
+// Defaults.
+const (
+	DefaultBootTimeout = 30 * time.Second
+	// stopMargin is added to the guest's grace before the runtime is killed.
+	stopMargin = 3 * time.Second
+	// maxGuestText bounds a guest-supplied message copied into an event.
+	maxGuestText = 1024
+)
+
+// Config configures one sandbox run.
+type Config struct {
+	Name      string
+	Provider  provider.Provider
+	AgentPath string
+	Rootfs    string
+	// Bootstrap is sent to the guest; nil sends an empty one (no daemon).
+	Bootstrap *bootstrap.Bootstrap
+	Events    events.Sink
+	Log       *slog.Logger
+	// Diag receives the runtime's and the agent's diagnostics, prefixed.
+	Diag io.Writer
+	// BootTimeout bounds the time from start to ready.
+	BootTimeout time.Duration
+	// MinVersion and MaxVersion override the protocol range (tests).
+	MinVersion, MaxVersion int
+}
+
+// Run runs the sandbox until ctx is cancelled (then it stops the guest in
+// order and returns nil) or the sandbox fails (it returns the reason). The
+// last event is always a state event: stopped or failed.
+func Run(ctx context.Context, cfg Config) error {
+	s := &run{cfg: cfg, frames: make(chan protocol.Frame), recvErr: make(chan error, 1)}
+	if s.cfg.Log == nil {
+		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if s.cfg.Events == nil {
+		s.cfg.Events = events.Func(func(events.Event) {})
+	}
+	if s.cfg.BootTimeout == 0 {
+		s.cfg.BootTimeout = DefaultBootTimeout
+	}
+	if s.cfg.MinVersion == 0 {
+		s.cfg.MinVersion, s.cfg.MaxVersion = protocol.MinVersion, protocol.MaxVersion
+	}
+	if s.cfg.Bootstrap == nil {
+		s.cfg.Bootstrap = &bootstrap.Bootstrap{Version: bootstrap.Version}
+	}
+	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
+	return s.run(ctx)
+}
+
+type run struct {
+	cfg     Config
+	diag    *diagWriter
+	inst    provider.Instance
+	sess    *yamux.Session
+	ctl     *protocol.Control
+	frames  chan protocol.Frame
+	recvErr chan error
+
+	mu    sync.Mutex
+	state string
+	wg    sync.WaitGroup
+}
+
+func (s *run) emit(e events.Event) {
+	e.Time = time.Now().UTC()
+	e.Sandbox = s.cfg.Name
+	s.cfg.Events.Emit(e)
+}
+
+// setState emits a state event; terminal states are final.
+func (s *run) setState(state, msg string) {
+	s.mu.Lock()
+	if s.state == events.StateFailed || s.state == events.StateStopped || s.state == state && state != events.StateStarting {
+		s.mu.Unlock()
+		return
+	}
+	s.state = state
+	s.mu.Unlock()
+	s.emit(events.Event{Event: events.KindState, State: state, Message: msg})
+}
+
+func (s *run) fail(err error) error {
+	s.setState(events.StateFailed, err.Error())
+	return err
+}
+
+func (s *run) run(ctx context.Context) error {
+	b := s.cfg.Bootstrap
+	if err := b.Validate(); err != nil {
+		return s.fail(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
+	}
+	spec := provider.Spec{Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag}
+	if err := spec.Validate(); err != nil {
+		return s.fail(fmt.Errorf("nothing created: %w", err))
+	}
+	s.setState(events.StateStarting, "creating sandbox")
+	inst, err := s.cfg.Provider.Create(ctx, spec)
+	if err != nil {
+		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
+	}
+	s.inst = inst
+	defer func() {
+		if s.sess != nil {
+			s.sess.Close()
+		}
+		if err := inst.Destroy(); err != nil {
+			s.cfg.Log.Warn("destroy", "sandbox", s.cfg.Name, "err", err)
+		}
+		s.wg.Wait()
+	}()
+	start := time.Now()
+	if err := inst.Start(ctx); err != nil {
+		return s.fail(fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err))
+	}
+	bootCtx, cancelBoot := context.WithTimeout(ctx, s.cfg.BootTimeout)
+	defer cancelBoot()
+	conn, err := inst.Accept(bootCtx)
+	if err != nil {
+		if ctx.Err() != nil {
+			_ = inst.Kill()
+			s.setState(events.StateStopped, "stopped before the guest connected")
+			return nil
+		}
+		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
+	}
+	if err := s.handshake(conn); err != nil {
+		return s.fail(s.withDiag(err))
+	}
+	s.wg.Add(1)
+	go s.acceptStreams()
+	body, err := json.Marshal(b)
+	if err != nil {
+		return s.fail(fmt.Errorf("encode bootstrap: %w", err))
+	}
+	if err := s.ctl.Send(protocol.TypeBootstrap, json.RawMessage(body)); err != nil {
+		return s.fail(fmt.Errorf("send bootstrap: %w", err))
+	}
+	s.wg.Add(1)
+	go s.readControl()
+	err = s.supervise(ctx, bootCtx, start)
+	if err != nil {
+		s.shutdown("sandbox failed")
+		return s.fail(err)
+	}
+	return nil
+}
+
+func (s *run) handshake(conn net.Conn) error {
+	sess, err := yamux.Server(conn, protocol.MuxConfig(nil))
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("start session: %w", err)
+	}
+	s.sess = sess
+	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
+		HostVersion:  buildinfo.Version,
+		TimeUnixNano: time.Now().UnixNano(),
+	}, protocol.HelloTimeout)
+	if err != nil {
+		return fmt.Errorf("handshake with guest: %w", err)
+	}
+	s.ctl = ctl
+	s.emit(events.Event{
+		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
+		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
+	})
+	return nil
+}
+
+func (s *run) withDiag(err error) error {
+	if d := s.diag.lastLines(); d != "" {
+		return fmt.Errorf("%w (runtime said: %s)", err, guestText(d, maxGuestText))
+	}
+	return err
+}
+
+// readControl forwards control frames until the stream fails.
+func (s *run) readControl() {
+	defer s.wg.Done()
+	for {
+		f, err := s.ctl.Recv()
+		if err != nil {
+			s.recvErr <- err
+			return
+		}
+		select {
+		case s.frames <- f:
+		case <-s.sess.CloseChan():
+			return
+		}
+	}
+}
+
+// supervise handles guest messages until a stop request or a failure.
+func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
+	ready := false
+	bootDone := bootCtx.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			reason := "stop requested"
+			if c := context.Cause(ctx); c != nil && c != context.Canceled {
+				reason = c.Error()
+			}
+			s.shutdown(reason)
+			s.setState(events.StateStopped, "stopped: "+reason)
+			return nil
+		case <-bootDone:
+			if !ready {
+				return fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout)
+			}
+			bootDone = nil
+		case <-s.inst.Done():
+			return s.withDiag(s.inst.Err())
+		case err := <-s.recvErr:
+			return s.withDiag(fmt.Errorf("guest connection lost: %w", err))
+		case f := <-s.frames:
+			switch f.Type {
+			case protocol.TypeState:
+				var st protocol.State
+				if err := f.Decode(&st); err != nil {
+					return fmt.Errorf("guest sent a bad State: %w", err)
+				}
+				if st.Process != nil {
+					s.emitProcess(st.Process)
+				}
+				msg := guestText(st.Message, maxGuestText)
+				switch st.State {
+				case protocol.StateStarting:
+					s.setState(events.StateStarting, "guest applying bootstrap")
+				case protocol.StateReady:
+					ready, bootDone = true, nil
+					s.setState(events.StateReady, fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond)))
+				case protocol.StateFailed:
+					return fmt.Errorf("guest: %s", msg)
+				case protocol.StateStopped:
+					return fmt.Errorf("guest stopped on its own: %s", msg)
+				default:
+					return fmt.Errorf("guest sent an unknown state %q", guestText(st.State, 32))
+				}
+			case protocol.TypeError:
+				var e protocol.Error
+				if err := f.Decode(&e); err != nil {
+					return fmt.Errorf("guest sent a bad Error: %w", err)
+				}
+				return fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText))
+			default:
+				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
+			}
+		}
+	}
+}
+
+func (s *run) emitProcess(p *protocol.ProcessStatus) {
+	running := p.Running
+	e := events.Event{Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running, ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32)}
+	if running {
+		e.Message = "started"
+	} else {
+		e.Message = "exited"
+	}
+	s.emit(e)
+}
+
+// shutdown asks the guest to stop within its grace, waits for it to say
+// stopped (or vanish), then kills the runtime.
+func (s *run) shutdown(reason string) {
+	if s.ctl == nil {
+		_ = s.inst.Kill()
+		return
+	}
+	grace := s.cfg.Bootstrap.Grace()
+	if err := s.ctl.Send(protocol.TypeShutdown, protocol.Shutdown{Reason: reason, GraceMS: grace.Milliseconds()}); err != nil {
+		_ = s.inst.Kill()
+		return
+	}
+	deadline := time.After(grace + stopMargin)
+	for {
+		select {
+		case f := <-s.frames:
+			var st protocol.State
+			if f.Type == protocol.TypeState && f.Decode(&st) == nil {
+				if st.Process != nil {
+					s.emitProcess(st.Process)
+				}
+				if st.State == protocol.StateStopped {
+					s.waitExit(stopMargin)
+					return
+				}
+			}
+		case <-s.recvErr:
+			s.waitExit(stopMargin)
+			return
+		case <-s.inst.Done():
+			return
+		case <-deadline:
+			s.cfg.Log.Warn("guest did not stop in time, killing", "sandbox", s.cfg.Name, "grace", grace)
+			_ = s.inst.Kill()
+			return
+		}
+	}
+}
+
+// waitExit gives the runtime d to exit on its own (PID 1 exiting ends it),
+// then kills it.
+func (s *run) waitExit(d time.Duration) {
+	select {
+	case <-s.inst.Done():
+	case <-time.After(d):
+		_ = s.inst.Kill()
+	}
+}
+
+// acceptStreams serves streams the guest opens: log streams now; other
+// kinds are refused until their features exist.
+func (s *run) acceptStreams() {
+	defer s.wg.Done()
+	budget := newLogBudget(time.Now)
+	sem := make(chan struct{}, protocol.MaxStreams)
+	stopTicker := make(chan struct{})
+	defer close(stopTicker)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				if d := budget.takeDropped(); d > 0 {
+					s.emit(events.Event{Event: events.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
+				}
+			case <-stopTicker:
+				return
+			}
+		}
+	}()
+	for {
+		st, err := s.sess.AcceptStream()
+		if err != nil {
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			s.cfg.Log.Warn("too many guest streams, refusing", "sandbox", s.cfg.Name, "limit", protocol.MaxStreams)
+			st.Close()
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-sem }()
+			defer st.Close()
+			s.serveStream(st, budget)
+		}()
+	}
+}
+
+func (s *run) serveStream(st net.Conn, budget *logBudget) {
+	h, err := protocol.ReadStreamHeader(st, 5*time.Second)
+	if err != nil {
+		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
+		return
+	}
+	switch h.Kind {
+	case protocol.KindLog:
+		_ = readLines(st, func(line string) {
+			if budget.take(len(line) + 1) {
+				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
+			}
+		})
+	default:
+		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
+	}
+}
+
+// guestText makes a guest-supplied string safe to put in an event: valid
+// UTF-8, no control characters, at most n bytes.
+func guestText(s string, n int) string {
+	if len(s) > n {
+		s = s[:n]
+		for !utf8.ValidString(s) && len(s) > 0 {
+			s = s[:len(s)-1]
+		}
+		s += "..."
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+}
+

@@ -1,0 +1,126 @@
+package protocol
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Protocol versions this build speaks.
+const (
+	MinVersion = 1
+	MaxVersion = 1
+)
+
+// Hello is the guest's first message on the control stream.
+type Hello struct {
+	MinVersion   int      `json:"min_version"`
+	MaxVersion   int      `json:"max_version"`
+	AgentVersion string   `json:"agent_version"`
+	PID          int      `json:"pid"`
+	Capabilities []string `json:"capabilities,omitempty"`
+}
+
+// Welcome is the host's answer to a Hello it accepts.
+type Welcome struct {
+	Version      int      `json:"version"`
+	HostVersion  string   `json:"host_version"`
+	Capabilities []string `json:"capabilities,omitempty"`
+	// TimeUnixNano is the host's wall clock when Welcome was sent; VM
+	// guests set their clock from it.
+	TimeUnixNano int64 `json:"time_unix_nano"`
+}
+
+// Guest states reported in State messages.
+const (
+	StateStarting = "starting"
+	StateReady    = "ready"
+	StateFailed   = "failed"
+	StateStopped  = "stopped"
+)
+
+// ProcessStatus describes one supervised process in the guest.
+type ProcessStatus struct {
+	Name     string `json:"name"`
+	PID      int    `json:"pid,omitempty"`
+	Running  bool   `json:"running"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+}
+
+// State reports a change in the guest.
+type State struct {
+	State   string         `json:"state"`
+	Message string         `json:"message,omitempty"`
+	Process *ProcessStatus `json:"process,omitempty"`
+}
+
+// Shutdown asks the guest to stop its processes within GraceMS and report
+// "stopped".
+type Shutdown struct {
+	Reason  string `json:"reason"`
+	GraceMS int64  `json:"grace_ms"`
+}
+
+// Error codes.
+const (
+	CodeVersionMismatch = "version_mismatch"
+	CodeProtocol        = "protocol_error"
+	CodeBootstrap       = "bootstrap_invalid"
+	CodeInternal        = "internal"
+)
+
+// Error ends a session. For CodeVersionMismatch the sender fills in its own
+// version range.
+type Error struct {
+	Code       string `json:"code"`
+	Message    string `json:"message"`
+	MinVersion int    `json:"min_version,omitempty"`
+	MaxVersion int    `json:"max_version,omitempty"`
+}
+
+// PeerError is an Error frame received from the peer.
+type PeerError struct{ Err Error }
+
+func (e *PeerError) Error() string {
+	return fmt.Sprintf("peer error %s: %s", e.Err.Code, e.Err.Message)
+}
+
+// Stream kinds named in StreamHeader.
+const (
+	KindControl = "control"
+	KindLog     = "log"
+	KindEgress  = "egress"
+	KindForward = "forward"
+)
+
+// StreamHeader is the first frame on every stream.
+type StreamHeader struct {
+	Kind string `json:"kind"`
+	Name string `json:"name,omitempty"`
+}
+
+// MaxStreamName bounds StreamHeader.Name.
+const MaxStreamName = 128
+
+// Validate checks a header received from the peer.
+func (h StreamHeader) Validate() error {
+	switch h.Kind {
+	case KindControl, KindLog, KindEgress, KindForward:
+	default:
+		return fmt.Errorf("%w: unknown stream kind %q", ErrBadBody, truncate(h.Kind, 32))
+	}
+	if len(h.Name) > MaxStreamName {
+		return fmt.Errorf("%w: stream name longer than %d bytes", ErrBadBody, MaxStreamName)
+	}
+	if strings.ContainsFunc(h.Name, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return fmt.Errorf("%w: stream name contains control characters", ErrBadBody)
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,204 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// ErrVersionMismatch is returned by both sides when their version ranges do
+// not overlap.
+var ErrVersionMismatch = errors.New("protocol version mismatch")
+
+// Negotiate returns the highest version in both ranges.
+func Negotiate(guestMin, guestMax, hostMin, hostMax int) (int, error) {
+	if guestMin < 1 || guestMin > guestMax {
+		return 0, fmt.Errorf("%w: guest sent an invalid version range %d..%d", ErrBadBody, guestMin, guestMax)
+	}
+	v := min(guestMax, hostMax)
+	if v < max(guestMin, hostMin) {
+		return 0, fmt.Errorf("%w: guest speaks %d..%d, host %d..%d", ErrVersionMismatch, guestMin, guestMax, hostMin, hostMax)
+	}
+	return v, nil
+}
+
+// MuxConfig is the yamux configuration both sides use. Each value is chosen:
+//   - MaxStreamWindowSize 1 MiB: the 256 KiB default throttles bulk egress
+//     (measured: 1 MiB reached the best tunnel throughput here; 16 MiB was
+//     slower and lets one stream pin more memory per side).
+//   - AcceptBacklog MaxStreams: streams the peer opened that we have not
+//     accepted yet; beyond it yamux refuses new streams instead of queuing.
+//   - Keepalive every 15 s, writes time out after 10 s: a peer that vanished
+//     (VM paused, transport wedged) is noticed within about half a minute,
+//     and a peer that stops reading cannot block our writers forever.
+//   - StreamOpenTimeout 10 s, StreamCloseTimeout 30 s: a stream the peer never
+//     acknowledges or never finishes closing is reset instead of leaking.
+//   - yamux's own log goes to logw (nil: discarded); it never sees payloads.
+func MuxConfig(logw io.Writer) *yamux.Config {
+	if logw == nil {
+		logw = io.Discard
+	}
+	return &yamux.Config{
+		AcceptBacklog:          MaxStreams,
+		EnableKeepAlive:        true,
+		KeepAliveInterval:      15 * time.Second,
+		ConnectionWriteTimeout: 10 * time.Second,
+		MaxStreamWindowSize:    1 << 20,
+		StreamOpenTimeout:      10 * time.Second,
+		StreamCloseTimeout:     30 * time.Second,
+		LogOutput:              logw,
+	}
+}
+
+// Control is the framed control stream. Send is safe for concurrent use;
+// Recv must be called from one goroutine.
+type Control struct {
+	conn net.Conn
+	mu   sync.Mutex
+}
+
+// NewControl wraps an established control stream.
+func NewControl(c net.Conn) *Control { return &Control{conn: c} }
+
+// Send writes one message.
+func (c *Control) Send(t Type, v any) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return WriteMessage(c.conn, t, v)
+}
+
+// Recv reads one frame of at most MaxControlFrame bytes.
+func (c *Control) Recv() (Frame, error) { return ReadFrame(c.conn, MaxControlFrame) }
+
+// RecvMessage reads one frame of type want into v.
+func (c *Control) RecvMessage(want Type, v any) error {
+	return ReadMessage(c.conn, MaxControlFrame, want, v)
+}
+
+// Close closes the stream.
+func (c *Control) Close() error { return c.conn.Close() }
+
+// SetReadDeadline sets the read deadline of the stream.
+func (c *Control) SetReadDeadline(t time.Time) error { return c.conn.SetReadDeadline(t) }
+
+// OpenStream opens a stream on s and writes its header.
+func OpenStream(s *yamux.Session, h StreamHeader) (net.Conn, error) {
+	st, err := s.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream: %w", h.Kind, err)
+	}
+	if err := WriteMessage(st, TypeStreamHeader, h); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("write %s stream header: %w", h.Kind, err)
+	}
+	return st, nil
+}
+
+// ReadStreamHeader reads and validates the header of a stream the peer
+// opened. It must arrive within timeout.
+func ReadStreamHeader(c net.Conn, timeout time.Duration) (StreamHeader, error) {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	var h StreamHeader
+	if err := ReadMessage(c, MaxHeaderFrame, TypeStreamHeader, &h); err != nil {
+		return h, fmt.Errorf("stream header: %w", err)
+	}
+	return h, h.Validate()
+}
+
+// GuestHandshake runs the guest's side: open the control stream, send
+// hello, wait for Welcome. A version refusal from the host is returned as an
+// error wrapping ErrVersionMismatch naming both ranges.
+func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Control, Welcome, error) {
+	var w Welcome
+	st, err := OpenStream(s, StreamHeader{Kind: KindControl})
+	if err != nil {
+		return nil, w, err
+	}
+	c := NewControl(st)
+	if err := c.Send(TypeHello, hello); err != nil {
+		c.Close()
+		return nil, w, fmt.Errorf("send Hello: %w", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	err = c.RecvMessage(TypeWelcome, &w)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		c.Close()
+		var pe *PeerError
+		if errors.As(err, &pe) && pe.Err.Code == CodeVersionMismatch {
+			return nil, w, fmt.Errorf("%w: guest speaks %d..%d, host %d..%d",
+				ErrVersionMismatch, hello.MinVersion, hello.MaxVersion, pe.Err.MinVersion, pe.Err.MaxVersion)
+		}
+		return nil, w, fmt.Errorf("wait for Welcome: %w", err)
+	}
+	if w.Version < hello.MinVersion || w.Version > hello.MaxVersion {
+		c.Close()
+		return nil, w, fmt.Errorf("%w: host chose version %d, guest speaks %d..%d",
+			ErrVersionMismatch, w.Version, hello.MinVersion, hello.MaxVersion)
+	}
+	return c, w, nil
+}
+
+// HostHandshake runs the host's side: accept the control stream and Hello
+// within timeout, negotiate against min..max and answer Welcome or a
+// refusal. welcome.Version is filled in by HostHandshake.
+func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout time.Duration) (*Control, Hello, Welcome, error) {
+	var hello Hello
+	deadline := time.Now().Add(timeout)
+	type accepted struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan accepted, 1)
+	go func() { c, err := s.AcceptStream(); ch <- accepted{c, err} }()
+	var st net.Conn
+	select {
+	case a := <-ch:
+		if a.err != nil {
+			return nil, hello, welcome, fmt.Errorf("accept control stream: %w", a.err)
+		}
+		st = a.c
+	case <-time.After(time.Until(deadline)):
+		s.Close()
+		return nil, hello, welcome, fmt.Errorf("guest sent no control stream within %s", timeout)
+	}
+	h, err := ReadStreamHeader(st, time.Until(deadline))
+	if err != nil {
+		st.Close()
+		return nil, hello, welcome, err
+	}
+	if h.Kind != KindControl {
+		st.Close()
+		return nil, hello, welcome, fmt.Errorf("%w: first stream is %q, want control", ErrUnexpectedType, h.Kind)
+	}
+	c := NewControl(st)
+	_ = c.SetReadDeadline(deadline)
+	err = c.RecvMessage(TypeHello, &hello)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		c.Close()
+		return nil, hello, welcome, fmt.Errorf("wait for Hello: %w", err)
+	}
+	v, err := Negotiate(hello.MinVersion, hello.MaxVersion, minV, maxV)
+	if err != nil {
+		code := CodeProtocol
+		if errors.Is(err, ErrVersionMismatch) {
+			code = CodeVersionMismatch
+		}
+		_ = c.Send(TypeError, Error{Code: code, Message: err.Error(), MinVersion: minV, MaxVersion: maxV})
+		c.Close()
+		return nil, hello, welcome, err
+	}
+	welcome.Version = v
+	if err := c.Send(TypeWelcome, welcome); err != nil {
+		c.Close()
+		return nil, hello, welcome, fmt.Errorf("send Welcome: %w", err)
+	}
+	return c, hello, welcome, nil
+}
