@@ -160,6 +160,9 @@ func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout ti
 	var st net.Conn
 	select {
 	case a := <-ch:
+		if errors.Is(a.err, yamux.ErrInvalidVersion) || errors.Is(a.err, yamux.ErrInvalidMsgType) {
+			return nil, hello, welcome, fmt.Errorf("guest sent bytes that are not an oac session (is the agent oac-guest, and does the transport carry only the session?): %w", a.err)
+		}
 		if a.err != nil {
 			return nil, hello, welcome, fmt.Errorf("accept control stream: %w", a.err)
 		}

@@ -48,7 +48,9 @@ func run() int {
 		res, err := initsys.EnsureMounts(initsys.Mounts)
 		for _, r := range res {
 			if r.Err != nil {
-				log.Warn("mount", "target", r.Target, "err", r.Err)
+				// Only optional mounts fail here (a required one returns err):
+				// inside a user namespace the kernel refuses sysfs, for one.
+				log.Info("optional mount unavailable", "target", r.Target, "err", r.Err)
 			} else {
 				log.Debug("mount", "target", r.Target, "action", r.Action)
 			}

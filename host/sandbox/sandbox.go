@@ -418,4 +418,3 @@ func guestText(s string, n int) string {
 		return r
 	}, s)
 }
-

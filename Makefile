@@ -1,0 +1,54 @@
+# oac sandbox-agent. `make demo` and `make test` install what they need.
+GO      ?= go
+BIN     ?= bin
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
+# Debian packages the build, the demo and the tests use.
+APT_PKGS := bubblewrap ca-certificates
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
+
+.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/oac-guest ./cmd/oac-shim
+
+deps:
+	@scripts/deps.sh $(APT_PKGS)
+
+test: deps fmt-check vet unit e2e
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -race -count=1 $(UNIT_PKGS)
+
+# e2e builds its own binaries once per run and boots real guests.
+e2e:
+	$(GO) test -count=1 -timeout 15m ./e2e/...
+
+demo: deps build
+	@scripts/demo.sh $(BIN)
+
+# Everything that compiles for the desktop OSes without cgo.
+cross:
+	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/...
+	GOOS=darwin GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/...
+	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/...
+
+FUZZTIME ?= 30s
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
+	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	  done; \
+	done
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,9 @@
+// Package e2e boots real guests: bubblewrap sandboxes started by the real
+// oac-shim binary running the real oac-guest binary, built once per run by
+// TestMain. Nothing here is faked but the misbehaving peers in
+// internal/badguest and the stdio host used to test the guest alone.
+//
+// With CI=true no test skips: a missing dependency (bubblewrap, root) fails
+// the run so a missing install step shows. Outside CI a test skips and says
+// what to install.
+package e2e
