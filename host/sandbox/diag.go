@@ -61,7 +61,7 @@ func (d *diagWriter) line(s string) {
 	if d.written > MaxDiagBytes {
 		return
 	}
-	d.written += len(s) + 1
+	d.written += len(d.prefix) + len(s) + 1
 	if d.written > MaxDiagBytes {
 		fmt.Fprintf(d.w, "%sdiagnostic output limit of %d bytes reached; further lines dropped\n", d.prefix, MaxDiagBytes)
 		return
