@@ -17,7 +17,7 @@ build:
 deps:
 	@scripts/deps.sh $(APT_PKGS)
 
-test: deps fmt-check vet unit e2e
+test: deps fmt-check vet cross unit e2e
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/big"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -193,4 +194,77 @@ func TestTwoSandboxesWithTheSameNameCannotRunAtOnce(t *testing.T) {
 	assert.Equal(t, 1, second.exit(10*time.Second))
 	first.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, first.exit(15*time.Second))
+}
+
+func TestOrphansInTheGuestAreReapedByTheAgent(t *testing.T) {
+	needBwrap(t)
+	// Each subshell exits at once and leaves a sleep whose parent dies:
+	// the orphans are re-parented to PID 1, which must reap them.
+	s := startShim(t, sandboxSpec{bootstrap: daemon(
+		`for i in 1 2 3 4 5; do (sleep 0.05 &); done; sleep 0.5; ` +
+			`echo "zombies=$(cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == "Z"' | wc -l)"; exec sleep 1000`)})
+	assert.Equal(t, "0", s.waitLog("zombies=", bootTimeout))
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(15*time.Second))
+}
+
+func TestSIGTERMToTheAgentStopsTheGuestInOrder(t *testing.T) {
+	needBwrap(t)
+	marker := sleepMarker()
+	s := startShim(t, sandboxSpec{bootstrap: daemon(`trap 'echo daemon got TERM; exit 0' TERM; ` + marker + ` & wait`)})
+	s.waitState(events.StateReady, bootTimeout)
+	var pids []int
+	require.Eventually(t, func() bool { pids = hostProcs(marker); return len(pids) == 2 }, 5*time.Second, 20*time.Millisecond)
+	// The shell is the daemon; its parent is the agent.
+	shell := pids[0]
+	if strings.HasPrefix(readCmdline(pids[1]), "/bin/sh") {
+		shell = pids[1]
+	}
+	agentPID, err := strconv.Atoi(procStatus(t, shell, "PPid")[0])
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(agentPID, syscall.SIGTERM))
+
+	assert.Equal(t, "", s.waitLog("daemon got TERM", 10*time.Second), "the daemon was asked to stop first")
+	failed := s.waitState(events.StateFailed, 10*time.Second)
+	assert.Equal(t, "guest stopped on its own: agent received a stop signal", failed.Message)
+	assert.Equal(t, 1, s.exit(10*time.Second))
+	assert.Empty(t, hostProcs(marker))
+}
+
+func TestKillingTheShimLeavesNoGuestProcessBehind(t *testing.T) {
+	needBwrap(t)
+	marker := sleepMarker()
+	s := startShim(t, sandboxSpec{bootstrap: daemon("exec " + marker)})
+	s.waitState(events.StateReady, bootTimeout)
+	require.Eventually(t, func() bool { return len(hostProcs(marker)) == 1 }, 5*time.Second, 20*time.Millisecond)
+	s.signal(syscall.SIGKILL)
+	s.exit(5 * time.Second)
+	assert.Eventually(t, func() bool { return len(hostProcs(marker)) == 0 }, 5*time.Second, 20*time.Millisecond,
+		"bwrap and the guest die with the shim")
+}
+
+func TestEventsCanGoToAFile(t *testing.T) {
+	needBwrap(t)
+	file := filepath.Join(t.TempDir(), "events.jsonl")
+	s := startShim(t, sandboxSpec{args: []string{"--events", file, "--timeout", "300ms"}})
+	assert.Equal(t, 0, s.exit(15*time.Second))
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.GreaterOrEqual(t, len(lines), 3)
+	assert.Contains(t, lines[len(lines)-1], `"state":"stopped"`)
+	assert.Contains(t, lines[len(lines)-1], `run time limit of 300ms reached`)
+	assert.Empty(t, s.all, "nothing on stdout")
+}
+
+func TestCheckReportsBwrapAvailable(t *testing.T) {
+	needBwrap(t)
+	out, err := exec.Command(bins.shim, "check").CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Contains(t, string(out), "bwrap: available")
+}
+
+func readCmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return string(b)
 }
