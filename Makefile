@@ -4,7 +4,7 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates
+APT_PKGS := bubblewrap ca-certificates uidmap
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 .PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz clean

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -133,6 +134,8 @@ type sandboxSpec struct {
 	agent     string // default: the real oac-guest
 	env       []string
 	args      []string
+	// user runs the shim as this unprivileged user (setpriv), not root.
+	user string
 }
 
 // startShim starts `oac-shim run` for a bwrap sandbox and collects its events.
@@ -146,13 +149,31 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	}
 	args := []string{"run", "--provider", "bwrap", "--name", spec.name, "--agent", spec.agent}
 	if spec.bootstrap != "" {
-		f := filepath.Join(t.TempDir(), "bootstrap.json")
+		dir := t.TempDir()
+		if spec.user != "" {
+			// The unprivileged shim must be able to read it.
+			var err error
+			dir, err = os.MkdirTemp("", "oac-e2e-boot-")
+			require.NoError(t, err)
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			u, err := user.Lookup(spec.user)
+			require.NoError(t, err)
+			uid, _ := strconv.Atoi(u.Uid)
+			require.NoError(t, os.Chown(dir, uid, -1))
+			defer func() { require.NoError(t, os.Chown(filepath.Join(dir, "bootstrap.json"), uid, -1)) }()
+		}
+		f := filepath.Join(dir, "bootstrap.json")
 		require.NoError(t, os.WriteFile(f, []byte(spec.bootstrap), 0o600))
 		args = append(args, "--bootstrap", f)
 	}
 	args = append(args, spec.args...)
 	cmd := exec.Command(bins.shim, args...)
 	cmd.Env = append(os.Environ(), spec.env...)
+	if spec.user != "" {
+		// setpriv execs the shim itself, so signals reach it directly.
+		cmd = exec.Command("setpriv", append([]string{"--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env", bins.shim}, args...)...)
+		cmd.Dir = "/"
+	}
 	s := &shim{t: t, name: spec.name, cmd: cmd, events: make(chan events.Event, 1024), done: make(chan struct{})}
 	cmd.Stderr = &s.stderr
 	stdout, err := cmd.StdoutPipe()

@@ -133,7 +133,7 @@ func (a *agent) serve(ctx context.Context) error {
 	if err := a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateStarting}); err != nil {
 		return fmt.Errorf("report state: %w", err)
 	}
-	if b.Hostname != "" && a.cfg.SetHostname {
+	if cur, _ := os.Hostname(); b.Hostname != "" && b.Hostname != cur && a.cfg.SetHostname {
 		if err := initsys.SetHostname(b.Hostname); err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
@@ -240,10 +240,12 @@ func (a *agent) start(name string, p *bootstrap.Process) (*proc, error) {
 	if cmd.Dir == "" {
 		cmd.Dir = defaultDir()
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: bootstrap.DaemonUID, Gid: bootstrap.DaemonGID, Groups: []uint32{}},
-		Setsid:     true,
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if os.Getuid() != bootstrap.DaemonUID {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: bootstrap.DaemonUID, Gid: bootstrap.DaemonGID, Groups: []uint32{}}
 	}
+	// else: a single-uid sandbox, where the agent already is the runtime
+	// user and has no privilege to switch or drop groups.
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: open %s: %w", name, os.DevNull, err)

@@ -24,15 +24,26 @@ import (
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
+// ProviderFlags are the provider-specific flags of run and check.
+type ProviderFlags struct {
+	// SingleUID allows bwrap's rootless fallback without subordinate ids.
+	SingleUID bool
+}
+
+func (pf *ProviderFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&pf.SingleUID, "single-uid", false, "bwrap without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
+}
+
 // Providers maps --provider names to constructors.
-var Providers = map[string]func() provider.Provider{
-	"bwrap": func() provider.Provider { return &bwrap.Provider{} },
+var Providers = map[string]func(ProviderFlags) provider.Provider{
+	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
 }
 
 const usage = `usage:
   oac-shim run --provider bwrap --name NAME [--rootfs DIR] [--bootstrap FILE]
                [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
-  oac-shim check
+               [--single-uid]
+  oac-shim check [--single-uid]
   oac-shim version
 `
 
@@ -47,7 +58,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	case "run":
 		return runCmd(args[1:], stdout, stderr)
 	case "check":
-		return checkCmd(stdout)
+		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "oac-shim %s (protocol %d..%d)\n", buildinfo.Version, protocol.MinVersion, protocol.MaxVersion)
 		return 0
@@ -68,15 +79,29 @@ func providerNames() []string {
 	return names
 }
 
-func checkCmd(stdout io.Writer) int {
+func checkCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("oac-shim check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var pf ProviderFlags
+	pf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
 	code := 1
 	for _, n := range providerNames() {
-		if err := Providers[n]().Check(context.Background()); err != nil {
+		p := Providers[n](pf)
+		if err := p.Check(context.Background()); err != nil {
 			fmt.Fprintf(stdout, "%s: unavailable: %v\n", n, err)
 			continue
 		}
 		code = 0
-		fmt.Fprintf(stdout, "%s: available\n", n)
+		detail := ""
+		if d, ok := p.(interface{ Detail(context.Context) string }); ok {
+			if s := d.Detail(context.Background()); s != "" {
+				detail = " (" + s + ")"
+			}
+		}
+		fmt.Fprintf(stdout, "%s: available%s\n", n, detail)
 	}
 	return code
 }
@@ -93,6 +118,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	bootTimeout := fs.Duration("boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
 	agentPath := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
 	debug := fs.Bool("debug", false, "log debug messages")
+	var pf ProviderFlags
+	pf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -146,7 +173,10 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer f.Close()
 		out = f
 	}
-	p := newProv()
+	p := newProv(pf)
+	if pf.SingleUID && os.Geteuid() != 0 {
+		log.Warn(bwrap.SingleUIDLoss)
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)

@@ -31,6 +31,13 @@ type argsConfig struct {
 	EtcFiles [][2]string
 	AgentFD  int
 	SocketFD int
+	// Mode decides who builds the user namespace: the shim (ModeRoot),
+	// bwrap blocked on BlockFD while newuidmap/newgidmap map it
+	// (ModeSubIDs, bwrap reports its child's pid on InfoFD), or bwrap
+	// alone with one uid (ModeSingleUID).
+	Mode            Mode
+	InfoFD, BlockFD int
+	Hostname        string
 }
 
 // buildArgs returns bwrap's arguments, agent command included.
@@ -38,6 +45,16 @@ func buildArgs(c argsConfig) []string {
 	a := []string{
 		"--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup",
 		"--die-with-parent", "--as-pid-1", "--new-session", "--clearenv",
+	}
+	switch c.Mode {
+	case ModeSubIDs:
+		a = append(a, "--unshare-user", "--userns-block-fd", strconv.Itoa(c.BlockFD), "--info-fd", strconv.Itoa(c.InfoFD),
+			"--uid", "0", "--gid", "0", "--cap-add", "ALL")
+	case ModeSingleUID:
+		a = append(a, "--unshare-user", "--uid", "1000", "--gid", "1000")
+	}
+	if c.Hostname != "" {
+		a = append(a, "--hostname", c.Hostname)
 	}
 	if c.RootFD >= 0 {
 		a = append(a, "--ro-bind-fd", strconv.Itoa(c.RootFD), "/")

@@ -2,12 +2,14 @@ package bwrap
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,6 +40,9 @@ type Provider struct {
 	StateRoot string
 	// IDBase is the first host id of the id slots; default DefaultIDBase.
 	IDBase int
+	// SingleUID allows the rootless fallback without subordinate ids (see
+	// SingleUIDLoss); it is never chosen silently.
+	SingleUID bool
 }
 
 // Name implements provider.Provider.
@@ -58,7 +63,13 @@ func (p *Provider) stateRoot() string {
 	if p.StateRoot != "" {
 		return p.StateRoot
 	}
-	return DefaultStateRoot
+	if os.Geteuid() == 0 {
+		return DefaultStateRoot
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "oac")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", os.Geteuid()))
 }
 
 func (p *Provider) idBase() int {
@@ -70,16 +81,100 @@ func (p *Provider) idBase() int {
 
 // Check implements provider.Provider.
 func (p *Provider) Check(ctx context.Context) error {
-	if _, err := p.bwrap(); err != nil {
-		return err
+	_, err := p.mode()
+	return err
+}
+
+// Detail describes how sandboxes would run here (after a nil Check).
+func (p *Provider) Detail(ctx context.Context) string {
+	m, err := p.mode()
+	if err != nil {
+		return ""
 	}
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("%w: bwrap: oac-shim must run as root to map a distinct host id range for the guest (rootless mode is not built yet)", provider.ErrUnavailable)
+	switch m {
+	case ModeRoot:
+		return fmt.Sprintf("as root: each guest gets a private host id range from %d", p.idBase())
+	case ModeSubIDs:
+		return "rootless: guest root is your uid, guest ids 1.. are your subordinate ids (newuidmap/newgidmap)"
 	}
-	if b, err := os.ReadFile("/proc/sys/user/max_user_namespaces"); err == nil && strings.TrimSpace(string(b)) == "0" {
-		return fmt.Errorf("%w: bwrap: user namespaces are disabled (sysctl user.max_user_namespaces=0)", provider.ErrUnavailable)
+	return "rootless, " + SingleUIDLoss
+}
+
+// mode gathers the facts of this host and decides the mode.
+func (p *Provider) mode() (Mode, error) {
+	m, ps := Diagnose(p.facts())
+	if len(ps) > 0 {
+		return m, fmt.Errorf("%w: bwrap: %w", provider.ErrUnavailable, problemsError(ps))
 	}
-	return nil
+	return m, nil
+}
+
+func (p *Provider) facts() Facts {
+	f := Facts{Root: os.Geteuid() == 0, UID: os.Getuid(), GID: os.Getgid(), SingleUIDAllowed: p.SingleUID}
+	f.BwrapPath, _ = p.bwrap()
+	f.UnprivUsernsClone = readSysctl("/proc/sys/kernel/unprivileged_userns_clone")
+	f.MaxUserNamespaces = readSysctl("/proc/sys/user/max_user_namespaces")
+	f.AppArmorRestrict = readSysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
+	if f.AppArmorRestrict == 1 {
+		f.BwrapProfileUserns = apparmorAllowsUserns(f.BwrapPath)
+	}
+	if f.Root {
+		return f
+	}
+	f.User = strconv.Itoa(f.UID)
+	if u, err := user.LookupId(f.User); err == nil {
+		f.User = u.Username
+	}
+	f.SubUIDs = readSubIDs("/etc/subuid", f.User, f.UID)
+	f.SubGIDs = readSubIDs("/etc/subgid", f.User, f.UID)
+	f.NewUIDMap, _ = exec.LookPath("newuidmap")
+	f.NewGIDMap, _ = exec.LookPath("newgidmap")
+	return f
+}
+
+func readSysctl(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+func readSubIDs(path, name string, uid int) []IDRangeEntry {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	rs, _ := ParseSubIDs(f, name, uid)
+	return rs
+}
+
+// apparmorAllowsUserns reports whether an AppArmor profile grants bwrap the
+// userns permission (Ubuntu ships bwrap-userns-restrict for this).
+func apparmorAllowsUserns(bwrap string) bool {
+	ents, err := os.ReadDir("/etc/apparmor.d")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/etc/apparmor.d", e.Name()))
+		if err != nil || len(b) > 1<<20 {
+			continue
+		}
+		s := string(b)
+		if (strings.Contains(s, bwrap) || strings.Contains(s, "/usr/bin/bwrap")) && strings.Contains(s, "userns,") {
+			return true
+		}
+	}
+	return false
 }
 
 // Create implements provider.Provider.
@@ -87,11 +182,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := spec.Validate(); err != nil {
 		return nil, err
 	}
-	bw, err := p.bwrap()
+	mode, err := p.mode()
 	if err != nil {
 		return nil, err
 	}
-	in := &Instance{spec: spec, bwrap: bw, done: make(chan struct{}), rootFD: -1}
+	bw, _ := p.bwrap()
+	in := &Instance{spec: spec, bwrap: bw, done: make(chan struct{}), rootFD: -1, mode: mode}
 	ok := false
 	defer func() {
 		if !ok {
@@ -101,8 +197,16 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := in.claimDir(filepath.Join(p.stateRoot(), "sandboxes", spec.Name)); err != nil {
 		return nil, err
 	}
-	if err := in.claimIDs(filepath.Join(p.stateRoot(), "ids"), p.idBase()); err != nil {
-		return nil, err
+	switch mode {
+	case ModeRoot:
+		if err := in.claimIDs(filepath.Join(p.stateRoot(), "ids"), p.idBase()); err != nil {
+			return nil, err
+		}
+	case ModeSubIDs:
+		f := p.facts()
+		in.subUID, _ = pickRange(f.SubUIDs)
+		in.subGID, _ = pickRange(f.SubGIDs)
+		in.newuidmap, in.newgidmap = f.NewUIDMap, f.NewGIDMap
 	}
 	if err := in.prepare(); err != nil {
 		return nil, err
@@ -116,10 +220,14 @@ type Instance struct {
 	spec  provider.Spec
 	bwrap string
 
+	mode    Mode
 	dir     string
 	dirLock *os.File
 	idLock  *os.File
 	idBase  int
+	// ModeSubIDs: the subordinate ranges guest ids 1.. map to.
+	subUID, subGID       IDRangeEntry
+	newuidmap, newgidmap string
 
 	ln       *net.UnixListener
 	sockPath string
@@ -145,8 +253,22 @@ func (in *Instance) HostPID() int {
 	return in.cmd.Process.Pid
 }
 
-// HostID implements provider.IDMapper.
-func (in *Instance) HostID(id int) (int, int) { return in.idBase + id, in.idBase + id }
+// HostID implements provider.IDMapper; -1 when id is not mapped.
+func (in *Instance) HostID(id int) (int, int) {
+	switch in.mode {
+	case ModeRoot:
+		return in.idBase + id, in.idBase + id
+	case ModeSubIDs:
+		if id == 0 {
+			return os.Getuid(), os.Getgid()
+		}
+		return in.subUID.Start + id - 1, in.subGID.Start + id - 1
+	}
+	if id == 1000 {
+		return os.Getuid(), os.Getgid()
+	}
+	return -1, -1
+}
 
 // flockDir creates dir (0700) and takes an exclusive lock on dir/lock. A
 // leftover directory whose lock is free is stale and reused.
@@ -199,9 +321,14 @@ func (in *Instance) claimIDs(dir string, base int) error {
 // prepare writes the guest's identity files, creates the transport socket
 // and opens the O_PATH descriptors bwrap binds.
 func (in *Instance) prepare() error {
-	guestRoot := in.idBase
-	if err := os.Chown(in.dir, guestRoot, guestRoot); err != nil {
-		return fmt.Errorf("chown state directory: %w", err)
+	guestRoot, guestRootGID := in.HostID(0)
+	if in.mode == ModeSingleUID {
+		guestRoot, guestRootGID = in.HostID(1000)
+	}
+	if in.mode == ModeRoot {
+		if err := os.Chown(in.dir, guestRoot, guestRootGID); err != nil {
+			return fmt.Errorf("chown state directory: %w", err)
+		}
 	}
 	if in.spec.Rootfs == "" {
 		etcDir := filepath.Join(in.dir, "etc")
@@ -241,8 +368,10 @@ func (in *Instance) prepare() error {
 		return fmt.Errorf("listen on %s: %w", in.sockPath, err)
 	}
 	in.ln = ln
-	if err := os.Chown(in.sockPath, guestRoot, guestRoot); err != nil {
-		return fmt.Errorf("chown %s: %w", in.sockPath, err)
+	if in.mode == ModeRoot {
+		if err := os.Chown(in.sockPath, guestRoot, guestRootGID); err != nil {
+			return fmt.Errorf("chown %s: %w", in.sockPath, err)
+		}
 	}
 	if err := os.Chmod(in.sockPath, 0o600); err != nil {
 		return fmt.Errorf("chmod %s: %w", in.sockPath, err)
@@ -293,13 +422,33 @@ func (in *Instance) Start(ctx context.Context) error {
 		return errors.New("bwrap: already started")
 	}
 	// ExtraFiles become fds 3, 4, ... in bwrap.
-	extra := []*os.File{in.agentFD, in.sockFD}
-	cfg := argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, EtcFiles: in.etc}
+	var extra []*os.File
+	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
+	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname}
+	cfg.AgentFD = fd(in.agentFD)
+	cfg.SocketFD = fd(in.sockFD)
 	if in.rootFile != nil {
-		extra = append(extra, in.rootFile)
-		cfg.RootFD = 5
+		cfg.RootFD = fd(in.rootFile)
 	} else {
 		cfg.HostEntries = hostRoot()
+	}
+	var infoR, blockW *os.File
+	if in.mode == ModeSubIDs {
+		var infoW, blockR *os.File
+		var err error
+		if infoR, infoW, err = os.Pipe(); err != nil {
+			return fmt.Errorf("bwrap: info pipe: %w", err)
+		}
+		if blockR, blockW, err = os.Pipe(); err != nil {
+			infoR.Close()
+			infoW.Close()
+			return fmt.Errorf("bwrap: userns pipe: %w", err)
+		}
+		defer infoR.Close()
+		defer blockW.Close()
+		defer infoW.Close()
+		defer blockR.Close()
+		cfg.InfoFD, cfg.BlockFD = fd(infoW), fd(blockR)
 	}
 	cmd := exec.Command(in.bwrap, buildArgs(cfg)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -310,20 +459,24 @@ func (in *Instance) Start(ctx context.Context) error {
 		stderr = io.Discard
 	}
 	cmd.Stdout, cmd.Stderr = stderr, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 syscall.CLONE_NEWUSER,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.idBase, Size: IDRange}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.idBase, Size: IDRange}},
-		GidMappingsEnableSetgroups: true,
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if in.mode == ModeRoot {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.idBase, Size: IDRange}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.idBase, Size: IDRange}}
+		cmd.SysProcAttr.GidMappingsEnableSetgroups = true
 		// Root of the new namespace keeps its capabilities across exec.
-		Credential: &syscall.Credential{Uid: 0, Gid: 0},
-		Pdeathsig:  syscall.SIGKILL,
-		Setpgid:    true,
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start bwrap: %w", err)
 	}
 	in.cmd = cmd
+	for _, f := range extra[2:] {
+		if f != in.rootFile { // bwrap has its copies of the pipe ends
+			f.Close()
+		}
+	}
 	go func() {
 		err := cmd.Wait()
 		in.mu.Lock()
@@ -336,6 +489,40 @@ func (in *Instance) Start(ctx context.Context) error {
 		in.mu.Unlock()
 		close(in.done)
 	}()
+	if in.mode == ModeSubIDs {
+		if err := in.mapSubIDs(infoR, blockW); err != nil {
+			_ = cmd.Process.Kill()
+			return err
+		}
+	}
+	return nil
+}
+
+// mapSubIDs waits for bwrap to report the pid of the process in the new
+// user namespace, maps guest root to the user and guest ids 1.. to the
+// user's subordinate ids with the setuid helpers, then lets bwrap go on.
+func (in *Instance) mapSubIDs(infoR, blockW *os.File) error {
+	_ = infoR.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var info struct {
+		ChildPID int `json:"child-pid"`
+	}
+	if err := json.NewDecoder(io.LimitReader(infoR, 4096)).Decode(&info); err != nil || info.ChildPID <= 0 {
+		return fmt.Errorf("bwrap: read the sandbox pid from --info-fd: %v", err)
+	}
+	pid := strconv.Itoa(info.ChildPID)
+	for _, m := range []struct {
+		helper string
+		own    int
+		r      IDRangeEntry
+	}{{in.newuidmap, os.Getuid(), in.subUID}, {in.newgidmap, os.Getgid(), in.subGID}} {
+		out, err := exec.Command(m.helper, pid, "0", strconv.Itoa(m.own), "1", "1", strconv.Itoa(m.r.Start), strconv.Itoa(m.r.Count)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("bwrap: %s %s: %v: %s (check /etc/subuid and /etc/subgid)", filepath.Base(m.helper), pid, err, strings.TrimSpace(string(out)))
+		}
+	}
+	if _, err := blockW.Write([]byte{'1'}); err != nil {
+		return fmt.Errorf("bwrap: release the user namespace: %w", err)
+	}
 	return nil
 }
 

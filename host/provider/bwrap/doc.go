@@ -11,6 +11,13 @@
 // are passed to bwrap as O_PATH descriptors, so no host path is traversed
 // with the guest's ids.
 //
+// Without root it runs rootless: bwrap creates the user namespace and
+// blocks while newuidmap/newgidmap map guest root to the user and guest ids
+// 1.. to the user's subordinate ids (/etc/subuid, /etc/subgid). Without
+// subordinate ids it refuses, unless the user asks for the single-uid
+// fallback. Diagnose turns the host's facts into that decision and into
+// what `oac-shim check` explains.
+//
 // It owns the bwrap command line, the per-sandbox state directory and the id
 // range. It must not speak the protocol; the sandbox package does.
 package bwrap

@@ -1,0 +1,159 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/host/events"
+)
+
+// Unprivileged users the rootless scenarios run the shim as.
+const (
+	subIDUser  = "oac-e2e-subids"
+	singleUser = "oac-e2e-single"
+)
+
+var usersOnce sync.Once
+var usersErr error
+
+// needRootless creates (once) a user with a subordinate id range and one
+// without, as a desktop Linux machine would have them.
+func needRootless(t *testing.T) {
+	t.Helper()
+	needBwrap(t)
+	for _, tool := range []string{"newuidmap", "newgidmap", "setpriv", "useradd", "usermod"} {
+		_, err := exec.LookPath(tool)
+		need(t, err == nil, tool+" is missing: apt-get install uidmap passwd util-linux (or run make deps)")
+	}
+	usersOnce.Do(func() { usersErr = createUsers() })
+	require.NoError(t, usersErr)
+}
+
+func createUsers() error {
+	if _, err := user.Lookup(subIDUser); err != nil {
+		if out, err := exec.Command("useradd", "--system", "--no-create-home", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", subIDUser).CombinedOutput(); err != nil {
+			return fmt.Errorf("useradd %s: %v: %s", subIDUser, err, out)
+		}
+	}
+	if _, err := user.Lookup(singleUser); err != nil {
+		if out, err := exec.Command("useradd", "--system", "--no-create-home", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", singleUser).CombinedOutput(); err != nil {
+			return fmt.Errorf("useradd %s: %v: %s", singleUser, err, out)
+		}
+	}
+	if start, _ := subIDStart(subIDUser); start > 0 {
+		return nil
+	}
+	// The next free range above every range already granted.
+	next := 100000
+	for _, file := range []string{"/etc/subuid", "/etc/subgid"} {
+		f, err := os.Open(file)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			p := strings.Split(sc.Text(), ":")
+			if len(p) == 3 {
+				s, _ := strconv.Atoi(p[1])
+				c, _ := strconv.Atoi(p[2])
+				next = max(next, s+c)
+			}
+		}
+		f.Close()
+	}
+	r := fmt.Sprintf("%d-%d", next, next+65535)
+	if out, err := exec.Command("usermod", "--add-subuids", r, "--add-subgids", r, subIDUser).CombinedOutput(); err != nil {
+		return fmt.Errorf("usermod --add-subuids %s: %v: %s", r, err, out)
+	}
+	return nil
+}
+
+// subIDStart returns the first subordinate uid of name.
+func subIDStart(name string) (int, error) {
+	b, err := os.ReadFile("/etc/subuid")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		p := strings.Split(line, ":")
+		if len(p) == 3 && p[0] == name {
+			return strconv.Atoi(p[1])
+		}
+	}
+	return 0, fmt.Errorf("%s has no subordinate uids", name)
+}
+
+func lookupUID(t *testing.T, name string) int {
+	t.Helper()
+	u, err := user.Lookup(name)
+	require.NoError(t, err)
+	uid, err := strconv.Atoi(u.Uid)
+	require.NoError(t, err)
+	return uid
+}
+
+func TestRootlessCheckExplainsMissingSubordinateIDs(t *testing.T) {
+	needRootless(t)
+	out, err := exec.Command("setpriv", "--reuid", singleUser, "--regid", singleUser, "--init-groups", "--reset-env", bins.shim, "check").CombinedOutput()
+	require.Error(t, err, "check fails when no provider is available")
+	assert.Contains(t, string(out), "has no subordinate id range")
+	assert.Contains(t, string(out), "usermod --add-subuids")
+	assert.Contains(t, string(out), "--single-uid")
+
+	out, err = exec.Command("setpriv", "--reuid", subIDUser, "--regid", subIDUser, "--init-groups", "--reset-env", bins.shim, "check").CombinedOutput()
+	require.NoError(t, err, string(out))
+	assert.Contains(t, string(out), "bwrap: available (rootless")
+}
+
+func TestRootlessGuestMapsUID1000ToASubordinateID(t *testing.T) {
+	needRootless(t)
+	marker := sleepMarker()
+	s := startShim(t, sandboxSpec{user: subIDUser, bootstrap: daemon(
+		`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; exec ` + marker)})
+	s.waitState(events.StateReady, bootTimeout)
+	assert.Equal(t, "1000 gid=1000 groups=1000", s.waitLog("uid=", bootTimeout))
+
+	var pids []int
+	require.Eventually(t, func() bool { pids = hostProcs(marker); return len(pids) == 1 }, 5*time.Second, 20*time.Millisecond)
+	start, err := subIDStart(subIDUser)
+	require.NoError(t, err)
+	uids := procStatus(t, pids[0], "Uid")
+	assert.Equal(t, strconv.Itoa(start+999), uids[0], "guest uid 1000 is subordinate id 999 of the user")
+	agentPID, err := strconv.Atoi(procStatus(t, pids[0], "PPid")[0])
+	require.NoError(t, err)
+	assert.Equal(t, strconv.Itoa(lookupUID(t, subIDUser)), procStatus(t, agentPID, "Uid")[0], "guest root is the user")
+
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(15*time.Second))
+	assert.Empty(t, hostProcs(marker), "nothing left behind")
+	_, err = os.Stat(filepath.Join("/tmp", fmt.Sprintf("oac-%d", lookupUID(t, subIDUser)), "sandboxes", s.name))
+	assert.True(t, os.IsNotExist(err), "the state directory is removed")
+}
+
+func TestRootlessWithoutSubordinateIDsRefusesUnlessSingleUIDIsAsked(t *testing.T) {
+	needRootless(t)
+	refused := startShim(t, sandboxSpec{user: singleUser, bootstrap: daemon("exec sleep 1000")})
+	failed := refused.waitState(events.StateFailed, bootTimeout)
+	assert.Contains(t, failed.Message, "no subordinate id range")
+	assert.Equal(t, 1, refused.exit(10*time.Second))
+
+	s := startShim(t, sandboxSpec{user: singleUser, args: []string{"--single-uid"}, bootstrap: daemon(`echo "uid=$(id -u)"; exec sleep 1000`)})
+	s.waitState(events.StateReady, bootTimeout)
+	assert.Equal(t, "1000", s.waitLog("uid=", bootTimeout))
+	assert.Contains(t, s.stderr.String(), "single-uid mode: guest uid 1000 is your own host uid", "the loss is said plainly")
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(15*time.Second))
+}

@@ -1,0 +1,105 @@
+package bwrap
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Facts are what decides whether and how bwrap can run for this user; the
+// OS-specific code gathers them, Diagnose judges them.
+type Facts struct {
+	BwrapPath string // empty: not installed
+	Root      bool
+	User      string
+	UID, GID  int
+	// Sysctls; -1 when the file does not exist on this kernel.
+	UnprivUsernsClone  int // kernel.unprivileged_userns_clone (Debian, older Ubuntu)
+	MaxUserNamespaces  int // user.max_user_namespaces
+	AppArmorRestrict   int // kernel.apparmor_restrict_unprivileged_userns (Ubuntu 23.10+)
+	BwrapProfileUserns bool
+	SubUIDs, SubGIDs   []IDRangeEntry
+	NewUIDMap          string // path of newuidmap, empty when missing
+	NewGIDMap          string
+	SingleUIDAllowed   bool // the user passed --single-uid
+}
+
+// Mode is how the provider builds the guest's user namespace.
+type Mode int
+
+// Modes.
+const (
+	// ModeRoot: oac-shim is root and maps a private host id range.
+	ModeRoot Mode = iota
+	// ModeSubIDs: rootless; guest root is the user, guest ids from 1 on are
+	// the user's subordinate ids, mapped by newuidmap/newgidmap.
+	ModeSubIDs
+	// ModeSingleUID: rootless without subordinate ids, on request only:
+	// guest uid 1000 is the user and there is no guest root.
+	ModeSingleUID
+)
+
+func (m Mode) String() string {
+	return [...]string{"root", "subordinate-ids", "single-uid"}[m]
+}
+
+// SingleUIDLoss says plainly what --single-uid gives up.
+const SingleUIDLoss = "single-uid mode: guest uid 1000 is your own host uid and the agent runs as that same uid " +
+	"without a guest root, so the daemon is not a distinct identity from the agent and can signal or trace it"
+
+// Problem is one reason bwrap cannot run, with what to do about it.
+type Problem struct {
+	Cause string
+	Fix   string
+}
+
+func (p Problem) String() string { return p.Cause + ": " + p.Fix }
+
+// Diagnose decides the mode for f, or lists every problem found.
+func Diagnose(f Facts) (Mode, []Problem) {
+	var ps []Problem
+	if f.BwrapPath == "" {
+		ps = append(ps, Problem{"bubblewrap is not installed", "apt-get install bubblewrap"})
+	}
+	if f.MaxUserNamespaces == 0 {
+		ps = append(ps, Problem{"user namespaces are disabled (user.max_user_namespaces=0)",
+			"sysctl -w user.max_user_namespaces=15000 (and persist it in /etc/sysctl.d)"})
+	}
+	if f.Root {
+		return ModeRoot, ps
+	}
+	if f.UnprivUsernsClone == 0 {
+		ps = append(ps, Problem{"unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0)",
+			"sysctl -w kernel.unprivileged_userns_clone=1 (and persist it in /etc/sysctl.d)"})
+	}
+	if f.AppArmorRestrict == 1 && !f.BwrapProfileUserns {
+		ps = append(ps, Problem{"AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1) and no profile lets bwrap create one",
+			"install the bwrap-userns-restrict AppArmor profile (apparmor package on Ubuntu 24.04: /etc/apparmor.d/bwrap-userns-restrict) and reload AppArmor, or give " + f.BwrapPath + " a profile with 'userns,'"})
+	}
+	_, uidOK := pickRange(f.SubUIDs)
+	_, gidOK := pickRange(f.SubGIDs)
+	helpers := f.NewUIDMap != "" && f.NewGIDMap != ""
+	switch {
+	case uidOK && gidOK && helpers:
+		return ModeSubIDs, ps
+	case f.SingleUIDAllowed:
+		return ModeSingleUID, ps
+	}
+	if !helpers {
+		ps = append(ps, Problem{"newuidmap/newgidmap are missing", "apt-get install uidmap"})
+	}
+	if !uidOK || !gidOK {
+		ps = append(ps, Problem{fmt.Sprintf("user %s has no subordinate id range of at least 1000 ids in /etc/subuid and /etc/subgid", f.User),
+			fmt.Sprintf("sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 %s (pick a range no other user has), or pass --single-uid and accept: %s", f.User, SingleUIDLoss)})
+	}
+	return ModeSubIDs, ps
+}
+
+// problemsError joins problems into one error message.
+func problemsError(ps []Problem) error {
+	var b []string
+	for _, p := range ps {
+		b = append(b, p.String())
+	}
+	return errors.New(strings.Join(b, "; "))
+}

@@ -1,0 +1,90 @@
+package bwrap
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseSubIDsMatchesNameOrUIDAndSkipsMalformedLines(t *testing.T) {
+	in := `# comment
+alice:100000:65536
+bob:165536:65536
+1001:300000:5000
+alice:bad:1
+alice:1:0
+alice:400000:1000
+carol:1:2:3
+`
+	rs, err := ParseSubIDs(strings.NewReader(in), "alice", 1001)
+	require.NoError(t, err)
+	assert.Equal(t, []IDRangeEntry{{100000, 65536}, {300000, 5000}, {400000, 1000}}, rs)
+	rs, err = ParseSubIDs(strings.NewReader(in), "dave", 4242)
+	require.NoError(t, err)
+	assert.Empty(t, rs)
+}
+
+func TestPickRangePrefersAFullRangeAndNeedsAtLeast1000IDs(t *testing.T) {
+	r, ok := pickRange([]IDRangeEntry{{10, 2000}, {100000, 70000}})
+	assert.True(t, ok)
+	assert.Equal(t, IDRangeEntry{100000, IDRange - 1}, r, "guest ids 1..65535")
+	r, ok = pickRange([]IDRangeEntry{{10, 2000}, {5000, 1500}})
+	assert.True(t, ok)
+	assert.Equal(t, IDRangeEntry{10, 2000}, r)
+	_, ok = pickRange([]IDRangeEntry{{10, 999}})
+	assert.False(t, ok, "guest uid 1000 would not be mapped")
+}
+
+func rootlessFacts() Facts {
+	return Facts{
+		BwrapPath: "/usr/bin/bwrap", User: "alice", UID: 1001, GID: 1001,
+		UnprivUsernsClone: -1, MaxUserNamespaces: 1000, AppArmorRestrict: -1,
+		SubUIDs: []IDRangeEntry{{100000, 65536}}, SubGIDs: []IDRangeEntry{{100000, 65536}},
+		NewUIDMap: "/usr/bin/newuidmap", NewGIDMap: "/usr/bin/newgidmap",
+	}
+}
+
+func TestDiagnoseVerdicts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		edit     func(*Facts)
+		mode     Mode
+		problems []string // substrings, one per expected problem
+	}{
+		{"root", func(f *Facts) { f.Root = true; f.SubUIDs = nil; f.NewUIDMap = "" }, ModeRoot, nil},
+		{"root without bwrap", func(f *Facts) { f.Root = true; f.BwrapPath = "" }, ModeRoot, []string{"apt-get install bubblewrap"}},
+		{"rootless with subordinate ids", func(f *Facts) {}, ModeSubIDs, nil},
+		{"user namespaces disabled", func(f *Facts) { f.MaxUserNamespaces = 0 }, ModeSubIDs, []string{"user.max_user_namespaces=0"}},
+		{"unprivileged clone disabled", func(f *Facts) { f.UnprivUsernsClone = 0 }, ModeSubIDs, []string{"kernel.unprivileged_userns_clone=1"}},
+		{"unprivileged clone enabled", func(f *Facts) { f.UnprivUsernsClone = 1 }, ModeSubIDs, nil},
+		{"apparmor restricts, no profile", func(f *Facts) { f.AppArmorRestrict = 1 }, ModeSubIDs, []string{"bwrap-userns-restrict"}},
+		{"apparmor restricts, profile allows", func(f *Facts) { f.AppArmorRestrict = 1; f.BwrapProfileUserns = true }, ModeSubIDs, nil},
+		{"no helpers", func(f *Facts) { f.NewUIDMap = "" }, ModeSubIDs, []string{"apt-get install uidmap"}},
+		{"no subordinate ids", func(f *Facts) { f.SubUIDs = nil }, ModeSubIDs, []string{"usermod --add-subuids"}},
+		{"no subordinate gids", func(f *Facts) { f.SubGIDs = []IDRangeEntry{{5, 10}} }, ModeSubIDs, []string{"no subordinate id range"}},
+		{"nothing, single uid asked", func(f *Facts) { f.SubUIDs = nil; f.NewUIDMap = ""; f.SingleUIDAllowed = true }, ModeSingleUID, nil},
+		{"subordinate ids win over single uid", func(f *Facts) { f.SingleUIDAllowed = true }, ModeSubIDs, nil},
+		{"several causes at once", func(f *Facts) { f.BwrapPath = ""; f.SubUIDs = nil; f.NewGIDMap = "" }, ModeSubIDs,
+			[]string{"apt-get install bubblewrap", "apt-get install uidmap", "usermod --add-subuids"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := rootlessFacts()
+			tc.edit(&f)
+			mode, ps := Diagnose(f)
+			assert.Equal(t, tc.mode, mode)
+			require.Len(t, ps, len(tc.problems), "%v", ps)
+			for i, want := range tc.problems {
+				assert.Contains(t, ps[i].String(), want)
+			}
+		})
+	}
+}
+
+func TestRootlessArgsLetBwrapBlockUntilTheHelpersMapIDs(t *testing.T) {
+	a := strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSubIDs, InfoFD: 5, BlockFD: 6}), " ")
+	assert.Contains(t, a, "--unshare-user --userns-block-fd 6 --info-fd 5 --uid 0 --gid 0 --cap-add ALL")
+	a = strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSingleUID, Hostname: "h"}), " ")
+	assert.Contains(t, a, "--unshare-user --uid 1000 --gid 1000 --hostname h")
+}
