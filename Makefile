@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VE
 APT_PKGS := bubblewrap ca-certificates uidmap
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
-.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz clean
+.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz bench clean
 
 all: build
 
@@ -52,3 +52,9 @@ fuzz:
 
 clean:
 	rm -rf $(BIN)
+
+# Speed and memory figures beside their baselines; writes bench/results.md and .json.
+BENCH_RUNS ?= 15
+BENCH_DENSITY ?= 50
+bench: deps build
+	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)

@@ -1,0 +1,23 @@
+// Command oac-bench runs the benchmarks of package bench and writes
+// bench/results.md and bench/results.json. `make bench` runs it.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/oac/sandbox-agent/bench"
+)
+
+func main() {
+	bin := flag.String("bin", "bin", "directory with oac-shim and oac-guest")
+	out := flag.String("out", "bench", "directory for results.md and results.json")
+	runs := flag.Int("runs", 15, "repetitions of each figure")
+	density := flag.Int("density", 50, "sandboxes started at once for the density figure")
+	flag.Parse()
+	if err := bench.Run(bench.Options{Bin: *bin, Out: *out, Runs: *runs, Density: *density}); err != nil {
+		fmt.Fprintln(os.Stderr, "oac-bench:", err)
+		os.Exit(1)
+	}
+}
