@@ -75,11 +75,19 @@ type Frame struct {
 // deadliner is implemented by net.Conn and yamux streams.
 type deadliner interface{ SetReadDeadline(time.Time) error }
 
+// frameBodyTimeout is the FrameBodyTimeout in force; tests shorten it.
+var frameBodyTimeout = FrameBodyTimeout
+
 // ReadFrame reads one frame from r, refusing bodies larger than max before
 // allocating them. If r supports read deadlines, the body must arrive within
 // FrameBodyTimeout of the header (a peer stalling mid-frame is cut off); the
 // deadline is cleared afterwards.
-func ReadFrame(r io.Reader, max int) (Frame, error) {
+func ReadFrame(r io.Reader, max int) (Frame, error) { return readFrame(r, max, time.Time{}) }
+
+// readFrame is ReadFrame for a caller that has set the read deadline outer
+// on r (zero: none): the body deadline never extends past outer, and outer is
+// restored afterwards instead of being cleared.
+func readFrame(r io.Reader, max int, outer time.Time) (Frame, error) {
 	var hdr [HeaderSize]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -100,8 +108,12 @@ func ReadFrame(r io.Reader, max int) (Frame, error) {
 		return Frame{}, fmt.Errorf("%s: %w: %d bytes, limit %d", t, ErrFrameTooLarge, n, max)
 	}
 	if d, ok := r.(deadliner); ok && n > 0 {
-		_ = d.SetReadDeadline(time.Now().Add(FrameBodyTimeout))
-		defer func() { _ = d.SetReadDeadline(time.Time{}) }()
+		until := time.Now().Add(frameBodyTimeout)
+		if !outer.IsZero() && outer.Before(until) {
+			until = outer
+		}
+		_ = d.SetReadDeadline(until)
+		defer func() { _ = d.SetReadDeadline(outer) }()
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(r, body); err != nil {
@@ -157,7 +169,11 @@ func (f Frame) Decode(v any) error {
 // ReadMessage reads one frame, checks that it has type want and decodes its
 // body into v. An Error frame from the peer is returned as *PeerError.
 func ReadMessage(r io.Reader, max int, want Type, v any) error {
-	f, err := ReadFrame(r, max)
+	return readMessage(r, max, want, v, time.Time{})
+}
+
+func readMessage(r io.Reader, max int, want Type, v any, outer time.Time) error {
+	f, err := readFrame(r, max, outer)
 	if err != nil {
 		return err
 	}

@@ -60,6 +60,10 @@ func MuxConfig(logw io.Writer) *yamux.Config {
 type Control struct {
 	conn net.Conn
 	mu   sync.Mutex
+	// deadline is the read deadline set through SetReadDeadline; a frame's
+	// body timeout never extends it and reading a frame does not clear it.
+	dmu      sync.Mutex
+	deadline time.Time
 }
 
 // NewControl wraps an established control stream.
@@ -73,18 +77,31 @@ func (c *Control) Send(t Type, v any) error {
 }
 
 // Recv reads one frame of at most MaxControlFrame bytes.
-func (c *Control) Recv() (Frame, error) { return ReadFrame(c.conn, MaxControlFrame) }
+func (c *Control) Recv() (Frame, error) {
+	return readFrame(c.conn, MaxControlFrame, c.readDeadline())
+}
 
 // RecvMessage reads one frame of type want into v.
 func (c *Control) RecvMessage(want Type, v any) error {
-	return ReadMessage(c.conn, MaxControlFrame, want, v)
+	return readMessage(c.conn, MaxControlFrame, want, v, c.readDeadline())
+}
+
+func (c *Control) readDeadline() time.Time {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	return c.deadline
 }
 
 // Close closes the stream.
 func (c *Control) Close() error { return c.conn.Close() }
 
 // SetReadDeadline sets the read deadline of the stream.
-func (c *Control) SetReadDeadline(t time.Time) error { return c.conn.SetReadDeadline(t) }
+func (c *Control) SetReadDeadline(t time.Time) error {
+	c.dmu.Lock()
+	c.deadline = t
+	c.dmu.Unlock()
+	return c.conn.SetReadDeadline(t)
+}
 
 // OpenStream opens a stream on s and writes its header.
 func OpenStream(s *yamux.Session, h StreamHeader) (net.Conn, error) {
@@ -102,10 +119,11 @@ func OpenStream(s *yamux.Session, h StreamHeader) (net.Conn, error) {
 // ReadStreamHeader reads and validates the header of a stream the peer
 // opened. It must arrive within timeout.
 func ReadStreamHeader(c net.Conn, timeout time.Duration) (StreamHeader, error) {
-	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	deadline := time.Now().Add(timeout)
+	_ = c.SetReadDeadline(deadline)
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	var h StreamHeader
-	if err := ReadMessage(c, MaxHeaderFrame, TypeStreamHeader, &h); err != nil {
+	if err := readMessage(c, MaxHeaderFrame, TypeStreamHeader, &h, deadline); err != nil {
 		return h, fmt.Errorf("stream header: %w", err)
 	}
 	return h, h.Validate()

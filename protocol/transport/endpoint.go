@@ -38,6 +38,10 @@ func (e Endpoint) String() string {
 		return fmt.Sprintf("vsock://%d:%d", e.CID, e.Port)
 	case SchemeStdio:
 		return "stdio://"
+	case SchemeUnix, SchemeSerial:
+		// Escaped, so that a path holding '%', '?', '#' or control
+		// characters prints as a URL that parses back to the same path.
+		return (&url.URL{Scheme: e.Scheme, Path: e.Path}).String()
 	default:
 		return e.Scheme + "://" + e.Path
 	}
@@ -59,7 +63,7 @@ func Parse(raw string) (Endpoint, error) {
 		}
 		return Endpoint{Scheme: u.Scheme, Path: u.Path}, nil
 	case SchemeStdio:
-		if u.Host != "" || (u.Path != "" && u.Path != "/") {
+		if u.Host != "" || u.Opaque != "" || (u.Path != "" && u.Path != "/") {
 			return Endpoint{}, fmt.Errorf("endpoint %q: stdio takes no address, write stdio://", raw)
 		}
 		return Endpoint{Scheme: SchemeStdio}, nil

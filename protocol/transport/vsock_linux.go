@@ -8,13 +8,28 @@ import (
 	"github.com/mdlayher/vsock"
 )
 
+// vsockDial is vsock.Dial; tests replace it.
+var vsockDial = vsock.Dial
+
 func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("dial vsock://%d:%d: %w", cid, port, err)
+	}
 	type result struct {
 		c   net.Conn
 		err error
 	}
 	ch := make(chan result, 1)
-	go func() { c, err := vsock.Dial(cid, port, nil); ch <- result{c, err} }()
+	go func() {
+		c, err := vsockDial(cid, port, nil)
+		if err != nil {
+			// Not result{c, err}: a nil *vsock.Conn in r.c is not a nil
+			// net.Conn, and closing it below would panic.
+			ch <- result{err: err}
+			return
+		}
+		ch <- result{c: c}
+	}()
 	select {
 	case r := <-ch:
 		if r.err != nil {
@@ -34,7 +49,7 @@ func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
 func listenVsock(port uint32) (net.Listener, error) {
 	l, err := vsock.Listen(port, nil)
 	if err != nil {
-		return nil, fmt.Errorf("listen vsock port %d: %w", port, err)
+		return nil, fmt.Errorf("listen vsock port %d: %w (is the vsock device present? check /dev/vsock and that nothing else listens on the port)", port, err)
 	}
 	return l, nil
 }
