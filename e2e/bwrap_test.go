@@ -213,13 +213,22 @@ func TestSIGTERMToTheAgentStopsTheGuestInOrder(t *testing.T) {
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{bootstrap: daemon(`trap 'echo daemon got TERM; exit 0' TERM; ` + marker + ` & wait`)})
 	s.waitState(events.StateReady, bootTimeout)
-	var pids []int
-	require.Eventually(t, func() bool { pids = hostProcs(marker); return len(pids) == 2 }, 5*time.Second, 20*time.Millisecond)
-	// The shell is the daemon; its parent is the agent.
-	shell := pids[0]
-	if strings.HasPrefix(readCmdline(pids[1]), "/bin/sh") {
-		shell = pids[1]
-	}
+	// The shell is the daemon; its parent is the agent. Wait until its
+	// background child has exec'd sleep, so the two cannot be confused.
+	var shell int
+	require.Eventually(t, func() bool {
+		shell = 0
+		sleeps := 0
+		for _, p := range hostProcs(marker) {
+			switch cmd := readCmdline(p); {
+			case strings.HasPrefix(cmd, "/bin/sh"):
+				shell = p
+			case strings.HasPrefix(cmd, "sleep"):
+				sleeps++
+			}
+		}
+		return shell != 0 && sleeps == 1
+	}, 5*time.Second, 20*time.Millisecond)
 	agentPID, err := strconv.Atoi(procStatus(t, shell, "PPid")[0])
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(agentPID, syscall.SIGTERM))

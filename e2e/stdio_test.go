@@ -62,6 +62,7 @@ func TestGuestOverStdioAppliesABootstrapAndStopsOnShutdown(t *testing.T) {
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateStopped, st.State)
 	assert.Equal(t, "test over", st.Message)
+	sess.Close() // the host ends the session once it has the last message
 	assert.Equal(t, 0, exitCode(t, cmd, 10*time.Second), stderr.String())
 }
 
@@ -85,6 +86,7 @@ func TestGuestRefusesAnInvalidBootstrap(t *testing.T) {
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateFailed, st.State)
 	assert.Contains(t, st.Message, "argv")
+	sess.Close()
 	assert.Equal(t, 1, exitCode(t, cmd, 10*time.Second))
 	assert.Contains(t, stderr.String(), "bootstrap refused")
 }

@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg Config) error {
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
 	}
-	defer sess.Close()
+	defer endSession(sess)
 	ctl, welcome, err := protocol.GuestHandshake(sess, protocol.Hello{
 		MinVersion:   cfg.MinVersion,
 		MaxVersion:   cfg.MaxVersion,
@@ -71,6 +71,21 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg.Log.Info("connected", "endpoint", cfg.Endpoint.String(), "protocol", welcome.Version, "host", welcome.HostVersion)
 	a := &agent{cfg: cfg, sess: sess, ctl: ctl, exits: make(chan procExit, 4)}
 	return a.serve(ctx)
+}
+
+// endGrace bounds how long the agent waits for the host to close the
+// session after the agent's last message.
+const endGrace = 2 * time.Second
+
+// endSession ends the session in order: the host closes it once it has
+// read our last message; closing first could discard that message (an
+// AF_UNIX peer closing with unread data resets the connection).
+func endSession(sess *yamux.Session) {
+	select {
+	case <-sess.CloseChan():
+	case <-time.After(endGrace):
+	}
+	sess.Close()
 }
 
 func dialWithRetry(ctx context.Context, ep transport.Endpoint, timeout time.Duration) (net.Conn, error) {

@@ -162,14 +162,26 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 // agent runs with it.
 func startNoNewPrivs(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// no UnlockOSThread: the thread dies with this goroutine.
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			errc <- fmt.Errorf("set no_new_privs: %w", err)
-			return
-		}
-		errc <- cmd.Start()
-	}()
+	go startOnThread(cmd, errc)
 	return <-errc
+}
+
+func startOnThread(cmd *exec.Cmd, errc chan<- error) {
+	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The main thread is never destroyed (Go wedges it instead), so it
+		// must not be tainted: hand over to a goroutine, which cannot run
+		// on this thread while we hold it.
+		done := make(chan struct{})
+		go func() { startOnThread(cmd, errc); close(done) }()
+		<-done
+		runtime.UnlockOSThread()
+		return
+	}
+	// no UnlockOSThread: the thread dies with this goroutine.
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		errc <- fmt.Errorf("set no_new_privs: %w", err)
+		return
+	}
+	errc <- cmd.Start()
 }

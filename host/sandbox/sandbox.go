@@ -52,7 +52,7 @@ type Config struct {
 // order and returns nil) or the sandbox fails (it returns the reason). The
 // last event is always a state event: stopped or failed.
 func Run(ctx context.Context, cfg Config) error {
-	s := &run{cfg: cfg, frames: make(chan protocol.Frame), recvErr: make(chan error, 1)}
+	s := &run{cfg: cfg, frames: make(chan protocol.Frame, 16), recvErr: make(chan error, 1), quit: make(chan struct{})}
 	if s.cfg.Log == nil {
 		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -80,6 +80,11 @@ type run struct {
 	ctl     *protocol.Control
 	frames  chan protocol.Frame
 	recvErr chan error
+	// quit is closed when nobody reads frames any more.
+	quit chan struct{}
+
+	// guestDone: the guest said it stopped or failed for good, or is gone.
+	guestDone bool
 
 	mu    sync.Mutex
 	state string
@@ -125,6 +130,7 @@ func (s *run) run(ctx context.Context) error {
 	}
 	s.inst = inst
 	defer func() {
+		close(s.quit)
 		if s.sess != nil {
 			s.sess.Close()
 		}
@@ -164,7 +170,11 @@ func (s *run) run(ctx context.Context) error {
 	go s.readControl()
 	err = s.supervise(ctx, bootCtx, start)
 	if err != nil {
-		s.shutdown("sandbox failed")
+		if !s.guestDone {
+			s.shutdown("sandbox failed")
+		}
+		s.sess.Close()
+		s.waitExit(stopMargin)
 		return s.fail(err)
 	}
 	return nil
@@ -199,7 +209,8 @@ func (s *run) withDiag(err error) error {
 	return err
 }
 
-// readControl forwards control frames until the stream fails.
+// readControl forwards control frames, in order and without dropping one
+// because the session closed meanwhile, until the stream fails.
 func (s *run) readControl() {
 	defer s.wg.Done()
 	for {
@@ -210,7 +221,7 @@ func (s *run) readControl() {
 		}
 		select {
 		case s.frames <- f:
-		case <-s.sess.CloseChan():
+		case <-s.quit:
 			return
 		}
 	}
@@ -236,8 +247,17 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			}
 			bootDone = nil
 		case <-s.inst.Done():
+			if len(s.frames) > 0 { // what the guest said before it went comes first
+				continue
+			}
+			s.guestDone = true
 			return s.withDiag(s.inst.Err())
 		case err := <-s.recvErr:
+			if len(s.frames) > 0 {
+				s.recvErr <- err
+				continue
+			}
+			s.guestDone = true
 			return s.withDiag(fmt.Errorf("guest connection lost: %w", err))
 		case f := <-s.frames:
 			switch f.Type {
@@ -259,6 +279,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				case protocol.StateFailed:
 					return fmt.Errorf("guest: %s", msg)
 				case protocol.StateStopped:
+					s.guestDone = true
 					return fmt.Errorf("guest stopped on its own: %s", msg)
 				default:
 					return fmt.Errorf("guest sent an unknown state %q", guestText(st.State, 32))
@@ -309,6 +330,7 @@ func (s *run) shutdown(reason string) {
 					s.emitProcess(st.Process)
 				}
 				if st.State == protocol.StateStopped {
+					s.sess.Close() // the guest waits for this to exit
 					s.waitExit(stopMargin)
 					return
 				}

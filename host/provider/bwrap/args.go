@@ -5,6 +5,9 @@ import (
 	"strconv"
 )
 
+// IDRange is how many guest ids (0..IDRange-1) a sandbox maps.
+const IDRange = 65536
+
 // Paths inside the guest.
 const (
 	GuestAgentPath  = "/run/oac/oac-guest"

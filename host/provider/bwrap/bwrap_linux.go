@@ -28,7 +28,6 @@ const (
 	// DefaultIDBase is the first host id handed to a sandbox; slot n maps
 	// guest ids 0..IDRange-1 to DefaultIDBase+n*IDRange.
 	DefaultIDBase = 1_000_000_000
-	IDRange       = 65536
 	IDSlots       = 4096
 )
 

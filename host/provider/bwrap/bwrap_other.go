@@ -14,6 +14,7 @@ type Provider struct {
 	Bwrap     string
 	StateRoot string
 	IDBase    int
+	SingleUID bool
 }
 
 // Name implements provider.Provider.
