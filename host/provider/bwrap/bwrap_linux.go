@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 // Defaults.
@@ -98,9 +99,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			in.release()
 		}
 	}()
-	if err := in.claimDir(filepath.Join(p.stateRoot(), "sandboxes", spec.Name)); err != nil {
+	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	if err != nil {
 		return nil, err
 	}
+	in.state, in.dir = state, state.Path
 	if err := in.claimIDs(filepath.Join(p.stateRoot(), "ids"), p.idBase()); err != nil {
 		return nil, err
 	}
@@ -116,10 +119,10 @@ type Instance struct {
 	spec  provider.Spec
 	bwrap string
 
-	dir     string
-	dirLock *os.File
-	idLock  *os.File
-	idBase  int
+	state  *statedir.Dir
+	dir    string
+	idLock *os.File
+	idBase int
 
 	ln       *net.UnixListener
 	sockPath string
@@ -147,34 +150,6 @@ func (in *Instance) HostPID() int {
 
 // HostID implements provider.IDMapper.
 func (in *Instance) HostID(id int) (int, int) { return in.idBase + id, in.idBase + id }
-
-// flockDir creates dir (0700) and takes an exclusive lock on dir/lock. A
-// leftover directory whose lock is free is stale and reused.
-func (in *Instance) claimDir(dir string) error {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
-		return fmt.Errorf("create state directory %s: %w", filepath.Dir(dir), err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("create state directory %s: %w", dir, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("open lock in %s: %w", dir, err)
-	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		return fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, in.spec.Name, lock.Name())
-	}
-	// Stale content from a sandbox that died without cleaning up.
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.Name() != "lock" {
-			os.RemoveAll(filepath.Join(dir, e.Name()))
-		}
-	}
-	in.dir, in.dirLock = dir, lock
-	return nil
-}
 
 // claimIDs takes the first free id slot.
 func (in *Instance) claimIDs(dir string, base int) error {
@@ -419,21 +394,7 @@ func (in *Instance) release() {
 		in.ln.Close()
 		in.ln = nil
 	}
-	if in.dir != "" {
-		ents, _ := os.ReadDir(in.dir)
-		for _, e := range ents {
-			if e.Name() != "lock" {
-				os.RemoveAll(filepath.Join(in.dir, e.Name()))
-			}
-		}
-		os.Remove(filepath.Join(in.dir, "lock"))
-		os.Remove(in.dir)
-		in.dir = ""
-	}
-	if in.dirLock != nil {
-		in.dirLock.Close()
-		in.dirLock = nil
-	}
+	in.state.Release()
 	if in.idLock != nil {
 		in.idLock.Close()
 		in.idLock = nil

@@ -1,0 +1,72 @@
+// Package statedir claims the per-sandbox state directory every provider
+// keeps under its state root (ROOT/sandboxes/NAME): created 0700, held with
+// an exclusive flock on NAME/lock for as long as the sandbox runs, so two
+// sandboxes of one name never run at once on a host, and removed on
+// release. A leftover directory whose lock is free is stale and reused.
+//
+// It owns the directory and its lock. It must not know what providers put
+// inside.
+package statedir
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Dir is a claimed state directory.
+type Dir struct {
+	// Path is the directory.
+	Path string
+	lock *os.File
+}
+
+// Claim creates and locks root/sandboxes/name. It fails with an error
+// wrapping provider.ErrExists when another process holds it.
+func Claim(root, name string) (*Dir, error) {
+	dir := filepath.Join(root, "sandboxes", name)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w", filepath.Dir(dir), err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock in %s: %w", dir, err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, name, lock.Name())
+	}
+	d := &Dir{Path: dir, lock: lock}
+	d.clear() // stale content from a sandbox that died without cleaning up
+	return d, nil
+}
+
+func (d *Dir) clear() {
+	ents, _ := os.ReadDir(d.Path)
+	for _, e := range ents {
+		if e.Name() != "lock" {
+			os.RemoveAll(filepath.Join(d.Path, e.Name()))
+		}
+	}
+}
+
+// Release removes the directory and drops the lock. It is safe to call on
+// a nil Dir and more than once.
+func (d *Dir) Release() {
+	if d == nil || d.lock == nil {
+		return
+	}
+	d.clear()
+	os.Remove(filepath.Join(d.Path, "lock"))
+	os.Remove(d.Path)
+	d.lock.Close()
+	d.lock = nil
+}
