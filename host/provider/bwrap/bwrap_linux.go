@@ -319,33 +319,7 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	if in.ln == nil {
 		return nil, provider.ErrNotStarted
 	}
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() { c, err := in.ln.Accept(); ch <- result{c, err} }()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("accept guest connection: %w", r.err)
-		}
-		return r.c, nil
-	case <-ctx.Done():
-		_ = in.ln.SetDeadline(time.Now())
-		if r := <-ch; r.c != nil {
-			r.c.Close()
-		}
-		_ = in.ln.SetDeadline(time.Time{})
-		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
-	case <-in.done:
-		_ = in.ln.SetDeadline(time.Now())
-		if r := <-ch; r.c != nil {
-			r.c.Close()
-		}
-		_ = in.ln.SetDeadline(time.Time{})
-		return nil, in.Err()
-	}
+	return provider.Accept(ctx, in.ln, in.done, in.Err)
 }
 
 // Done implements provider.Instance.
