@@ -147,7 +147,8 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 
 // HostHandshake runs the host's side: accept the control stream and Hello
 // within timeout, negotiate against min..max and answer Welcome or a
-// refusal. welcome.Version is filled in by HostHandshake.
+// refusal. welcome.Version and welcome.TimeUnixNano are filled in by
+// HostHandshake.
 func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout time.Duration) (*Control, Hello, Welcome, error) {
 	var hello Hello
 	deadline := time.Now().Add(timeout)
@@ -199,6 +200,10 @@ func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout ti
 		return nil, hello, welcome, err
 	}
 	welcome.Version = v
+	// Stamp the clock now, not when the caller built welcome: a VM guest
+	// may take seconds from transport connect to Hello, and it sets its
+	// clock from this value.
+	welcome.TimeUnixNano = time.Now().UnixNano()
 	if err := c.Send(TypeWelcome, welcome); err != nil {
 		c.Close()
 		return nil, hello, welcome, fmt.Errorf("send Welcome: %w", err)

@@ -178,8 +178,7 @@ func (s *run) handshake(conn net.Conn) error {
 	}
 	s.sess = sess
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
-		HostVersion:  buildinfo.Version,
-		TimeUnixNano: time.Now().UnixNano(),
+		HostVersion: buildinfo.Version,
 	}, protocol.HelloTimeout)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)

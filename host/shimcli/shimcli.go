@@ -18,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
@@ -27,11 +28,16 @@ import (
 // Providers maps --provider names to constructors.
 var Providers = map[string]func() provider.Provider{
 	"bwrap": func() provider.Provider { return &bwrap.Provider{} },
+	"qemu": func() provider.Provider {
+		return &qemu.Provider{Kernel: besideShim("vmlinuz"), Initramfs: besideShim("initramfs.img")}
+	},
 }
 
 const usage = `usage:
-  oac-shim run --provider bwrap --name NAME [--rootfs DIR] [--bootstrap FILE]
+  oac-shim run --provider bwrap|qemu --name NAME [--rootfs DIR] [--bootstrap FILE]
                [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
+               [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
+               [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
   oac-shim check
   oac-shim version
 `
@@ -93,6 +99,12 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	bootTimeout := fs.Duration("boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
 	agentPath := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
 	debug := fs.Bool("debug", false, "log debug messages")
+	kernel := fs.String("kernel", "", "qemu: kernel image (default: vmlinuz beside oac-shim; make initramfs puts it there)")
+	initrd := fs.String("initramfs", "", "qemu: initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
+	accel := fs.String("accel", qemu.AccelAuto, "qemu: accelerator: auto (kvm when it can run a stock kernel, else tcg), kvm or tcg")
+	memory := fs.Int("memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
+	vmTransport := fs.String("vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
+	hostGrace := fs.Duration("host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -147,6 +159,15 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		out = f
 	}
 	p := newProv()
+	if q, ok := p.(*qemu.Provider); ok {
+		if *kernel != "" {
+			q.Kernel = *kernel
+		}
+		if *initrd != "" {
+			q.Initramfs = *initrd
+		}
+		q.Accel, q.MemoryMiB, q.Transport, q.HostGrace = *accel, *memory, *vmTransport, *hostGrace
+	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)
@@ -181,6 +202,16 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	return 0
+}
+
+// besideShim returns the path of name in oac-shim's directory ("" when the
+// executable cannot be found).
+func besideShim(name string) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), name)
 }
 
 func defaultAgentPath() (string, error) {
