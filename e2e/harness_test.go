@@ -24,7 +24,7 @@ import (
 
 // bins are the binaries under test, built once per run.
 var bins struct {
-	dir, shim, guest string
+	dir, shim, guest, image, vmdaemon string
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
@@ -45,11 +45,15 @@ func TestMain(m *testing.M) {
 	bins.dir = dir
 	bins.shim = filepath.Join(dir, "oac-shim")
 	bins.guest = filepath.Join(dir, "oac-guest")
+	bins.image = filepath.Join(dir, "oac-image")
+	bins.vmdaemon = filepath.Join(dir, "vmdaemon")
 	bins.badVersion = filepath.Join(dir, "badguest-version")
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
+		{bins.image, "../cmd/oac-image", ""},
+		{bins.vmdaemon, "./internal/vmdaemon", ""},
 		{bins.badVersion, "./internal/badguest", "-X main.defaultMode=version"},
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
 	} {
@@ -128,6 +132,7 @@ func (l *lockedBuffer) String() string {
 
 // sandboxSpec is what a test asks of one run.
 type sandboxSpec struct {
+	provider  string // default bwrap
 	name      string
 	bootstrap string // JSON; empty: none
 	agent     string // default: the real oac-guest
@@ -135,7 +140,7 @@ type sandboxSpec struct {
 	args      []string
 }
 
-// startShim starts `oac-shim run` for a bwrap sandbox and collects its events.
+// startShim starts `oac-shim run` for a sandbox and collects its events.
 func startShim(t *testing.T, spec sandboxSpec) *shim {
 	t.Helper()
 	if spec.name == "" {
@@ -144,7 +149,10 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	if spec.agent == "" {
 		spec.agent = bins.guest
 	}
-	args := []string{"run", "--provider", "bwrap", "--name", spec.name, "--agent", spec.agent}
+	if spec.provider == "" {
+		spec.provider = "bwrap"
+	}
+	args := []string{"run", "--provider", spec.provider, "--name", spec.name, "--agent", spec.agent}
 	if spec.bootstrap != "" {
 		f := filepath.Join(t.TempDir(), "bootstrap.json")
 		require.NoError(t, os.WriteFile(f, []byte(spec.bootstrap), 0o600))
