@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -153,22 +152,12 @@ func (in *Instance) HostID(id int) (int, int) { return in.idBase + id, in.idBase
 
 // claimIDs takes the first free id slot.
 func (in *Instance) claimIDs(dir string, base int) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create id slot directory: %w", err)
+	slot, f, err := statedir.ClaimSlot(dir, IDSlots, "id")
+	if err != nil {
+		return err
 	}
-	for slot := range IDSlots {
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(slot)), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fmt.Errorf("open id slot %d: %w", slot, err)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			continue
-		}
-		in.idLock, in.idBase = f, base+slot*IDRange
-		return nil
-	}
-	return fmt.Errorf("all %d id slots are in use: stop some sandboxes", IDSlots)
+	in.idLock, in.idBase = f, base+slot*IDRange
+	return nil
 }
 
 // prepare writes the guest's identity files, creates the transport socket

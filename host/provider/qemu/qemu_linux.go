@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -231,29 +230,20 @@ type Instance struct {
 // listenVsock claims a CID/port slot and listens for the guest on the
 // host's vsock port of that slot.
 func (in *Instance) listenVsock(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create vsock slot directory: %w", err)
+	slot, f, err := statedir.ClaimSlot(dir, vsockSlots, "vsock")
+	if err != nil {
+		return err
 	}
-	for slot := range vsockSlots {
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(slot)), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fmt.Errorf("open vsock slot %d: %w", slot, err)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			continue
-		}
-		port := uint32(vsockPortBase + slot)
-		ln, err := vsock.Listen(port, nil)
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("listen on vsock port %d: %w (is vhost_vsock loaded?)", port, err)
-		}
-		in.slotLock, in.ln = f, &cidListener{Listener: ln, cid: uint32(vsockCIDBase + slot)}
-		in.cfg.VsockCID, in.cfg.VsockPort = uint32(vsockCIDBase+slot), port
-		return nil
+	port := uint32(vsockPortBase + slot)
+	ln, err := vsock.Listen(port, nil)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("listen on vsock port %d: %w (is vhost_vsock loaded?)", port, err)
 	}
-	return fmt.Errorf("all %d vsock slots are in use: stop some sandboxes", vsockSlots)
+	cid := uint32(vsockCIDBase + slot)
+	in.slotLock, in.ln = f, &cidListener{Listener: ln, cid: cid}
+	in.cfg.VsockCID, in.cfg.VsockPort = cid, port
+	return nil
 }
 
 // cidListener accepts only connections from one guest CID: a host vsock

@@ -4,8 +4,11 @@
 // sandboxes of one name never run at once on a host, and removed on
 // release. A leftover directory whose lock is free is stale and reused.
 //
-// It owns the directory and its lock. It must not know what providers put
-// inside.
+// It also hands out numbered host-wide slots (ClaimSlot), each held by a
+// lock file, for resources such as id ranges and vsock CIDs.
+//
+// It owns the directory, the slots and their locks. It must not know what
+// providers put inside.
 package statedir
 
 import (
@@ -13,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -69,4 +73,26 @@ func (d *Dir) Release() {
 	os.Remove(d.Path)
 	d.lock.Close()
 	d.lock = nil
+}
+
+// ClaimSlot takes the lowest free numbered slot in dir (0..slots-1), each
+// a lock file held for as long as the returned file stays open: a host-wide
+// allocator for resources such as id ranges or vsock CIDs. what names the
+// resource in errors.
+func ClaimSlot(dir string, slots int, what string) (int, *os.File, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, nil, fmt.Errorf("create %s slot directory: %w", what, err)
+	}
+	for slot := range slots {
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(slot)), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return 0, nil, fmt.Errorf("open %s slot %d: %w", what, slot, err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			continue
+		}
+		return slot, f, nil
+	}
+	return 0, nil, fmt.Errorf("all %d %s slots are in use: stop some sandboxes", slots, what)
 }

@@ -34,3 +34,20 @@ func TestClaimLocksClearsStaleContentAndReleaseRemoves(t *testing.T) {
 	require.NoError(t, err, "free again after release")
 	again.Release()
 }
+
+func TestClaimSlotTakesTheLowestFreeSlot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ids")
+	s0, f0, err := ClaimSlot(dir, 2, "id")
+	require.NoError(t, err)
+	s1, f1, err := ClaimSlot(dir, 2, "id")
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{0, 1}, [2]int{s0, s1})
+	_, _, err = ClaimSlot(dir, 2, "id")
+	assert.EqualError(t, err, "all 2 id slots are in use: stop some sandboxes")
+	f0.Close()
+	s, f, err := ClaimSlot(dir, 2, "id")
+	require.NoError(t, err)
+	assert.Equal(t, 0, s, "a released slot is reused")
+	f.Close()
+	f1.Close()
+}
