@@ -121,10 +121,11 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 		return nil, w, err
 	}
 	c := NewControl(st)
-	if err := c.Send(TypeHello, hello); err != nil {
-		c.Close()
-		return nil, w, fmt.Errorf("send Hello: %w", err)
-	}
+	sendErr := c.Send(TypeHello, hello)
+	// Even when the send reports an error, read what the host answered: a
+	// host that refuses the version sends Error and closes at once, which
+	// can make the send report "session shutdown" although Hello went out;
+	// the refusal is still readable from the stream's buffer.
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	err = c.RecvMessage(TypeWelcome, &w)
 	_ = c.SetReadDeadline(time.Time{})
@@ -135,7 +136,14 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 			return nil, w, fmt.Errorf("%w: guest speaks %d..%d, host %d..%d",
 				ErrVersionMismatch, hello.MinVersion, hello.MaxVersion, pe.Err.MinVersion, pe.Err.MaxVersion)
 		}
+		if sendErr != nil {
+			return nil, w, fmt.Errorf("send Hello: %w", sendErr)
+		}
 		return nil, w, fmt.Errorf("wait for Welcome: %w", err)
+	}
+	if sendErr != nil {
+		c.Close()
+		return nil, w, fmt.Errorf("send Hello: %w", sendErr)
 	}
 	if w.Version < hello.MinVersion || w.Version > hello.MaxVersion {
 		c.Close()

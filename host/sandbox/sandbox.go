@@ -149,6 +149,15 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
 	if err := s.handshake(conn); err != nil {
+		// A refused guest usually says why and exits: give it a moment,
+		// so its last words reach the diagnostics before it is killed.
+		if s.sess != nil {
+			s.sess.Close()
+		}
+		select {
+		case <-inst.Done():
+		case <-time.After(time.Second):
+		}
 		return s.fail(s.withDiag(err))
 	}
 	s.wg.Add(1)
