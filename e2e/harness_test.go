@@ -206,8 +206,19 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 }
 
 // waitFor returns the first event matching pred, failing after timeout.
+// It looks at every event seen so far first: the guest's output streams
+// and its state messages travel on different streams, so a log line may
+// arrive before or after a state event that a test waited for earlier.
 func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what string) events.Event {
 	s.t.Helper()
+	s.mu.Lock()
+	for _, e := range s.all {
+		if pred(e) {
+			s.mu.Unlock()
+			return e
+		}
+	}
+	s.mu.Unlock()
 	deadline := time.After(timeout)
 	for {
 		select {
