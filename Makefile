@@ -4,15 +4,31 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates uidmap
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
-.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz bench clean
+KERNEL_CACHE ?= .cache/kernel
+# Modules the VM guest loads at boot (dependencies are added from modules.dep).
+VM_MODULES ?= virtio_pci,virtio_console
+
+.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs
 
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/oac-guest ./cmd/oac-shim
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/oac-guest ./cmd/oac-shim ./cmd/oac-image
+
+# Debian's cloud kernel, fetched with apt-get download, unpacked and
+# depmod'ed into $(KERNEL_CACHE); a no-op when the cache exists.
+kernel:
+	@scripts/kernel.sh $(KERNEL_CACHE)
+
+# The VM image beside oac-shim: bin/vmlinuz and bin/initramfs.img (oac-guest
+# as /init plus the virtio modules), the qemu provider's defaults.
+initramfs: build kernel
+	cp $(KERNEL_CACHE)/vmlinuz $(BIN)/vmlinuz
+	$(BIN)/oac-image initramfs --agent $(BIN)/oac-guest --kernel-modules $(KERNEL_CACHE)/modules \
+	  --module $(VM_MODULES) -o $(BIN)/initramfs.img
 
 deps:
 	@scripts/deps.sh $(APT_PKGS)
@@ -30,8 +46,8 @@ unit:
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
 # e2e builds its own binaries once per run and boots real guests.
-e2e:
-	$(GO) test -count=1 -timeout 15m ./e2e/...
+e2e: kernel
+	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) $(GO) test -count=1 -timeout 15m ./e2e/...
 
 demo: deps build
 	@scripts/demo.sh $(BIN)
@@ -52,6 +68,9 @@ fuzz:
 
 clean:
 	rm -rf $(BIN)
+
+distclean: clean
+	rm -rf .cache
 
 # Speed and memory figures beside their baselines; writes bench/results.md and .json.
 BENCH_RUNS ?= 15

@@ -4,8 +4,10 @@ go 1.26.8
 
 require (
 	github.com/hashicorp/yamux v0.1.2
+	github.com/klauspost/compress v1.20.4
 	github.com/mdlayher/vsock v1.4.0
 	github.com/stretchr/testify v1.12.1
+	github.com/ulikunitz/xz v0.5.17
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.50.0
 )

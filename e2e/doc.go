@@ -1,9 +1,13 @@
-// Package e2e boots real guests: bubblewrap sandboxes started by the real
-// oac-shim binary running the real oac-guest binary, built once per run by
-// TestMain. Nothing here is faked but the misbehaving peers in
-// internal/badguest and the stdio host used to test the guest alone.
+// Package e2e boots real guests: bubblewrap sandboxes and qemu VMs started
+// by the real oac-shim binary running the real oac-guest binary, built once
+// per run by TestMain (VMs boot Debian's cloud kernel from the kernel cache,
+// see make kernel, with an initramfs built by the real oac-image). Nothing
+// here is faked but the misbehaving peers in internal/badguest, the stdio
+// host used to test the guest alone, and the in-test host that goes silent
+// on a VM; internal/vmdaemon is the daemon VM tests run, because the image
+// has no shell.
 //
-// With CI=true no test skips: a missing dependency (bubblewrap, root) fails
-// the run so a missing install step shows. Outside CI a test skips and says
-// what to install.
+// With CI=true no test skips: a missing dependency (bubblewrap, qemu, the
+// kernel cache, root) fails the run so a missing install step shows. Outside
+// CI a test skips and says what to install.
 package e2e

@@ -25,7 +25,7 @@ import (
 
 // bins are the binaries under test, built once per run.
 var bins struct {
-	dir, shim, guest string
+	dir, shim, guest, image, vmdaemon string
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
@@ -46,11 +46,15 @@ func TestMain(m *testing.M) {
 	bins.dir = dir
 	bins.shim = filepath.Join(dir, "oac-shim")
 	bins.guest = filepath.Join(dir, "oac-guest")
+	bins.image = filepath.Join(dir, "oac-image")
+	bins.vmdaemon = filepath.Join(dir, "vmdaemon")
 	bins.badVersion = filepath.Join(dir, "badguest-version")
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
+		{bins.image, "../cmd/oac-image", ""},
+		{bins.vmdaemon, "./internal/vmdaemon", ""},
 		{bins.badVersion, "./internal/badguest", "-X main.defaultMode=version"},
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
 	} {
@@ -129,6 +133,7 @@ func (l *lockedBuffer) String() string {
 
 // sandboxSpec is what a test asks of one run.
 type sandboxSpec struct {
+	provider  string // default bwrap
 	name      string
 	bootstrap string // JSON; empty: none
 	agent     string // default: the real oac-guest
@@ -138,7 +143,7 @@ type sandboxSpec struct {
 	user string
 }
 
-// startShim starts `oac-shim run` for a bwrap sandbox and collects its events.
+// startShim starts `oac-shim run` for a sandbox and collects its events.
 func startShim(t *testing.T, spec sandboxSpec) *shim {
 	t.Helper()
 	if spec.name == "" {
@@ -147,7 +152,10 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	if spec.agent == "" {
 		spec.agent = bins.guest
 	}
-	args := []string{"run", "--provider", "bwrap", "--name", spec.name, "--agent", spec.agent}
+	if spec.provider == "" {
+		spec.provider = "bwrap"
+	}
+	args := []string{"run", "--provider", spec.provider, "--name", spec.name, "--agent", spec.agent}
 	if spec.bootstrap != "" {
 		dir := t.TempDir()
 		if spec.user != "" {
@@ -219,8 +227,19 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 }
 
 // waitFor returns the first event matching pred, failing after timeout.
+// It looks at every event seen so far first: the guest's output streams
+// and its state messages travel on different streams, so a log line may
+// arrive before or after a state event that a test waited for earlier.
 func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what string) events.Event {
 	s.t.Helper()
+	s.mu.Lock()
+	for _, e := range s.all {
+		if pred(e) {
+			s.mu.Unlock()
+			return e
+		}
+	}
+	s.mu.Unlock()
 	deadline := time.After(timeout)
 	for {
 		select {

@@ -139,10 +139,11 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 		return nil, w, err
 	}
 	c := NewControl(st)
-	if err := c.Send(TypeHello, hello); err != nil {
-		c.Close()
-		return nil, w, fmt.Errorf("send Hello: %w", err)
-	}
+	sendErr := c.Send(TypeHello, hello)
+	// Even when the send reports an error, read what the host answered: a
+	// host that refuses the version sends Error and closes at once, which
+	// can make the send report "session shutdown" although Hello went out;
+	// the refusal is still readable from the stream's buffer.
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	err = c.RecvMessage(TypeWelcome, &w)
 	_ = c.SetReadDeadline(time.Time{})
@@ -153,7 +154,14 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 			return nil, w, fmt.Errorf("%w: guest speaks %d..%d, host %d..%d",
 				ErrVersionMismatch, hello.MinVersion, hello.MaxVersion, pe.Err.MinVersion, pe.Err.MaxVersion)
 		}
+		if sendErr != nil {
+			return nil, w, fmt.Errorf("send Hello: %w", sendErr)
+		}
 		return nil, w, fmt.Errorf("wait for Welcome: %w", err)
+	}
+	if sendErr != nil {
+		c.Close()
+		return nil, w, fmt.Errorf("send Hello: %w", sendErr)
 	}
 	if w.Version < hello.MinVersion || w.Version > hello.MaxVersion {
 		c.Close()
@@ -165,7 +173,8 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 
 // HostHandshake runs the host's side: accept the control stream and Hello
 // within timeout, negotiate against min..max and answer Welcome or a
-// refusal. welcome.Version is filled in by HostHandshake.
+// refusal. welcome.Version and welcome.TimeUnixNano are filled in by
+// HostHandshake.
 func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout time.Duration) (*Control, Hello, Welcome, error) {
 	var hello Hello
 	deadline := time.Now().Add(timeout)
@@ -217,6 +226,10 @@ func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout ti
 		return nil, hello, welcome, err
 	}
 	welcome.Version = v
+	// Stamp the clock now, not when the caller built welcome: a VM guest
+	// may take seconds from transport connect to Hello, and it sets its
+	// clock from this value.
+	welcome.TimeUnixNano = time.Now().UnixNano()
 	if err := c.Send(TypeWelcome, welcome); err != nil {
 		c.Close()
 		return nil, hello, welcome, fmt.Errorf("send Welcome: %w", err)

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -14,12 +15,17 @@ import (
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/reaper"
+	"github.com/oac/sandbox-agent/guest/vminit"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
 func main() { os.Exit(run()) }
+
+func newLogger(level slog.Level) *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "oac-guest")
+}
 
 func run() int {
 	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
@@ -41,7 +47,7 @@ func run() int {
 	if *debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "oac-guest")
+	log := newLogger(level)
 
 	pid1 := os.Getpid() == 1
 	if pid1 {
@@ -66,6 +72,23 @@ func run() int {
 		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
 	}
 	rp := reaper.New()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if pid1 && *transportURL == "" {
+		// PID 1 of an oac VM: settings come from the kernel command line
+		// and Boot never returns (it powers the VM off instead).
+		params, err := vminit.ReadParams()
+		switch {
+		case err == nil:
+			if params.Debug {
+				log = newLogger(slog.LevelDebug)
+			}
+			vminit.Boot(ctx, params, agent.Config{AgentVersion: buildinfo.Version, Reaper: rp, Log: log, SetHostname: true})
+		case !errors.Is(err, vminit.ErrNotVM):
+			vminit.Fatal(log, err)
+		}
+	}
 
 	var ep transport.Endpoint
 	var err error
@@ -78,8 +101,6 @@ func run() int {
 		log.Error("transport", "err", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	err = agent.Run(ctx, agent.Config{
 		Endpoint:     ep,
 		AgentVersion: buildinfo.Version,

@@ -35,6 +35,10 @@ type Config struct {
 	DialTimeout time.Duration
 	// SetHostname applies Bootstrap.Hostname; false outside a UTS namespace.
 	SetHostname bool
+	// OnWelcome, when set, is called once the host has accepted the
+	// session, before the Bootstrap is read (a VM guest sets its clock
+	// from Welcome.TimeUnixNano here).
+	OnWelcome func(protocol.Welcome)
 }
 
 // ErrShutdown is returned by Run after an orderly stop.
@@ -69,6 +73,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	cfg.Log.Info("connected", "endpoint", cfg.Endpoint.String(), "protocol", welcome.Version, "host", welcome.HostVersion)
+	if cfg.OnWelcome != nil {
+		cfg.OnWelcome(welcome)
+	}
 	a := &agent{cfg: cfg, sess: sess, ctl: ctl, exits: make(chan procExit, 4)}
 	return a.serve(ctx)
 }

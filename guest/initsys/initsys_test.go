@@ -29,3 +29,13 @@ func TestUnescapeOctalLeavesBrokenEscapesAlone(t *testing.T) {
 	assert.Equal(t, "a\tb", unescapeOctal(`a\011b`))
 	assert.Equal(t, `a\9xyz`, unescapeOctal(`a\9xyz`))
 }
+
+func TestReadModuleListKeepsOrderAndRefusesRelativePaths(t *testing.T) {
+	got, err := ReadModuleList(strings.NewReader("# load order\n/lib/modules/v/a.ko\n\n/lib/modules/v/b.ko\n"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"/lib/modules/v/a.ko", "/lib/modules/v/b.ko"}, got)
+	for _, bad := range []string{"a.ko\n", "/lib/modules/x.ko.xz\n", "/etc/passwd\n"} {
+		_, err := ReadModuleList(strings.NewReader(bad))
+		assert.Error(t, err, "%q", bad)
+	}
+}

@@ -159,29 +159,26 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 // PR_SET_NO_NEW_PRIVS set. The attribute is per thread and inherited by the
 // child; the thread is never returned to the Go scheduler (the goroutine
 // exits while locked, so the runtime destroys it), so no other code of the
-// agent runs with it.
+// agent runs with it. The main thread is never used: the runtime cannot
+// destroy it, so the attribute would stay with the agent (and with threads
+// cloned from it).
 func startNoNewPrivs(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
-	go startOnThread(cmd, errc)
+	go func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Holding the main thread, try again: the new goroutine
+			// cannot be scheduled on a thread locked to this one.
+			errc <- startNoNewPrivs(cmd)
+			runtime.UnlockOSThread()
+			return
+		}
+		// no UnlockOSThread: the thread dies with this goroutine.
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			errc <- fmt.Errorf("set no_new_privs: %w", err)
+			return
+		}
+		errc <- cmd.Start()
+	}()
 	return <-errc
-}
-
-func startOnThread(cmd *exec.Cmd, errc chan<- error) {
-	runtime.LockOSThread()
-	if unix.Gettid() == unix.Getpid() {
-		// The main thread is never destroyed (Go wedges it instead), so it
-		// must not be tainted: hand over to a goroutine, which cannot run
-		// on this thread while we hold it.
-		done := make(chan struct{})
-		go func() { startOnThread(cmd, errc); close(done) }()
-		<-done
-		runtime.UnlockOSThread()
-		return
-	}
-	// no UnlockOSThread: the thread dies with this goroutine.
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		errc <- fmt.Errorf("set no_new_privs: %w", err)
-		return
-	}
-	errc <- cmd.Start()
 }

@@ -155,6 +155,15 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
 	if err := s.handshake(conn); err != nil {
+		// A refused guest usually says why and exits: give it a moment,
+		// so its last words reach the diagnostics before it is killed.
+		if s.sess != nil {
+			s.sess.Close()
+		}
+		select {
+		case <-inst.Done():
+		case <-time.After(time.Second):
+		}
 		return s.fail(s.withDiag(err))
 	}
 	s.wg.Add(1)
@@ -188,8 +197,7 @@ func (s *run) handshake(conn net.Conn) error {
 	}
 	s.sess = sess
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
-		HostVersion:  buildinfo.Version,
-		TimeUnixNano: time.Now().UnixNano(),
+		HostVersion: buildinfo.Version,
 	}, protocol.HelloTimeout)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
@@ -28,21 +29,45 @@ import (
 type ProviderFlags struct {
 	// SingleUID allows bwrap's rootless fallback without subordinate ids.
 	SingleUID bool
+	// qemu
+	Kernel, Initramfs, Accel, VMTransport string
+	Memory                                int
+	HostGrace                             time.Duration
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&pf.SingleUID, "single-uid", false, "bwrap without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
+	fs.StringVar(&pf.Kernel, "kernel", "", "qemu: kernel image (default: vmlinuz beside oac-shim; make initramfs puts it there)")
+	fs.StringVar(&pf.Initramfs, "initramfs", "", "qemu: initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
+	fs.StringVar(&pf.Accel, "accel", qemu.AccelAuto, "qemu: accelerator: auto (kvm when it can run a stock kernel, else tcg), kvm or tcg")
+	fs.IntVar(&pf.Memory, "memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
+	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
+	fs.DurationVar(&pf.HostGrace, "host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
+}
+
+func newQemu(f ProviderFlags) provider.Provider {
+	q := &qemu.Provider{Kernel: f.Kernel, Initramfs: f.Initramfs, Accel: f.Accel, MemoryMiB: f.Memory, Transport: f.VMTransport, HostGrace: f.HostGrace}
+	if q.Kernel == "" {
+		q.Kernel = besideShim("vmlinuz")
+	}
+	if q.Initramfs == "" {
+		q.Initramfs = besideShim("initramfs.img")
+	}
+	return q
 }
 
 // Providers maps --provider names to constructors.
 var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
+	"qemu":  newQemu,
 }
 
 const usage = `usage:
-  oac-shim run --provider bwrap --name NAME [--rootfs DIR] [--bootstrap FILE]
+  oac-shim run --provider bwrap|qemu --name NAME [--rootfs DIR] [--bootstrap FILE]
                [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
                [--single-uid]
+               [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
+               [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
   oac-shim check [--single-uid]
   oac-shim version
 `
@@ -211,6 +236,16 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	return 0
+}
+
+// besideShim returns the path of name in oac-shim's directory ("" when the
+// executable cannot be found).
+func besideShim(name string) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(exe), name)
 }
 
 func defaultAgentPath() (string, error) {

@@ -8,42 +8,27 @@ import (
 	"github.com/mdlayher/vsock"
 )
 
-// vsockDial is vsock.Dial; tests replace it.
-var vsockDial = vsock.Dial
+type vsockDialer func(ctx context.Context, cid, port uint32, cfg *vsock.Config) (*vsock.Conn, error)
 
 func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {
+	return dialVsockWith(ctx, vsock.DialContext, cid, port)
+}
+
+// dialVsockWith dials with dial (vsock.DialContext, which gives up when ctx
+// ends; tests pass their own).
+func dialVsockWith(ctx context.Context, dial vsockDialer, cid, port uint32) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("dial vsock://%d:%d: %w", cid, port, err)
 	}
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		c, err := vsockDial(cid, port, nil)
-		if err != nil {
-			// Not result{c, err}: a nil *vsock.Conn in r.c is not a nil
-			// net.Conn, and closing it below would panic.
-			ch <- result{err: err}
-			return
+	c, err := dial(ctx, cid, port, nil)
+	if err != nil {
+		// Never return c here: a nil *vsock.Conn is not a nil net.Conn.
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("dial vsock://%d:%d: %w", cid, port, ctx.Err())
 		}
-		ch <- result{c: c}
-	}()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("dial vsock://%d:%d: %w (is the vsock device present? on a VM host check vhost_vsock)", cid, port, r.err)
-		}
-		return r.c, nil
-	case <-ctx.Done():
-		go func() {
-			if r := <-ch; r.c != nil {
-				r.c.Close()
-			}
-		}()
-		return nil, fmt.Errorf("dial vsock://%d:%d: %w", cid, port, ctx.Err())
+		return nil, fmt.Errorf("dial vsock://%d:%d: %w (is the vsock device present? on a VM host check vhost_vsock)", cid, port, err)
 	}
+	return c, nil
 }
 
 func listenVsock(port uint32) (net.Listener, error) {

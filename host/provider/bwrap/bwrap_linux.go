@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 // Defaults.
@@ -193,9 +194,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			in.release()
 		}
 	}()
-	if err := in.claimDir(filepath.Join(p.stateRoot(), "sandboxes", spec.Name)); err != nil {
+	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	if err != nil {
 		return nil, err
 	}
+	in.state, in.dir = state, state.Path
 	switch mode {
 	case ModeRoot:
 		if err := in.claimIDs(filepath.Join(p.stateRoot(), "ids"), p.idBase()); err != nil {
@@ -219,11 +222,11 @@ type Instance struct {
 	spec  provider.Spec
 	bwrap string
 
-	mode    Mode
-	dir     string
-	dirLock *os.File
-	idLock  *os.File
-	idBase  int
+	mode   Mode
+	state  *statedir.Dir
+	dir    string
+	idLock *os.File
+	idBase int
 	// ModeSubIDs: the subordinate ranges guest ids 1.. map to.
 	subUID, subGID       IDRangeEntry
 	newuidmap, newgidmap string
@@ -269,52 +272,14 @@ func (in *Instance) HostID(id int) (int, int) {
 	return -1, -1
 }
 
-// flockDir creates dir (0700) and takes an exclusive lock on dir/lock. A
-// leftover directory whose lock is free is stale and reused.
-func (in *Instance) claimDir(dir string) error {
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
-		return fmt.Errorf("create state directory %s: %w", filepath.Dir(dir), err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("create state directory %s: %w", dir, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("open lock in %s: %w", dir, err)
-	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		lock.Close()
-		return fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, in.spec.Name, lock.Name())
-	}
-	// Stale content from a sandbox that died without cleaning up.
-	ents, _ := os.ReadDir(dir)
-	for _, e := range ents {
-		if e.Name() != "lock" {
-			os.RemoveAll(filepath.Join(dir, e.Name()))
-		}
-	}
-	in.dir, in.dirLock = dir, lock
-	return nil
-}
-
 // claimIDs takes the first free id slot.
 func (in *Instance) claimIDs(dir string, base int) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create id slot directory: %w", err)
+	slot, f, err := statedir.ClaimSlot(dir, IDSlots, "id")
+	if err != nil {
+		return err
 	}
-	for slot := range IDSlots {
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(slot)), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err != nil {
-			return fmt.Errorf("open id slot %d: %w", slot, err)
-		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			continue
-		}
-		in.idLock, in.idBase = f, base+slot*IDRange
-		return nil
-	}
-	return fmt.Errorf("all %d id slots are in use: stop some sandboxes", IDSlots)
+	in.idLock, in.idBase = f, base+slot*IDRange
+	return nil
 }
 
 // prepare writes the guest's identity files, creates the transport socket
@@ -530,33 +495,7 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	if in.ln == nil {
 		return nil, provider.ErrNotStarted
 	}
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() { c, err := in.ln.Accept(); ch <- result{c, err} }()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("accept guest connection: %w", r.err)
-		}
-		return r.c, nil
-	case <-ctx.Done():
-		_ = in.ln.SetDeadline(time.Now())
-		if r := <-ch; r.c != nil {
-			r.c.Close()
-		}
-		_ = in.ln.SetDeadline(time.Time{})
-		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
-	case <-in.done:
-		_ = in.ln.SetDeadline(time.Now())
-		if r := <-ch; r.c != nil {
-			r.c.Close()
-		}
-		_ = in.ln.SetDeadline(time.Time{})
-		return nil, in.Err()
-	}
+	return provider.Accept(ctx, in.ln, in.done, in.Err)
 }
 
 // Done implements provider.Instance.
@@ -605,21 +544,7 @@ func (in *Instance) release() {
 		in.ln.Close()
 		in.ln = nil
 	}
-	if in.dir != "" {
-		ents, _ := os.ReadDir(in.dir)
-		for _, e := range ents {
-			if e.Name() != "lock" {
-				os.RemoveAll(filepath.Join(in.dir, e.Name()))
-			}
-		}
-		os.Remove(filepath.Join(in.dir, "lock"))
-		os.Remove(in.dir)
-		in.dir = ""
-	}
-	if in.dirLock != nil {
-		in.dirLock.Close()
-		in.dirLock = nil
-	}
+	in.state.Release()
 	if in.idLock != nil {
 		in.idLock.Close()
 		in.idLock = nil

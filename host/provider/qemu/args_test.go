@@ -1,0 +1,79 @@
+package qemu
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func argString(a []string) string { return strings.Join(a, " ") }
+
+func TestBuildArgsForASerialGuestUnderEmulation(t *testing.T) {
+	a := buildArgs(vmConfig{
+		Name: "demo", Kernel: "/k/vmlinuz", Initramfs: "/k/initramfs.img", Accel: AccelTCG,
+		MemoryMiB: 256, CPUs: 1, Socket: "/run/oac/sandboxes/demo/agent.sock", HostGrace: 5 * time.Second,
+	})
+	s := argString(a)
+	for _, want := range []string{
+		"-name oac-demo", "-nodefaults", "-no-user-config", "-display none", "-no-reboot",
+		"-machine q35", "-accel tcg", "-m 256", "-smp 1", "-kernel /k/vmlinuz", "-initrd /k/initramfs.img",
+		"-nic none", "-serial stdio",
+		"-device virtio-serial-pci,id=vser0",
+		"-chardev socket,id=oacagent,server=off,path=/run/oac/sandboxes/demo/agent.sock",
+		"-device virtserialport,bus=vser0.0,chardev=oacagent,name=oac.agent",
+	} {
+		assert.Contains(t, s, want)
+	}
+	assert.NotContains(t, s, "-cpu host", "no host CPU model without KVM")
+	assert.NotContains(t, s, "vsock")
+	i := indexOf(a, "-append")
+	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 oac.transport=serial:oac.agent oac.host_grace=5s", a[i+1])
+}
+
+func TestBuildArgsWithKVMVsockAndADisk(t *testing.T) {
+	a := buildArgs(vmConfig{
+		Name: "v", Kernel: "k", Initramfs: "i", Accel: AccelKVM, MemoryMiB: 512, CPUs: 2,
+		VsockCID: 7, VsockPort: 20004, Disk: "/data/a,b.img", ExtraAppend: "oac.debug=1",
+	})
+	s := argString(a)
+	assert.Contains(t, s, "-accel kvm -cpu host")
+	assert.Contains(t, s, "-device vhost-vsock-pci,guest-cid=7")
+	assert.NotContains(t, s, "virtio-serial-pci", "vsock replaces the serial port")
+	assert.Contains(t, s, "-drive if=none,id=disk0,format=raw,readonly=on,file=/data/a,,b.img", "commas escaped")
+	assert.Contains(t, s, "-device virtio-blk-pci,drive=disk0")
+	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 oac.transport=vsock:20004 oac.debug=1", a[indexOf(a, "-append")+1])
+}
+
+func indexOf(a []string, s string) int {
+	for i, v := range a {
+		if v == s {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestCPUHasVirtReadsTheFlagsLine(t *testing.T) {
+	assert.True(t, cpuHasVirt(strings.NewReader("processor\t: 0\nflags\t\t: fpu vme vmx sse\n")))
+	assert.True(t, cpuHasVirt(strings.NewReader("flags\t\t: fpu svm\n")))
+	// What the build machines report: a hypervisor, no vmx or svm.
+	assert.False(t, cpuHasVirt(strings.NewReader("flags\t\t: fpu hypervisor lahf_lm\nbugs\t\t: vmx_bug\n")))
+	assert.False(t, cpuHasVirt(strings.NewReader("")))
+}
+
+func TestConsoleWriterStripsCarriageReturnsAndStopsAtTheLimit(t *testing.T) {
+	var out bytes.Buffer
+	c := &consoleWriter{w: &out, limit: 10}
+	n, err := c.Write([]byte("abc\r\ndef\r\n"))
+	assert.NoError(t, err)
+	assert.Equal(t, 10, n)
+	assert.Equal(t, "abc\ndef\n", out.String())
+	n, _ = c.Write([]byte("0123456789"))
+	assert.Equal(t, 10, n, "always accepts, so qemu never blocks")
+	n, _ = c.Write([]byte("more"))
+	assert.Equal(t, 4, n)
+	assert.Equal(t, "abc\ndef\n01\nconsole output limit of 10 bytes reached; further console output dropped\n", out.String())
+}

@@ -1,0 +1,377 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/vsock"
+	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
+)
+
+// Defaults.
+const (
+	DefaultStateRoot = "/run/oac"
+	// Vsock guests get CID vsockCIDBase+slot and the host listens on
+	// vsockPortBase+slot for them.
+	vsockCIDBase  = 3
+	vsockPortBase = 20000
+	vsockSlots    = 4096
+	devKVM        = "/dev/kvm"
+	devVhostVsock = "/dev/vhost-vsock"
+)
+
+// Provider boots guests as qemu virtual machines from a kernel and an
+// initramfs that has oac-guest as /init (see package initramfs).
+type Provider struct {
+	// Qemu is the qemu-system-x86_64 binary; default: found in PATH.
+	Qemu string
+	// Kernel and Initramfs are the boot images (required).
+	Kernel, Initramfs string
+	// Disk is an optional raw disk image attached read-only as virtio-blk.
+	Disk string
+	// Accel is AccelAuto (default), AccelKVM or AccelTCG.
+	Accel string
+	// Transport is TransportSerial (default) or TransportVsock.
+	Transport string
+	// MemoryMiB and CPUs size the VM (defaults DefaultMemory, DefaultCPUs).
+	MemoryMiB, CPUs int
+	// HostGrace is how long the guest waits for a lost host before it
+	// powers off (0: the guest's default).
+	HostGrace time.Duration
+	// ExtraAppend is added to the kernel command line.
+	ExtraAppend string
+	// ConsoleLimit bounds forwarded console output (default
+	// DefaultConsoleLimit).
+	ConsoleLimit int64
+	// StateRoot holds per-sandbox state; default DefaultStateRoot.
+	StateRoot string
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "qemu" }
+
+func (p *Provider) qemu() (string, error) {
+	if p.Qemu != "" {
+		return p.Qemu, nil
+	}
+	path, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		return "", fmt.Errorf("%w: qemu: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86, or make deps)", provider.ErrUnavailable)
+	}
+	return path, nil
+}
+
+// kvmUsable reports whether hardware-assisted KVM can run a stock kernel:
+// /dev/kvm opens read-write and the CPU lists vmx or svm. /dev/kvm alone is
+// not enough: measured on the build machines, a paravirtual /dev/kvm
+// (kvm-pvm, no vmx/svm flag) accepts qemu but a stock kernel never boots.
+func kvmUsable() bool {
+	f, err := os.OpenFile(devKVM, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	f.Close()
+	ci, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return false
+	}
+	defer ci.Close()
+	return cpuHasVirt(ci)
+}
+
+// accel resolves p.Accel.
+func (p *Provider) accel() (string, error) {
+	switch p.Accel {
+	case "", AccelAuto:
+		if kvmUsable() {
+			return AccelKVM, nil
+		}
+		return AccelTCG, nil
+	case AccelKVM:
+		if !kvmUsable() {
+			return "", fmt.Errorf("%w: qemu: --accel kvm needs a usable %s and a CPU with vmx or svm (use --accel tcg or auto)", provider.ErrUnavailable, devKVM)
+		}
+		return AccelKVM, nil
+	case AccelTCG:
+		return AccelTCG, nil
+	}
+	return "", fmt.Errorf("%w: accelerator %q (want auto, kvm or tcg)", provider.ErrInvalidSpec, p.Accel)
+}
+
+func (p *Provider) transport() (string, error) {
+	switch p.Transport {
+	case "", TransportSerial:
+		return TransportSerial, nil
+	case TransportVsock:
+		if _, err := os.Stat(devVhostVsock); err != nil {
+			return "", fmt.Errorf("%w: qemu: the vsock transport needs %s (modprobe vhost_vsock; a host without it uses the serial transport)", provider.ErrUnavailable, devVhostVsock)
+		}
+		return TransportVsock, nil
+	}
+	return "", fmt.Errorf("%w: transport %q (want serial or vsock)", provider.ErrInvalidSpec, p.Transport)
+}
+
+func (p *Provider) stateRoot() string {
+	if p.StateRoot != "" {
+		return p.StateRoot
+	}
+	return DefaultStateRoot
+}
+
+// Check implements provider.Provider.
+func (p *Provider) Check(ctx context.Context) error {
+	if _, err := p.qemu(); err != nil {
+		return err
+	}
+	for _, f := range []struct{ what, path string }{{"kernel", p.Kernel}, {"initramfs", p.Initramfs}} {
+		if f.path == "" {
+			return fmt.Errorf("%w: qemu: no %s given (make initramfs puts vmlinuz and initramfs.img beside oac-shim)", provider.ErrUnavailable, f.what)
+		}
+		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() {
+			return fmt.Errorf("%w: qemu: %s %s is not a readable file (make initramfs builds it)", provider.ErrUnavailable, f.what, f.path)
+		}
+	}
+	if _, err := p.accel(); err != nil {
+		return err
+	}
+	_, err := p.transport()
+	return err
+}
+
+// Create implements provider.Provider.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Rootfs != "" {
+		return nil, fmt.Errorf("%w: qemu guests run from their initramfs; --rootfs is a bwrap option (switch_root into a disk is not built yet)", provider.ErrInvalidSpec)
+	}
+	if err := p.Check(ctx); err != nil {
+		return nil, err
+	}
+	qemuBin, _ := p.qemu()
+	accel, _ := p.accel()
+	tr, _ := p.transport()
+	in := &Instance{
+		spec: spec, qemu: qemuBin, done: make(chan struct{}),
+		cfg: vmConfig{
+			Name: spec.Name, Kernel: p.Kernel, Initramfs: p.Initramfs, Disk: p.Disk, Accel: accel,
+			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
+			HostGrace: p.HostGrace, ExtraAppend: p.ExtraAppend,
+		},
+		consoleLimit: p.ConsoleLimit,
+	}
+	if in.consoleLimit <= 0 {
+		in.consoleLimit = DefaultConsoleLimit
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			in.release()
+		}
+	}()
+	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	in.state = state
+	if tr == TransportVsock {
+		if err := in.listenVsock(filepath.Join(p.stateRoot(), "vsock")); err != nil {
+			return nil, err
+		}
+	} else {
+		in.cfg.Socket = filepath.Join(state.Path, "agent.sock")
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.cfg.Socket, Net: "unix"})
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s: %w (paths of unix sockets are limited to 107 bytes: use a shorter state root)", in.cfg.Socket, err)
+		}
+		in.ln = ln
+	}
+	ok = true
+	return in, nil
+}
+
+func orDefault(v, def int) int {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// Instance is one qemu VM.
+type Instance struct {
+	spec         provider.Spec
+	qemu         string
+	cfg          vmConfig
+	consoleLimit int64
+
+	state    *statedir.Dir
+	ln       provider.DeadlineListener
+	slotLock *os.File
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	exitErr error
+}
+
+// listenVsock claims a CID/port slot and listens for the guest on the
+// host's vsock port of that slot.
+func (in *Instance) listenVsock(dir string) error {
+	slot, f, err := statedir.ClaimSlot(dir, vsockSlots, "vsock")
+	if err != nil {
+		return err
+	}
+	port := uint32(vsockPortBase + slot)
+	ln, err := vsock.Listen(port, nil)
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("listen on vsock port %d: %w (is vhost_vsock loaded?)", port, err)
+	}
+	cid := uint32(vsockCIDBase + slot)
+	in.slotLock, in.ln = f, &cidListener{Listener: ln, cid: cid}
+	in.cfg.VsockCID, in.cfg.VsockPort = cid, port
+	return nil
+}
+
+// cidListener accepts only connections from one guest CID: a host vsock
+// port is reachable from every VM on the host.
+type cidListener struct {
+	*vsock.Listener
+	cid uint32
+}
+
+func (l *cidListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if a, ok := c.RemoteAddr().(*vsock.Addr); ok && a.ContextID == l.cid {
+			return c, nil
+		}
+		c.Close() // another VM knocking on our port
+	}
+}
+
+// HostPID returns the pid of the qemu process, 0 before Start.
+func (in *Instance) HostPID() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.cmd == nil || in.cmd.Process == nil {
+		return 0
+	}
+	return in.cmd.Process.Pid
+}
+
+// Args returns qemu's command line (without the binary).
+func (in *Instance) Args() []string { return buildArgs(in.cfg) }
+
+// Start implements provider.Instance.
+func (in *Instance) Start(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.cmd != nil {
+		return errors.New("qemu: already started")
+	}
+	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Dir = "/"
+	var out io.Writer = io.Discard
+	if in.spec.Stderr != nil {
+		out = in.spec.Stderr
+	}
+	console := &consoleWriter{w: out, limit: in.consoleLimit}
+	// One writer for both: os/exec then copies through a single pipe
+	// and goroutine, so lines never interleave.
+	cmd.Stdout, cmd.Stderr = console, console
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// qemu dies with the shim, whatever kills the shim.
+		Pdeathsig: syscall.SIGKILL,
+		Setpgid:   true,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start qemu: %w", err)
+	}
+	in.cmd = cmd
+	go func() {
+		err := cmd.Wait()
+		in.mu.Lock()
+		if err == nil {
+			err = errors.New("virtual machine powered off")
+		} else {
+			err = fmt.Errorf("qemu exited: %w", err)
+		}
+		in.exitErr = err
+		in.mu.Unlock()
+		close(in.done)
+	}()
+	return nil
+}
+
+// Accept implements provider.Instance: the guest's connection (qemu's, for
+// the serial transport).
+func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
+	if in.ln == nil {
+		return nil, provider.ErrNotStarted
+	}
+	return provider.Accept(ctx, in.ln, in.done, in.Err)
+}
+
+// Done implements provider.Instance.
+func (in *Instance) Done() <-chan struct{} { return in.done }
+
+// Err implements provider.Instance.
+func (in *Instance) Err() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.exitErr
+}
+
+// Kill implements provider.Instance.
+func (in *Instance) Kill() error {
+	in.mu.Lock()
+	cmd := in.cmd
+	in.mu.Unlock()
+	if cmd == nil {
+		return nil
+	}
+	_ = cmd.Process.Kill()
+	select {
+	case <-in.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("qemu did not exit within 10s of SIGKILL")
+	}
+}
+
+// Destroy implements provider.Instance.
+func (in *Instance) Destroy() error {
+	err := in.Kill()
+	in.release()
+	return err
+}
+
+func (in *Instance) release() {
+	if in.ln != nil {
+		in.ln.Close()
+		in.ln = nil
+	}
+	if in.slotLock != nil {
+		in.slotLock.Close()
+		in.slotLock = nil
+	}
+	in.state.Release()
+}

@@ -1,0 +1,14 @@
+// Package statedir claims the per-sandbox state directory every provider
+// keeps under its state root (ROOT/sandboxes/NAME): created 0700, held with
+// an exclusive flock on NAME/lock for as long as the sandbox runs, so two
+// sandboxes of one name never run at once on a host, and removed on
+// release. A leftover directory whose lock is free is stale and reused.
+//
+// It also hands out numbered host-wide slots (ClaimSlot), each held by a
+// lock file, for resources such as id ranges and vsock CIDs.
+//
+// It owns the directory, the slots and their locks. It must not know what
+// providers put inside.
+//
+// It builds on Unix systems only (flock).
+package statedir

@@ -1,0 +1,55 @@
+//go:build unix
+
+package statedir
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+func TestClaimLocksClearsStaleContentAndReleaseRemoves(t *testing.T) {
+	root := t.TempDir()
+	stale := filepath.Join(root, "sandboxes", "a", "old.sock")
+	require.NoError(t, os.MkdirAll(filepath.Dir(stale), 0o700))
+	require.NoError(t, os.WriteFile(stale, nil, 0o600))
+
+	d, err := Claim(root, "a")
+	require.NoError(t, err)
+	assert.NoFileExists(t, stale, "a leftover whose lock is free is stale")
+	st, err := os.Stat(d.Path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o700), st.Mode().Perm())
+
+	_, err = Claim(root, "a")
+	assert.ErrorIs(t, err, provider.ErrExists)
+
+	d.Release()
+	d.Release()
+	assert.NoDirExists(t, d.Path)
+	again, err := Claim(root, "a")
+	require.NoError(t, err, "free again after release")
+	again.Release()
+}
+
+func TestClaimSlotTakesTheLowestFreeSlot(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ids")
+	s0, f0, err := ClaimSlot(dir, 2, "id")
+	require.NoError(t, err)
+	s1, f1, err := ClaimSlot(dir, 2, "id")
+	require.NoError(t, err)
+	assert.Equal(t, [2]int{0, 1}, [2]int{s0, s1})
+	_, _, err = ClaimSlot(dir, 2, "id")
+	assert.EqualError(t, err, "all 2 id slots are in use: stop some sandboxes")
+	f0.Close()
+	s, f, err := ClaimSlot(dir, 2, "id")
+	require.NoError(t, err)
+	assert.Equal(t, 0, s, "a released slot is reused")
+	f.Close()
+	f1.Close()
+}
