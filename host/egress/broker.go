@@ -99,6 +99,18 @@ func (b *Broker) SetPolicy(p *Policy) {
 	b.policy.Store(p)
 }
 
+// PolicyEvent describes the current policy as an egress_policy event.
+func (b *Broker) PolicyEvent(msg string) events.Event {
+	p := b.policy.Load()
+	n, u := p.Len()
+	rules := p.Describe()
+	if rules == nil {
+		rules = []string{}
+	}
+	return events.Event{Event: events.KindEgressPolicy, Rules: rules,
+		Message: fmt.Sprintf("%s: deny by default; %d rules, %d upstreams", msg, n, u)}
+}
+
 // Policy returns the current policy.
 func (b *Broker) Policy() *Policy { return b.policy.Load() }
 

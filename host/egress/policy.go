@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -267,6 +268,17 @@ func (p *Policy) Rules() []string {
 		out = append(out, r.String())
 	}
 	return out
+}
+
+// Describe returns the rules and then the upstreams ("upstream N:P=A").
+func (p *Policy) Describe() []string {
+	out := p.Rules()
+	keys := make([]string, 0, len(p.upstreams))
+	for _, u := range p.upstreams {
+		keys = append(keys, "upstream "+u.String())
+	}
+	slices.Sort(keys)
+	return append(out, keys...)
 }
 
 // Len returns the number of rules and upstreams.

@@ -64,6 +64,8 @@ type Event struct {
 	BytesOut   *int64 `json:"bytes_out,omitempty"`
 	BytesIn    *int64 `json:"bytes_in,omitempty"`
 	DurationMS *int64 `json:"duration_ms,omitempty"`
+	// Rules lists the policy in force (egress_policy).
+	Rules []string `json:"rules,omitempty"`
 }
 
 // Sink receives events. Emit must be safe for concurrent use.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
@@ -46,6 +47,9 @@ type Config struct {
 	BootTimeout time.Duration
 	// MinVersion and MaxVersion override the protocol range (tests).
 	MinVersion, MaxVersion int
+	// Egress answers the guest's egress streams; nil offers no egress (the
+	// guest starts no proxies and its egress streams are refused).
+	Egress *egress.Broker
 }
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
@@ -80,6 +84,9 @@ type run struct {
 	ctl     *protocol.Control
 	frames  chan protocol.Frame
 	recvErr chan error
+	// egressCtx ends in-flight egress dials when the sandbox run ends.
+	egressCtx    context.Context
+	egressCancel context.CancelFunc
 
 	mu    sync.Mutex
 	state string
@@ -124,7 +131,9 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
 	}
 	s.inst = inst
+	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
 	defer func() {
+		s.egressCancel()
 		if s.sess != nil {
 			s.sess.Close()
 		}
@@ -177,8 +186,13 @@ func (s *run) handshake(conn net.Conn) error {
 		return fmt.Errorf("start session: %w", err)
 	}
 	s.sess = sess
+	var caps []string
+	if s.cfg.Egress != nil {
+		caps = append(caps, protocol.CapEgress)
+	}
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
+		Capabilities: caps,
 		TimeUnixNano: time.Now().UnixNano(),
 	}, protocol.HelloTimeout)
 	if err != nil {
@@ -189,6 +203,9 @@ func (s *run) handshake(conn net.Conn) error {
 		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
 	})
+	if s.cfg.Egress != nil {
+		s.emit(s.cfg.Egress.PolicyEvent("egress policy in force"))
+	}
 	return nil
 }
 
@@ -336,8 +353,12 @@ func (s *run) waitExit(d time.Duration) {
 	}
 }
 
-// acceptStreams serves streams the guest opens: log streams now; other
-// kinds are refused until their features exist.
+// acceptStreams serves streams the guest opens: log streams, egress
+// streams when a broker is configured; other kinds are refused until their
+// features exist. At most protocol.MaxStreams streams may be reading their
+// header or carrying non-egress traffic at once; an egress stream leaves
+// that budget once its header is read and counts against the broker's own
+// limit, which answers ResourceExhausted instead of closing.
 func (s *run) acceptStreams() {
 	defer s.wg.Done()
 	budget := newLogBudget(time.Now)
@@ -375,16 +396,17 @@ func (s *run) acceptStreams() {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-sem }()
+			release := sync.OnceFunc(func() { <-sem })
+			defer release()
 			defer st.Close()
-			s.serveStream(st, budget)
+			s.serveStream(st, budget, release)
 		}()
 	}
 }
 
-func (s *run) serveStream(st net.Conn, budget *logBudget) {
+func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	h, err := protocol.ReadStreamHeader(st, 5*time.Second)
-	if err != nil {
+	if err != nil && h.Kind != protocol.KindEgress {
 		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return
 	}
@@ -395,6 +417,15 @@ func (s *run) serveStream(st net.Conn, budget *logBudget) {
 				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
 			}
 		})
+	case protocol.KindEgress:
+		if s.cfg.Egress == nil {
+			_ = protocol.WriteEgressReply(st, protocol.EgressReply{Code: protocol.EgressUnsupportedNetwork,
+				Reason: "this sandbox was started without an egress broker"})
+			return
+		}
+		release()
+		// Serve re-validates the header and answers InvalidArgument.
+		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emit)
 	default:
 		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}
