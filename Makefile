@@ -4,10 +4,10 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates
+APT_PKGS := bubblewrap ca-certificates curl util-linux mount
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
-.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz clean
+.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz bench clean
 
 all: build
 
@@ -34,7 +34,14 @@ e2e:
 	$(GO) test -count=1 -timeout 15m ./e2e/...
 
 demo: deps build
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
 	@scripts/demo.sh $(BIN)
+
+# Egress throughput and connect+first-byte latency, broker against direct
+# loopback TCP, side by side in one run (no root, no sandbox needed).
+BENCH_RUNS ?= 9
+bench:
+	$(GO) run ./bench/egress -runs $(BENCH_RUNS)
 
 # Everything that compiles for the desktop OSes without cgo.
 cross:
