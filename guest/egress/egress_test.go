@@ -342,3 +342,43 @@ func FuzzSOCKSHandshake(f *testing.F) {
 		require.NoError(t, h.Validate())
 	})
 }
+
+func TestKeptAliveStreamClosedByTheUpstreamIsRetriedForBodilessRequests(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	// The upstream answers one request per connection, then closes
+	// without saying so (no Connection: close).
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				body := "answer for " + req.URL.Path
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			}()
+		}
+	}()
+	p, fh := startProxies(t, map[string]string{"site.test:80": ln.Addr().String()})
+	c, err := net.Dial("tcp", p.HTTPAddr)
+	require.NoError(t, err)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for _, path := range []string{"/one", "/two"} {
+		_, err = io.WriteString(c, "GET http://site.test"+path+" HTTP/1.1\r\nHost: spoofed.test\r\n\r\n")
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		assert.Equal(t, "answer for "+path, string(b))
+		time.Sleep(20 * time.Millisecond) // let the upstream's close arrive
+	}
+	assert.Len(t, fh.callList(), 2, "the second request went over a fresh stream")
+}

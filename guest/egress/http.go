@@ -223,14 +223,6 @@ func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t tar
 		up.c.Close()
 		up = nil
 	}
-	if up == nil {
-		st, r := p.open(p.ctx, t.host, t.port, protocol.ViaHTTP)
-		if !r.OK() {
-			writeRefusal(c, t, r)
-			return nil, false
-		}
-		up = &upstream{t: t, c: st, br: bufio.NewReaderSize(st, 16<<10)}
-	}
 	upgrade := removeHopByHop(req.Header)
 	if upgrade != "" {
 		req.Header.Set("Connection", "Upgrade")
@@ -239,23 +231,55 @@ func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t tar
 	if _, ok := req.Header["User-Agent"]; !ok {
 		req.Header["User-Agent"] = []string{""} // Request.Write adds Go's otherwise
 	}
+	// RFC 9112 3.2.2: the absolute-form target wins over the Host header.
+	req.Host = req.URL.Host
+	req.RequestURI = ""
+	continued := false
 	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 		req.Header.Del("Expect")
-		if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
-			return up, false
+		continued = true
+	}
+	bodiless := req.Body == nil || req.Body == http.NoBody
+	for attempt := 0; ; attempt++ {
+		reused := up != nil
+		if up == nil {
+			st, r := p.open(p.ctx, t.host, t.port, protocol.ViaHTTP)
+			if !r.OK() {
+				writeRefusal(c, t, r)
+				return nil, false
+			}
+			up = &upstream{t: t, c: st, br: bufio.NewReaderSize(st, 16<<10)}
 		}
-	}
-	req.RequestURI = ""
-	if err := req.Write(up.c); err != nil {
-		writeLocalError(c, http.StatusBadGateway, fmt.Errorf("sending the request to %s failed: %v", t, err))
-		return up, false
-	}
-	for {
-		resp, err := http.ReadResponse(up.br, req)
+		if continued {
+			continued = false
+			if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+				return up, false
+			}
+		}
+		err := req.Write(up.c)
+		var resp *http.Response
+		if err == nil {
+			resp, err = http.ReadResponse(up.br, req)
+		}
 		if err != nil {
-			writeLocalError(c, http.StatusBadGateway, fmt.Errorf("%s sent no valid response: %v", t, err))
-			return up, false
+			up.c.Close()
+			up = nil
+			// A kept-alive stream the upstream closed meanwhile: retry a
+			// request without a body once on a fresh stream.
+			if reused && bodiless && attempt == 0 {
+				continue
+			}
+			writeLocalError(c, http.StatusBadGateway, fmt.Errorf("%s: no valid response: %v", t, err))
+			return nil, false
 		}
+		return p.relayResponse(c, br, req, resp, up)
+	}
+}
+
+// relayResponse copies resp (and any interim 1xx responses before it) to
+// the client; a 101 turns the connection into a tunnel.
+func (p *Proxies) relayResponse(c net.Conn, br *bufio.Reader, req *http.Request, resp *http.Response, up *upstream) (*upstream, bool) {
+	for {
 		if resp.StatusCode == http.StatusSwitchingProtocols {
 			if err := writeHead(c, resp); err != nil {
 				return up, false
@@ -267,10 +291,14 @@ func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t tar
 			if err := writeHead(c, resp); err != nil {
 				return up, false
 			}
+			var err error
+			if resp, err = http.ReadResponse(up.br, req); err != nil {
+				return up, false
+			}
 			continue
 		}
 		removeHopByHop(resp.Header)
-		err = resp.Write(c)
+		err := resp.Write(c)
 		resp.Body.Close()
 		if err != nil || resp.Close || req.Close {
 			return up, false
