@@ -3,7 +3,12 @@
 // TestMain. Nothing here is faked but the misbehaving peers in
 // internal/badguest and the stdio host used to test the guest alone.
 //
-// With CI=true no test skips: a missing dependency (bubblewrap, root) fails
+// The egress tests run the host's curl inside guests against servers on the
+// host's 127.0.0.1 only, and give oac-shim a test /etc/hosts in a private
+// mount namespace (unshare) so the broker resolves names without DNS.
+//
+// With CI=true no test skips: a missing dependency (bubblewrap, root, curl,
+// unshare) fails
 // the run so a missing install step shows. Outside CI a test skips and says
 // what to install.
 package e2e

@@ -27,6 +27,9 @@ const (
 	DefaultBootTimeout = 30 * time.Second
 	// stopMargin is added to the guest's grace before the runtime is killed.
 	stopMargin = 3 * time.Second
+	// handshakeExitWait is how long a guest that failed the handshake
+	// gets to exit on its own.
+	handshakeExitWait = 2 * time.Second
 	// maxGuestText bounds a guest-supplied message copied into an event.
 	maxGuestText = 1024
 )
@@ -158,6 +161,13 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
 	if err := s.handshake(conn); err != nil {
+		// A guest that refused the handshake exits on its own: give it a
+		// moment so its own account of the failure reaches the diagnostics
+		// before the runtime is killed.
+		select {
+		case <-s.inst.Done():
+		case <-time.After(handshakeExitWait):
+		}
 		return s.fail(s.withDiag(err))
 	}
 	s.wg.Add(1)
