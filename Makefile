@@ -4,7 +4,7 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-linux mount
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 KERNEL_CACHE ?= .cache/kernel
@@ -50,6 +50,7 @@ e2e: kernel
 	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) $(GO) test -count=1 -timeout 15m ./e2e/...
 
 demo: deps build
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
 	@scripts/demo.sh $(BIN)
 
 # Everything that compiles for the desktop OSes without cgo.
@@ -77,3 +78,4 @@ BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
 bench: deps build
 	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
+	$(GO) run ./bench/egress -runs 9

@@ -7,7 +7,11 @@
 // on a VM; internal/vmdaemon is the daemon VM tests run, because the image
 // has no shell.
 //
+// The egress tests run the host's curl inside guests against servers on the
+// host's 127.0.0.1 only, and give oac-shim a test /etc/hosts in a private
+// mount namespace (unshare) so the broker resolves names without DNS.
+//
 // With CI=true no test skips: a missing dependency (bubblewrap, qemu, the
-// kernel cache, root) fails the run so a missing install step shows. Outside
-// CI a test skips and says what to install.
+// kernel cache, root, curl, unshare) fails the run so a missing install step
+// shows. Outside CI a test skips and says what to install.
 package e2e

@@ -95,6 +95,21 @@ func needBwrap(t *testing.T) {
 	need(t, os.Geteuid() == 0, "the bwrap provider maps a host id range and needs root: run the e2e tests as root (sudo make test)")
 }
 
+// needCurl checks for the curl the guests run from the host's /usr.
+func needCurl(t *testing.T) {
+	t.Helper()
+	_, err := exec.LookPath("curl")
+	need(t, err == nil, "curl is not installed: apt-get install curl (or run make deps)")
+}
+
+// needUnshare checks for util-linux's unshare and mount (hosts files).
+func needUnshare(t *testing.T) {
+	t.Helper()
+	_, err1 := exec.LookPath("unshare")
+	_, err2 := exec.LookPath("mount")
+	need(t, err1 == nil && err2 == nil, "unshare and mount (util-linux) are needed to give oac-shim a test /etc/hosts")
+}
+
 // uniqueName returns a sandbox name no other test uses.
 func uniqueName(prefix string) string {
 	b := make([]byte, 4)
@@ -141,6 +156,10 @@ type sandboxSpec struct {
 	args      []string
 	// user runs the shim as this unprivileged user (setpriv), not root.
 	user string
+	// hosts, when set, is the host's /etc/hosts as oac-shim sees it: the
+	// shim runs in a private mount namespace with this content bound over
+	// /etc/hosts (names for the broker to resolve, no real DNS needed).
+	hosts string
 }
 
 // startShim starts `oac-shim run` for a sandbox and collects its events.
@@ -175,11 +194,22 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		args = append(args, "--bootstrap", f)
 	}
 	args = append(args, spec.args...)
-	cmd := exec.Command(bins.shim, args...)
-	cmd.Env = append(os.Environ(), spec.env...)
+	argv := append([]string{bins.shim}, args...)
 	if spec.user != "" {
 		// setpriv execs the shim itself, so signals reach it directly.
-		cmd = exec.Command("setpriv", append([]string{"--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env", bins.shim}, args...)...)
+		argv = append([]string{"setpriv", "--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env"}, argv...)
+	}
+	if spec.hosts != "" {
+		f := filepath.Join(t.TempDir(), "hosts")
+		require.NoError(t, os.WriteFile(f, []byte(spec.hosts), 0o644))
+		require.NoError(t, os.Chmod(filepath.Dir(f), 0o755))
+		// unshare execs (no fork), so the pid is the shim's in the end.
+		argv = append([]string{"unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+			`mount --bind "$0" /etc/hosts && exec "$@"`, f}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), spec.env...)
+	if spec.user != "" {
 		cmd.Dir = "/"
 	}
 	s := &shim{t: t, name: spec.name, cmd: cmd, events: make(chan events.Event, 1024), done: make(chan struct{})}
@@ -286,6 +316,28 @@ func (s *shim) exit(timeout time.Duration) int {
 func (s *shim) signal(sig syscall.Signal) {
 	s.t.Helper()
 	require.NoError(s.t, s.cmd.Process.Signal(sig))
+}
+
+// find returns every event printed so far that matches pred.
+func (s *shim) find(pred func(events.Event) bool) []events.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []events.Event
+	for _, e := range s.all {
+		if pred(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// logLine returns the text after prefix of the first log line printed so
+// far that starts with it, or "" (use after waiting for a later line).
+func (s *shim) logLine(prefix string) string {
+	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, prefix) }) {
+		return strings.TrimPrefix(e.Line, prefix)
+	}
+	return ""
 }
 
 // lastEvent returns the last event printed.

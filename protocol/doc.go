@@ -39,7 +39,8 @@
 //	0x0004  State         guest -> host  {"state","message","process"}
 //	0x0005  Shutdown      host -> guest  {"reason","grace_ms"}
 //	0x0006  Error         either way     {"code","message","min_version","max_version"}
-//	0x0007  StreamHeader  stream opener  {"kind","name"}
+//	0x0007  StreamHeader  stream opener  {"kind","name","host","port","via"}
+//	0x0008  EgressReply   host -> guest  {"code","error","effect","reason","rule"} (egress streams only)
 //
 // # Control stream
 //
@@ -57,8 +58,47 @@
 //	kind      opened by  after the header
 //	control   guest      framed messages as above (exactly one per session)
 //	log       guest      raw process output; the header's name says which ("daemon/stdout")
-//	egress    guest      reserved: outbound connection through the host broker
+//	egress    guest      EgressReply from the host, then raw bytes both ways if it said OK
 //	forward   host       reserved: inbound connection to a guest port
+//
+// # Egress streams
+//
+// The host lists the capability "egress" in Welcome when it runs a broker;
+// only then does the guest start its proxies and open egress streams. A
+// guest opens one egress stream per outbound connection. Its StreamHeader
+// names the target:
+//
+//	kind  "egress"
+//	host  a DNS name or an IP literal (IPv6 without brackets), exactly as the
+//	      client gave it, 1..1024 bytes of UTF-8 without control characters,
+//	      spaces or slashes; the host normalizes it (case, trailing dot, IDNA,
+//	      odd IPv4 spellings) and never trusts it
+//	port  1..65535
+//	via   "connect" (HTTP CONNECT), "http" (forwarded http:// request) or
+//	      "socks5"; informational, for events
+//
+// (host, port and via must be absent on every other kind.) The guest sends
+// nothing else until the host answers with exactly one EgressReply frame
+// (at most MaxHeaderFrame bytes):
+//
+//	code    0 OK, or a failure code: 1 InvalidArgument, 2 UnsupportedNetwork,
+//	        3 Denied, 4 NameNotResolved, 5 NameResolutionFailed,
+//	        6 ConnectionRefused, 7 Unreachable, 8 TimedOut,
+//	        9 ResourceExhausted, 10 Cancelled, 11 IO, 12 Unknown
+//	error   the code's name; absent when OK
+//	effect  "none" or "possible" (the upstream may have seen something,
+//	        e.g. a connect that timed out); absent when OK
+//	reason  why, in words (at most 512 bytes, no control characters)
+//	rule    the policy rule that decided, when one did
+//
+// After OK, the stream carries the connection's bytes both ways; each side
+// closing its write half (yamux FIN) is the TCP half-close. After a failure
+// code the host closes the stream. A host without a broker answers
+// UnsupportedNetwork. The guest waits at most EgressReplyTimeout (60 s) for
+// the answer; the host answers within its connect timeout (default 10 s).
+// How many egress streams may be open at once is the host broker's limit
+// (default 256); the stream over it is answered ResourceExhausted, it is
+// not closed unanswered.
 //
 // # Limits enforced on read
 //
@@ -67,9 +107,23 @@
 //	HelloTimeout        10 s  from transport connect to a complete Hello
 //	FrameBodyTimeout    10 s  from a frame header to the end of its body
 //	MaxStreams           256  concurrent streams a host accepts from one guest
+//	                          that are reading their header or are not egress
+//	                          streams (egress streams have the broker's limit)
+//	MaxEgressHost       1024  bytes of StreamHeader.host
+//	MaxEgressText        512  bytes of EgressReply.reason and .rule
+//	EgressReplyTimeout  60 s  a guest waiting for the host's EgressReply
 //
 // # Versions
 //
 //	1  first version: frames, Hello/Welcome/Bootstrap/State/Shutdown/Error,
 //	   StreamHeader, control and log streams; egress and forward kinds reserved.
+//
+// Changes within version 1 (compatible: optional JSON fields and a frame
+// type sent only to a guest that opened an egress stream, which a guest
+// does only when the host offered the capability):
+//
+//	1.1  egress streams defined: StreamHeader gains host, port and via; the
+//	     EgressReply frame (0x0008); the "egress" capability in Welcome.
+//	     A 1.0 host never offers the capability, so a newer guest starts no
+//	     proxies there; a 1.0 guest never opens egress streams.
 package protocol

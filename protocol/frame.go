@@ -22,6 +22,7 @@ const (
 	TypeShutdown     Type = 0x0005
 	TypeError        Type = 0x0006
 	TypeStreamHeader Type = 0x0007
+	TypeEgressReply  Type = 0x0008
 )
 
 var typeNames = map[Type]string{
@@ -32,6 +33,7 @@ var typeNames = map[Type]string{
 	TypeShutdown:     "Shutdown",
 	TypeError:        "Error",
 	TypeStreamHeader: "StreamHeader",
+	TypeEgressReply:  "EgressReply",
 }
 
 func (t Type) String() string {

@@ -97,6 +97,13 @@ const (
 type StreamHeader struct {
 	Kind string `json:"kind"`
 	Name string `json:"name,omitempty"`
+	// Host, Port and Via name the target of an egress stream (and must be
+	// empty on every other kind): Host is a DNS name or an IP literal
+	// (IPv6 without brackets) exactly as the client gave it; the host
+	// normalizes and checks it.
+	Host string `json:"host,omitempty"`
+	Port int    `json:"port,omitempty"`
+	Via  string `json:"via,omitempty"`
 }
 
 // MaxStreamName bounds StreamHeader.Name.
@@ -115,7 +122,7 @@ func (h StreamHeader) Validate() error {
 	if strings.ContainsFunc(h.Name, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		return fmt.Errorf("%w: stream name contains control characters", ErrBadBody)
 	}
-	return nil
+	return h.validateEgress()
 }
 
 func truncate(s string, n int) string {

@@ -17,7 +17,7 @@ func TestStreamHeaderValidate(t *testing.T) {
 	}{
 		{"control", StreamHeader{Kind: KindControl}, ""},
 		{"log with a name", StreamHeader{Kind: KindLog, Name: "daemon/stdout"}, ""},
-		{"egress", StreamHeader{Kind: KindEgress, Name: "10.0.0.1:443"}, ""},
+		{"egress", StreamHeader{Kind: KindEgress, Host: "10.0.0.1", Port: 443, Via: ViaConnect}, ""},
 		{"forward", StreamHeader{Kind: KindForward, Name: "8080"}, ""},
 		{"name of exactly the limit", StreamHeader{Kind: KindLog, Name: strings.Repeat("n", MaxStreamName)}, ""},
 		{"non-ASCII name", StreamHeader{Kind: KindLog, Name: "démon/stdout"}, ""},

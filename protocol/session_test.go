@@ -298,7 +298,11 @@ func TestHostRefusesAFirstStreamOfTheWrongKind(t *testing.T) {
 	for _, kind := range []string{KindLog, KindEgress, KindForward} {
 		t.Run(kind, func(t *testing.T) {
 			gs, hs := sessionPair(t)
-			st, err := OpenStream(gs, StreamHeader{Kind: kind, Name: "daemon/stdout"})
+			h := StreamHeader{Kind: kind, Name: "daemon/stdout"}
+			if kind == KindEgress {
+				h = StreamHeader{Kind: kind, Host: "example.com", Port: 443, Via: ViaConnect}
+			}
+			st, err := OpenStream(gs, h)
 			require.NoError(t, err)
 			defer st.Close()
 

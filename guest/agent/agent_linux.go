@@ -10,12 +10,14 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/protocol"
@@ -76,7 +78,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnWelcome != nil {
 		cfg.OnWelcome(welcome)
 	}
-	a := &agent{cfg: cfg, sess: sess, ctl: ctl, exits: make(chan procExit, 4)}
+	a := &agent{cfg: cfg, sess: sess, ctl: ctl, welcome: welcome, exits: make(chan procExit, 4)}
+	defer func() {
+		if a.proxies != nil {
+			a.proxies.Close()
+		}
+	}()
 	return a.serve(ctx)
 }
 
@@ -126,13 +133,16 @@ type proc struct {
 }
 
 type agent struct {
-	cfg   Config
-	sess  *yamux.Session
-	ctl   *protocol.Control
-	boot  *bootstrap.Bootstrap
-	mu    sync.Mutex
-	procs []*proc
-	exits chan procExit
+	cfg     Config
+	sess    *yamux.Session
+	ctl     *protocol.Control
+	welcome protocol.Welcome
+	// proxies are the egress proxies, nil when the host offers no egress.
+	proxies *egress.Proxies
+	boot    *bootstrap.Bootstrap
+	mu      sync.Mutex
+	procs   []*proc
+	exits   chan procExit
 }
 
 func (a *agent) serve(ctx context.Context) error {
@@ -160,6 +170,15 @@ func (a *agent) serve(ctx context.Context) error {
 			a.fail(protocol.CodeInternal, err)
 			return err
 		}
+	}
+	if slices.Contains(a.welcome.Capabilities, protocol.CapEgress) {
+		p, err := egress.Start(egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		if err != nil {
+			a.fail(protocol.CodeInternal, err)
+			return err
+		}
+		a.proxies = p
+		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
 	}
 	ready := protocol.State{State: protocol.StateReady}
 	if b.Daemon != nil {
@@ -258,6 +277,9 @@ func (a *agent) start(name string, p *bootstrap.Process) (*proc, error) {
 	cmd := exec.Command(p.Argv[0], p.Argv[1:]...)
 	cmd.Args = p.Argv
 	cmd.Env = p.Environ()
+	if a.proxies != nil {
+		cmd.Env = egress.WithProxyEnv(cmd.Env, a.proxies.Env())
+	}
 	cmd.Dir = p.Dir
 	if cmd.Dir == "" {
 		cmd.Dir = defaultDir()

@@ -14,6 +14,15 @@ const (
 	KindProcess = "process" // a guest process started or exited
 	KindLog     = "log"     // one line of guest process output: stream, line
 	KindDropped = "log_dropped"
+	// KindEgress is one egress decision: target, via, decision (allowed,
+	// denied, failed), rule or reason, code and effect on refusal, address
+	// dialed when allowed.
+	KindEgress = "egress"
+	// KindEgressClosed ends an allowed egress connection: bytes each way,
+	// duration, and code/reason when it did not end cleanly.
+	KindEgressClosed = "egress_closed"
+	// KindEgressPolicy reports a policy replacement (or a refused one).
+	KindEgressPolicy = "egress_policy"
 )
 
 // Sandbox states.
@@ -41,6 +50,22 @@ type Event struct {
 	Stream       string    `json:"stream,omitempty"`
 	Line         string    `json:"line,omitempty"`
 	Dropped      int64     `json:"dropped,omitempty"`
+	// Egress fields (egress, egress_closed). Conn links the two events of
+	// one connection; bytes_out went from the guest to the upstream.
+	Conn       uint64 `json:"conn,omitempty"`
+	Via        string `json:"via,omitempty"`
+	Target     string `json:"target,omitempty"`
+	Decision   string `json:"decision,omitempty"`
+	Rule       string `json:"rule,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Code       string `json:"code,omitempty"`
+	Effect     string `json:"effect,omitempty"`
+	Address    string `json:"address,omitempty"`
+	BytesOut   *int64 `json:"bytes_out,omitempty"`
+	BytesIn    *int64 `json:"bytes_in,omitempty"`
+	DurationMS *int64 `json:"duration_ms,omitempty"`
+	// Rules lists the policy in force (egress_policy).
+	Rules []string `json:"rules,omitempty"`
 }
 
 // Sink receives events. Emit must be safe for concurrent use.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
@@ -26,6 +27,9 @@ const (
 	DefaultBootTimeout = 30 * time.Second
 	// stopMargin is added to the guest's grace before the runtime is killed.
 	stopMargin = 3 * time.Second
+	// handshakeExitWait is how long a guest that failed the handshake
+	// gets to exit on its own.
+	handshakeExitWait = 2 * time.Second
 	// maxGuestText bounds a guest-supplied message copied into an event.
 	maxGuestText = 1024
 )
@@ -46,6 +50,9 @@ type Config struct {
 	BootTimeout time.Duration
 	// MinVersion and MaxVersion override the protocol range (tests).
 	MinVersion, MaxVersion int
+	// Egress answers the guest's egress streams; nil offers no egress (the
+	// guest starts no proxies and its egress streams are refused).
+	Egress *egress.Broker
 }
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
@@ -85,6 +92,9 @@ type run struct {
 
 	// guestDone: the guest said it stopped or failed for good, or is gone.
 	guestDone bool
+	// egressCtx ends in-flight egress dials when the sandbox run ends.
+	egressCtx    context.Context
+	egressCancel context.CancelFunc
 
 	mu    sync.Mutex
 	state string
@@ -129,8 +139,10 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
 	}
 	s.inst = inst
+	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
 	defer func() {
 		close(s.quit)
+		s.egressCancel()
 		if s.sess != nil {
 			s.sess.Close()
 		}
@@ -155,14 +167,15 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
 	if err := s.handshake(conn); err != nil {
-		// A refused guest usually says why and exits: give it a moment,
-		// so its last words reach the diagnostics before it is killed.
+		// A guest that refused the handshake exits on its own: give it a
+		// moment so its own account of the failure reaches the diagnostics
+		// before the runtime is killed.
 		if s.sess != nil {
 			s.sess.Close()
 		}
 		select {
-		case <-inst.Done():
-		case <-time.After(time.Second):
+		case <-s.inst.Done():
+		case <-time.After(handshakeExitWait):
 		}
 		return s.fail(s.withDiag(err))
 	}
@@ -196,8 +209,13 @@ func (s *run) handshake(conn net.Conn) error {
 		return fmt.Errorf("start session: %w", err)
 	}
 	s.sess = sess
+	var caps []string
+	if s.cfg.Egress != nil {
+		caps = append(caps, protocol.CapEgress)
+	}
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
-		HostVersion: buildinfo.Version,
+		HostVersion:  buildinfo.Version,
+		Capabilities: caps,
 	}, protocol.HelloTimeout)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)
@@ -207,6 +225,9 @@ func (s *run) handshake(conn net.Conn) error {
 		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
 	})
+	if s.cfg.Egress != nil {
+		s.emit(s.cfg.Egress.PolicyEvent("egress policy in force"))
+	}
 	return nil
 }
 
@@ -366,8 +387,12 @@ func (s *run) waitExit(d time.Duration) {
 	}
 }
 
-// acceptStreams serves streams the guest opens: log streams now; other
-// kinds are refused until their features exist.
+// acceptStreams serves streams the guest opens: log streams, egress
+// streams when a broker is configured; other kinds are refused until their
+// features exist. At most protocol.MaxStreams streams may be reading their
+// header or carrying non-egress traffic at once; an egress stream leaves
+// that budget once its header is read and counts against the broker's own
+// limit, which answers ResourceExhausted instead of closing.
 func (s *run) acceptStreams() {
 	defer s.wg.Done()
 	budget := newLogBudget(time.Now)
@@ -405,16 +430,17 @@ func (s *run) acceptStreams() {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			defer func() { <-sem }()
+			release := sync.OnceFunc(func() { <-sem })
+			defer release()
 			defer st.Close()
-			s.serveStream(st, budget)
+			s.serveStream(st, budget, release)
 		}()
 	}
 }
 
-func (s *run) serveStream(st net.Conn, budget *logBudget) {
+func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	h, err := protocol.ReadStreamHeader(st, 5*time.Second)
-	if err != nil {
+	if err != nil && h.Kind != protocol.KindEgress {
 		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return
 	}
@@ -425,6 +451,15 @@ func (s *run) serveStream(st net.Conn, budget *logBudget) {
 				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
 			}
 		})
+	case protocol.KindEgress:
+		if s.cfg.Egress == nil {
+			_ = protocol.WriteEgressReply(st, protocol.EgressReply{Code: protocol.EgressUnsupportedNetwork,
+				Reason: "this sandbox was started without an egress broker"})
+			return
+		}
+		release()
+		// Serve re-validates the header and answers InvalidArgument.
+		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emit)
 	default:
 		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
@@ -68,6 +69,8 @@ const usage = `usage:
                [--single-uid]
                [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
                [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
+               [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
+               [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
   oac-shim check [--single-uid]
   oac-shim version
 `
@@ -145,6 +148,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	debug := fs.Bool("debug", false, "log debug messages")
 	var pf ProviderFlags
 	pf.register(fs)
+	var allow, upstreams stringList
+	fs.Var(&allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (ports LO-HI allowed); repeatable")
+	fs.Var(&upstreams, "upstream", "named egress upstream NAME:PORT=ADDR (e.g. llm-gateway:443=127.0.0.1:8443); repeatable")
+	policyFile := fs.String("policy", "", "egress policy JSON file, re-read on SIGHUP (rules and upstreams add to --allow and --upstream)")
+	maxStreams := fs.Int("egress-max-streams", egress.DefaultMaxStreams, "concurrent egress connections; the next one is refused with ResourceExhausted")
+	connectTimeout := fs.Duration("egress-connect-timeout", egress.DefaultConnectTimeout, "bound on resolving and connecting one egress target")
+	idleTimeout := fs.Duration("egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress connection no byte crossed for this long")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -182,6 +192,19 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(fmt.Errorf("read bootstrap %s: %w", *bootFile, err))
 		}
 	}
+	pol, err := egress.LoadPolicy(*policyFile, allow, upstreams)
+	if err != nil {
+		fmt.Fprintf(stderr, "oac-shim run: %v\n", err)
+		return 2
+	}
+	if *maxStreams < 1 || *connectTimeout <= 0 || *idleTimeout <= 0 {
+		fmt.Fprintln(stderr, "oac-shim run: --egress-max-streams must be at least 1 and the egress timeouts positive")
+		return 2
+	}
+	broker := egress.New(egress.Config{
+		Policy: pol, MaxStreams: *maxStreams, ConnectTimeout: *connectTimeout, IdleTimeout: *idleTimeout,
+		Log: log.With("part", "egress"),
+	})
 	if *agentPath == "" {
 		p, err := defaultAgentPath()
 		if err != nil {
@@ -198,6 +221,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer f.Close()
 		out = f
 	}
+	sink := events.NewJSONLines(out)
 	p := newProv(pf)
 	if pf.SingleUID && os.Geteuid() != 0 {
 		log.Warn(bwrap.SingleUIDLoss)
@@ -214,20 +238,25 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		case <-ctx.Done():
 		}
 	}()
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
+	go reloadOnHUP(ctx, hups, *name, *policyFile, allow, upstreams, broker, sink, log)
 	if *timeout > 0 {
 		t := time.AfterFunc(*timeout, func() { cancel(fmt.Errorf("run time limit of %s reached", *timeout)) })
 		defer t.Stop()
 	}
-	err := sandbox.Run(ctx, sandbox.Config{
+	err = sandbox.Run(ctx, sandbox.Config{
 		Name:        *name,
 		Provider:    p,
 		AgentPath:   *agentPath,
 		Rootfs:      *rootfs,
 		Bootstrap:   boot,
-		Events:      events.NewJSONLines(out),
+		Events:      sink,
 		Log:         log,
 		Diag:        stderr,
 		BootTimeout: *bootTimeout,
+		Egress:      broker,
 	})
 	if err != nil {
 		if errors.Is(err, provider.ErrUnavailable) {
@@ -246,6 +275,35 @@ func besideShim(name string) string {
 		return ""
 	}
 	return filepath.Join(filepath.Dir(exe), name)
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// reloadOnHUP re-reads the policy (file plus flags) on SIGHUP and swaps it
+// in; a policy that fails to load leaves the old one in force.
+func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, allow, ups []string, b *egress.Broker, sink events.Sink, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hups:
+		}
+		pol, err := egress.LoadPolicy(file, allow, ups)
+		var e events.Event
+		if err != nil {
+			log.Warn("egress policy reload failed; the previous policy stays in force", "err", err)
+			e = b.PolicyEvent("policy reload failed, previous policy kept (" + err.Error() + ")")
+		} else {
+			b.SetPolicy(pol)
+			e = b.PolicyEvent("egress policy replaced")
+		}
+		e.Time, e.Sandbox = time.Now().UTC(), name
+		sink.Emit(e)
+	}
 }
 
 func defaultAgentPath() (string, error) {

@@ -1,0 +1,220 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/oac/sandbox-agent/protocol"
+)
+
+// Defaults.
+const (
+	// HTTPAddr and SOCKSAddr are where the proxies listen in the guest.
+	HTTPAddr  = "127.0.0.1:3128"
+	SOCKSAddr = "127.0.0.1:1080"
+	// MaxHeaderBytes bounds an HTTP request head (request line + headers).
+	MaxHeaderBytes = 64 << 10
+	// HeaderTimeout bounds the wait for a request head or a SOCKS
+	// handshake; KeepAliveIdle bounds the wait for the next request on a
+	// kept-alive connection.
+	HeaderTimeout = 30 * time.Second
+	KeepAliveIdle = 120 * time.Second
+	// MaxConns bounds concurrent client connections per proxy; the host
+	// enforces its own, usually lower, limit on egress streams.
+	MaxConns = 1024
+)
+
+// Opener opens an egress stream for host:port and returns the host's
+// answer. The connection is nil unless the answer is OK.
+type Opener func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply)
+
+// SessionOpener opens egress streams over a yamux session.
+func SessionOpener(sess *yamux.Session) Opener {
+	return func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
+		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: host, Port: port, Via: via}
+		if err := h.Validate(); err != nil {
+			return nil, localFailure(protocol.EgressInvalidArgument, "the target is not a host name or IP address with a port in 1..65535")
+		}
+		st, err := protocol.OpenStream(sess, h)
+		if err != nil {
+			return nil, localFailure(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
+		}
+		stop := context.AfterFunc(ctx, func() { st.Close() })
+		defer stop()
+		r, err := protocol.ReadEgressReply(st, protocol.EgressReplyTimeout)
+		if err != nil {
+			st.Close()
+			if errors.Is(err, io.EOF) {
+				return nil, localFailure(protocol.EgressIO, "the host closed the egress stream without answering (does this host serve egress?)")
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return nil, localFailure(protocol.EgressTimedOut, "the host broker did not answer within "+protocol.EgressReplyTimeout.String())
+			}
+			return nil, localFailure(protocol.EgressIO, "bad answer from the host broker: "+err.Error())
+		}
+		if !r.OK() {
+			st.Close()
+			return nil, r
+		}
+		return st, r
+	}
+}
+
+func localFailure(code protocol.EgressCode, reason string) protocol.EgressReply {
+	effect := protocol.EffectNone
+	if code == protocol.EgressTimedOut {
+		effect = protocol.EffectPossible
+	}
+	return protocol.EgressReply{Code: code, Error: code.String(), Effect: effect, Reason: sanitize(reason)}
+}
+
+func sanitize(s string) string {
+	if len(s) > protocol.MaxEgressText-3 {
+		s = s[:protocol.MaxEgressText-3] + "..."
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// Proxies are the running HTTP and SOCKS5 proxies of a guest.
+type Proxies struct {
+	HTTPAddr, SOCKSAddr string
+	open                Opener
+	log                 *slog.Logger
+	lns                 []net.Listener
+	ctx                 context.Context
+	cancel              context.CancelFunc
+	wg                  sync.WaitGroup
+	mu                  sync.Mutex
+	conns               map[net.Conn]struct{}
+}
+
+// Start listens on httpAddr and socksAddr (loopback addresses; use
+// HTTPAddr and SOCKSAddr) and serves until Close.
+func Start(open Opener, httpAddr, socksAddr string, log *slog.Logger) (*Proxies, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Proxies{open: open, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	hl, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("egress: HTTP proxy: listen on %s: %w (is another process using the port?)", httpAddr, err)
+	}
+	sl, err := net.Listen("tcp", socksAddr)
+	if err != nil {
+		hl.Close()
+		cancel()
+		return nil, fmt.Errorf("egress: SOCKS5 proxy: listen on %s: %w (is another process using the port?)", socksAddr, err)
+	}
+	p.lns = []net.Listener{hl, sl}
+	p.HTTPAddr, p.SOCKSAddr = hl.Addr().String(), sl.Addr().String()
+	p.wg.Add(2)
+	go p.serve(hl, p.serveHTTP)
+	go p.serve(sl, p.serveSOCKS)
+	return p, nil
+}
+
+// Env returns the proxy environment variables, both cases.
+func (p *Proxies) Env() []string { return ProxyEnv(p.HTTPAddr, p.SOCKSAddr) }
+
+// Close stops listening and closes every client connection.
+func (p *Proxies) Close() error {
+	p.cancel()
+	for _, l := range p.lns {
+		l.Close()
+	}
+	p.mu.Lock()
+	for c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return nil
+}
+
+func (p *Proxies) serve(ln net.Listener, handle func(net.Conn)) {
+	defer p.wg.Done()
+	sem := make(chan struct{}, MaxConns)
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			p.log.Warn("egress proxy: too many client connections, closing one", "limit", MaxConns)
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer func() { <-sem }()
+			defer func() {
+				p.mu.Lock()
+				delete(p.conns, c)
+				p.mu.Unlock()
+				c.Close()
+			}()
+			handle(c)
+		}()
+	}
+}
+
+// ProxyEnv returns HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY in
+// upper and lower case. ALL_PROXY uses socks5h: names go to the host
+// unresolved (the guest has no resolver).
+func ProxyEnv(httpAddr, socksAddr string) []string {
+	h := "http://" + httpAddr
+	var out []string
+	for _, kv := range [][2]string{
+		{"HTTP_PROXY", h}, {"HTTPS_PROXY", h}, {"ALL_PROXY", "socks5h://" + socksAddr},
+		{"NO_PROXY", "localhost,127.0.0.1,::1"},
+	} {
+		out = append(out, kv[0]+"="+kv[1], strings.ToLower(kv[0])+"="+kv[1])
+	}
+	return out
+}
+
+// WithProxyEnv adds vars (KEY=VALUE pairs from ProxyEnv) to env, except
+// for a variable the environment already sets in either case: the
+// bootstrap's choice wins.
+func WithProxyEnv(env, vars []string) []string {
+	set := map[string]bool{}
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		set[strings.ToUpper(k)] = true
+	}
+	out := append([]string(nil), env...)
+	for _, kv := range vars {
+		k, _, _ := strings.Cut(kv, "=")
+		if !set[strings.ToUpper(k)] {
+			out = append(out, kv)
+		}
+	}
+	return out
+}

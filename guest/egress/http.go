@@ -1,0 +1,385 @@
+package egress
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oac/sandbox-agent/internal/pipe"
+	"github.com/oac/sandbox-agent/protocol"
+)
+
+// target is where a client wants to go, as it spelled the host.
+type target struct {
+	host string // without brackets
+	port int
+}
+
+func (t target) String() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
+
+// Errors from parseRequest.
+var (
+	errHeaderTooLarge = errors.New("request head larger than 64 KiB")
+	errNotProxy       = errors.New("this is the sandbox's egress proxy: send absolute-form http:// requests or CONNECT host:port")
+	errHTTPS          = errors.New("absolute-form https:// is not supported: use CONNECT host:443 (set HTTPS_PROXY)")
+	errBadTarget      = errors.New("the request target is not host:port with a port in 1..65535")
+)
+
+// limitedReader is io.LimitedReader whose limit is reset per request head.
+type limitedReader struct {
+	r io.Reader
+	n int64
+}
+
+func (l *limitedReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+// parseRequest reads one request head from br and returns the request and
+// its target. The caller bounds br's source with a limitedReader.
+func parseRequest(br *bufio.Reader) (*http.Request, target, error) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		if errors.Is(err, errHeaderTooLarge) {
+			return nil, target{}, errHeaderTooLarge
+		}
+		return nil, target{}, err
+	}
+	t, err := requestTarget(req)
+	return req, t, err
+}
+
+// requestTarget extracts the target of a proxy request: the authority of
+// a CONNECT, the host of an absolute-form http:// URL (port 80 default).
+func requestTarget(req *http.Request) (target, error) {
+	var host, port string
+	if req.Method == http.MethodConnect {
+		var err error
+		if host, port, err = net.SplitHostPort(req.RequestURI); err != nil {
+			return target{}, errBadTarget
+		}
+	} else {
+		if req.URL == nil || !req.URL.IsAbs() || req.URL.Host == "" {
+			return target{}, errNotProxy
+		}
+		switch req.URL.Scheme {
+		case "http":
+		case "https":
+			return target{}, errHTTPS
+		default:
+			return target{}, errNotProxy
+		}
+		if req.URL.User != nil {
+			return target{}, errBadTarget
+		}
+		host, port = req.URL.Hostname(), req.URL.Port()
+		if port == "" {
+			port = "80"
+		}
+	}
+	if host == "" {
+		return target{}, errBadTarget
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 || strings.TrimLeft(port, "0123456789") != "" {
+		return target{}, errBadTarget
+	}
+	h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: host, Port: p}
+	if h.Validate() != nil {
+		return target{}, errBadTarget
+	}
+	return target{host: host, port: p}, nil
+}
+
+// bufConn reads what a bufio.Reader already holds before reading the
+// connection again.
+type bufConn struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func (b *bufConn) Read(p []byte) (int, error) {
+	if b.br != nil && b.br.Buffered() > 0 {
+		return b.br.Read(p)
+	}
+	return b.Conn.Read(p)
+}
+
+// CloseWrite half-closes the underlying connection when it can.
+func (b *bufConn) CloseWrite() error {
+	if cw, ok := b.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return b.Conn.Close()
+}
+
+// upstream is an open egress stream for absolute-form requests.
+type upstream struct {
+	t  target
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func (p *Proxies) serveHTTP(c net.Conn) {
+	lr := &limitedReader{r: c}
+	br := bufio.NewReaderSize(lr, 16<<10)
+	var up *upstream
+	defer func() {
+		if up != nil {
+			up.c.Close()
+		}
+	}()
+	for first := true; ; first = false {
+		lr.n = MaxHeaderBytes
+		wait := HeaderTimeout
+		if !first {
+			wait = KeepAliveIdle
+		}
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		req, t, err := parseRequest(br)
+		_ = c.SetReadDeadline(time.Time{})
+		lr.n = math.MaxInt64
+		if err != nil {
+			if req == nil && (errors.Is(err, io.EOF) || first == false && isTimeout(err)) {
+				return
+			}
+			status := http.StatusBadRequest
+			if errors.Is(err, errHeaderTooLarge) {
+				status = http.StatusRequestHeaderFieldsTooLarge
+			} else if isTimeout(err) {
+				status = http.StatusRequestTimeout
+			}
+			writeLocalError(c, status, err)
+			return
+		}
+		if req.Method == http.MethodConnect {
+			p.tunnel(c, br, t)
+			return
+		}
+		var ok bool
+		if up, ok = p.forward(c, br, req, t, up); !ok {
+			return
+		}
+	}
+}
+
+// tunnel answers a CONNECT and carries bytes both ways once the host said
+// yes.
+func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
+	st, r := p.open(p.ctx, t.host, t.port, protocol.ViaConnect)
+	if !r.OK() {
+		writeRefusal(c, t, r)
+		return
+	}
+	defer st.Close()
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		return
+	}
+	_, _, _ = pipe.Join(&bufConn{Conn: c, br: br}, st, nil)
+}
+
+// hopByHop are headers that describe one connection, not the message.
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) (upgrade string) {
+	for _, v := range h.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				if strings.EqualFold(f, "upgrade") {
+					upgrade = h.Get("Upgrade")
+				}
+				h.Del(f)
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		h.Del(k)
+	}
+	return upgrade
+}
+
+// forward sends one absolute-form request over an egress stream for its
+// target (reusing up when it is for the same target) and copies the
+// response back. It returns the stream to keep and whether the client
+// connection may carry another request.
+func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t target, up *upstream) (*upstream, bool) {
+	if up != nil && up.t != t {
+		up.c.Close()
+		up = nil
+	}
+	upgrade := removeHopByHop(req.Header)
+	if upgrade != "" {
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", upgrade)
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // Request.Write adds Go's otherwise
+	}
+	// RFC 9112 3.2.2: the absolute-form target wins over the Host header.
+	req.Host = req.URL.Host
+	req.RequestURI = ""
+	continued := false
+	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+		req.Header.Del("Expect")
+		continued = true
+	}
+	bodiless := req.Body == nil || req.Body == http.NoBody
+	for attempt := 0; ; attempt++ {
+		reused := up != nil
+		if up == nil {
+			st, r := p.open(p.ctx, t.host, t.port, protocol.ViaHTTP)
+			if !r.OK() {
+				writeRefusal(c, t, r)
+				return nil, false
+			}
+			up = &upstream{t: t, c: st, br: bufio.NewReaderSize(st, 16<<10)}
+		}
+		if continued {
+			continued = false
+			if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+				return up, false
+			}
+		}
+		err := req.Write(up.c)
+		var resp *http.Response
+		if err == nil {
+			resp, err = http.ReadResponse(up.br, req)
+		}
+		if err != nil {
+			up.c.Close()
+			up = nil
+			// A kept-alive stream the upstream closed meanwhile: retry a
+			// request without a body once on a fresh stream.
+			if reused && bodiless && attempt == 0 {
+				continue
+			}
+			writeLocalError(c, http.StatusBadGateway, fmt.Errorf("%s: no valid response: %v", t, err))
+			return nil, false
+		}
+		return p.relayResponse(c, br, req, resp, up)
+	}
+}
+
+// relayResponse copies resp (and any interim 1xx responses before it) to
+// the client; a 101 turns the connection into a tunnel.
+func (p *Proxies) relayResponse(c net.Conn, br *bufio.Reader, req *http.Request, resp *http.Response, up *upstream) (*upstream, bool) {
+	for {
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			if err := writeHead(c, resp); err != nil {
+				return up, false
+			}
+			_, _, _ = pipe.Join(&bufConn{Conn: c, br: br}, &bufConn{Conn: up.c, br: up.br}, nil)
+			return up, false
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
+			if err := writeHead(c, resp); err != nil {
+				return up, false
+			}
+			var err error
+			if resp, err = http.ReadResponse(up.br, req); err != nil {
+				return up, false
+			}
+			continue
+		}
+		removeHopByHop(resp.Header)
+		err := resp.Write(c)
+		resp.Body.Close()
+		if err != nil || resp.Close || req.Close {
+			return up, false
+		}
+		return up, true
+	}
+}
+
+// writeHead writes a response's status line and headers only.
+func writeHead(w io.Writer, resp *http.Response) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "HTTP/%d.%d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.Status)
+	_ = resp.Header.Write(&b)
+	b.WriteString("\r\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func writeLocalError(w io.Writer, status int, err error) {
+	body := fmt.Sprintf("sandbox egress proxy: %s\n", sanitize(err.Error()))
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nX-Sandbox-Egress: error\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+}
+
+// refusalStatus maps a failure code to the HTTP status the proxy answers.
+func refusalStatus(code protocol.EgressCode) int {
+	switch code {
+	case protocol.EgressDenied:
+		return http.StatusForbidden
+	case protocol.EgressInvalidArgument, protocol.EgressUnsupportedNetwork:
+		return http.StatusBadRequest
+	case protocol.EgressTimedOut:
+		return http.StatusGatewayTimeout
+	case protocol.EgressResourceExhausted, protocol.EgressCancelled:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusBadGateway
+}
+
+// refusalResponse renders the host's refusal as an HTTP response: 403 with
+// X-Sandbox-Egress: denied for policy, another status with
+// X-Sandbox-Egress: failed otherwise.
+func refusalResponse(t target, r protocol.EgressReply) string {
+	status := refusalStatus(r.Code)
+	kind, body := "failed", ""
+	switch r.Code {
+	case protocol.EgressDenied:
+		kind = "denied"
+		body = fmt.Sprintf("Blocked by the sandbox's egress policy: this is not a network fault.\n"+
+			"The sandbox host refused the connection to %s.\nReason: %s\n", t, r.Reason)
+		if r.Rule != "" {
+			body += "Rule: " + r.Rule + "\n"
+		}
+		body += "Retrying will not help: the policy refuses this target every time. " +
+			"Use an allowed destination, or ask the operator to allow it (oac-shim run --allow HOST:PORT).\n"
+	case protocol.EgressResourceExhausted:
+		body = fmt.Sprintf("The sandbox host refused the connection to %s: %s\n"+
+			"This is a sandbox limit, not a network fault: retry after other connections have closed.\n", t, r.Reason)
+	default:
+		body = fmt.Sprintf("The sandbox host could not connect to %s: %s (%s).\n", t, r.Reason, r.Code)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "HTTP/1.1 %d %s\r\n", status, http.StatusText(status))
+	b.WriteString("Content-Type: text/plain; charset=utf-8\r\n")
+	b.WriteString("X-Sandbox-Egress: " + kind + "\r\n")
+	fmt.Fprintf(&b, "X-Sandbox-Egress-Code: %d %s\r\n", int(r.Code), r.Code)
+	b.WriteString("X-Sandbox-Egress-Effect: " + r.Effect + "\r\n")
+	b.WriteString("X-Sandbox-Egress-Reason: " + sanitize(r.Reason) + "\r\n")
+	if r.Rule != "" {
+		b.WriteString("X-Sandbox-Egress-Rule: " + sanitize(r.Rule) + "\r\n")
+	}
+	b.WriteString("Cache-Control: no-store\r\nConnection: close\r\n")
+	fmt.Fprintf(&b, "Content-Length: %d\r\n\r\n%s", len(body), body)
+	return b.String()
+}
+
+func writeRefusal(w io.Writer, t target, r protocol.EgressReply) {
+	_, _ = io.WriteString(w, refusalResponse(t, r))
+}

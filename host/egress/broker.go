@@ -1,0 +1,362 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/internal/pipe"
+	"github.com/oac/sandbox-agent/protocol"
+)
+
+// Defaults for Config.
+const (
+	DefaultMaxStreams     = 256
+	DefaultConnectTimeout = 10 * time.Second
+	DefaultIdleTimeout    = 10 * time.Minute
+)
+
+// Event decisions.
+const (
+	DecisionAllowed = "allowed"
+	DecisionDenied  = "denied"
+	DecisionFailed  = "failed"
+)
+
+// Resolver resolves names on the host; *net.Resolver implements it.
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// Config configures a Broker.
+type Config struct {
+	// Policy is the initial policy; nil denies everything.
+	Policy *Policy
+	// MaxStreams bounds concurrent egress streams (default 256); the one
+	// over the limit is answered ResourceExhausted.
+	MaxStreams int
+	// ConnectTimeout bounds resolution plus dial (default 10s): TimedOut.
+	ConnectTimeout time.Duration
+	// IdleTimeout closes a connection no byte crossed for that long
+	// (default 10m); its close event says TimedOut.
+	IdleTimeout time.Duration
+	// Resolver defaults to net.DefaultResolver.
+	Resolver Resolver
+	// Log receives the broker's own diagnostics (never payloads).
+	Log *slog.Logger
+}
+
+// Broker answers the egress streams of one sandbox.
+type Broker struct {
+	cfg    Config
+	policy atomic.Pointer[Policy]
+	sem    chan struct{}
+	nextID atomic.Uint64
+	// dialHook, when set (tests), replaces the Control hook's final check.
+	dialed func(network, address string)
+}
+
+// New returns a broker; zero fields of cfg get their defaults.
+func New(cfg Config) *Broker {
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	b := &Broker{cfg: cfg, sem: make(chan struct{}, cfg.MaxStreams)}
+	p := cfg.Policy
+	if p == nil {
+		p = &Policy{}
+	}
+	b.policy.Store(p)
+	return b
+}
+
+// SetPolicy replaces the policy atomically: connected streams keep
+// running, every decision after the call uses p. nil denies everything.
+func (b *Broker) SetPolicy(p *Policy) {
+	if p == nil {
+		p = &Policy{}
+	}
+	b.policy.Store(p)
+}
+
+// PolicyEvent describes the current policy as an egress_policy event.
+func (b *Broker) PolicyEvent(msg string) events.Event {
+	p := b.policy.Load()
+	n, u := p.Len()
+	rules := p.Describe()
+	if rules == nil {
+		rules = []string{}
+	}
+	return events.Event{Event: events.KindEgressPolicy, Rules: rules,
+		Message: fmt.Sprintf("%s: deny by default; %d rules, %d upstreams", msg, n, u)}
+}
+
+// Policy returns the current policy.
+func (b *Broker) Policy() *Policy { return b.policy.Load() }
+
+// Active returns the number of egress streams being served.
+func (b *Broker) Active() int { return len(b.sem) }
+
+// Serve answers one egress stream whose header h has been read (and may be
+// invalid: Serve re-validates it), then carries its bytes until either side
+// ends. It owns st and closes it. emit receives one decision event and,
+// for an allowed stream, one close event; Serve fills in the event kind
+// and egress fields, the caller's emit adds time and sandbox.
+func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader, emit func(events.Event)) {
+	defer st.Close()
+	id := b.nextID.Add(1)
+	start := time.Now()
+	ev := events.Event{Event: events.KindEgress, Conn: id, Via: h.Via, Target: safeText(joinRaw(h.Host, h.Port), 300)}
+	answer := func(f *Failure) {
+		ev.Decision = DecisionFailed
+		if f.Code == protocol.EgressDenied {
+			ev.Decision = DecisionDenied
+		}
+		ev.Code, ev.Effect, ev.Reason, ev.Rule = f.Code.String(), f.Effect, f.Reason, f.Rule
+		ev.Message = "egress " + ev.Decision
+		_ = st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_ = protocol.WriteEgressReply(st, protocol.EgressReply{Code: f.Code, Effect: f.Effect, Reason: f.Reason, Rule: f.Rule})
+		emit(ev)
+	}
+	if h.Kind != protocol.KindEgress {
+		answer(fail(protocol.EgressInvalidArgument, "", "stream is not an egress stream"))
+		return
+	}
+	if err := h.Validate(); err != nil {
+		answer(fail(protocol.EgressInvalidArgument, "", "invalid egress header: %s", safeText(err.Error(), 200)))
+		return
+	}
+	select {
+	case b.sem <- struct{}{}:
+		defer func() { <-b.sem }()
+	default:
+		answer(fail(protocol.EgressResourceExhausted, "", "limit of %d concurrent egress connections reached: close some connections first", b.cfg.MaxStreams))
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
+	up, target, rule, f := b.connect(dctx, h.Host, h.Port)
+	cancel()
+	if target != "" {
+		ev.Target = target
+	}
+	if f != nil {
+		answer(f)
+		return
+	}
+	defer up.Close()
+	ev.Decision, ev.Rule, ev.Address, ev.Message = DecisionAllowed, rule, up.RemoteAddr().String(), "egress allowed"
+	_ = st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if err := protocol.WriteEgressReply(st, protocol.EgressReply{Code: protocol.EgressOK, Rule: rule}); err != nil {
+		ev.Decision, ev.Code, ev.Effect, ev.Reason = DecisionFailed, protocol.EgressIO.String(), protocol.EffectNone, "the guest went away before the answer"
+		emit(ev)
+		return
+	}
+	_ = st.SetWriteDeadline(time.Time{})
+	emit(ev)
+
+	var act pipe.Activity
+	act.Touch()
+	var idled atomic.Bool
+	stopIdle := b.watchIdle(&act, func() {
+		idled.Store(true)
+		st.Close()
+		up.Close()
+	})
+	out, in, err := pipe.Join(st, up, &act)
+	stopIdle()
+	closed := events.Event{Event: events.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
+		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}
+	switch {
+	case idled.Load():
+		closed.Code, closed.Effect, closed.Reason = protocol.EgressTimedOut.String(), protocol.EffectPossible,
+			fmt.Sprintf("no byte crossed for %s (idle timeout)", b.cfg.IdleTimeout)
+	case ctx.Err() != nil:
+		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, "the sandbox is stopping"
+	case err != nil:
+		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
+	}
+	emit(closed)
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// joinRaw formats an unvalidated host and port for an event.
+func joinRaw(host string, port int) string {
+	return net.JoinHostPort(host, itoa(port))
+}
+
+// watchIdle calls onIdle once when act has been idle for the idle timeout;
+// the returned func stops watching.
+func (b *Broker) watchIdle(act *pipe.Activity, onIdle func()) func() {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	var check func()
+	check = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		if idle := act.Idle(); idle < b.cfg.IdleTimeout {
+			t.Reset(b.cfg.IdleTimeout - idle)
+			return
+		}
+		stopped = true
+		go onIdle()
+	}
+	mu.Lock()
+	t = time.AfterFunc(b.cfg.IdleTimeout, check)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+	}
+}
+
+// connect decides and dials. It returns the normalized target, the rule
+// that allowed it, and the connection or the failure.
+func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, string, string, *Failure) {
+	pol := b.policy.Load()
+	pl, f := pol.plan(host, port)
+	if f != nil {
+		return nil, pl.target, f.Rule, f
+	}
+	if u := pl.upstream; u != nil {
+		rule := "upstream " + u.String()
+		c, f := b.dialUpstream(ctx, u)
+		if f != nil {
+			f.Rule = rule
+			return nil, pl.target, rule, f
+		}
+		return c, pl.target, rule, nil
+	}
+	addrs := []netip.Addr{pl.host.IP}
+	if pl.resolve {
+		var err error
+		addrs, err = b.cfg.Resolver.LookupNetIP(ctx, "ip", pl.host.Name)
+		if err != nil {
+			f := resolveFailure(pl.host.Name, err)
+			if pl.nameRule != nil {
+				f.Rule = pl.nameRule.String()
+			}
+			return nil, pl.target, f.Rule, f
+		}
+	}
+	a, rule, f := pol.pick(pl, addrs)
+	if f != nil {
+		return nil, pl.target, f.Rule, f
+	}
+	c, f := b.dialChecked(ctx, netip.AddrPortFrom(a, uint16(port)))
+	if f != nil {
+		f.Rule = rule
+		return nil, pl.target, rule, f
+	}
+	return c, pl.target, rule, nil
+}
+
+// dialChecked dials exactly ap: an IP literal, so nothing is resolved, and
+// the Control hook refuses any socket whose address is not ap (no second
+// resolution, no rebinding window, no surprise from a future dialer).
+func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort) (net.Conn, *Failure) {
+	d := net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
+		if b.dialed != nil {
+			b.dialed(network, address)
+		}
+		got, err := netip.ParseAddrPort(address)
+		if err != nil || got.Addr().Unmap() != ap.Addr() || got.Port() != ap.Port() {
+			return fmt.Errorf("dial of %s refused: only the checked address %s may be dialed", address, ap)
+		}
+		return nil
+	}}
+	c, err := d.DialContext(ctx, "tcp", ap.String())
+	if err != nil {
+		return nil, dialFailure(ctx, ap.String(), err)
+	}
+	return c, nil
+}
+
+// dialUpstream dials a configured upstream: trusted, so its address may be
+// loopback or private and a name in it is resolved normally.
+func (b *Broker) dialUpstream(ctx context.Context, u *Upstream) (net.Conn, *Failure) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", u.Address)
+	if err != nil {
+		var de *net.DNSError
+		if errors.As(err, &de) {
+			return nil, resolveFailure(u.Address, err)
+		}
+		return nil, dialFailure(ctx, u.Address, err)
+	}
+	return c, nil
+}
+
+func resolveFailure(name string, err error) *Failure {
+	var de *net.DNSError
+	switch {
+	case errors.As(err, &de) && de.IsNotFound:
+		return fail(protocol.EgressNameNotResolved, "", "%s does not resolve on the host", name)
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &de) && de.IsTimeout:
+		return fail(protocol.EgressNameResolutionFailed, "", "resolving %s on the host timed out", name)
+	case errors.Is(err, context.Canceled):
+		return fail(protocol.EgressCancelled, "", "cancelled while resolving %s", name)
+	}
+	return fail(protocol.EgressNameResolutionFailed, "", "resolving %s on the host failed: %s", name, safeText(errText(err), 160))
+}
+
+func errText(err error) string {
+	var de *net.DNSError
+	if errors.As(err, &de) {
+		return de.Err
+	}
+	return err.Error()
+}
+
+func dialFailure(ctx context.Context, addr string, err error) *Failure {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fail(protocol.EgressConnectionRefused, "", "%s refused the connection", addr)
+	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.EADDRNOTAVAIL), errors.Is(err, syscall.EAFNOSUPPORT):
+		return fail(protocol.EgressUnreachable, "", "%s is unreachable from the host", addr)
+	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE), errors.Is(err, syscall.ENOBUFS):
+		return fail(protocol.EgressResourceExhausted, "", "the host is out of sockets dialing %s", addr)
+	case ctx.Err() == context.DeadlineExceeded || isTimeout(err):
+		f := fail(protocol.EgressTimedOut, "", "connecting to %s timed out", addr)
+		f.Effect = protocol.EffectPossible
+		return f
+	case errors.Is(err, context.Canceled):
+		f := fail(protocol.EgressCancelled, "", "cancelled while connecting to %s", addr)
+		f.Effect = protocol.EffectPossible
+		return f
+	}
+	f := fail(protocol.EgressIO, "", "connecting to %s failed: %s", addr, safeText(err.Error(), 160))
+	f.Effect = protocol.EffectPossible
+	return f
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,22 @@
+// Package egress is the host side of the guest's only way out: the broker
+// that answers every egress stream the guest opens.
+//
+// It owns the policy (exact hosts, *.suffix names and CIDR prefixes, each
+// with a port or port range; named upstreams NAME:PORT=ADDR; at most 256
+// rules; deny by default with no allow-all), the normalization of the
+// target the guest names (case, trailing dot, IDNA, decimal/octal/hex and
+// shortened IPv4, IPv4-mapped IPv6), the address classes that are always
+// refused unless a CIDR rule or a named upstream allows them, resolution on
+// the host, the dial (the checked address is the one dialed, once, verified
+// again in the dialer's Control hook: no DNS rebinding window), the limits
+// (concurrent streams, connect and idle timeouts), the failure codes and
+// effects of CONTRACTS.md, and one event per decision and per close.
+//
+// The policy can be replaced while streams are open (an atomic swap):
+// streams already connected keep running, new streams see the new policy.
+//
+// It must not trust anything in the stream header (it re-validates and
+// re-normalizes), resolve a name whose port no rule allows, dial anything
+// but the address it checked, log or emit payload bytes, or know how the
+// guest accepted the connection beyond the header's "via".
+package egress

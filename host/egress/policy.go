@@ -1,0 +1,356 @@
+package egress
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Policy limits.
+const (
+	MaxRules      = 256
+	MaxUpstreams  = 256
+	MaxPolicyFile = 1 << 20
+	// Shortest CIDR prefixes accepted: there is no allow-all, not even
+	// spelled as 0.0.0.0/1 plus 128.0.0.0/1.
+	MinPrefix4 = 8
+	MinPrefix6 = 16
+)
+
+// ErrRule is wrapped by every rule, upstream and policy file error.
+var ErrRule = errors.New("egress policy")
+
+type ruleKind int
+
+const (
+	ruleHost ruleKind = iota
+	ruleSuffix
+	ruleCIDR
+)
+
+// Rule allows one host, every name under a suffix, or a CIDR prefix, on a
+// port or a port range.
+type Rule struct {
+	kind   ruleKind
+	name   string // exact name, or the suffix without "*."
+	prefix netip.Prefix
+	lo, hi uint16
+}
+
+// String returns the rule in the syntax ParseRule accepts, normalized.
+func (r Rule) String() string {
+	var h string
+	switch r.kind {
+	case ruleHost:
+		h = r.name
+	case ruleSuffix:
+		h = "*." + r.name
+	case ruleCIDR:
+		h = r.prefix.String()
+		if r.prefix.Addr().Is6() {
+			h = "[" + h + "]"
+		}
+	}
+	return h + ":" + portText(r.lo, r.hi)
+}
+
+func (r Rule) hasPort(p int) bool { return p >= int(r.lo) && p <= int(r.hi) }
+
+// matchesName reports whether a name rule covers name.
+func (r Rule) matchesName(name string) bool {
+	switch r.kind {
+	case ruleHost:
+		return name == r.name
+	case ruleSuffix:
+		return strings.HasSuffix(name, "."+r.name)
+	}
+	return false
+}
+
+// ParseRule parses one allow rule:
+//
+//	api.example.com:443          exact name (normalized: case, trailing dot, IDNA)
+//	*.example.com:8000-8100      every name under example.com (not example.com itself)
+//	203.0.113.0/24:443           CIDR prefix; an address alone is a /32 or /128
+//	[2001:db8::/32]:443          IPv6 in brackets
+//
+// The port is required: one port or LO-HI within 1..65535.
+func ParseRule(s string) (Rule, error) {
+	host, ports, err := splitPorts(s)
+	if err != nil {
+		return Rule{}, err
+	}
+	var r Rule
+	if r.lo, r.hi, err = parsePorts(ports); err != nil {
+		return Rule{}, err
+	}
+	switch {
+	case strings.Contains(host, "/"):
+		p, err := netip.ParsePrefix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
+		if err != nil {
+			return Rule{}, fmt.Errorf("%w: rule %q: not a CIDR prefix such as 203.0.113.0/24", ErrRule, safeText(s, 80))
+		}
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		p = p.Masked()
+		if p.Addr().Is4() && p.Bits() < MinPrefix4 || p.Addr().Is6() && p.Bits() < MinPrefix6 {
+			return Rule{}, fmt.Errorf("%w: rule %q: prefixes shorter than /%d (IPv4) or /%d (IPv6) are refused: there is no allow-all", ErrRule, safeText(s, 80), MinPrefix4, MinPrefix6)
+		}
+		r.kind, r.prefix = ruleCIDR, p
+	case strings.HasPrefix(host, "*."):
+		h, err := ParseHost(host[2:])
+		if err != nil || h.IsIP() {
+			return Rule{}, fmt.Errorf("%w: rule %q: *. must be followed by a DNS name", ErrRule, safeText(s, 80))
+		}
+		r.kind, r.name = ruleSuffix, h.Name
+	default:
+		if strings.Contains(host, "*") {
+			return Rule{}, fmt.Errorf("%w: rule %q: '*' is only allowed as a leading '*.' (there is no allow-all)", ErrRule, safeText(s, 80))
+		}
+		h, err := ParseHost(host)
+		if err != nil {
+			return Rule{}, fmt.Errorf("%w: rule %q: %v", ErrRule, safeText(s, 80), err)
+		}
+		if h.IsIP() {
+			r.kind, r.prefix = ruleCIDR, netip.PrefixFrom(h.IP, h.IP.BitLen())
+		} else {
+			r.kind, r.name = ruleHost, h.Name
+		}
+	}
+	return r, nil
+}
+
+func splitPorts(s string) (host, ports string, err error) {
+	i := strings.LastIndexByte(s, ':')
+	if i <= 0 || i == len(s)-1 {
+		return "", "", fmt.Errorf("%w: %q: want HOST:PORT or HOST:LO-HI (IPv6 in brackets)", ErrRule, safeText(s, 80))
+	}
+	host, ports = s[:i], s[i+1:]
+	if strings.Contains(host, ":") && !(strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]")) {
+		return "", "", fmt.Errorf("%w: %q: put IPv6 addresses in brackets, e.g. [2001:db8::/32]:443", ErrRule, safeText(s, 80))
+	}
+	return host, ports, nil
+}
+
+func parsePorts(s string) (lo, hi uint16, err error) {
+	a, b, isRange := strings.Cut(s, "-")
+	l, err1 := parsePort(a)
+	h := l
+	var err2 error
+	if isRange {
+		h, err2 = parsePort(b)
+	}
+	if err1 != nil || err2 != nil || l > h {
+		return 0, 0, fmt.Errorf("%w: port %q: want a port or LO-HI within 1..65535", ErrRule, safeText(s, 20))
+	}
+	return l, h, nil
+}
+
+func parsePort(s string) (uint16, error) {
+	if s == "" || len(s) > 5 || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, errors.New("bad port")
+	}
+	v, _ := strconv.Atoi(s)
+	if v < 1 || v > 65535 {
+		return 0, errors.New("bad port")
+	}
+	return uint16(v), nil
+}
+
+// Upstream maps a name and port the guest asks for to an address the host
+// dials: the configured upstreams such as the LLM gateway. The address is
+// trusted: it may be loopback or private, and a name in it is resolved
+// without class checks.
+type Upstream struct {
+	Name    string
+	Port    int
+	Address string // host:port
+}
+
+// String returns NAME:PORT=ADDR.
+func (u Upstream) String() string { return u.Name + ":" + strconv.Itoa(u.Port) + "=" + u.Address }
+
+// ParseUpstream parses NAME:PORT=ADDR, e.g. llm-gateway:443=127.0.0.1:8443.
+func ParseUpstream(s string) (Upstream, error) {
+	left, addr, ok := strings.Cut(s, "=")
+	if !ok {
+		return Upstream{}, fmt.Errorf("%w: upstream %q: want NAME:PORT=ADDR, e.g. llm-gateway:443=127.0.0.1:8443", ErrRule, safeText(s, 80))
+	}
+	name, port, err := net.SplitHostPort(left)
+	p, perr := parsePort(port)
+	if err != nil || perr != nil {
+		return Upstream{}, fmt.Errorf("%w: upstream %q: NAME:PORT must be a DNS name and a port", ErrRule, safeText(s, 80))
+	}
+	h, err := ParseHost(name)
+	if err != nil || h.IsIP() {
+		return Upstream{}, fmt.Errorf("%w: upstream %q: NAME must be a DNS name", ErrRule, safeText(s, 80))
+	}
+	ah, ap, err := net.SplitHostPort(addr)
+	if _, perr := parsePort(ap); err != nil || perr != nil || ah == "" {
+		return Upstream{}, fmt.Errorf("%w: upstream %q: ADDR must be HOST:PORT (IPv6 in brackets)", ErrRule, safeText(s, 80))
+	}
+	if ip, err := netip.ParseAddr(ah); err == nil {
+		if ip.Zone() != "" || ip.Unmap() == zeroV4 || ip == zeroV6 {
+			return Upstream{}, fmt.Errorf("%w: upstream %q: ADDR may not be unspecified or carry a zone", ErrRule, safeText(s, 80))
+		}
+	} else if hh, err := ParseHost(ah); err != nil || hh.IsIP() {
+		return Upstream{}, fmt.Errorf("%w: upstream %q: ADDR host must be an IP address or a DNS name", ErrRule, safeText(s, 80))
+	}
+	return Upstream{Name: h.Name, Port: int(p), Address: addr}, nil
+}
+
+type upKey struct {
+	name string
+	port int
+}
+
+// Policy is an immutable set of rules and upstreams. The zero value and
+// an empty policy deny everything.
+type Policy struct {
+	rules     []Rule
+	upstreams map[upKey]Upstream
+}
+
+// NewPolicy builds a policy; it refuses more than MaxRules rules or
+// MaxUpstreams upstreams, and two upstreams for the same NAME:PORT.
+func NewPolicy(rules []Rule, ups []Upstream) (*Policy, error) {
+	if len(rules) > MaxRules {
+		return nil, fmt.Errorf("%w: %d rules, at most %d", ErrRule, len(rules), MaxRules)
+	}
+	if len(ups) > MaxUpstreams {
+		return nil, fmt.Errorf("%w: %d upstreams, at most %d", ErrRule, len(ups), MaxUpstreams)
+	}
+	p := &Policy{rules: append([]Rule(nil), rules...), upstreams: make(map[upKey]Upstream, len(ups))}
+	for _, u := range ups {
+		k := upKey{u.Name, u.Port}
+		if _, dup := p.upstreams[k]; dup {
+			return nil, fmt.Errorf("%w: upstream %s:%d is defined twice", ErrRule, u.Name, u.Port)
+		}
+		p.upstreams[k] = u
+	}
+	return p, nil
+}
+
+// ParsePolicy builds a policy from rule and upstream strings.
+func ParsePolicy(rules, upstreams []string) (*Policy, error) {
+	var rs []Rule
+	var us []Upstream
+	for _, s := range rules {
+		r, err := ParseRule(s)
+		if err != nil {
+			return nil, err
+		}
+		rs = append(rs, r)
+	}
+	for _, s := range upstreams {
+		u, err := ParseUpstream(s)
+		if err != nil {
+			return nil, err
+		}
+		us = append(us, u)
+	}
+	return NewPolicy(rs, us)
+}
+
+// Rules returns the rules as strings.
+func (p *Policy) Rules() []string {
+	var out []string
+	for _, r := range p.rules {
+		out = append(out, r.String())
+	}
+	return out
+}
+
+// Describe returns the rules and then the upstreams ("upstream N:P=A").
+func (p *Policy) Describe() []string {
+	out := p.Rules()
+	keys := make([]string, 0, len(p.upstreams))
+	for _, u := range p.upstreams {
+		keys = append(keys, "upstream "+u.String())
+	}
+	slices.Sort(keys)
+	return append(out, keys...)
+}
+
+// Len returns the number of rules and upstreams.
+func (p *Policy) Len() (rules, upstreams int) { return len(p.rules), len(p.upstreams) }
+
+// File is the policy file format (version 1), decoded strictly.
+//
+//	{"version": 1,
+//	 "allow": ["api.example.com:443", "*.example.org:8000-8100", "203.0.113.0/24:443"],
+//	 "upstreams": ["llm-gateway:443=127.0.0.1:8443"]}
+type File struct {
+	Version   int      `json:"version"`
+	Allow     []string `json:"allow"`
+	Upstreams []string `json:"upstreams"`
+}
+
+// DecodeFile reads a policy file strictly: at most MaxPolicyFile bytes,
+// version 1, no unknown fields, no trailing data.
+func DecodeFile(r io.Reader) (*File, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxPolicyFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w file: %v", ErrRule, err)
+	}
+	if len(data) > MaxPolicyFile {
+		return nil, fmt.Errorf("%w file: larger than %d bytes", ErrRule, MaxPolicyFile)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var f File
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("%w file: %s", ErrRule, jsonError(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w file: trailing data after the object", ErrRule)
+	}
+	if f.Version != 1 {
+		return nil, fmt.Errorf("%w file: version must be 1", ErrRule)
+	}
+	return &f, nil
+}
+
+func jsonError(err error) string {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return fmt.Sprintf("syntax error at byte %d", se.Offset)
+	case errors.As(err, &te):
+		return fmt.Sprintf("field %q has the wrong type", te.Field)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown field " + strings.TrimPrefix(err.Error(), "json: unknown field ")
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "unexpected end of input"
+	}
+	return "invalid document"
+}
+
+// LoadPolicy builds a policy from an optional file plus extra rules and
+// upstreams (the command line's --allow and --upstream).
+func LoadPolicy(path string, rules, upstreams []string) (*Policy, error) {
+	if path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("read egress policy: %w", err)
+		}
+		pf, err := DecodeFile(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", path, err)
+		}
+		rules = append(append([]string(nil), pf.Allow...), rules...)
+		upstreams = append(append([]string(nil), pf.Upstreams...), upstreams...)
+	}
+	return ParsePolicy(rules, upstreams)
+}

@@ -1,0 +1,171 @@
+package pipe
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Buffer sizes and the release delay.
+const (
+	SmallBuffer  = 8 << 10
+	BigBuffer    = 256 << 10
+	ReleaseAfter = time.Second
+)
+
+var (
+	bigPool  = sync.Pool{New: func() any { b := make([]byte, BigBuffer); return &b }}
+	bigInUse atomic.Int64
+)
+
+// BigBuffersInUse returns how many large buffers copy loops hold now.
+func BigBuffersInUse() int64 { return bigInUse.Load() }
+
+func getBig() *[]byte {
+	bigInUse.Add(1)
+	return bigPool.Get().(*[]byte)
+}
+
+func putBig(b *[]byte) {
+	bigInUse.Add(-1)
+	bigPool.Put(b)
+}
+
+// Activity records when bytes last moved; the zero value is ready to use
+// and counts as active since its first Touch.
+type Activity struct{ last atomic.Int64 }
+
+// Touch records activity now.
+func (a *Activity) Touch() {
+	if a != nil {
+		a.last.Store(time.Now().UnixNano())
+	}
+}
+
+// Idle returns how long ago bytes last moved (0 before the first Touch).
+func (a *Activity) Idle() time.Duration {
+	l := a.last.Load()
+	if l == 0 {
+		return 0
+	}
+	return time.Since(time.Unix(0, l))
+}
+
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+// shrinker is implemented by yamux streams: it frees the receive buffer.
+type shrinker interface{ Shrink() }
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Copy copies src to dst until src ends (io.EOF returns a nil error) or an
+// error occurs, and returns the number of bytes written to dst.
+func Copy(dst io.Writer, src io.Reader, act *Activity) (int64, error) {
+	small := make([]byte, SmallBuffer)
+	var big *[]byte
+	dl, canDeadline := src.(readDeadliner)
+	defer func() {
+		if big != nil {
+			putBig(big)
+			if canDeadline {
+				_ = dl.SetReadDeadline(time.Time{})
+			}
+		}
+	}()
+	var total int64
+	for {
+		buf := small
+		if big != nil {
+			buf = *big
+			if canDeadline {
+				_ = dl.SetReadDeadline(time.Now().Add(ReleaseAfter))
+			}
+		}
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			act.Touch()
+			w, werr := dst.Write(buf[:n])
+			total += int64(w)
+			if werr != nil {
+				return total, werr
+			}
+			if w != n {
+				return total, io.ErrShortWrite
+			}
+		}
+		if rerr != nil {
+			if big != nil && canDeadline && isTimeout(rerr) {
+				// Idle for ReleaseAfter: give the big buffer back and wait
+				// on the small one without a deadline.
+				putBig(big)
+				big = nil
+				_ = dl.SetReadDeadline(time.Time{})
+				if s, ok := src.(shrinker); ok {
+					s.Shrink()
+				}
+				continue
+			}
+			if rerr == io.EOF {
+				return total, nil
+			}
+			return total, rerr
+		}
+		if big == nil && n == len(small) {
+			big = getBig()
+		}
+	}
+}
+
+// closeWrite ends the write side of c: CloseWrite on TCP and Unix sockets,
+// Close on a yamux stream (whose Close is a half-close: reads continue
+// until the peer closes its side).
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}
+
+// Join copies a to b and b to a until both directions have ended, half-
+// closing each destination when its source ends. An error in either
+// direction closes both connections. It returns the bytes copied each way
+// and the first error other than a clean end of stream. The caller closes
+// a and b afterwards.
+func Join(a, b net.Conn, act *Activity) (aToB, bToA int64, err error) {
+	type result struct {
+		n   int64
+		err error
+	}
+	abc := make(chan result, 1)
+	go func() {
+		n, err := Copy(b, a, act)
+		if err != nil {
+			a.Close()
+			b.Close()
+		} else {
+			closeWrite(b)
+		}
+		abc <- result{n, err}
+	}()
+	bToA, err2 := Copy(a, b, act)
+	if err2 != nil {
+		a.Close()
+		b.Close()
+	} else {
+		closeWrite(a)
+	}
+	r := <-abc
+	aToB = r.n
+	err = r.err
+	if err == nil {
+		err = err2
+	}
+	return aToB, bToA, err
+}
