@@ -97,14 +97,19 @@ func uniqueName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b)
 }
 
-// shim is a running oac-shim process.
+// shim is a running oac-shim process. Every event it printed is kept, so
+// a wait never misses an event that arrived before it started waiting.
 type shim struct {
-	t      *testing.T
-	name   string
-	cmd    *exec.Cmd
-	events chan events.Event
-	mu     sync.Mutex
-	all    []events.Event
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	all  []events.Event
+	raw  []string // the lines as printed
+	// notify is closed and replaced whenever an event arrives or the
+	// output ends (then eof is set).
+	notify chan struct{}
+	eof    bool
 	stderr lockedBuffer
 	done   chan struct{}
 }
@@ -153,13 +158,18 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	args = append(args, spec.args...)
 	cmd := exec.Command(bins.shim, args...)
 	cmd.Env = append(os.Environ(), spec.env...)
-	s := &shim{t: t, name: spec.name, cmd: cmd, events: make(chan events.Event, 1024), done: make(chan struct{})}
+	s := &shim{t: t, name: spec.name, cmd: cmd, notify: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = &s.stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	go func() {
-		defer close(s.events)
+		defer func() {
+			s.mu.Lock()
+			s.eof = true
+			close(s.notify)
+			s.mu.Unlock()
+		}()
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
@@ -170,8 +180,10 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 			}
 			s.mu.Lock()
 			s.all = append(s.all, e)
+			s.raw = append(s.raw, sc.Text())
+			close(s.notify)
+			s.notify = make(chan struct{})
 			s.mu.Unlock()
-			s.events <- e
 		}
 	}()
 	go func() {
@@ -197,23 +209,39 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	return s
 }
 
-// waitFor returns the first event matching pred, failing after timeout.
+// waitFor returns the first event matching pred since the shim started,
+// waiting up to timeout for it to arrive.
 func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what string) events.Event {
 	s.t.Helper()
 	deadline := time.After(timeout)
+	i := 0
 	for {
-		select {
-		case e, ok := <-s.events:
-			if !ok {
-				s.t.Fatalf("oac-shim exited before %s; stderr:\n%s", what, s.stderr.String())
-			}
-			if pred(e) {
+		s.mu.Lock()
+		for ; i < len(s.all); i++ {
+			if pred(s.all[i]) {
+				e := s.all[i]
+				s.mu.Unlock()
 				return e
 			}
+		}
+		eof, notify := s.eof, s.notify
+		s.mu.Unlock()
+		if eof {
+			s.t.Fatalf("oac-shim exited before %s; stderr:\n%s", what, s.stderr.String())
+		}
+		select {
+		case <-notify:
 		case <-deadline:
 			s.t.Fatalf("no %s within %s", what, timeout)
 		}
 	}
+}
+
+// allEvents returns the events so far and the lines as printed.
+func (s *shim) allEvents() ([]events.Event, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]events.Event(nil), s.all...), append([]string(nil), s.raw...)
 }
 
 func (s *shim) waitState(state string, timeout time.Duration) events.Event {

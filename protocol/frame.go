@@ -22,6 +22,8 @@ const (
 	TypeShutdown     Type = 0x0005
 	TypeError        Type = 0x0006
 	TypeStreamHeader Type = 0x0007
+	// TypeProcess is sent only to a host whose Welcome lists CapProcess.
+	TypeProcess Type = 0x0008
 )
 
 var typeNames = map[Type]string{
@@ -32,6 +34,7 @@ var typeNames = map[Type]string{
 	TypeShutdown:     "Shutdown",
 	TypeError:        "Error",
 	TypeStreamHeader: "StreamHeader",
+	TypeProcess:      "Process",
 }
 
 func (t Type) String() string {

@@ -46,6 +46,15 @@ type Config struct {
 	BootTimeout time.Duration
 	// MinVersion and MaxVersion override the protocol range (tests).
 	MinVersion, MaxVersion int
+	// SandboxIOPath is a host binary the provider installs as
+	// /usr/local/bin/oac-sandbox-io; Install are more host binaries for
+	// /usr/local/bin, by name (see provider.Spec).
+	SandboxIOPath string
+	Install       map[string]string
+	// PasswordFile, when set, receives the daemon's password (0600,
+	// created exclusively) once the bootstrap is valid: the way a caller
+	// learns a password the shim generated. Events never carry it.
+	PasswordFile string
 }
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
@@ -114,9 +123,32 @@ func (s *run) run(ctx context.Context) error {
 	if err := b.Validate(); err != nil {
 		return s.fail(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
 	}
-	spec := provider.Spec{Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag}
+	spec := provider.Spec{
+		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
+		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install,
+	}
 	if err := spec.Validate(); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
+	}
+	if c := b.Credentials; c != nil {
+		// Never the caller's struct: the password is this start's own.
+		cc := *c
+		if cc.Password == "" {
+			p, err := GeneratePassword()
+			if err != nil {
+				return s.fail(fmt.Errorf("nothing created: %w", err))
+			}
+			cc.Password = p
+		}
+		bb := *b
+		bb.Credentials = &cc
+		b = &bb
+		s.cfg.Bootstrap = b
+		if s.cfg.PasswordFile != "" {
+			if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
+				return s.fail(fmt.Errorf("nothing created: %w", err))
+			}
+		}
 	}
 	s.setState(events.StateStarting, "creating sandbox")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
@@ -149,6 +181,12 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
 	if err := s.handshake(conn); err != nil {
+		// The guest fails too; give it a moment to say why on its
+		// stderr (it exits on its own once the session is closed).
+		if s.sess != nil {
+			s.sess.Close()
+		}
+		s.waitExit(time.Second)
 		return s.fail(s.withDiag(err))
 	}
 	s.wg.Add(1)
@@ -179,6 +217,7 @@ func (s *run) handshake(conn net.Conn) error {
 	s.sess = sess
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
+		Capabilities: []string{protocol.CapProcess},
 		TimeUnixNano: time.Now().UnixNano(),
 	}, protocol.HelloTimeout)
 	if err != nil {
@@ -252,10 +291,17 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				msg := guestText(st.Message, maxGuestText)
 				switch st.State {
 				case protocol.StateStarting:
-					s.setState(events.StateStarting, "guest applying bootstrap")
+					if msg == "" {
+						msg = "applying bootstrap"
+					}
+					s.setState(events.StateStarting, "guest: "+msg)
 				case protocol.StateReady:
 					ready, bootDone = true, nil
-					s.setState(events.StateReady, fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond)))
+					m := fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond))
+					if msg != "" {
+						m += ": " + msg
+					}
+					s.setReady(m, guestText(st.URL, 256), guestText(st.Username, 64))
 				case protocol.StateFailed:
 					return fmt.Errorf("guest: %s", msg)
 				case protocol.StateStopped:
@@ -269,6 +315,12 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					return fmt.Errorf("guest sent a bad Error: %w", err)
 				}
 				return fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText))
+			case protocol.TypeProcess:
+				var ps protocol.ProcessStatus
+				if err := f.Decode(&ps); err != nil {
+					return fmt.Errorf("guest sent a bad Process: %w", err)
+				}
+				s.emitProcess(&ps)
 			default:
 				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
 			}
@@ -276,12 +328,31 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 	}
 }
 
+// setReady emits ready with the daemon's URL and username.
+func (s *run) setReady(msg, url, username string) {
+	s.mu.Lock()
+	if s.state != events.StateStarting {
+		s.mu.Unlock()
+		return
+	}
+	s.state = events.StateReady
+	s.mu.Unlock()
+	s.emit(events.Event{Event: events.KindState, State: events.StateReady, Message: msg, URL: url, Username: username})
+}
+
 func (s *run) emitProcess(p *protocol.ProcessStatus) {
 	running := p.Running
-	e := events.Event{Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running, ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32)}
-	if running {
+	e := events.Event{
+		Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
+		ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32),
+		Restarts: max(p.Restarts, 0), RestartInMS: max(p.RestartInMS, 0),
+	}
+	switch {
+	case running:
 		e.Message = "started"
-	} else {
+	case p.RestartInMS > 0:
+		e.Message = fmt.Sprintf("restarting in %s", time.Duration(p.RestartInMS)*time.Millisecond)
+	default:
 		e.Message = "exited"
 	}
 	s.emit(e)
@@ -304,6 +375,10 @@ func (s *run) shutdown(reason string) {
 		select {
 		case f := <-s.frames:
 			var st protocol.State
+			var ps protocol.ProcessStatus
+			if f.Type == protocol.TypeProcess && f.Decode(&ps) == nil {
+				s.emitProcess(&ps)
+			}
 			if f.Type == protocol.TypeState && f.Decode(&st) == nil {
 				if st.Process != nil {
 					s.emitProcess(st.Process)

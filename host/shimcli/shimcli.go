@@ -32,6 +32,8 @@ var Providers = map[string]func() provider.Provider{
 const usage = `usage:
   oac-shim run --provider bwrap --name NAME [--rootfs DIR] [--bootstrap FILE]
                [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
+               [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
+               [--sandbox-io PATH] [--install NAME=PATH]... [--password-file FILE]
   oac-shim check
   oac-shim version
 `
@@ -92,6 +94,14 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 0, "stop the sandbox in order after this long (0: run until SIGINT/SIGTERM)")
 	bootTimeout := fs.Duration("boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
 	agentPath := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
+	tenant := fs.String("tenant", "", "this sandbox's tenant id (a hosted sandbox: the sandbox_io resource must name it)")
+	environment := fs.String("environment", "", "this sandbox's environment id")
+	allocation := fs.String("allocation", "", "this sandbox's allocation id")
+	allowLoopback := fs.Bool("allow-loopback-link", false, "accept a ws:// or wss:// link URL on a loopback host (development only)")
+	sandboxIO := fs.String("sandbox-io", "", "host binary to install as /usr/local/bin/oac-sandbox-io in the guest")
+	installs := installFlag{}
+	fs.Var(installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest (repeatable)")
+	passwordFile := fs.String("password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
 	debug := fs.Bool("debug", false, "log debug messages")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -127,8 +137,25 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		boot, err = bootstrap.Decode(f)
 		f.Close()
 		if err != nil {
-			return fail(fmt.Errorf("read bootstrap %s: %w", *bootFile, err))
+			return fail(fmt.Errorf("read bootstrap %s: %w (nothing created)", *bootFile, err))
 		}
+	}
+	if *tenant != "" || *environment != "" || *allocation != "" || *allowLoopback {
+		if *tenant == "" || *environment == "" || *allocation == "" {
+			fmt.Fprintln(stderr, "oac-shim run: --tenant, --environment and --allocation go together")
+			return 2
+		}
+		if boot == nil {
+			boot = &bootstrap.Bootstrap{Version: bootstrap.Version}
+		}
+		id := &bootstrap.Identity{TenantID: *tenant, EnvironmentID: *environment, AllocationID: *allocation, AllowLoopbackLink: *allowLoopback}
+		if b := boot.Sandbox; b != nil {
+			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
+				return fail(errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation (nothing created)"))
+			}
+			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
+		}
+		boot.Sandbox = id
 	}
 	if *agentPath == "" {
 		p, err := defaultAgentPath()
@@ -173,6 +200,10 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		Log:         log,
 		Diag:        stderr,
 		BootTimeout: *bootTimeout,
+
+		SandboxIOPath: *sandboxIO,
+		Install:       installs,
+		PasswordFile:  *passwordFile,
 	})
 	if err != nil {
 		if errors.Is(err, provider.ErrUnavailable) {
@@ -181,6 +212,23 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return fail(err)
 	}
 	return 0
+}
+
+// installFlag collects --install NAME=PATH.
+type installFlag map[string]string
+
+func (f installFlag) String() string { return "" }
+
+func (f installFlag) Set(v string) error {
+	name, path, ok := strings.Cut(v, "=")
+	if !ok || name == "" || path == "" {
+		return errors.New("want NAME=PATH")
+	}
+	if _, dup := f[name]; dup {
+		return fmt.Errorf("%s given twice", name)
+	}
+	f[name] = path
+	return nil
 }
 
 func defaultAgentPath() (string, error) {

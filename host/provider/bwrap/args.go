@@ -9,7 +9,20 @@ import (
 const (
 	GuestAgentPath  = "/run/oac/oac-guest"
 	GuestSocketPath = "/run/oac/agent.sock"
+	GuestInstallDir = "/usr/local/bin"
 )
+
+// RuntimeDirs get a tmpfs of their own (0755, owned by guest root): the
+// guest's writable /home and /environment, where the agent creates
+// /home/runtime and /environment/workspace for uid 1000. Hosted containers
+// mount persistent volumes there instead.
+var RuntimeDirs = []string{"/home", "/environment"}
+
+// installFD is a host binary bound read-only at GuestInstallDir/Name.
+type installFD struct {
+	Name string
+	FD   int
+}
 
 // hostEntry is one top-level path of the default root: a directory to bind
 // read-only or a symlink to recreate (merged-/usr systems link /bin to
@@ -31,6 +44,13 @@ type argsConfig struct {
 	EtcFiles [][2]string
 	AgentFD  int
 	SocketFD int
+	// Tmpfs are the RuntimeDirs to mount (with a rootfs: those it has).
+	Tmpfs []string
+	// Installs are bound under GuestInstallDir. In the default root
+	// /usr/local is a fresh tmpfs for them (the host's /usr/local is not
+	// shown), remounted read-only afterwards; a rootfs must already have
+	// each file (a read-only root cannot get new mount points).
+	Installs []installFD
 }
 
 // buildArgs returns bwrap's arguments, agent command included.
@@ -62,6 +82,22 @@ func buildArgs(c argsConfig) []string {
 		"--dir", "/run/oac",
 		"--ro-bind-fd", strconv.Itoa(c.AgentFD), GuestAgentPath,
 		"--bind-fd", strconv.Itoa(c.SocketFD), GuestSocketPath,
+	)
+	for _, d := range c.Tmpfs {
+		a = append(a, "--perms", "0755", "--tmpfs", d)
+	}
+	if len(c.Installs) > 0 {
+		if c.RootFD < 0 {
+			a = append(a, "--perms", "0755", "--tmpfs", "/usr/local", "--perms", "0755", "--dir", GuestInstallDir)
+		}
+		for _, in := range c.Installs {
+			a = append(a, "--ro-bind-fd", strconv.Itoa(in.FD), GuestInstallDir+"/"+in.Name)
+		}
+		if c.RootFD < 0 {
+			a = append(a, "--remount-ro", "/usr/local")
+		}
+	}
+	a = append(a,
 		"--chdir", "/",
 		"--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		GuestAgentPath, "--transport", "unix://"+GuestSocketPath,

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,6 +112,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	return in, nil
 }
 
+// namedFile is an O_PATH descriptor of a binary to install.
+type namedFile struct {
+	name string
+	f    *os.File
+}
+
 // Instance is one bwrap sandbox.
 type Instance struct {
 	spec  provider.Spec
@@ -128,6 +135,8 @@ type Instance struct {
 	rootFD   int
 	rootFile *os.File
 	etc      [][2]string
+	tmpfs    []string
+	installs []namedFile
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -220,20 +229,39 @@ func (in *Instance) prepare() error {
 				in.etc = append(in.etc, [2]string{"/etc/" + name, "/etc/" + name})
 			}
 		}
+		in.tmpfs = RuntimeDirs
 	} else {
 		f, err := os.OpenFile(in.spec.Rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("%w: rootfs %s: %v", provider.ErrInvalidSpec, in.spec.Rootfs, err)
 		}
 		in.rootFile = f
+		// A read-only rootfs gets writable runtime directories where it
+		// has mount points for them (real directories, not symlinks).
+		for _, d := range RuntimeDirs {
+			var st unix.Stat_t
+			if unix.Fstatat(int(f.Fd()), d[1:], &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				in.tmpfs = append(in.tmpfs, d)
+			}
+		}
 	}
-	agent, err := os.OpenFile(in.spec.AgentPath, unix.O_PATH|unix.O_CLOEXEC, 0)
+	agent, err := openBinary("agent binary", in.spec.AgentPath)
 	if err != nil {
-		return fmt.Errorf("%w: agent binary %s: %v (build it with make build)", provider.ErrInvalidSpec, in.spec.AgentPath, err)
+		return err
 	}
 	in.agentFD = agent
-	if st, err := os.Stat(in.spec.AgentPath); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
-		return fmt.Errorf("%w: agent binary %s must be a regular file readable and executable by others", provider.ErrInvalidSpec, in.spec.AgentPath)
+	installs := in.spec.Installs()
+	names := make([]string, 0, len(installs))
+	for n := range installs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		f, err := openBinary("install "+n, installs[n])
+		if err != nil {
+			return err
+		}
+		in.installs = append(in.installs, namedFile{n, f})
 	}
 	in.sockPath = filepath.Join(in.dir, "agent.sock")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.sockPath, Net: "unix"})
@@ -253,6 +281,22 @@ func (in *Instance) prepare() error {
 	}
 	in.sockFD = sock
 	return nil
+}
+
+// openBinary opens a host binary for bwrap to bind (O_PATH, so no guest id
+// ever traverses the host path). The guest's ids are not the host's, so it
+// must be readable and executable by others.
+func openBinary(what, path string) (*os.File, error) {
+	f, err := os.OpenFile(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s %s: %v (build it with make build)", provider.ErrInvalidSpec, what, path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o005 != 0o005 {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s %s must be a regular file readable and executable by others", provider.ErrInvalidSpec, what, path)
+	}
+	return f, nil
 }
 
 // hostEtcFiles are the host /etc entries the default root shares read-only:
@@ -294,12 +338,16 @@ func (in *Instance) Start(ctx context.Context) error {
 	}
 	// ExtraFiles become fds 3, 4, ... in bwrap.
 	extra := []*os.File{in.agentFD, in.sockFD}
-	cfg := argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, EtcFiles: in.etc}
+	cfg := argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, EtcFiles: in.etc, Tmpfs: in.tmpfs}
 	if in.rootFile != nil {
 		extra = append(extra, in.rootFile)
 		cfg.RootFD = 5
 	} else {
 		cfg.HostEntries = hostRoot()
+	}
+	for _, nf := range in.installs {
+		cfg.Installs = append(cfg.Installs, installFD{Name: nf.name, FD: 3 + len(extra)})
+		extra = append(extra, nf.f)
 	}
 	cmd := exec.Command(in.bwrap, buildArgs(cfg)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -415,6 +463,10 @@ func (in *Instance) release() {
 		}
 	}
 	in.agentFD, in.sockFD, in.rootFile = nil, nil, nil
+	for _, nf := range in.installs {
+		nf.f.Close()
+	}
+	in.installs = nil
 	if in.ln != nil {
 		in.ln.Close()
 		in.ln = nil
