@@ -159,11 +159,19 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 // PR_SET_NO_NEW_PRIVS set. The attribute is per thread and inherited by the
 // child; the thread is never returned to the Go scheduler (the goroutine
 // exits while locked, so the runtime destroys it), so no other code of the
-// agent runs with it.
+// agent runs with it. The runtime never destroys the main thread (it parks
+// it instead, still marked), so when the goroutine finds itself there it
+// keeps the main thread locked, and therefore busy, while a second
+// goroutine, necessarily on another thread, does the work.
 func startNoNewPrivs(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			errc <- startNoNewPrivs(cmd)
+			runtime.UnlockOSThread()
+			return
+		}
 		// no UnlockOSThread: the thread dies with this goroutine.
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			errc <- fmt.Errorf("set no_new_privs: %w", err)
