@@ -28,6 +28,8 @@ var bins struct {
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
+	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
+	sandboxIO, daemon string
 }
 
 func TestMain(m *testing.M) {
@@ -47,11 +49,15 @@ func TestMain(m *testing.M) {
 	bins.guest = filepath.Join(dir, "oac-guest")
 	bins.badVersion = filepath.Join(dir, "badguest-version")
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
+	bins.sandboxIO = filepath.Join(dir, "sandbox-io-standin")
+	bins.daemon = filepath.Join(dir, "daemon-standin")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
 		{bins.badVersion, "./internal/badguest", "-X main.defaultMode=version"},
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
+		{bins.sandboxIO, "./internal/standin/sandboxio", ""},
+		{bins.daemon, "./internal/standin/daemon", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
@@ -160,10 +166,20 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	cmd.Env = append(os.Environ(), spec.env...)
 	s := &shim{t: t, name: spec.name, cmd: cmd, notify: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = &s.stderr
-	stdout, err := cmd.StdoutPipe()
+	// Not StdoutPipe: cmd.Wait closes that pipe as soon as the process
+	// exits, which can drop the last events before they were read. This
+	// pipe ends when the shim (and anything it left behind) closed it.
+	stdout, w, err := os.Pipe()
 	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd.Stdout = w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		stdout.Close()
+		require.NoError(t, err)
+	}
 	go func() {
+		defer stdout.Close()
 		defer func() {
 			s.mu.Lock()
 			s.eof = true

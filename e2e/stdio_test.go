@@ -55,13 +55,14 @@ func TestGuestOverStdioAppliesABootstrapAndStopsOnShutdown(t *testing.T) {
 	var st protocol.State
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateStarting, st.State)
-	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
+	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st), stderr.String())
 	assert.Equal(t, protocol.StateReady, st.State)
 
 	require.NoError(t, ctl.Send(protocol.TypeShutdown, protocol.Shutdown{Reason: "test over", GraceMS: 1000}))
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateStopped, st.State)
 	assert.Equal(t, "test over", st.Message)
+	sess.Close() // as oac-shim does once it read "stopped"
 	assert.Equal(t, 0, exitCode(t, cmd, 10*time.Second), stderr.String())
 }
 
@@ -85,6 +86,7 @@ func TestGuestRefusesAnInvalidBootstrap(t *testing.T) {
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateFailed, st.State)
 	assert.Contains(t, st.Message, "argv")
+	sess.Close()
 	assert.Equal(t, 1, exitCode(t, cmd, 10*time.Second))
 	assert.Contains(t, stderr.String(), "bootstrap refused")
 }

@@ -82,7 +82,15 @@ func Run(ctx context.Context, cfg Config) error {
 		healthc:    make(chan healthResult, 1),
 		superStop:  func() {},
 	}
-	return a.serve(ctx)
+	err = a.serve(ctx)
+	// The last message (stopped, failed) is written; give the host up to
+	// a second to read it and close the session. Closing at once races
+	// the host's read: yamux may report the shutdown instead of the data.
+	select {
+	case <-sess.CloseChan():
+	case <-time.After(time.Second):
+	}
+	return err
 }
 
 func dialWithRetry(ctx context.Context, ep transport.Endpoint, timeout time.Duration) (net.Conn, error) {

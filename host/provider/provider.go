@@ -44,7 +44,15 @@ type Spec struct {
 	// Install maps names to host binaries installed read-only as
 	// /usr/local/bin/NAME, for the same purposes.
 	Install map[string]string
+	// Volumes maps a guest runtime directory (one of VolumeDirs) to a host
+	// directory bound read-write in its place (a persistent volume, as
+	// hosted containers have); without one the provider gives a fresh
+	// tmpfs. The guest's root must be able to write it.
+	Volumes map[string]string
 }
+
+// VolumeDirs are the guest directories Spec.Volumes may name.
+var VolumeDirs = []string{"/home", "/environment"}
 
 // SandboxIOName is the file name oac-sandbox-io is installed under.
 const SandboxIOName = "oac-sandbox-io"
@@ -78,6 +86,14 @@ func (s Spec) Validate() error {
 	}
 	if s.AgentPath == "" {
 		return fmt.Errorf("%w: no oac-guest binary given", ErrInvalidSpec)
+	}
+	for dir, host := range s.Volumes {
+		if dir != VolumeDirs[0] && dir != VolumeDirs[1] {
+			return fmt.Errorf("%w: a volume can replace only /home or /environment", ErrInvalidSpec)
+		}
+		if host == "" {
+			return fmt.Errorf("%w: volume %s: no host directory given", ErrInvalidSpec, dir)
+		}
 	}
 	for name, path := range s.Install {
 		if !installNameRE.MatchString(name) {

@@ -51,6 +51,8 @@ type Config struct {
 	// /usr/local/bin, by name (see provider.Spec).
 	SandboxIOPath string
 	Install       map[string]string
+	// Volumes replace the guest's /home or /environment (provider.Spec).
+	Volumes map[string]string
 	// PasswordFile, when set, receives the daemon's password (0600,
 	// created exclusively) once the bootstrap is valid: the way a caller
 	// learns a password the shim generated. Events never carry it.
@@ -61,7 +63,7 @@ type Config struct {
 // order and returns nil) or the sandbox fails (it returns the reason). The
 // last event is always a state event: stopped or failed.
 func Run(ctx context.Context, cfg Config) error {
-	s := &run{cfg: cfg, frames: make(chan protocol.Frame), recvErr: make(chan error, 1)}
+	s := &run{cfg: cfg, frames: make(chan protocol.Frame), recvErr: make(chan error, 1), quit: make(chan struct{})}
 	if s.cfg.Log == nil {
 		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -89,6 +91,8 @@ type run struct {
 	ctl     *protocol.Control
 	frames  chan protocol.Frame
 	recvErr chan error
+	// quit is closed when run returns: readers stop handing over frames.
+	quit chan struct{}
 
 	mu    sync.Mutex
 	state string
@@ -125,7 +129,7 @@ func (s *run) run(ctx context.Context) error {
 	}
 	spec := provider.Spec{
 		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
-		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install,
+		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes,
 	}
 	if err := spec.Validate(); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
@@ -157,6 +161,7 @@ func (s *run) run(ctx context.Context) error {
 	}
 	s.inst = inst
 	defer func() {
+		close(s.quit)
 		if s.sess != nil {
 			s.sess.Close()
 		}
@@ -181,11 +186,9 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
 	if err := s.handshake(conn); err != nil {
-		// The guest fails too; give it a moment to say why on its
-		// stderr (it exits on its own once the session is closed).
-		if s.sess != nil {
-			s.sess.Close()
-		}
+		// The guest fails too (it read our refusal, or its stream was
+		// closed): give it a moment to say why on its stderr. Closing
+		// the session here could cut off the refusal it is reading.
 		s.waitExit(time.Second)
 		return s.fail(s.withDiag(err))
 	}
@@ -238,7 +241,9 @@ func (s *run) withDiag(err error) error {
 	return err
 }
 
-// readControl forwards control frames until the stream fails.
+// readControl forwards control frames until the stream fails. Frames
+// read before the guest closed the session (its last exit reports and
+// "stopped") are still handed over; only the end of the run drops them.
 func (s *run) readControl() {
 	defer s.wg.Done()
 	for {
@@ -249,7 +254,7 @@ func (s *run) readControl() {
 		}
 		select {
 		case s.frames <- f:
-		case <-s.sess.CloseChan():
+		case <-s.quit:
 			return
 		}
 	}
@@ -379,11 +384,20 @@ func (s *run) shutdown(reason string) {
 			if f.Type == protocol.TypeProcess && f.Decode(&ps) == nil {
 				s.emitProcess(&ps)
 			}
+			if f.Type == protocol.TypeError {
+				// The guest gave up (it refused the bootstrap or failed to
+				// start): it reads nothing more and lingers until we close.
+				s.sess.Close()
+				s.waitExit(stopMargin)
+				return
+			}
 			if f.Type == protocol.TypeState && f.Decode(&st) == nil {
 				if st.Process != nil {
 					s.emitProcess(st.Process)
 				}
 				if st.State == protocol.StateStopped {
+					// The guest lingers until we close the session.
+					s.sess.Close()
 					s.waitExit(stopMargin)
 					return
 				}
@@ -392,10 +406,33 @@ func (s *run) shutdown(reason string) {
 			s.waitExit(stopMargin)
 			return
 		case <-s.inst.Done():
+			// Frames the guest sent before it exited (its last exit
+			// reports) may still be queued: take them until the stream
+			// ends, for at most a second.
+			s.drainFrames(time.Second)
 			return
 		case <-deadline:
 			s.cfg.Log.Warn("guest did not stop in time, killing", "sandbox", s.cfg.Name, "grace", grace)
 			_ = s.inst.Kill()
+			return
+		}
+	}
+}
+
+// drainFrames emits the process events still queued on the control
+// stream, until it ends or d passes.
+func (s *run) drainFrames(d time.Duration) {
+	timeout := time.After(d)
+	for {
+		select {
+		case f := <-s.frames:
+			var ps protocol.ProcessStatus
+			if f.Type == protocol.TypeProcess && f.Decode(&ps) == nil {
+				s.emitProcess(&ps)
+			}
+		case <-s.recvErr:
+			return
+		case <-timeout:
 			return
 		}
 	}

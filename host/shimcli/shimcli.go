@@ -33,7 +33,8 @@ const usage = `usage:
   oac-shim run --provider bwrap --name NAME [--rootfs DIR] [--bootstrap FILE]
                [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
                [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
-               [--sandbox-io PATH] [--install NAME=PATH]... [--password-file FILE]
+               [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
+               [--password-file FILE]
   oac-shim check
   oac-shim version
 `
@@ -101,6 +102,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	sandboxIO := fs.String("sandbox-io", "", "host binary to install as /usr/local/bin/oac-sandbox-io in the guest")
 	installs := installFlag{}
 	fs.Var(installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest (repeatable)")
+	volumes := installFlag{}
+	fs.Var(volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
 	passwordFile := fs.String("password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
 	debug := fs.Bool("debug", false, "log debug messages")
 	if err := fs.Parse(args); err != nil {
@@ -128,16 +131,33 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "oac-shim run: --name is required")
 		return 2
 	}
+	out := stdout
+	if *eventsFile != "" {
+		f, err := os.OpenFile(*eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+		if err != nil {
+			return fail(fmt.Errorf("open events file: %w", err))
+		}
+		defer f.Close()
+		out = f
+	}
+	sink := events.NewJSONLines(out)
+	// Input errors are reported like every other failure: one failed
+	// event (the last event is always failed or stopped) and a reason.
+	inputFail := func(err error) int {
+		err = fmt.Errorf("invalid bootstrap, nothing created: %w", err)
+		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: *name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+		return fail(err)
+	}
 	var boot *bootstrap.Bootstrap
 	if *bootFile != "" {
 		f, err := os.Open(*bootFile)
 		if err != nil {
-			return fail(fmt.Errorf("read bootstrap: %w", err))
+			return inputFail(fmt.Errorf("read %s: %w", *bootFile, err))
 		}
 		boot, err = bootstrap.Decode(f)
 		f.Close()
 		if err != nil {
-			return fail(fmt.Errorf("read bootstrap %s: %w (nothing created)", *bootFile, err))
+			return inputFail(fmt.Errorf("read %s: %w", *bootFile, err))
 		}
 	}
 	if *tenant != "" || *environment != "" || *allocation != "" || *allowLoopback {
@@ -151,7 +171,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		id := &bootstrap.Identity{TenantID: *tenant, EnvironmentID: *environment, AllocationID: *allocation, AllowLoopbackLink: *allowLoopback}
 		if b := boot.Sandbox; b != nil {
 			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
-				return fail(errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation (nothing created)"))
+				return inputFail(errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation"))
 			}
 			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
 		}
@@ -163,15 +183,6 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			return fail(err)
 		}
 		*agentPath = p
-	}
-	out := stdout
-	if *eventsFile != "" {
-		f, err := os.OpenFile(*eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
-		if err != nil {
-			return fail(fmt.Errorf("open events file: %w", err))
-		}
-		defer f.Close()
-		out = f
 	}
 	p := newProv()
 	ctx, cancel := context.WithCancelCause(context.Background())
@@ -196,13 +207,14 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		AgentPath:   *agentPath,
 		Rootfs:      *rootfs,
 		Bootstrap:   boot,
-		Events:      events.NewJSONLines(out),
+		Events:      sink,
 		Log:         log,
 		Diag:        stderr,
 		BootTimeout: *bootTimeout,
 
 		SandboxIOPath: *sandboxIO,
 		Install:       installs,
+		Volumes:       volumes,
 		PasswordFile:  *passwordFile,
 	})
 	if err != nil {
@@ -214,7 +226,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// installFlag collects --install NAME=PATH.
+// installFlag collects --install NAME=PATH and --volume DIR=HOSTDIR.
 type installFlag map[string]string
 
 func (f installFlag) String() string { return "" }

@@ -3,6 +3,8 @@ package bwrap
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/oac/sandbox-agent/host/provider"
 )
 
 // Paths inside the guest.
@@ -12,11 +14,17 @@ const (
 	GuestInstallDir = "/usr/local/bin"
 )
 
-// RuntimeDirs get a tmpfs of their own (0755, owned by guest root): the
-// guest's writable /home and /environment, where the agent creates
-// /home/runtime and /environment/workspace for uid 1000. Hosted containers
-// mount persistent volumes there instead.
-var RuntimeDirs = []string{"/home", "/environment"}
+// RuntimeDirs get a tmpfs of their own (0755, owned by guest root), or a
+// host directory bound read-write (a volume): the guest's writable /home
+// and /environment, where the agent creates /home/runtime and
+// /environment/workspace for uid 1000.
+var RuntimeDirs = provider.VolumeDirs
+
+// volumeFD is a host directory bound read-write at Dir.
+type volumeFD struct {
+	Dir string
+	FD  int
+}
 
 // installFD is a host binary bound read-only at GuestInstallDir/Name.
 type installFD struct {
@@ -46,6 +54,8 @@ type argsConfig struct {
 	SocketFD int
 	// Tmpfs are the RuntimeDirs to mount (with a rootfs: those it has).
 	Tmpfs []string
+	// Volumes are RuntimeDirs bound from host directories instead.
+	Volumes []volumeFD
 	// Installs are bound under GuestInstallDir. In the default root
 	// /usr/local is a fresh tmpfs for them (the host's /usr/local is not
 	// shown), remounted read-only afterwards; a rootfs must already have
@@ -85,6 +95,9 @@ func buildArgs(c argsConfig) []string {
 	)
 	for _, d := range c.Tmpfs {
 		a = append(a, "--perms", "0755", "--tmpfs", d)
+	}
+	for _, v := range c.Volumes {
+		a = append(a, "--bind-fd", strconv.Itoa(v.FD), v.Dir)
 	}
 	if len(c.Installs) > 0 {
 		if c.RootFD < 0 {

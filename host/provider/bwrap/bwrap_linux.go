@@ -136,6 +136,7 @@ type Instance struct {
 	rootFile *os.File
 	etc      [][2]string
 	tmpfs    []string
+	volumes  []namedFile // name: the guest directory
 	installs []namedFile
 
 	mu      sync.Mutex
@@ -245,6 +246,30 @@ func (in *Instance) prepare() error {
 			}
 		}
 	}
+	// Volumes replace the tmpfs of their directory.
+	var tmpfs []string
+	for _, d := range in.tmpfs {
+		host, ok := in.spec.Volumes[d]
+		if !ok {
+			tmpfs = append(tmpfs, d)
+			continue
+		}
+		f, err := os.OpenFile(host, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
+		}
+		in.volumes = append(in.volumes, namedFile{d, f})
+	}
+	in.tmpfs = tmpfs
+	for d := range in.spec.Volumes {
+		found := false
+		for _, v := range in.volumes {
+			found = found || v.name == d
+		}
+		if !found {
+			return fmt.Errorf("%w: volume %s: the rootfs has no directory %s to mount it on", provider.ErrInvalidSpec, d, d)
+		}
+	}
 	agent, err := openBinary("agent binary", in.spec.AgentPath)
 	if err != nil {
 		return err
@@ -347,6 +372,10 @@ func (in *Instance) Start(ctx context.Context) error {
 	}
 	for _, nf := range in.installs {
 		cfg.Installs = append(cfg.Installs, installFD{Name: nf.name, FD: 3 + len(extra)})
+		extra = append(extra, nf.f)
+	}
+	for _, nf := range in.volumes {
+		cfg.Volumes = append(cfg.Volumes, volumeFD{Dir: nf.name, FD: 3 + len(extra)})
 		extra = append(extra, nf.f)
 	}
 	cmd := exec.Command(in.bwrap, buildArgs(cfg)...)
@@ -463,10 +492,10 @@ func (in *Instance) release() {
 		}
 	}
 	in.agentFD, in.sockFD, in.rootFile = nil, nil, nil
-	for _, nf := range in.installs {
+	for _, nf := range append(in.installs, in.volumes...) {
 		nf.f.Close()
 	}
-	in.installs = nil
+	in.installs, in.volumes = nil, nil
 	if in.ln != nil {
 		in.ln.Close()
 		in.ln = nil
