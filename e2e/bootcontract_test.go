@@ -377,7 +377,9 @@ func TestEveryInvalidBootstrapRuleCreatesNothing(t *testing.T) {
 		{"sandbox_io too large", raw(func(d string) string {
 			return strings.Replace(d, `"link_url"`, strings.Repeat(" ", 16<<10)+`"link_url"`, 1)
 		}), nil, bootstrap.ErrSandboxIOTooLarge},
-		{"duplicate key", raw(func(d string) string { return strings.Replace(d, `"hostname":"contract"`, `"hostname":"contract","hostname":"x"`, 1) }), nil, bootstrap.ErrDuplicateKey},
+		{"duplicate key", raw(func(d string) string {
+			return strings.Replace(d, `"hostname":"contract"`, `"hostname":"contract","hostname":"x"`, 1)
+		}), nil, bootstrap.ErrDuplicateKey},
 		{"case-variant key", raw(func(d string) string { return strings.Replace(d, `"hostname"`, `"HostName"`, 1) }), nil, bootstrap.ErrUnknownKey},
 		{"trailing data", raw(func(d string) string { return d + `{"SECRET":1}` }), nil, bootstrap.ErrDecode},
 	}
