@@ -7,12 +7,17 @@ LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VE
 APT_PKGS := bubblewrap ca-certificates
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
-.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz clean
+.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz clean
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/oac-guest ./cmd/oac-shim
+
+# Test fixtures standing in for oac-sandbox-io and the daemon (make demo).
+fixtures:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/sandbox-io-standin ./e2e/internal/standin/sandboxio
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/daemon-standin ./e2e/internal/standin/daemon
 
 deps:
 	@scripts/deps.sh $(APT_PKGS)
@@ -33,7 +38,7 @@ unit:
 e2e:
 	$(GO) test -count=1 -timeout 15m ./e2e/...
 
-demo: deps build
+demo: deps build fixtures
 	@scripts/demo.sh $(BIN)
 
 # Everything that compiles for the desktop OSes without cgo.
