@@ -11,7 +11,7 @@ KERNEL_CACHE ?= .cache/kernel
 # Modules the VM guest loads at boot (dependencies are added from modules.dep).
 VM_MODULES ?= virtio_pci,virtio_console
 
-.PHONY: all build deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs
+.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs
 
 all: build
 
@@ -29,6 +29,11 @@ initramfs: build kernel
 	cp $(KERNEL_CACHE)/vmlinuz $(BIN)/vmlinuz
 	$(BIN)/oac-image initramfs --agent $(BIN)/oac-guest --kernel-modules $(KERNEL_CACHE)/modules \
 	  --module $(VM_MODULES) -o $(BIN)/initramfs.img
+
+# Test fixtures standing in for oac-sandbox-io and the daemon (make demo).
+fixtures:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/sandbox-io-standin ./e2e/internal/standin/sandboxio
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/daemon-standin ./e2e/internal/standin/daemon
 
 deps:
 	@scripts/deps.sh $(APT_PKGS)
@@ -49,7 +54,7 @@ unit:
 e2e: kernel
 	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) $(GO) test -count=1 -timeout 15m ./e2e/...
 
-demo: deps build
+demo: deps build fixtures
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
 	@scripts/demo.sh $(BIN)
 

@@ -29,6 +29,8 @@ var bins struct {
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
+	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
+	sandboxIO, daemon string
 }
 
 func TestMain(m *testing.M) {
@@ -50,6 +52,8 @@ func TestMain(m *testing.M) {
 	bins.vmdaemon = filepath.Join(dir, "vmdaemon")
 	bins.badVersion = filepath.Join(dir, "badguest-version")
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
+	bins.sandboxIO = filepath.Join(dir, "sandbox-io-standin")
+	bins.daemon = filepath.Join(dir, "daemon-standin")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -57,6 +61,8 @@ func TestMain(m *testing.M) {
 		{bins.vmdaemon, "./internal/vmdaemon", ""},
 		{bins.badVersion, "./internal/badguest", "-X main.defaultMode=version"},
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
+		{bins.sandboxIO, "./internal/standin/sandboxio", ""},
+		{bins.daemon, "./internal/standin/daemon", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
@@ -117,14 +123,19 @@ func uniqueName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b)
 }
 
-// shim is a running oac-shim process.
+// shim is a running oac-shim process. Every event it printed is kept, so
+// a wait never misses an event that arrived before it started waiting.
 type shim struct {
-	t      *testing.T
-	name   string
-	cmd    *exec.Cmd
-	events chan events.Event
-	mu     sync.Mutex
-	all    []events.Event
+	t    *testing.T
+	name string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	all  []events.Event
+	raw  []string // the lines as printed
+	// notify is closed and replaced whenever an event arrives or the
+	// output ends (then eof is set).
+	notify chan struct{}
+	eof    bool
 	stderr lockedBuffer
 	done   chan struct{}
 }
@@ -212,13 +223,28 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	if spec.user != "" {
 		cmd.Dir = "/"
 	}
-	s := &shim{t: t, name: spec.name, cmd: cmd, events: make(chan events.Event, 1024), done: make(chan struct{})}
+	s := &shim{t: t, name: spec.name, cmd: cmd, notify: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = &s.stderr
-	stdout, err := cmd.StdoutPipe()
+	// Not StdoutPipe: cmd.Wait closes that pipe as soon as the process
+	// exits, which can drop the last events before they were read. This
+	// pipe ends when the shim (and anything it left behind) closed it.
+	stdout, w, err := os.Pipe()
 	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd.Stdout = w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		stdout.Close()
+		require.NoError(t, err)
+	}
 	go func() {
-		defer close(s.events)
+		defer stdout.Close()
+		defer func() {
+			s.mu.Lock()
+			s.eof = true
+			close(s.notify)
+			s.mu.Unlock()
+		}()
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
@@ -229,8 +255,10 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 			}
 			s.mu.Lock()
 			s.all = append(s.all, e)
+			s.raw = append(s.raw, sc.Text())
+			close(s.notify)
+			s.notify = make(chan struct{})
 			s.mu.Unlock()
-			s.events <- e
 		}
 	}()
 	go func() {
@@ -256,34 +284,39 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	return s
 }
 
-// waitFor returns the first event matching pred, failing after timeout.
-// It looks at every event seen so far first: the guest's output streams
-// and its state messages travel on different streams, so a log line may
-// arrive before or after a state event that a test waited for earlier.
+// waitFor returns the first event matching pred since the shim started,
+// waiting up to timeout for it to arrive.
 func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what string) events.Event {
 	s.t.Helper()
-	s.mu.Lock()
-	for _, e := range s.all {
-		if pred(e) {
-			s.mu.Unlock()
-			return e
-		}
-	}
-	s.mu.Unlock()
 	deadline := time.After(timeout)
+	i := 0
 	for {
-		select {
-		case e, ok := <-s.events:
-			if !ok {
-				s.t.Fatalf("oac-shim exited before %s; stderr:\n%s", what, s.stderr.String())
-			}
-			if pred(e) {
+		s.mu.Lock()
+		for ; i < len(s.all); i++ {
+			if pred(s.all[i]) {
+				e := s.all[i]
+				s.mu.Unlock()
 				return e
 			}
+		}
+		eof, notify := s.eof, s.notify
+		s.mu.Unlock()
+		if eof {
+			s.t.Fatalf("oac-shim exited before %s; stderr:\n%s", what, s.stderr.String())
+		}
+		select {
+		case <-notify:
 		case <-deadline:
 			s.t.Fatalf("no %s within %s", what, timeout)
 		}
 	}
+}
+
+// allEvents returns the events so far and the lines as printed.
+func (s *shim) allEvents() ([]events.Event, []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]events.Event(nil), s.all...), append([]string(nil), s.raw...)
 }
 
 func (s *shim) waitState(state string, timeout time.Duration) events.Event {

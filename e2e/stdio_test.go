@@ -55,14 +55,14 @@ func TestGuestOverStdioAppliesABootstrapAndStopsOnShutdown(t *testing.T) {
 	var st protocol.State
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateStarting, st.State)
-	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
+	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st), stderr.String())
 	assert.Equal(t, protocol.StateReady, st.State)
 
 	require.NoError(t, ctl.Send(protocol.TypeShutdown, protocol.Shutdown{Reason: "test over", GraceMS: 1000}))
 	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
 	assert.Equal(t, protocol.StateStopped, st.State)
 	assert.Equal(t, "test over", st.Message)
-	sess.Close() // the host ends the session once it has the last message
+	sess.Close() // as oac-shim does once it read "stopped"
 	assert.Equal(t, 0, exitCode(t, cmd, 10*time.Second), stderr.String())
 }
 

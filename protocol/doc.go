@@ -36,11 +36,21 @@
 //	0x0001  Hello         guest -> host  {"min_version","max_version","agent_version","pid","capabilities"}
 //	0x0002  Welcome       host -> guest  {"version","host_version","capabilities","time_unix_nano"}
 //	0x0003  Bootstrap     host -> guest  bootstrap.Bootstrap (package bootstrap)
-//	0x0004  State         guest -> host  {"state","message","process"}
+//	0x0004  State         guest -> host  {"state","message","process","url","username"}
 //	0x0005  Shutdown      host -> guest  {"reason","grace_ms"}
 //	0x0006  Error         either way     {"code","message","min_version","max_version"}
 //	0x0007  StreamHeader  stream opener  {"kind","name","host","port","via"}
 //	0x0008  EgressReply   host -> guest  {"code","error","effect","reason","rule"} (egress streams only)
+//	0x0009  Process       guest -> host  {"name","pid","running","exit_code","signal","restarts","restart_in_ms"}
+//
+// Capabilities (Hello and Welcome "capabilities"): "process" in Welcome
+// means the host accepts Process messages; a guest never sends one to a
+// host that did not list it (an older host would refuse the unknown type).
+// A Process message reports one process event: started (running, pid,
+// restarts so far), exited (exit_code or signal) or restarting (restarts
+// counting this one, restart_in_ms the backoff before it). A ready State
+// carries the daemon's URL inside the guest and the Basic auth username;
+// no message ever carries the daemon's password except Bootstrap.
 //
 // # Control stream
 //
@@ -49,7 +59,10 @@
 // ranges do not overlap, Error{code:"version_mismatch"} carrying its own range,
 // and both sides fail with "protocol version mismatch: guest speaks A..B, host
 // C..D". After Welcome the host sends Bootstrap; the guest applies it and
-// reports State messages ("starting", "ready", "failed", "stopped"). Shutdown
+// reports State messages ("starting", "ready", "failed", "stopped"): it
+// writes the private oac-sandbox-io file, starts oac-sandbox-io and the
+// daemon, reports "starting" with "bootstrap complete" once both started,
+// polls the daemon's health and then reports "ready". Shutdown
 // asks the guest to stop its processes (TERM, grace, KILL) and report
 // "stopped". Error ends the session from either side.
 //
@@ -126,4 +139,7 @@
 //	     EgressReply frame (0x0008); the "egress" capability in Welcome.
 //	     A 1.0 host never offers the capability, so a newer guest starts no
 //	     proxies there; a 1.0 guest never opens egress streams.
+//	1.2  State gains "url" and "username"; the Process message (0x0009)
+//	     behind the "process" capability; Bootstrap sections sandbox,
+//	     sandbox_io, credentials and health.
 package protocol

@@ -23,6 +23,8 @@ const (
 	TypeError        Type = 0x0006
 	TypeStreamHeader Type = 0x0007
 	TypeEgressReply  Type = 0x0008
+	// TypeProcess is sent only to a host whose Welcome lists CapProcess.
+	TypeProcess Type = 0x0009
 )
 
 var typeNames = map[Type]string{
@@ -34,6 +36,7 @@ var typeNames = map[Type]string{
 	TypeError:        "Error",
 	TypeStreamHeader: "StreamHeader",
 	TypeEgressReply:  "EgressReply",
+	TypeProcess:      "Process",
 }
 
 func (t Type) String() string {

@@ -38,20 +38,45 @@ const (
 	StateStopped  = "stopped"
 )
 
-// ProcessStatus describes one supervised process in the guest.
-type ProcessStatus struct {
-	Name     string `json:"name"`
-	PID      int    `json:"pid,omitempty"`
-	Running  bool   `json:"running"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Signal   string `json:"signal,omitempty"`
+// Capabilities named in Hello and Welcome.
+const (
+	// CapProcess: the sender accepts (Welcome) or sends (Hello) Process
+	// messages. A guest sends them only to a host whose Welcome lists it.
+	CapProcess = "process"
+)
+
+// HasCapability reports whether caps lists c.
+func HasCapability(caps []string, c string) bool {
+	for _, x := range caps {
+		if x == c {
+			return true
+		}
+	}
+	return false
 }
 
-// State reports a change in the guest.
+// ProcessStatus describes one supervised process in the guest. As the body
+// of a Process message it is one of: started (Running, PID, Restarts),
+// exited (not Running, ExitCode or Signal) or restarting (not Running,
+// Restarts counting this restart, RestartInMS the delay before it).
+type ProcessStatus struct {
+	Name        string `json:"name"`
+	PID         int    `json:"pid,omitempty"`
+	Running     bool   `json:"running"`
+	ExitCode    *int   `json:"exit_code,omitempty"`
+	Signal      string `json:"signal,omitempty"`
+	Restarts    int    `json:"restarts,omitempty"`
+	RestartInMS int64  `json:"restart_in_ms,omitempty"`
+}
+
+// State reports a change in the guest. A ready State carries the daemon's
+// URL inside the guest and the Basic auth username; never the password.
 type State struct {
-	State   string         `json:"state"`
-	Message string         `json:"message,omitempty"`
-	Process *ProcessStatus `json:"process,omitempty"`
+	State    string         `json:"state"`
+	Message  string         `json:"message,omitempty"`
+	Process  *ProcessStatus `json:"process,omitempty"`
+	URL      string         `json:"url,omitempty"`
+	Username string         `json:"username,omitempty"`
 }
 
 // Shutdown asks the guest to stop its processes within GraceMS and report

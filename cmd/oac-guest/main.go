@@ -72,6 +72,11 @@ func run() int {
 		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
 	}
 	rp := reaper.New()
+	// A host that goes away closes the stdio transport: writing to it must
+	// fail with EPIPE (and stop the guest in order), not kill the agent
+	// with SIGPIPE. Notify, not Ignore: an ignored signal would stay
+	// ignored in every process the agent starts.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 

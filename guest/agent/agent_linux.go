@@ -10,7 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -18,8 +18,11 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/guest/health"
 	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/privfile"
 	"github.com/oac/sandbox-agent/guest/reaper"
+	"github.com/oac/sandbox-agent/guest/supervise"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/protocol/transport"
@@ -64,12 +67,13 @@ func Run(ctx context.Context, cfg Config) error {
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
 	}
-	defer endSession(sess)
+	defer sess.Close()
 	ctl, welcome, err := protocol.GuestHandshake(sess, protocol.Hello{
 		MinVersion:   cfg.MinVersion,
 		MaxVersion:   cfg.MaxVersion,
 		AgentVersion: cfg.AgentVersion,
 		PID:          os.Getpid(),
+		Capabilities: []string{protocol.CapProcess},
 	}, protocol.HelloTimeout)
 	if err != nil {
 		return err
@@ -78,28 +82,28 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnWelcome != nil {
 		cfg.OnWelcome(welcome)
 	}
-	a := &agent{cfg: cfg, sess: sess, ctl: ctl, welcome: welcome, exits: make(chan procExit, 4)}
+	a := &agent{
+		cfg: cfg, sess: sess, ctl: ctl, welcome: welcome,
+		procMsgs:   protocol.HasCapability(welcome.Capabilities, protocol.CapProcess),
+		daemonExit: make(chan reaper.Exit, 1),
+		superErr:   make(chan error, 1),
+		healthc:    make(chan healthResult, 1),
+		superStop:  func() {},
+	}
 	defer func() {
 		if a.proxies != nil {
 			a.proxies.Close()
 		}
 	}()
-	return a.serve(ctx)
-}
-
-// endGrace bounds how long the agent waits for the host to close the
-// session after the agent's last message.
-const endGrace = 2 * time.Second
-
-// endSession ends the session in order: the host closes it once it has
-// read our last message; closing first could discard that message (an
-// AF_UNIX peer closing with unread data resets the connection).
-func endSession(sess *yamux.Session) {
+	err = a.serve(ctx)
+	// The last message (stopped, failed) is written; give the host up to
+	// a second to read it and close the session. Closing at once races
+	// the host's read: yamux may report the shutdown instead of the data.
 	select {
 	case <-sess.CloseChan():
-	case <-time.After(endGrace):
+	case <-time.After(time.Second):
 	}
-	sess.Close()
+	return err
 }
 
 func dialWithRetry(ctx context.Context, ep transport.Endpoint, timeout time.Duration) (net.Conn, error) {
@@ -120,11 +124,6 @@ func dialWithRetry(ctx context.Context, ep transport.Endpoint, timeout time.Dura
 	}
 }
 
-type procExit struct {
-	name string
-	exit reaper.Exit
-}
-
 type proc struct {
 	name   string
 	cmd    *exec.Cmd
@@ -132,18 +131,36 @@ type proc struct {
 	logs   sync.WaitGroup
 }
 
+type healthResult struct {
+	res health.Result
+	err error
+}
+
 type agent struct {
-	cfg     Config
-	sess    *yamux.Session
-	ctl     *protocol.Control
-	welcome protocol.Welcome
+	cfg      Config
+	sess     *yamux.Session
+	ctl      *protocol.Control
+	boot     *bootstrap.Bootstrap
+	procMsgs bool // the host accepts Process messages
+	welcome  protocol.Welcome
 	// proxies are the egress proxies, nil when the host offers no egress.
 	proxies *egress.Proxies
-	boot    *bootstrap.Bootstrap
-	mu      sync.Mutex
-	procs   []*proc
-	exits   chan procExit
+
+	mu    sync.Mutex
+	procs []*proc
+
+	daemonExit chan reaper.Exit
+	superErr   chan error
+	healthc    chan healthResult
+	// superStop stops oac-sandbox-io's supervisor and waits for it.
+	superStop    func()
+	healthCancel context.CancelFunc
+	ready        bool
+	hasFailed    bool
 }
+
+// owner owns the private file and the runtime directories.
+var owner = privfile.Options{UID: bootstrap.DaemonUID, GID: bootstrap.DaemonGID}
 
 func (a *agent) serve(ctx context.Context) error {
 	f, err := a.ctl.Recv()
@@ -155,15 +172,15 @@ func (a *agent) serve(ctx context.Context) error {
 	}
 	b, err := bootstrap.Decode(bytes.NewReader(f.Body))
 	if err == nil {
-		err = b.Validate()
+		err = b.ValidateInGuest()
 	}
 	if err != nil {
 		a.fail(protocol.CodeBootstrap, err)
 		return fmt.Errorf("bootstrap refused: %w", err)
 	}
 	a.boot = b
-	if err := a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateStarting}); err != nil {
-		return fmt.Errorf("report state: %w", err)
+	if err := a.state(protocol.State{State: protocol.StateStarting, Message: "applying bootstrap"}); err != nil {
+		return err
 	}
 	if cur, _ := os.Hostname(); b.Hostname != "" && b.Hostname != cur && a.cfg.SetHostname {
 		if err := initsys.SetHostname(b.Hostname); err != nil {
@@ -171,7 +188,7 @@ func (a *agent) serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if slices.Contains(a.welcome.Capabilities, protocol.CapEgress) {
+	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
 		p, err := egress.Start(egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)
@@ -180,26 +197,218 @@ func (a *agent) serve(ctx context.Context) error {
 		a.proxies = p
 		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
 	}
-	ready := protocol.State{State: protocol.StateReady}
-	if b.Daemon != nil {
-		p, err := a.start("daemon", b.Daemon)
-		if err != nil {
-			a.fail(protocol.CodeInternal, err)
-			return err
-		}
-		ready.Process = &protocol.ProcessStatus{Name: p.name, PID: p.cmd.Process.Pid, Running: true}
-	}
-	if err := a.ctl.Send(protocol.TypeState, ready); err != nil {
+	if err := a.startAll(ctx); err != nil {
 		a.stopAll(b.Grace())
-		return fmt.Errorf("report state: %w", err)
+		a.fail(protocol.CodeInternal, err)
+		return err
 	}
 	return a.loop(ctx)
+}
+
+// startAll prepares the runtime directories and the private file, starts
+// oac-sandbox-io and the daemon, reports "bootstrap complete" and starts
+// the health check (or reports ready at once without one).
+func (a *agent) startAll(ctx context.Context) error {
+	b := a.boot
+	if b.SandboxIO != nil || b.Daemon != nil {
+		// Best effort: a read-only image without /home or /environment
+		// still runs; the private file below is not best effort.
+		for _, d := range []string{bootstrap.RuntimeHome, bootstrap.WorkspaceDir} {
+			if err := privfile.EnsureDir(d, owner); err != nil {
+				a.cfg.Log.Warn("runtime directory unavailable", "dir", d, "err", err)
+			}
+		}
+	}
+	var started []string
+	if b.SandboxIO != nil {
+		if err := a.prepareSandboxIOFile(b); err != nil {
+			return err
+		}
+		if err := a.superviseSandboxIO(ctx); err != nil {
+			return err
+		}
+		started = append(started, "oac-sandbox-io")
+	}
+	if b.Daemon != nil {
+		env := b.DaemonEnviron()
+		if a.proxies != nil {
+			// Only the daemon: oac-sandbox-io starts with an empty environment.
+			env = egress.WithProxyEnv(env, a.proxies.Env())
+		}
+		p, err := a.start("daemon", b.Daemon.Argv, env, a.daemonDir(b.Daemon), 0, func(e reaper.Exit) {
+			a.daemonExit <- e
+		})
+		if err != nil {
+			return err
+		}
+		a.cfg.Log.Debug("daemon started", "pid", p.cmd.Process.Pid)
+		started = append(started, "the daemon")
+	}
+	if len(started) > 0 {
+		msg := "bootstrap complete: " + strings.Join(started, " and ") + " started"
+		if err := a.state(protocol.State{State: protocol.StateStarting, Message: msg}); err != nil {
+			return err
+		}
+	}
+	if h := b.Health; h != nil {
+		hctx, cancel := context.WithCancel(ctx)
+		a.healthCancel = cancel
+		c := health.Check{
+			URL:      h.BaseURL() + h.URLPath(),
+			Username: b.Credentials.User(), Password: b.Credentials.Password,
+			Interval: h.Every(), Timeout: h.PerRequest(), Deadline: h.GiveUpAfter(),
+		}
+		go func() {
+			res, err := health.Wait(hctx, c)
+			a.healthc <- healthResult{res, err}
+		}()
+		return nil
+	}
+	return a.reportReady("")
+}
+
+func (a *agent) reportReady(msg string) error {
+	a.ready = true
+	st := protocol.State{State: protocol.StateReady, Message: msg}
+	if c := a.boot.Credentials; c != nil {
+		st.Username = c.User()
+	}
+	if h := a.boot.Health; h != nil {
+		st.URL = h.BaseURL()
+	}
+	return a.state(st)
+}
+
+// prepareSandboxIOFile writes the private file from the bootstrap, or
+// reads and validates the one a provider placed.
+func (a *agent) prepareSandboxIOFile(b *bootstrap.Bootstrap) error {
+	if s := b.SandboxIO.Bootstrap; s != nil {
+		data, err := s.Encode()
+		if err != nil {
+			return err
+		}
+		if err := privfile.Write(bootstrap.SandboxIOFile, data, owner); err != nil {
+			return fmt.Errorf("sandbox_io: %w", err)
+		}
+		a.cfg.Log.Info("wrote the private bootstrap file", "path", bootstrap.SandboxIOFile, "bytes", len(data))
+		return nil
+	}
+	data, err := privfile.Read(bootstrap.SandboxIOFile, bootstrap.MaxSandboxIOSize, owner)
+	if err != nil {
+		return fmt.Errorf("sandbox_io: provided file: %w", err)
+	}
+	s, err := bootstrap.DecodeSandboxIO(data)
+	if err == nil {
+		err = s.Validate(b.Sandbox)
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox_io: provided file %s: %w", bootstrap.SandboxIOFile, err)
+	}
+	return nil
+}
+
+// superviseSandboxIO starts oac-sandbox-io exactly as the contract says
+// and keeps it running; it returns once the first start succeeded or
+// failed.
+func (a *agent) superviseSandboxIO(ctx context.Context) error {
+	const name = "oac-sandbox-io"
+	path := a.boot.SandboxIO.BinaryPath()
+	dir := "/"
+	if st, err := os.Stat(bootstrap.WorkspaceDir); err == nil && st.IsDir() {
+		dir = bootstrap.WorkspaceDir
+	}
+	first := make(chan error, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	s := &supervise.Supervisor{
+		Name: name,
+		Start: func(restarts int) (supervise.Run, error) {
+			exited := make(chan supervise.Exit, 1)
+			p, err := a.start(name, bootstrap.SandboxIOArgv(path), []string{}, dir, restarts, func(e reaper.Exit) {
+				exited <- toSuperviseExit(e)
+			})
+			if restarts == 0 {
+				first <- err
+			}
+			if err != nil {
+				return supervise.Run{}, err
+			}
+			return supervise.Run{PID: p.cmd.Process.Pid, Exited: exited}, nil
+		},
+		// Exit 2 is a usage error: restarting cannot fix it.
+		Fatal: func(e supervise.Exit) bool { return e.Signal == "" && e.Code == 2 },
+		Restarting: func(r supervise.Restart) {
+			a.cfg.Log.Info("restarting", "process", name, "in", r.In.String(), "restarts", r.Restarts, "after", r.Exit.String())
+			a.reportProcess(protocol.ProcessStatus{Name: name, Restarts: r.Restarts, RestartInMS: r.In.Milliseconds()})
+		},
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.Run(sctx); err != nil {
+			if errors.Is(err, supervise.ErrFatal) {
+				err = fmt.Errorf("%w (exit status 2 is a usage error: check how it is started)", err)
+			}
+			select {
+			case a.superErr <- err:
+			default:
+			}
+		}
+	}()
+	a.superStop = func() { cancel(); <-done }
+	return <-first
+}
+
+func toSuperviseExit(e reaper.Exit) supervise.Exit {
+	if e.Status.Signaled() {
+		return supervise.Exit{Code: -1, Signal: e.Status.Signal().String()}
+	}
+	return supervise.Exit{Code: e.Status.ExitStatus()}
+}
+
+func (a *agent) daemonDir(p *bootstrap.Process) string {
+	if p.Dir != "" {
+		return p.Dir
+	}
+	for _, d := range []string{bootstrap.WorkspaceDir, bootstrap.RuntimeHome} {
+		if st, err := os.Stat(d); err == nil && st.IsDir() {
+			return d
+		}
+	}
+	return "/"
+}
+
+// state sends a State message.
+func (a *agent) state(st protocol.State) error {
+	if err := a.ctl.Send(protocol.TypeState, st); err != nil {
+		return fmt.Errorf("report state: %w", err)
+	}
+	return nil
+}
+
+// reportProcess sends a Process message when the host accepts them.
+func (a *agent) reportProcess(ps protocol.ProcessStatus) {
+	if a.procMsgs {
+		_ = a.ctl.Send(protocol.TypeProcess, ps)
+	}
 }
 
 // fail reports an error to the host; failures to send are moot.
 func (a *agent) fail(code string, err error) {
 	_ = a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateFailed, Message: err.Error()})
 	_ = a.ctl.Send(protocol.TypeError, protocol.Error{Code: code, Message: err.Error()})
+}
+
+// failed reports a failure of the running sandbox. The host answers with
+// Shutdown, which stops everything in order.
+func (a *agent) failed(msg string) error {
+	if a.hasFailed {
+		return nil
+	}
+	a.hasFailed = true
+	if a.healthCancel != nil {
+		a.healthCancel()
+	}
+	return a.state(protocol.State{State: protocol.StateFailed, Message: msg})
 }
 
 func (a *agent) loop(ctx context.Context) error {
@@ -216,25 +425,27 @@ func (a *agent) loop(ctx context.Context) error {
 		}
 	}()
 	for {
+		var err error
 		select {
 		case <-ctx.Done():
 			a.stopAll(a.boot.Grace())
 			_ = a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateStopped, Message: "agent received a stop signal"})
 			return nil
-		case pe := <-a.exits:
-			code := pe.exit.Code()
-			st := protocol.State{
-				State:   protocol.StateFailed,
-				Message: fmt.Sprintf("%s exited: %s", pe.name, pe.exit),
-				Process: &protocol.ProcessStatus{Name: pe.name, PID: pe.exit.PID, ExitCode: &code},
+		case e := <-a.daemonExit:
+			if a.ready {
+				err = a.failed("daemon exited: " + e.String())
+			} else {
+				err = a.failed("daemon exited before it was healthy: " + e.String())
 			}
-			if pe.exit.Status.Signaled() {
-				st.Process.ExitCode = nil
-				st.Process.Signal = pe.exit.Status.Signal().String()
-			}
-			if err := a.ctl.Send(protocol.TypeState, st); err != nil {
-				a.stopAll(a.boot.Grace())
-				return fmt.Errorf("report state: %w", err)
+		case serr := <-a.superErr:
+			err = a.failed(serr.Error())
+		case hr := <-a.healthc:
+			switch {
+			case a.hasFailed:
+			case hr.err != nil:
+				err = a.failed(hr.err.Error())
+			default:
+				err = a.reportReady(fmt.Sprintf("daemon healthy after %d attempt(s) in %s", hr.res.Attempts, hr.res.Took.Round(time.Millisecond)))
 			}
 		case f := <-frames:
 			switch f.Type {
@@ -269,21 +480,22 @@ func (a *agent) loop(ctx context.Context) error {
 			}
 			return fmt.Errorf("control stream: %w", err)
 		}
+		if err != nil {
+			a.stopAll(a.boot.Grace())
+			return err
+		}
 	}
 }
 
-// start starts p as the runtime user with its output streamed to the host.
-func (a *agent) start(name string, p *bootstrap.Process) (*proc, error) {
-	cmd := exec.Command(p.Argv[0], p.Argv[1:]...)
-	cmd.Args = p.Argv
-	cmd.Env = p.Environ()
-	if a.proxies != nil {
-		cmd.Env = egress.WithProxyEnv(cmd.Env, a.proxies.Env())
-	}
-	cmd.Dir = p.Dir
-	if cmd.Dir == "" {
-		cmd.Dir = defaultDir()
-	}
+// start starts argv as the runtime user (no supplementary groups, new
+// session, no-new-privileges) with its output streamed to the host, and
+// reports it. onExit runs once with the exit status, after the exit was
+// reported.
+func (a *agent) start(name string, argv, env []string, dir string, restarts int, onExit func(reaper.Exit)) (*proc, error) {
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Args = argv
+	cmd.Env = env
+	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if os.Getuid() != bootstrap.DaemonUID {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: bootstrap.DaemonUID, Gid: bootstrap.DaemonGID, Groups: []uint32{}}
@@ -297,31 +509,52 @@ func (a *agent) start(name string, p *bootstrap.Process) (*proc, error) {
 	defer devnull.Close()
 	cmd.Stdin = devnull
 	pr := &proc{name: name, cmd: cmd, exited: make(chan struct{})}
-	var closeAfterStart []*os.File
+	var closeAfterStart, closeOnError []*os.File
+	defer func() {
+		for _, f := range closeAfterStart {
+			f.Close()
+		}
+	}()
 	for _, fd := range []struct {
 		suffix string
 		set    func(*os.File)
 	}{{"stdout", func(f *os.File) { cmd.Stdout = f }}, {"stderr", func(f *os.File) { cmd.Stderr = f }}} {
 		r, w, err := os.Pipe()
 		if err != nil {
+			for _, f := range closeOnError {
+				f.Close()
+			}
 			return nil, fmt.Errorf("start %s: pipe: %w", name, err)
 		}
 		fd.set(w)
 		closeAfterStart = append(closeAfterStart, w)
-		pr.logs.Add(1)
-		go a.streamLog(name+"/"+fd.suffix, r, &pr.logs)
+		closeOnError = append(closeOnError, r)
 	}
 	exitc, err := a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true})
-	for _, f := range closeAfterStart {
-		f.Close()
-	}
 	if err != nil {
-		return nil, fmt.Errorf("start %s (%s) as %d:%d: %w", name, p.Argv[0], bootstrap.DaemonUID, bootstrap.DaemonGID, err)
+		for _, f := range closeOnError {
+			f.Close()
+		}
+		return nil, fmt.Errorf("start %s (%s) as %d:%d: %w", name, argv[0], bootstrap.DaemonUID, bootstrap.DaemonGID, err)
+	}
+	for i, suffix := range []string{"stdout", "stderr"} {
+		pr.logs.Add(1)
+		go a.streamLog(name+"/"+suffix, closeOnError[i], &pr.logs)
 	}
 	a.mu.Lock()
-	a.procs = append(a.procs, pr)
+	live := a.procs[:0]
+	for _, p := range a.procs {
+		select {
+		case <-p.exited:
+		default:
+			live = append(live, p)
+		}
+	}
+	a.procs = append(live, pr)
 	a.mu.Unlock()
-	a.cfg.Log.Info("started", "process", name, "pid", cmd.Process.Pid)
+	pid := cmd.Process.Pid
+	a.cfg.Log.Info("started", "process", name, "pid", pid, "restarts", restarts)
+	a.reportProcess(protocol.ProcessStatus{Name: name, PID: pid, Running: true, Restarts: restarts})
 	go func() {
 		e := <-exitc
 		// Deliver the output before the exit is reported, but do not wait
@@ -332,28 +565,25 @@ func (a *agent) start(name string, p *bootstrap.Process) (*proc, error) {
 		case <-logsDone:
 		case <-time.After(250 * time.Millisecond):
 		}
-		close(pr.exited)
 		a.cfg.Log.Info("exited", "process", name, "pid", e.PID, "status", e.String())
-		select {
-		case a.exits <- procExit{name: name, exit: e}:
-		default:
-			// Exit reports are best effort once the agent is stopping.
+		ps := protocol.ProcessStatus{Name: name, PID: e.PID}
+		if e.Status.Signaled() {
+			ps.Signal = e.Status.Signal().String()
+		} else {
+			code := e.Status.ExitStatus()
+			ps.ExitCode = &code
 		}
+		a.reportProcess(ps)
+		close(pr.exited)
+		onExit(e)
 	}()
 	return pr, nil
 }
 
-func defaultDir() string {
-	for _, d := range []string{bootstrap.WorkspaceDir, bootstrap.RuntimeHome} {
-		if st, err := os.Stat(d); err == nil && st.IsDir() {
-			return d
-		}
-	}
-	return "/"
-}
-
 // streamLog copies one output pipe to a log stream; when no stream can be
 // opened it copies to the agent's stderr so output is never silently lost.
+// The stream applies backpressure: a process writing faster than the host
+// reads blocks on its pipe, so the agent never buffers unbounded output.
 func (a *agent) streamLog(name string, r *os.File, wg *sync.WaitGroup) {
 	defer wg.Done()
 	defer r.Close()
@@ -368,9 +598,14 @@ func (a *agent) streamLog(name string, r *os.File, wg *sync.WaitGroup) {
 	_, _ = io.Copy(w, r)
 }
 
-// stopAll sends SIGTERM to every process group, waits up to grace, then
-// sends SIGKILL and waits for the exits to be reaped.
+// stopAll stops oac-sandbox-io's supervisor (nothing is restarted from
+// here on), sends SIGTERM to every process group, waits up to grace, then
+// sends SIGKILL and waits for the exits to be reaped and reported.
 func (a *agent) stopAll(grace time.Duration) {
+	if a.healthCancel != nil {
+		a.healthCancel()
+	}
+	a.superStop()
 	a.mu.Lock()
 	procs := append([]*proc(nil), a.procs...)
 	a.mu.Unlock()

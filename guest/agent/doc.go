@@ -1,12 +1,30 @@
 // Package agent is oac-guest's main loop: it connects to the host over the
 // transport, negotiates the protocol, receives and re-validates the
-// Bootstrap, starts the daemon as UID/GID 1000 with no supplementary groups
-// and no-new-privileges (with the egress proxy environment when the host
-// offers egress: package egress), streams its output to the host, reports State
-// changes, and on Shutdown (or SIGTERM) stops its children in order: TERM,
-// grace, KILL.
+// Bootstrap, and applies the boot contract in order:
+//
+//  1. /home/runtime and /environment/workspace exist (created 0700,
+//     1000:1000, when missing);
+//  2. the private file /home/runtime/sandbox-io-bootstrap.json is written
+//     (or, when the provider placed it, read and validated) by package
+//     privfile;
+//  3. oac-sandbox-io starts exactly as `oac-sandbox-io --bootstrap-file
+//     /home/runtime/sandbox-io-bootstrap.json`, empty environment, and is
+//     kept running by package supervise (exit 2 is a failure);
+//  4. the daemon starts with the bootstrap's argv and env plus its
+//     credentials; "bootstrap complete" is reported once both started;
+//  5. the daemon's health is polled on the guest's loopback (package
+//     health) and "ready" is reported with the URL and username.
+//
+// Every process runs as UID/GID 1000 with no supplementary groups, in a new
+// session, with no-new-privileges; its stdout and stderr go to the host as
+// log streams (with the egress proxy environment when the host offers
+// egress: package egress); its start, exit and restart are reported as
+// Process messages. On Shutdown (or SIGTERM) it stops in order: no more restarts,
+// TERM to each process group, grace, KILL, exits reported, "stopped".
 //
 // It owns the guest side of a session. It must not reap processes itself
-// (package reaper owns wait4), mount filesystems (package initsys) or trust
-// anything the host sends without validating it.
+// (package reaper owns wait4), mount filesystems (package initsys), touch a
+// path except through package privfile's no-symlink walk, put the daemon's
+// password anywhere but the daemon's environment, or trust anything the host
+// sends without validating it.
 package agent

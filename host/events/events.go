@@ -11,7 +11,7 @@ import (
 const (
 	KindState   = "state"   // lifecycle state change: state, message
 	KindAgent   = "agent"   // the guest agent connected: pid, protocol, agent_version
-	KindProcess = "process" // a guest process started or exited
+	KindProcess = "process" // a guest process started, exited or is restarting
 	KindLog     = "log"     // one line of guest process output: stream, line
 	KindDropped = "log_dropped"
 	// KindEgress is one egress decision: target, via, decision (allowed,
@@ -66,6 +66,14 @@ type Event struct {
 	DurationMS *int64 `json:"duration_ms,omitempty"`
 	// Rules lists the policy in force (egress_policy).
 	Rules []string `json:"rules,omitempty"`
+	// URL and Username come with ready when the daemon has credentials
+	// and a health check; the password never appears in an event.
+	URL      string `json:"url,omitempty"`
+	Username string `json:"username,omitempty"`
+	// Restarts counts a process's restarts; RestartInMS is the backoff
+	// before the next start (process events with message "restarting").
+	Restarts    int   `json:"restarts,omitempty"`
+	RestartInMS int64 `json:"restart_in_ms,omitempty"`
 }
 
 // Sink receives events. Emit must be safe for concurrent use.

@@ -37,7 +37,40 @@ type Spec struct {
 	Hostname string
 	// Stderr receives the runtime's diagnostics and the agent's own log.
 	Stderr io.Writer
+	// SandboxIOPath, when set, is a host binary the provider installs
+	// read-only as /usr/local/bin/oac-sandbox-io (guest images have the
+	// real one; this is for the default root, development and tests).
+	SandboxIOPath string
+	// Install maps names to host binaries installed read-only as
+	// /usr/local/bin/NAME, for the same purposes.
+	Install map[string]string
+	// Volumes maps a guest runtime directory (one of VolumeDirs) to a host
+	// directory bound read-write in its place (a persistent volume, as
+	// hosted containers have); without one the provider gives a fresh
+	// tmpfs. The guest's root must be able to write it.
+	Volumes map[string]string
 }
+
+// VolumeDirs are the guest directories Spec.Volumes may name.
+var VolumeDirs = []string{"/home", "/environment"}
+
+// SandboxIOName is the file name oac-sandbox-io is installed under.
+const SandboxIOName = "oac-sandbox-io"
+
+// Installs returns every binary to install, SandboxIOPath included, as
+// name -> host path.
+func (s Spec) Installs() map[string]string {
+	m := make(map[string]string, len(s.Install)+1)
+	for k, v := range s.Install {
+		m[k] = v
+	}
+	if s.SandboxIOPath != "" {
+		m[SandboxIOName] = s.SandboxIOPath
+	}
+	return m
+}
+
+var installNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
@@ -53,6 +86,25 @@ func (s Spec) Validate() error {
 	}
 	if s.AgentPath == "" {
 		return fmt.Errorf("%w: no oac-guest binary given", ErrInvalidSpec)
+	}
+	for dir, host := range s.Volumes {
+		if dir != VolumeDirs[0] && dir != VolumeDirs[1] {
+			return fmt.Errorf("%w: a volume can replace only /home or /environment", ErrInvalidSpec)
+		}
+		if host == "" {
+			return fmt.Errorf("%w: volume %s: no host directory given", ErrInvalidSpec, dir)
+		}
+	}
+	for name, path := range s.Install {
+		if !installNameRE.MatchString(name) {
+			return fmt.Errorf("%w: an install name must be 1 to 63 characters of A-Z, a-z, 0-9, '.', '_' and '-'", ErrInvalidSpec)
+		}
+		if name == SandboxIOName && s.SandboxIOPath != "" {
+			return fmt.Errorf("%w: %s is installed twice (--sandbox-io and --install)", ErrInvalidSpec, SandboxIOName)
+		}
+		if path == "" {
+			return fmt.Errorf("%w: install %s: no host path given", ErrInvalidSpec, name)
+		}
 	}
 	return nil
 }

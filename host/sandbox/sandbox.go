@@ -53,6 +53,17 @@ type Config struct {
 	// Egress answers the guest's egress streams; nil offers no egress (the
 	// guest starts no proxies and its egress streams are refused).
 	Egress *egress.Broker
+	// SandboxIOPath is a host binary the provider installs as
+	// /usr/local/bin/oac-sandbox-io; Install are more host binaries for
+	// /usr/local/bin, by name (see provider.Spec).
+	SandboxIOPath string
+	Install       map[string]string
+	// Volumes replace the guest's /home or /environment (provider.Spec).
+	Volumes map[string]string
+	// PasswordFile, when set, receives the daemon's password (0600,
+	// created exclusively) once the bootstrap is valid: the way a caller
+	// learns a password the shim generated. Events never carry it.
+	PasswordFile string
 }
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
@@ -129,9 +140,32 @@ func (s *run) run(ctx context.Context) error {
 	if err := b.Validate(); err != nil {
 		return s.fail(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
 	}
-	spec := provider.Spec{Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag}
+	spec := provider.Spec{
+		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
+		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes,
+	}
 	if err := spec.Validate(); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
+	}
+	if c := b.Credentials; c != nil {
+		// Never the caller's struct: the password is this start's own.
+		cc := *c
+		if cc.Password == "" {
+			p, err := GeneratePassword()
+			if err != nil {
+				return s.fail(fmt.Errorf("nothing created: %w", err))
+			}
+			cc.Password = p
+		}
+		bb := *b
+		bb.Credentials = &cc
+		b = &bb
+		s.cfg.Bootstrap = b
+		if s.cfg.PasswordFile != "" {
+			if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
+				return s.fail(fmt.Errorf("nothing created: %w", err))
+			}
+		}
 	}
 	s.setState(events.StateStarting, "creating sandbox")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
@@ -209,7 +243,7 @@ func (s *run) handshake(conn net.Conn) error {
 		return fmt.Errorf("start session: %w", err)
 	}
 	s.sess = sess
-	var caps []string
+	caps := []string{protocol.CapProcess}
 	if s.cfg.Egress != nil {
 		caps = append(caps, protocol.CapEgress)
 	}
@@ -238,8 +272,9 @@ func (s *run) withDiag(err error) error {
 	return err
 }
 
-// readControl forwards control frames, in order and without dropping one
-// because the session closed meanwhile, until the stream fails.
+// readControl forwards control frames until the stream fails. Frames
+// read before the guest closed the session (its last exit reports and
+// "stopped") are still handed over; only the end of the run drops them.
 func (s *run) readControl() {
 	defer s.wg.Done()
 	for {
@@ -301,10 +336,17 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				msg := guestText(st.Message, maxGuestText)
 				switch st.State {
 				case protocol.StateStarting:
-					s.setState(events.StateStarting, "guest applying bootstrap")
+					if msg == "" {
+						msg = "applying bootstrap"
+					}
+					s.setState(events.StateStarting, "guest: "+msg)
 				case protocol.StateReady:
 					ready, bootDone = true, nil
-					s.setState(events.StateReady, fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond)))
+					m := fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond))
+					if msg != "" {
+						m += ": " + msg
+					}
+					s.setReady(m, guestText(st.URL, 256), guestText(st.Username, 64))
 				case protocol.StateFailed:
 					return fmt.Errorf("guest: %s", msg)
 				case protocol.StateStopped:
@@ -319,6 +361,12 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					return fmt.Errorf("guest sent a bad Error: %w", err)
 				}
 				return fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText))
+			case protocol.TypeProcess:
+				var ps protocol.ProcessStatus
+				if err := f.Decode(&ps); err != nil {
+					return fmt.Errorf("guest sent a bad Process: %w", err)
+				}
+				s.emitProcess(&ps)
 			default:
 				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
 			}
@@ -326,12 +374,31 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 	}
 }
 
+// setReady emits ready with the daemon's URL and username.
+func (s *run) setReady(msg, url, username string) {
+	s.mu.Lock()
+	if s.state != events.StateStarting {
+		s.mu.Unlock()
+		return
+	}
+	s.state = events.StateReady
+	s.mu.Unlock()
+	s.emit(events.Event{Event: events.KindState, State: events.StateReady, Message: msg, URL: url, Username: username})
+}
+
 func (s *run) emitProcess(p *protocol.ProcessStatus) {
 	running := p.Running
-	e := events.Event{Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running, ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32)}
-	if running {
+	e := events.Event{
+		Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
+		ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32),
+		Restarts: max(p.Restarts, 0), RestartInMS: max(p.RestartInMS, 0),
+	}
+	switch {
+	case running:
 		e.Message = "started"
-	} else {
+	case p.RestartInMS > 0:
+		e.Message = fmt.Sprintf("restarting in %s", time.Duration(p.RestartInMS)*time.Millisecond)
+	default:
 		e.Message = "exited"
 	}
 	s.emit(e)
@@ -354,12 +421,24 @@ func (s *run) shutdown(reason string) {
 		select {
 		case f := <-s.frames:
 			var st protocol.State
+			var ps protocol.ProcessStatus
+			if f.Type == protocol.TypeProcess && f.Decode(&ps) == nil {
+				s.emitProcess(&ps)
+			}
+			if f.Type == protocol.TypeError {
+				// The guest gave up (it refused the bootstrap or failed to
+				// start): it reads nothing more and lingers until we close.
+				s.sess.Close()
+				s.waitExit(stopMargin)
+				return
+			}
 			if f.Type == protocol.TypeState && f.Decode(&st) == nil {
 				if st.Process != nil {
 					s.emitProcess(st.Process)
 				}
 				if st.State == protocol.StateStopped {
-					s.sess.Close() // the guest waits for this to exit
+					// The guest lingers until we close the session.
+					s.sess.Close()
 					s.waitExit(stopMargin)
 					return
 				}
@@ -368,10 +447,33 @@ func (s *run) shutdown(reason string) {
 			s.waitExit(stopMargin)
 			return
 		case <-s.inst.Done():
+			// Frames the guest sent before it exited (its last exit
+			// reports) may still be queued: take them until the stream
+			// ends, for at most a second.
+			s.drainFrames(time.Second)
 			return
 		case <-deadline:
 			s.cfg.Log.Warn("guest did not stop in time, killing", "sandbox", s.cfg.Name, "grace", grace)
 			_ = s.inst.Kill()
+			return
+		}
+	}
+}
+
+// drainFrames emits the process events still queued on the control
+// stream, until it ends or d passes.
+func (s *run) drainFrames(d time.Duration) {
+	timeout := time.After(d)
+	for {
+		select {
+		case f := <-s.frames:
+			var ps protocol.ProcessStatus
+			if f.Type == protocol.TypeProcess && f.Decode(&ps) == nil {
+				s.emitProcess(&ps)
+			}
+		case <-s.recvErr:
+			return
+		case <-timeout:
 			return
 		}
 	}

@@ -71,6 +71,9 @@ const usage = `usage:
                [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
                [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
+               [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
+               [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
+               [--password-file FILE]
   oac-shim check [--single-uid]
   oac-shim version
 `
@@ -145,6 +148,16 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 0, "stop the sandbox in order after this long (0: run until SIGINT/SIGTERM)")
 	bootTimeout := fs.Duration("boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
 	agentPath := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
+	tenant := fs.String("tenant", "", "this sandbox's tenant id (a hosted sandbox: the sandbox_io resource must name it)")
+	environment := fs.String("environment", "", "this sandbox's environment id")
+	allocation := fs.String("allocation", "", "this sandbox's allocation id")
+	allowLoopback := fs.Bool("allow-loopback-link", false, "accept a ws:// or wss:// link URL on a loopback host (development only)")
+	sandboxIO := fs.String("sandbox-io", "", "host binary to install as /usr/local/bin/oac-sandbox-io in the guest")
+	installs := installFlag{}
+	fs.Var(installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest (repeatable)")
+	volumes := installFlag{}
+	fs.Var(volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
+	passwordFile := fs.String("password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
 	debug := fs.Bool("debug", false, "log debug messages")
 	var pf ProviderFlags
 	pf.register(fs)
@@ -180,17 +193,51 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "oac-shim run: --name is required")
 		return 2
 	}
+	out := stdout
+	if *eventsFile != "" {
+		f, err := os.OpenFile(*eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+		if err != nil {
+			return fail(fmt.Errorf("open events file: %w", err))
+		}
+		defer f.Close()
+		out = f
+	}
+	sink := events.NewJSONLines(out)
+	// Input errors are reported like every other failure: one failed
+	// event (the last event is always failed or stopped) and a reason.
+	inputFail := func(err error) int {
+		err = fmt.Errorf("invalid bootstrap, nothing created: %w", err)
+		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: *name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+		return fail(err)
+	}
 	var boot *bootstrap.Bootstrap
 	if *bootFile != "" {
 		f, err := os.Open(*bootFile)
 		if err != nil {
-			return fail(fmt.Errorf("read bootstrap: %w", err))
+			return inputFail(fmt.Errorf("read %s: %w", *bootFile, err))
 		}
 		boot, err = bootstrap.Decode(f)
 		f.Close()
 		if err != nil {
-			return fail(fmt.Errorf("read bootstrap %s: %w", *bootFile, err))
+			return inputFail(fmt.Errorf("read %s: %w", *bootFile, err))
 		}
+	}
+	if *tenant != "" || *environment != "" || *allocation != "" || *allowLoopback {
+		if *tenant == "" || *environment == "" || *allocation == "" {
+			fmt.Fprintln(stderr, "oac-shim run: --tenant, --environment and --allocation go together")
+			return 2
+		}
+		if boot == nil {
+			boot = &bootstrap.Bootstrap{Version: bootstrap.Version}
+		}
+		id := &bootstrap.Identity{TenantID: *tenant, EnvironmentID: *environment, AllocationID: *allocation, AllowLoopbackLink: *allowLoopback}
+		if b := boot.Sandbox; b != nil {
+			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
+				return inputFail(errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation"))
+			}
+			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
+		}
+		boot.Sandbox = id
 	}
 	pol, err := egress.LoadPolicy(*policyFile, allow, upstreams)
 	if err != nil {
@@ -212,16 +259,6 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		*agentPath = p
 	}
-	out := stdout
-	if *eventsFile != "" {
-		f, err := os.OpenFile(*eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
-		if err != nil {
-			return fail(fmt.Errorf("open events file: %w", err))
-		}
-		defer f.Close()
-		out = f
-	}
-	sink := events.NewJSONLines(out)
 	p := newProv(pf)
 	if pf.SingleUID && os.Geteuid() != 0 {
 		log.Warn(bwrap.SingleUIDLoss)
@@ -257,6 +294,11 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		Diag:        stderr,
 		BootTimeout: *bootTimeout,
 		Egress:      broker,
+
+		SandboxIOPath: *sandboxIO,
+		Install:       installs,
+		Volumes:       volumes,
+		PasswordFile:  *passwordFile,
 	})
 	if err != nil {
 		if errors.Is(err, provider.ErrUnavailable) {
@@ -304,6 +346,23 @@ func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, 
 		e.Time, e.Sandbox = time.Now().UTC(), name
 		sink.Emit(e)
 	}
+}
+
+// installFlag collects --install NAME=PATH and --volume DIR=HOSTDIR.
+type installFlag map[string]string
+
+func (f installFlag) String() string { return "" }
+
+func (f installFlag) Set(v string) error {
+	name, path, ok := strings.Cut(v, "=")
+	if !ok || name == "" || path == "" {
+		return errors.New("want NAME=PATH")
+	}
+	if _, dup := f[name]; dup {
+		return fmt.Errorf("%s given twice", name)
+	}
+	f[name] = path
+	return nil
 }
 
 func defaultAgentPath() (string, error) {

@@ -1,138 +1,182 @@
-package bootstrap_test
+package bootstrap
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
-	"testing/iotest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
-func grace(d time.Duration) *bootstrap.Duration {
-	v := bootstrap.Duration(d)
-	return &v
-}
+const (
+	tenant    = "0b5e7f5a-3c1d-4e2f-9a8b-7c6d5e4f3a21"
+	env       = "1c6f8a6b-4d2e-4f30-8b9c-8d7e6f5a4b32"
+	alloc     = "2d7a9b7c-5e3f-4a41-9cad-9e8f7a6b5c43"
+	other     = "3e8bac8d-6f4a-4b52-8dbe-af9a8b7c6d54"
+	secret    = "SECRET-credential-value"
+	secretPwd = "SECRET-password-0123456789"
+)
 
-func daemon(argv ...string) *bootstrap.Process { return &bootstrap.Process{Argv: argv} }
-
-func envN(n int) []string {
-	env := make([]string, n)
-	for i := range env {
-		env[i] = fmt.Sprintf("K%d=v", i)
+// validDoc is a valid bootstrap exercising every section.
+func validDoc() *Bootstrap {
+	grace := Duration(2 * time.Second)
+	return &Bootstrap{
+		Version:  1,
+		Hostname: "demo",
+		Sandbox:  &Identity{TenantID: tenant, EnvironmentID: env, AllocationID: alloc},
+		SandboxIO: &SandboxIOSpec{Bootstrap: &SandboxIO{
+			Version: 1, LinkURL: "wss://link.example.com/api/v1/sandbox-link", Credential: secret,
+			Resource: Resource{TenantID: tenant, EnvironmentID: env, Kind: "allocation", ID: alloc, Generation: 1},
+		}},
+		Daemon:      &Process{Argv: []string{"/usr/bin/server", "serve", "--port", "4096"}, Env: []string{"XDG_STATE_HOME=/home/runtime/.state"}},
+		Credentials: &Credentials{Username: "runtime", Password: secretPwd, UsernameEnv: "OAC_SERVER_USERNAME", PasswordEnv: "OAC_SERVER_PASSWORD"},
+		Health:      &Health{Port: 4096},
+		StopGrace:   &grace,
 	}
-	return env
 }
 
-func argvN(n int) []string {
-	argv := make([]string, n)
-	argv[0] = "/bin/true"
-	for i := 1; i < n; i++ {
-		argv[i] = "x"
-	}
-	return argv
+func dur(d time.Duration) *Duration { v := Duration(d); return &v }
+
+func TestValidBootstrapRoundTripsAndValidates(t *testing.T) {
+	b := validDoc()
+	require.NoError(t, b.Validate())
+	require.NoError(t, b.ValidateInGuest())
+	data, err := json.Marshal(b)
+	require.NoError(t, err)
+	got, err := Decode(strings.NewReader(string(data)))
+	require.NoError(t, err)
+	assert.Equal(t, b, got)
+	assert.Equal(t, "http://127.0.0.1:4096", b.Health.BaseURL())
+	assert.Equal(t, "/global/health", b.Health.URLPath())
+	assert.Equal(t, 100*time.Millisecond, b.Health.Every())
+	assert.Equal(t, 3*time.Second, b.Health.PerRequest())
+	assert.Equal(t, 30*time.Second, b.Health.GiveUpAfter())
+	assert.Equal(t, SandboxIOPath, b.SandboxIO.BinaryPath())
+	assert.Equal(t, []string{"/usr/local/bin/oac-sandbox-io", "--bootstrap-file", "/home/runtime/sandbox-io-bootstrap.json"}, SandboxIOArgv(SandboxIOPath))
 }
 
-// TestValidate covers every rule: each invalid case must fail with exactly
-// its rule's sentinel, each boundary case must pass.
-func TestValidate(t *testing.T) {
-	for _, tc := range []struct {
+func TestSandboxIOEncodesCanonically(t *testing.T) {
+	out, err := validDoc().SandboxIO.Bootstrap.Encode()
+	require.NoError(t, err)
+	assert.Equal(t, `{"version":1,"link_url":"wss://link.example.com/api/v1/sandbox-link","credential":"`+secret+`",`+
+		`"resource":{"tenant_id":"`+tenant+`","environment_id":"`+env+`","kind":"allocation","id":"`+alloc+`","generation":1}}`, string(out))
+	back, err := DecodeSandboxIO(out)
+	require.NoError(t, err)
+	assert.Equal(t, validDoc().SandboxIO.Bootstrap, back)
+}
+
+func TestDaemonEnvironAddsCredentialsAndDefaults(t *testing.T) {
+	env := validDoc().DaemonEnviron()
+	assert.Contains(t, env, "OAC_SERVER_USERNAME=runtime")
+	assert.Contains(t, env, "OAC_SERVER_PASSWORD="+secretPwd)
+	assert.Contains(t, env, "HOME=/home/runtime")
+	assert.Contains(t, env, "PATH="+defaultPATH)
+	assert.Contains(t, env, "XDG_STATE_HOME=/home/runtime/.state")
+}
+
+func TestCredentialDigestIsSHA256OfTheTrimmedValue(t *testing.T) {
+	// echo -n abc | sha256sum
+	assert.Equal(t, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad", CredentialDigest(" abc\n"))
+}
+
+// TestEveryValidationRule is the one table covering every rule: each row
+// breaks exactly one rule of a valid bootstrap.
+func TestEveryValidationRule(t *testing.T) {
+	rows := []struct {
 		name string
-		b    bootstrap.Bootstrap
-		err  error // nil: valid
+		mut  func(b *Bootstrap)
+		want error
 	}{
-		// Version.
-		{"minimal", bootstrap.Bootstrap{Version: 1}, nil},
-		{"version 0", bootstrap.Bootstrap{}, bootstrap.ErrVersion},
-		{"version 2", bootstrap.Bootstrap{Version: 2}, bootstrap.ErrVersion},
-		{"version -1", bootstrap.Bootstrap{Version: -1}, bootstrap.ErrVersion},
-
-		// Hostname.
-		{"hostname one char", bootstrap.Bootstrap{Version: 1, Hostname: "a"}, nil},
-		{"hostname with digits and dash", bootstrap.Bootstrap{Version: 1, Hostname: "web-01"}, nil},
-		{"hostname of 64 chars", bootstrap.Bootstrap{Version: 1, Hostname: strings.Repeat("a", 64)}, nil},
-		{"hostname of 65 chars", bootstrap.Bootstrap{Version: 1, Hostname: strings.Repeat("a", 65)}, bootstrap.ErrHostname},
-		{"hostname starting with dash", bootstrap.Bootstrap{Version: 1, Hostname: "-web"}, bootstrap.ErrHostname},
-		{"hostname ending with dash", bootstrap.Bootstrap{Version: 1, Hostname: "web-"}, bootstrap.ErrHostname},
-		{"hostname only a dash", bootstrap.Bootstrap{Version: 1, Hostname: "-"}, bootstrap.ErrHostname},
-		{"hostname upper case", bootstrap.Bootstrap{Version: 1, Hostname: "Web"}, bootstrap.ErrHostname},
-		{"hostname with dot", bootstrap.Bootstrap{Version: 1, Hostname: "web.local"}, bootstrap.ErrHostname},
-		{"hostname with underscore", bootstrap.Bootstrap{Version: 1, Hostname: "web_1"}, bootstrap.ErrHostname},
-		{"hostname with space", bootstrap.Bootstrap{Version: 1, Hostname: "web 1"}, bootstrap.ErrHostname},
-		{"hostname with NUL", bootstrap.Bootstrap{Version: 1, Hostname: "web\x00"}, bootstrap.ErrHostname},
-		{"hostname non-ASCII", bootstrap.Bootstrap{Version: 1, Hostname: "wéb"}, bootstrap.ErrHostname},
-
-		// Stop grace.
-		{"stop grace 0", bootstrap.Bootstrap{Version: 1, StopGrace: grace(0)}, nil},
-		{"stop grace 60s", bootstrap.Bootstrap{Version: 1, StopGrace: grace(60 * time.Second)}, nil},
-		{"stop grace 60s and 1ns", bootstrap.Bootstrap{Version: 1, StopGrace: grace(60*time.Second + 1)}, bootstrap.ErrStopGrace},
-		{"stop grace negative", bootstrap.Bootstrap{Version: 1, StopGrace: grace(-time.Nanosecond)}, bootstrap.ErrStopGrace},
-
-		// Argv.
-		{"daemon absolute argv", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/usr/bin/sleep", "infinity")}, nil},
-		{"daemon with 256 args", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: argvN(256)}}, nil},
-		{"daemon args may be empty or relative", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/bin/sh", "", "./x", "../y")}, nil},
-		{"daemon without argv", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{}}, bootstrap.ErrArgv},
-		{"daemon with 257 args", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: argvN(257)}}, bootstrap.ErrArgv},
-		{"daemon relative program", bootstrap.Bootstrap{Version: 1, Daemon: daemon("sleep")}, bootstrap.ErrArgv},
-		{"daemon empty program", bootstrap.Bootstrap{Version: 1, Daemon: daemon("")}, bootstrap.ErrArgv},
-		{"daemon program with dot-dot", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/usr/bin/../bin/sleep")}, bootstrap.ErrArgv},
-		{"daemon program with double slash", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/usr//bin/sleep")}, bootstrap.ErrArgv},
-		{"daemon program with trailing slash", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/usr/bin/")}, bootstrap.ErrArgv},
-		{"daemon program with NUL", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/bin/sh\x00")}, bootstrap.ErrArgv},
-		{"daemon argument with NUL", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/bin/sh", "-c", "a\x00b")}, bootstrap.ErrArgv},
-
-		// Env.
-		{"env entries", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"A=1", "_x=", "lower_9=a=b", "EMPTY="}}}, nil},
-		{"env of 256 entries", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: envN(256)}}, nil},
-		{"env of 257 entries", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: envN(257)}}, bootstrap.ErrEnv},
-		{"env without =", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"PATH"}}}, bootstrap.ErrEnv},
-		{"env with empty key", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"=v"}}}, bootstrap.ErrEnv},
-		{"env key starting with digit", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"1A=v"}}}, bootstrap.ErrEnv},
-		{"env key with dash", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"A-B=v"}}}, bootstrap.ErrEnv},
-		{"env key with space", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"A B=v"}}}, bootstrap.ErrEnv},
-		{"env key non-ASCII", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"É=v"}}}, bootstrap.ErrEnv},
-		{"env value with NUL", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"A=v\x00"}}}, bootstrap.ErrEnv},
-		{"env key twice", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"A=1", "B=2", "A=3"}}}, bootstrap.ErrEnv},
-
-		// Total argv and env size.
-		{"argv and env of exactly 64 KiB", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{
-			Argv: []string{"/bin/true", strings.Repeat("a", 32<<10-len("/bin/true"))},
-			Env:  []string{"A=" + strings.Repeat("b", 32<<10-2)},
-		}}, nil},
-		{"argv alone over 64 KiB", bootstrap.Bootstrap{Version: 1, Daemon: daemon("/bin/true", strings.Repeat("a", 64<<10))}, bootstrap.ErrArgsSize},
-		{"argv and env together over 64 KiB", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{
-			Argv: []string{"/bin/true", strings.Repeat("a", 32<<10-len("/bin/true"))},
-			Env:  []string{"A=" + strings.Repeat("b", 32<<10-1)},
-		}}, bootstrap.ErrArgsSize},
-
-		// Dir.
-		{"dir absolute", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Dir: "/environment/workspace"}}, nil},
-		{"dir root", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Dir: "/"}}, nil},
-		{"dir relative", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Dir: "workspace"}}, bootstrap.ErrDir},
-		{"dir with dot-dot", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Dir: "/a/../b"}}, bootstrap.ErrDir},
-		{"dir with trailing slash", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Dir: "/a/"}}, bootstrap.ErrDir},
-		{"dir with NUL", bootstrap.Bootstrap{Version: 1, Daemon: &bootstrap.Process{Argv: []string{"/bin/true"}, Dir: "/a\x00"}}, bootstrap.ErrDir},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := tc.b.Validate()
-			if tc.err == nil {
-				require.NoError(t, err)
-				return
-			}
-			require.ErrorIs(t, err, tc.err)
-			for _, other := range []error{
-				bootstrap.ErrVersion, bootstrap.ErrHostname, bootstrap.ErrArgv, bootstrap.ErrEnv,
-				bootstrap.ErrArgsSize, bootstrap.ErrDir, bootstrap.ErrStopGrace,
-			} {
-				if other != tc.err {
+		{"version", func(b *Bootstrap) { b.Version = 2 }, ErrVersion},
+		{"hostname", func(b *Bootstrap) { b.Hostname = "Bad_Host" }, ErrHostname},
+		{"stop grace", func(b *Bootstrap) { b.StopGrace = dur(61 * time.Second) }, ErrStopGrace},
+		{"negative stop grace", func(b *Bootstrap) { b.StopGrace = dur(-time.Second) }, ErrStopGrace},
+		{"identity not a uuid", func(b *Bootstrap) { b.Sandbox.TenantID = "SECRET-not-a-uuid" }, ErrIdentity},
+		{"hosted without sandbox_io", func(b *Bootstrap) { b.SandboxIO = nil }, ErrNoLink},
+		{"sandbox_io without identity", func(b *Bootstrap) { b.Sandbox = nil }, ErrNoIdentity},
+		{"sandbox_io path", func(b *Bootstrap) { b.SandboxIO.Path = "bin/SECRET" }, ErrSandboxIOPath},
+		{"sandbox_io neither source", func(b *Bootstrap) { b.SandboxIO.Bootstrap = nil }, ErrSandboxIOSource},
+		{"sandbox_io both sources", func(b *Bootstrap) { b.SandboxIO.Provided = true }, ErrSandboxIOSource},
+		{"sandbox_io version", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Version = 2 }, ErrSandboxIOVersion},
+		{"no link", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "" }, ErrNoLink},
+		{"link ws public", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "ws://link.example.com/SECRET" }, ErrPublicURLUnreachable},
+		{"link wss loopback", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://127.0.0.1:8443/SECRET" }, ErrPublicURLUnreachable},
+		{"link wss localhost", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://localhost/SECRET" }, ErrPublicURLUnreachable},
+		{"link wss ipv6 loopback", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://[::1]/SECRET" }, ErrPublicURLUnreachable},
+		{"link wss mapped loopback", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://[::ffff:127.0.0.1]/SECRET" }, ErrPublicURLUnreachable},
+		{"link wss unspecified", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://0.0.0.0/SECRET" }, ErrPublicURLUnreachable},
+		{"link ws loopback hosted", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "ws://127.0.0.1:8080/SECRET" }, ErrPublicURLUnreachable},
+		{"link ws public dev", func(b *Bootstrap) {
+			b.Sandbox.AllowLoopbackLink = true
+			b.SandboxIO.Bootstrap.LinkURL = "ws://link.example.com/SECRET"
+		}, ErrLinkURLScheme},
+		{"link scheme https", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "https://link.example.com/SECRET" }, ErrLinkURLScheme},
+		{"link scheme uppercase", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "WSS://link.example.com/SECRET" }, ErrLinkURLScheme},
+		{"link user info", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://SECRET:pw@link.example.com/" }, ErrLinkURLUserInfo},
+		{"link query", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com/?token=SECRET" }, ErrLinkURLQuery},
+		{"link empty query", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com/SECRET?" }, ErrLinkURLQuery},
+		{"link fragment", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com/#SECRET" }, ErrLinkURLFragment},
+		{"link whitespace", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com/SECRET path" }, ErrLinkURLWhitespace},
+		{"link trailing newline", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com/SECRET\n" }, ErrLinkURLWhitespace},
+		{"link no host", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss:///SECRET" }, ErrLinkURL},
+		{"link numeric host", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://127.1/SECRET" }, ErrLinkURL},
+		{"link bad port", func(b *Bootstrap) { b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com:70000/SECRET" }, ErrLinkURL},
+		{"link too long", func(b *Bootstrap) {
+			b.SandboxIO.Bootstrap.LinkURL = "wss://link.example.com/SECRET" + strings.Repeat("a", MaxLinkURL)
+		}, ErrLinkURL},
+		{"credential empty", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Credential = "" }, ErrCredentialLength},
+		{"credential too long", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Credential = "SECRET" + strings.Repeat("x", MaxCredential) }, ErrCredentialLength},
+		{"credential space", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Credential = "SECRET value" }, ErrCredentialChars},
+		{"credential NUL", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Credential = "SECRET\x00" }, ErrCredentialChars},
+		{"credential unicode space", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Credential = "SECRET\u00a0x" }, ErrCredentialChars},
+		{"tenant uppercase", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.TenantID = strings.ToUpper(tenant) }, ErrTenantID},
+		{"tenant zero", func(b *Bootstrap) {
+			b.SandboxIO.Bootstrap.Resource.TenantID = "00000000-0000-0000-0000-000000000000"
+		}, ErrTenantID},
+		{"environment braces", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.EnvironmentID = "{" + env + "}" }, ErrEnvironmentID},
+		{"allocation no dashes", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.ID = strings.ReplaceAll(alloc, "-", "") }, ErrAllocationID},
+		{"kind enrollment", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.Kind = "enrollment" }, ErrResourceKind},
+		{"generation zero", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.Generation = 0 }, ErrGeneration},
+		{"another tenant", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.TenantID = other }, ErrWrongTenant},
+		{"another environment", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.EnvironmentID = other }, ErrWrongEnvironment},
+		{"another allocation", func(b *Bootstrap) { b.SandboxIO.Bootstrap.Resource.ID = other }, ErrWrongAllocation},
+		{"argv relative", func(b *Bootstrap) { b.Daemon.Argv[0] = "SECRET/server" }, ErrArgv},
+		{"argv empty", func(b *Bootstrap) { b.Daemon.Argv = nil }, ErrArgv},
+		{"argv NUL", func(b *Bootstrap) { b.Daemon.Argv[1] = "SECRET\x00" }, ErrArgv},
+		{"env no equals", func(b *Bootstrap) { b.Daemon.Env = []string{"SECRET"} }, ErrEnv},
+		{"env twice", func(b *Bootstrap) { b.Daemon.Env = []string{"A=SECRET", "A=2"} }, ErrEnv},
+		{"args size", func(b *Bootstrap) { b.Daemon.Argv = append(b.Daemon.Argv, strings.Repeat("SECRET", MaxArgBytes/6+1)) }, ErrArgsSize},
+		{"dir relative", func(b *Bootstrap) { b.Daemon.Dir = "SECRET" }, ErrDir},
+		{"credentials without daemon", func(b *Bootstrap) { b.Daemon, b.Health = nil, nil }, ErrCredentialsNeedDaemon},
+		{"username", func(b *Bootstrap) { b.Credentials.Username = "SECRET:user" }, ErrUsername},
+		{"password short", func(b *Bootstrap) { b.Credentials.Password = "SECRET" }, ErrPassword},
+		{"password space", func(b *Bootstrap) { b.Credentials.Password = "SECRET password with spaces" }, ErrPassword},
+		{"credential env invalid", func(b *Bootstrap) { b.Credentials.UsernameEnv = "1SECRET" }, ErrCredentialEnv},
+		{"credential env same", func(b *Bootstrap) { b.Credentials.PasswordEnv = b.Credentials.UsernameEnv }, ErrCredentialEnv},
+		{"credential env in daemon env", func(b *Bootstrap) { b.Daemon.Env = []string{"OAC_SERVER_PASSWORD=SECRET"} }, ErrCredentialEnv},
+		{"health without credentials", func(b *Bootstrap) { b.Credentials = nil }, ErrHealthNeedsCredentials},
+		{"health port", func(b *Bootstrap) { b.Health.Port = 70000 }, ErrHealthPort},
+		{"health port zero", func(b *Bootstrap) { b.Health.Port = 0 }, ErrHealthPort},
+		{"health path relative", func(b *Bootstrap) { b.Health.Path = "SECRET" }, ErrHealthPath},
+		{"health path fragment", func(b *Bootstrap) { b.Health.Path = "/health#SECRET" }, ErrHealthPath},
+		{"health path authority", func(b *Bootstrap) { b.Health.Path = "//SECRET/health" }, ErrHealthPath},
+		{"health interval", func(b *Bootstrap) { b.Health.Interval = dur(0) }, ErrHealthInterval},
+		{"health timeout", func(b *Bootstrap) { b.Health.Timeout = dur(61 * time.Second) }, ErrHealthTimeout},
+		{"health deadline", func(b *Bootstrap) { b.Health.Deadline = dur(11 * time.Minute) }, ErrHealthDeadline},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			b := validDoc()
+			r.mut(b)
+			err := b.Validate()
+			require.ErrorIs(t, err, r.want)
+			assert.NotContains(t, err.Error(), "SECRET", "messages never echo submitted values")
+			// Sentinels are distinct: the error matches no other rule.
+			for _, other := range allSentinels {
+				if other != r.want && !errors.Is(r.want, other) {
 					assert.NotErrorIs(t, err, other)
 				}
 			}
@@ -140,189 +184,120 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestValidateNamesTheDaemonInProcessErrors(t *testing.T) {
-	err := (&bootstrap.Bootstrap{Version: 1, Daemon: daemon("sleep")}).Validate()
-
-	require.ErrorIs(t, err, bootstrap.ErrArgv)
-	assert.True(t, strings.HasPrefix(err.Error(), "daemon: "), err.Error())
+var allSentinels = []error{
+	ErrVersion, ErrHostname, ErrArgv, ErrEnv, ErrArgsSize, ErrDir, ErrStopGrace, ErrDecode, ErrTooLarge,
+	ErrDuplicateKey, ErrUnknownKey, ErrNoIdentity, ErrIdentity, ErrSandboxIOPath, ErrSandboxIOSource,
+	ErrCredentialsNeedDaemon, ErrUsername, ErrPassword, ErrPasswordMissing, ErrCredentialEnv,
+	ErrHealthNeedsCredentials, ErrHealthPort, ErrHealthPath, ErrHealthInterval, ErrHealthTimeout, ErrHealthDeadline,
+	ErrSandboxIOTooLarge, ErrSandboxIOSyntax, ErrSandboxIOTrailing, ErrSandboxIODuplicateKey, ErrSandboxIOKeyCase,
+	ErrSandboxIOUnknownKey, ErrSandboxIOMissingKey, ErrSandboxIOType, ErrSandboxIOVersion,
+	ErrNoLink, ErrPublicURLUnreachable, ErrLinkURL, ErrLinkURLScheme, ErrLinkURLUserInfo, ErrLinkURLQuery,
+	ErrLinkURLFragment, ErrLinkURLWhitespace, ErrCredentialLength, ErrCredentialChars, ErrTenantID,
+	ErrEnvironmentID, ErrAllocationID, ErrResourceKind, ErrGeneration, ErrWrongTenant, ErrWrongEnvironment, ErrWrongAllocation,
 }
 
-func TestValidateReportsTheFirstRuleThatFails(t *testing.T) {
-	b := &bootstrap.Bootstrap{Version: 2, Hostname: "-", StopGrace: grace(-1), Daemon: daemon("x")}
-	assert.ErrorIs(t, b.Validate(), bootstrap.ErrVersion)
-
-	b.Version = 1
-	assert.ErrorIs(t, b.Validate(), bootstrap.ErrHostname)
-
-	b.Hostname = ""
-	assert.ErrorIs(t, b.Validate(), bootstrap.ErrStopGrace)
-
-	b.StopGrace = nil
-	assert.ErrorIs(t, b.Validate(), bootstrap.ErrArgv)
+func TestLoopbackLinkAllowedOnlyWhenTheIdentitySaysSo(t *testing.T) {
+	for _, u := range []string{"ws://127.0.0.1:8080/link", "wss://localhost/link", "ws://[::1]:1/x", "ws://relay.localhost/x"} {
+		b := validDoc()
+		b.Sandbox.AllowLoopbackLink = true
+		b.SandboxIO.Bootstrap.LinkURL = u
+		assert.NoError(t, b.Validate(), u)
+	}
+	b := validDoc()
+	b.Sandbox.AllowLoopbackLink = true
+	assert.NoError(t, b.Validate(), "wss to a public host stays fine")
 }
 
-func TestDecodeReadsAFullBootstrap(t *testing.T) {
-	doc := `{
-		"version": 1,
-		"hostname": "box-1",
-		"daemon": {"argv": ["/usr/bin/sleep", "infinity"], "env": ["A=1"], "dir": "/tmp"},
-		"stop_grace": "2.5s"
-	}`
-
-	b, err := bootstrap.Decode(strings.NewReader(doc))
-
-	require.NoError(t, err)
+func TestProvidedFileNeedsNoContentFromTheHost(t *testing.T) {
+	b := validDoc()
+	b.SandboxIO = &SandboxIOSpec{Provided: true, Path: "/opt/io/oac-sandbox-io"}
 	require.NoError(t, b.Validate())
-	assert.Equal(t, &bootstrap.Bootstrap{
-		Version:   1,
-		Hostname:  "box-1",
-		Daemon:    &bootstrap.Process{Argv: []string{"/usr/bin/sleep", "infinity"}, Env: []string{"A=1"}, Dir: "/tmp"},
-		StopGrace: grace(2500 * time.Millisecond),
-	}, b)
+	assert.Equal(t, "/opt/io/oac-sandbox-io", b.SandboxIO.BinaryPath())
 }
 
-func TestDecodeDoesNotValidate(t *testing.T) {
-	b, err := bootstrap.Decode(strings.NewReader(`{"version":7}`))
+func TestPasswordMayBeEmptyOnTheHostButNotInTheGuest(t *testing.T) {
+	b := validDoc()
+	b.Credentials.Password = ""
+	require.NoError(t, b.Validate())
+	require.ErrorIs(t, b.ValidateInGuest(), ErrPasswordMissing)
+}
 
+// sandboxIOJSON is a valid private file with %s-free placeholders a row
+// can rewrite.
+const sandboxIOJSON = `{"version": 1, "link_url": "wss://link.example.com/api/v1/sandbox-link", "credential": "` + secret + `",
+ "resource": {"tenant_id": "` + tenant + `", "environment_id": "` + env + `", "kind": "allocation", "id": "` + alloc + `", "generation": 1}}`
+
+func TestStrictSandboxIODecoding(t *testing.T) {
+	_, err := DecodeSandboxIO([]byte(sandboxIOJSON))
 	require.NoError(t, err)
-	assert.ErrorIs(t, b.Validate(), bootstrap.ErrVersion)
-}
-
-func TestDecodeIsStrict(t *testing.T) {
-	for _, tc := range []struct {
-		name, doc, msg string
+	rows := []struct {
+		name string
+		doc  string
+		want error
 	}{
-		{"unknown top-level field", `{"version":1,"user":"root"}`, `unknown field "user"`},
-		{"unknown daemon field", `{"version":1,"daemon":{"argv":["/bin/true"],"uid":0}}`, `unknown field "uid"`},
-		{"trailing object", `{"version":1}{"version":1}`, "trailing data"},
-		{"trailing garbage", `{"version":1} x`, "trailing data"},
-		{"trailing array", `{"version":1}[]`, "trailing data"},
-		{"version as string", `{"version":"1"}`, `field "version" has the wrong type`},
-		{"version as float", `{"version":1.5}`, `has the wrong type`},
-		{"hostname as number", `{"version":1,"hostname":5}`, `field "hostname" has the wrong type`},
-		{"argv as string", `{"version":1,"daemon":{"argv":"/bin/true"}}`, `has the wrong type`},
-		{"env as object", `{"version":1,"daemon":{"argv":["/bin/true"],"env":{"A":"1"}}}`, `has the wrong type`},
-		{"daemon as array", `{"version":1,"daemon":[]}`, `has the wrong type`},
-		{"stop_grace as number", `{"version":1,"stop_grace":6}`, ``},
-		{"stop_grace unparsable", `{"version":1,"stop_grace":"soon"}`, ``},
-		{"top level array", `[{"version":1}]`, `has the wrong type`},
-		{"top level string", `"version"`, `has the wrong type`},
-		{"empty input", ``, "unexpected end of input"},
-		{"cut short", `{"version":1,"daemon":{"argv":[`, "unexpected end of input"},
-		{"syntax error", `{"version" 1}`, "syntax error at byte"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			b, err := bootstrap.Decode(strings.NewReader(tc.doc))
-
-			assert.Nil(t, b)
-			require.ErrorIs(t, err, bootstrap.ErrDecode)
-			assert.Contains(t, err.Error(), tc.msg)
+		{"duplicate top key", strings.Replace(sandboxIOJSON, `"version": 1,`, `"version": 1, "version": 1,`, 1), ErrSandboxIODuplicateKey},
+		{"duplicate via escape", strings.Replace(sandboxIOJSON, `"version": 1,`, `"version": 1, "\u0076ersion": 1,`, 1), ErrSandboxIODuplicateKey},
+		{"duplicate credential", strings.Replace(sandboxIOJSON, `"version": 1,`, `"credential": "SECRET-other", "version": 1,`, 1), ErrSandboxIODuplicateKey},
+		{"duplicate nested key", strings.Replace(sandboxIOJSON, `"kind": "allocation",`, `"kind": "allocation", "kind": "allocation",`, 1), ErrSandboxIODuplicateKey},
+		{"case variant key", strings.Replace(sandboxIOJSON, `"link_url"`, `"Link_URL"`, 1), ErrSandboxIOKeyCase},
+		{"case variant nested", strings.Replace(sandboxIOJSON, `"tenant_id"`, `"TENANT_ID"`, 1), ErrSandboxIOKeyCase},
+		{"unknown key", strings.Replace(sandboxIOJSON, `"version": 1,`, `"version": 1, "SECRET": 1,`, 1), ErrSandboxIOUnknownKey},
+		{"unknown nested key", strings.Replace(sandboxIOJSON, `"generation": 1`, `"generation": 1, "extra": "SECRET"`, 1), ErrSandboxIOUnknownKey},
+		{"missing key", strings.Replace(sandboxIOJSON, `"version": 1,`, ``, 1), ErrSandboxIOMissingKey},
+		{"missing nested key", strings.Replace(sandboxIOJSON, `, "generation": 1`, ``, 1), ErrSandboxIOMissingKey},
+		{"missing link", strings.Replace(sandboxIOJSON, `"link_url": "wss://link.example.com/api/v1/sandbox-link",`, ``, 1), ErrNoLink},
+		{"trailing object", sandboxIOJSON + ` {}`, ErrSandboxIOTrailing},
+		{"trailing garbage", sandboxIOJSON + `SECRET`, ErrSandboxIOTrailing},
+		{"version string", strings.Replace(sandboxIOJSON, `"version": 1`, `"version": "1"`, 1), ErrSandboxIOType},
+		{"version float", strings.Replace(sandboxIOJSON, `"version": 1`, `"version": 1.0`, 1), ErrSandboxIOType},
+		{"generation exponent", strings.Replace(sandboxIOJSON, `"generation": 1`, `"generation": 1e0`, 1), ErrSandboxIOType},
+		{"resource array", `{"version":1,"link_url":"wss://a.example","credential":"x","resource":[]}`, ErrSandboxIOType},
+		{"credential null", strings.Replace(sandboxIOJSON, `"`+secret+`"`, `null`, 1), ErrSandboxIOType},
+		{"top-level array", `[1]`, ErrSandboxIOType},
+		{"truncated", sandboxIOJSON[:len(sandboxIOJSON)-5], ErrSandboxIOSyntax},
+		{"empty", ``, ErrSandboxIOSyntax},
+		{"invalid utf-8", strings.Replace(sandboxIOJSON, secret, "SECRET\xff", 1), ErrSandboxIOSyntax},
+		{"too large", sandboxIOJSON + strings.Repeat(" ", MaxSandboxIOSize), ErrSandboxIOTooLarge},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			_, err := DecodeSandboxIO([]byte(r.doc))
+			require.ErrorIs(t, err, r.want)
+			assert.NotContains(t, err.Error(), "SECRET")
 		})
 	}
 }
 
-func TestDecodeRefusesMoreThan256KiB(t *testing.T) {
-	doc := `{"version":1}`
-	exact := doc + strings.Repeat(" ", bootstrap.MaxSize-len(doc))
-	over := exact + " "
-
-	b, err := bootstrap.Decode(strings.NewReader(exact))
-	require.NoError(t, err, "exactly MaxSize bytes is allowed")
-	assert.Equal(t, 1, b.Version)
-
-	_, err = bootstrap.Decode(strings.NewReader(over))
-	require.ErrorIs(t, err, bootstrap.ErrTooLarge)
-
-	// A stream that never ends is cut off after the limit, not read to the end.
-	_, err = bootstrap.Decode(iotest.OneByteReader(bytes.NewReader(bytes.Repeat([]byte(" "), 10<<20))))
-	require.ErrorIs(t, err, bootstrap.ErrTooLarge)
-}
-
-func TestDecodeReportsAReadError(t *testing.T) {
-	_, err := bootstrap.Decode(iotest.ErrReader(errors.New("link down")))
-
-	require.ErrorIs(t, err, bootstrap.ErrDecode)
-	assert.Contains(t, err.Error(), "link down")
-}
-
-// Error messages are logged and shown: they name the rule, never the value
-// that broke it, so a secret put in the wrong field does not leak.
-func TestErrorsNeverContainTheSubmittedValue(t *testing.T) {
-	const secret = "sk-live-51HkQ2eZvKYlo2C0secretTOKEN"
-	for _, tc := range []struct {
-		name, doc string
+func TestBootstrapDecodingIsStrictAtEveryLevel(t *testing.T) {
+	valid, err := json.Marshal(validDoc())
+	require.NoError(t, err)
+	doc := string(valid)
+	_, err = Decode(strings.NewReader(doc))
+	require.NoError(t, err)
+	rows := []struct {
+		name string
+		doc  string
+		want error
 	}{
-		{"secret as hostname", `{"version":1,"hostname":"` + secret + `"}`},
-		{"secret as version", `{"version":"` + secret + `"}`},
-		{"secret as program", `{"version":1,"daemon":{"argv":["` + secret + `"]}}`},
-		{"secret in an argument with NUL", `{"version":1,"daemon":{"argv":["/bin/sh","` + secret + `\u0000"]}}`},
-		{"secret as env without key", `{"version":1,"daemon":{"argv":["/bin/true"],"env":["` + secret + `"]}}`},
-		{"secret as env with bad key", `{"version":1,"daemon":{"argv":["/bin/true"],"env":["API-KEY=` + secret + `"]}}`},
-		{"secret as duplicate env", `{"version":1,"daemon":{"argv":["/bin/true"],"env":["K=` + secret + `","K=` + secret + `"]}}`},
-		{"secret as env object", `{"version":1,"daemon":{"argv":["/bin/true"],"env":{"API_KEY":"` + secret + `"}}}`},
-		{"secret as dir", `{"version":1,"daemon":{"argv":["/bin/true"],"dir":"` + secret + `"}}`},
-		{"secret as stop_grace", `{"version":1,"stop_grace":"` + secret + `"}`},
-		{"secret as value of unknown field", `{"version":1,"token":"` + secret + `"}`},
-		{"secret as number field", `{"version":1,"hostname":["` + secret + `"]}`},
-		{"secret before a syntax error", `{"version":1,"hostname":"` + secret + `" "x"}`},
-		{"secret in trailing data", `{"version":1} "` + secret + `"`},
-		{"secret cut short", `{"version":1,"hostname":"` + secret},
-		{"secret with huge argv", `{"version":1,"daemon":{"argv":["/bin/true","` + secret + strings.Repeat("a", 64<<10) + `"]}}`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			b, err := bootstrap.Decode(strings.NewReader(tc.doc))
-			if err == nil {
-				err = b.Validate()
-			}
-			require.Error(t, err)
-			assert.NotContains(t, err.Error(), secret)
-			assert.NotContains(t, err.Error(), secret[:12])
+		{"case variant top key", strings.Replace(doc, `"version":1,"hostname"`, `"Version":1,"hostname"`, 1), ErrUnknownKey},
+		{"case variant nested key", strings.Replace(doc, `"argv"`, `"ARGV"`, 1), ErrUnknownKey},
+		{"unknown key", strings.Replace(doc, `"hostname"`, `"SECRET":1,"hostname"`, 1), ErrUnknownKey},
+		{"duplicate key", strings.Replace(doc, `"hostname":"demo"`, `"hostname":"demo","hostname":"other"`, 1), ErrDuplicateKey},
+		{"duplicate nested key", strings.Replace(doc, `"port":4096`, `"port":4096,"port":1`, 1), ErrDuplicateKey},
+		{"duplicate sandbox_io key", strings.Replace(doc, `"credential":"`, `"credential":"SECRET","credential":"`, 1), ErrSandboxIODuplicateKey},
+		{"case variant sandbox_io key", strings.Replace(doc, `"link_url"`, `"LINK_URL"`, 1), ErrSandboxIOKeyCase},
+		{"unknown sandbox_io key", strings.Replace(doc, `"link_url"`, `"SECRET":"x","link_url"`, 1), ErrSandboxIOUnknownKey},
+		{"sandbox_io too large", strings.Replace(doc, `"link_url"`, strings.Repeat(" ", MaxSandboxIOSize)+`"link_url"`, 1), ErrSandboxIOTooLarge},
+		{"trailing data", doc + `{}`, ErrDecode},
+		{"wrong type", strings.Replace(doc, `"port":4096`, `"port":"SECRET"`, 1), ErrDecode},
+		{"syntax", doc[:len(doc)-1], ErrDecode},
+		{"too large", doc + strings.Repeat(" ", MaxSize), ErrTooLarge},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			_, err := Decode(strings.NewReader(r.doc))
+			require.ErrorIs(t, err, r.want)
+			assert.NotContains(t, err.Error(), "SECRET")
 		})
 	}
-}
-
-func TestGraceDefaultsTo6Seconds(t *testing.T) {
-	assert.Equal(t, 6*time.Second, (&bootstrap.Bootstrap{}).Grace())
-	assert.Equal(t, 2*time.Second, (&bootstrap.Bootstrap{StopGrace: grace(2 * time.Second)}).Grace())
-	assert.Equal(t, time.Duration(0), (&bootstrap.Bootstrap{StopGrace: grace(0)}).Grace(), "an explicit 0 kills at once")
-}
-
-func TestDurationIsWrittenAsAString(t *testing.T) {
-	b := bootstrap.Bootstrap{Version: 1, StopGrace: grace(1500 * time.Millisecond)}
-
-	out, err := json.Marshal(b)
-
-	require.NoError(t, err)
-	assert.JSONEq(t, `{"version":1,"stop_grace":"1.5s"}`, string(out))
-	back, err := bootstrap.Decode(bytes.NewReader(out))
-	require.NoError(t, err)
-	assert.Equal(t, &b, back)
-}
-
-func TestEnvironAddsPATHAndHOMEOnlyWhenAbsent(t *testing.T) {
-	p := &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"A=1"}}
-	assert.Equal(t, []string{
-		"A=1",
-		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=" + bootstrap.RuntimeHome,
-	}, p.Environ())
-
-	p = &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"HOME=/root", "PATH=/opt/bin"}}
-	assert.Equal(t, []string{"HOME=/root", "PATH=/opt/bin"}, p.Environ())
-
-	// A key that merely starts with PATH is not PATH.
-	p = &bootstrap.Process{Argv: []string{"/bin/true"}, Env: []string{"PATHX=1", "HOMES=2"}}
-	assert.Len(t, p.Environ(), 4)
-}
-
-func TestEnvironDoesNotModifyTheProcess(t *testing.T) {
-	env := make([]string, 1, 10) // spare capacity an append could scribble into
-	env[0] = "A=1"
-	p := &bootstrap.Process{Argv: []string{"/bin/true"}, Env: env}
-
-	_ = p.Environ()
-
-	assert.Equal(t, []string{"A=1"}, p.Env)
-	assert.Equal(t, []string{"A=1"}, env[:1])
-	assert.Empty(t, env[1:2][0], "Environ wrote into the caller's backing array")
 }

@@ -1,73 +1,96 @@
-package bootstrap_test
+package bootstrap
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
-
-	"github.com/stretchr/testify/require"
-
-	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
-// FuzzBootstrapDecode decodes and validates arbitrary documents as the
-// guest does with what the host sends. It must never panic, fail only with
-// the package's sentinels, and an accepted Bootstrap must survive the trip
-// the host makes it take (json.Marshal, then Decode and Validate again)
-// unchanged.
-func FuzzBootstrapDecode(f *testing.F) {
-	f.Add([]byte(`{"version":1}`))
-	f.Add([]byte(`{"version":1,"hostname":"box","daemon":{"argv":["/bin/sleep","1"],"env":["A=1"],"dir":"/tmp"},"stop_grace":"1.5s"}`))
-	f.Add([]byte(`{"version":1,"daemon":{"argv":["/bin/true"],"env":[]}}`))
-	f.Add([]byte(`{"version":1,"stop_grace":"-1s"}`))
-	f.Add([]byte(`{"version":1,"unknown":true}`))
-	f.Add([]byte(`{"version":1} {}`))
+// FuzzDecodeSandboxIO feeds the strict decoder arbitrary bytes (the private
+// file is written by the host and readable by uid 1000 in the guest: both
+// ends treat it as untrusted). Seeds: testdata/fuzz/FuzzDecodeSandboxIO.
+func FuzzDecodeSandboxIO(f *testing.F) {
+	f.Add([]byte(sandboxIOJSON))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := bootstrap.Decode(bytes.NewReader(data))
+		s, err := DecodeSandboxIO(data)
 		if err != nil {
-			require.Nil(t, b)
-			require.True(t, errors.Is(err, bootstrap.ErrDecode) || errors.Is(err, bootstrap.ErrTooLarge), "unexpected error %v", err)
-			return
+			// Only a bare sentinel: nothing of the input reaches the message.
+			for _, e := range sandboxIOErrors {
+				if err == e {
+					return
+				}
+			}
+			t.Fatalf("error is not one of the named sentinels: %v", err)
 		}
-		if err := b.Validate(); err != nil {
-			require.True(t, isRuleError(err), "unexpected error %v", err)
-			return
+		if len(data) > MaxSandboxIOSize {
+			t.Fatalf("accepted %d bytes", len(data))
 		}
-		_ = b.Grace()
-		if b.Daemon != nil {
-			_ = b.Daemon.Environ()
+		// A document the strict decoder accepts is one encoding/json reads
+		// the same way, with exactly the contract's keys.
+		var loose map[string]json.RawMessage
+		if err := json.Unmarshal(data, &loose); err != nil {
+			t.Fatalf("accepted a document encoding/json refuses: %v", err)
 		}
-
-		enc, err := json.Marshal(b)
-		require.NoError(t, err)
-		again, err := bootstrap.Decode(bytes.NewReader(enc))
-		require.NoError(t, err, "re-encoded %s", enc)
-		require.NoError(t, again.Validate(), "re-encoded %s", enc)
-		require.Equal(t, normalize(b), again)
-		enc2, err := json.Marshal(again)
-		require.NoError(t, err)
-		require.Equal(t, string(enc), string(enc2))
+		if len(loose) != len(sandboxIOKeys) {
+			t.Fatalf("accepted %d top-level keys", len(loose))
+		}
+		for k := range loose {
+			if checkKey(k, sandboxIOKeys) != nil {
+				t.Fatalf("accepted a key outside the contract")
+			}
+		}
+		// Canonical encoding round-trips.
+		out, err := s.Encode()
+		if err != nil {
+			t.Fatalf("encode: %v", err)
+		}
+		back, err := DecodeSandboxIO(out)
+		if err != nil {
+			t.Fatalf("canonical form does not decode: %v", err)
+		}
+		if *back != *s {
+			t.Fatalf("round trip changed the value")
+		}
+		_ = s.Validate(&Identity{TenantID: tenant, EnvironmentID: env, AllocationID: alloc})
 	})
 }
 
-func isRuleError(err error) bool {
-	for _, e := range []error{
-		bootstrap.ErrVersion, bootstrap.ErrHostname, bootstrap.ErrArgv, bootstrap.ErrEnv,
-		bootstrap.ErrArgsSize, bootstrap.ErrDir, bootstrap.ErrStopGrace,
-	} {
-		if errors.Is(err, e) {
-			return true
+// FuzzDecodeBootstrap feeds the Bootstrap decoder arbitrary bytes; the guest
+// decodes what the host sends and trusts nothing. Seeds:
+// testdata/fuzz/FuzzDecodeBootstrap.
+func FuzzDecodeBootstrap(f *testing.F) {
+	valid, _ := json.Marshal(validDoc())
+	f.Add(valid)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := Decode(bytes.NewReader(data))
+		if err != nil {
+			return
 		}
-	}
-	return false
-}
-
-// normalize maps the one difference JSON cannot carry: an empty env list is
-// omitted on encoding and comes back as nil.
-func normalize(b *bootstrap.Bootstrap) *bootstrap.Bootstrap {
-	if b.Daemon != nil && len(b.Daemon.Env) == 0 {
-		b.Daemon.Env = nil
-	}
-	return b
+		verr := b.Validate()
+		if verr != nil && strings.Contains(verr.Error(), "%!") {
+			t.Fatalf("bad format in %q", verr)
+		}
+		// Whatever decodes re-encodes to a document that decodes to the
+		// same encoding.
+		out, err := json.Marshal(b)
+		if err != nil {
+			if errors.Is(err, ErrSandboxIOTooLarge) {
+				return
+			}
+			t.Fatalf("marshal: %v", err)
+		}
+		b2, err := Decode(bytes.NewReader(out))
+		if err != nil {
+			t.Fatalf("re-encoded bootstrap does not decode: %v\n%s", err, out)
+		}
+		out2, _ := json.Marshal(b2)
+		if !bytes.Equal(out, out2) {
+			t.Fatalf("round trip changed the bootstrap:\n%s\n%s", out, out2)
+		}
+		if (b2.Validate() == nil) != (verr == nil) {
+			t.Fatalf("validation differs after a round trip")
+		}
+	})
 }

@@ -3,6 +3,8 @@ package bwrap
 import (
 	"fmt"
 	"strconv"
+
+	"github.com/oac/sandbox-agent/host/provider"
 )
 
 // IDRange is how many guest ids (0..IDRange-1) a sandbox maps.
@@ -12,7 +14,26 @@ const IDRange = 65536
 const (
 	GuestAgentPath  = "/run/oac/oac-guest"
 	GuestSocketPath = "/run/oac/agent.sock"
+	GuestInstallDir = "/usr/local/bin"
 )
+
+// RuntimeDirs get a tmpfs of their own (0755, owned by guest root), or a
+// host directory bound read-write (a volume): the guest's writable /home
+// and /environment, where the agent creates /home/runtime and
+// /environment/workspace for uid 1000.
+var RuntimeDirs = provider.VolumeDirs
+
+// volumeFD is a host directory bound read-write at Dir.
+type volumeFD struct {
+	Dir string
+	FD  int
+}
+
+// installFD is a host binary bound read-only at GuestInstallDir/Name.
+type installFD struct {
+	Name string
+	FD   int
+}
 
 // hostEntry is one top-level path of the default root: a directory to bind
 // read-only or a symlink to recreate (merged-/usr systems link /bin to
@@ -41,6 +62,15 @@ type argsConfig struct {
 	Mode            Mode
 	InfoFD, BlockFD int
 	Hostname        string
+	// Tmpfs are the RuntimeDirs to mount (with a rootfs: those it has).
+	Tmpfs []string
+	// Volumes are RuntimeDirs bound from host directories instead.
+	Volumes []volumeFD
+	// Installs are bound under GuestInstallDir. In the default root
+	// /usr/local is a fresh tmpfs for them (the host's /usr/local is not
+	// shown), remounted read-only afterwards; a rootfs must already have
+	// each file (a read-only root cannot get new mount points).
+	Installs []installFD
 }
 
 // buildArgs returns bwrap's arguments, agent command included.
@@ -82,6 +112,25 @@ func buildArgs(c argsConfig) []string {
 		"--dir", "/run/oac",
 		"--ro-bind-fd", strconv.Itoa(c.AgentFD), GuestAgentPath,
 		"--bind-fd", strconv.Itoa(c.SocketFD), GuestSocketPath,
+	)
+	for _, d := range c.Tmpfs {
+		a = append(a, "--perms", "0755", "--tmpfs", d)
+	}
+	for _, v := range c.Volumes {
+		a = append(a, "--bind-fd", strconv.Itoa(v.FD), v.Dir)
+	}
+	if len(c.Installs) > 0 {
+		if c.RootFD < 0 {
+			a = append(a, "--perms", "0755", "--tmpfs", "/usr/local", "--perms", "0755", "--dir", GuestInstallDir)
+		}
+		for _, in := range c.Installs {
+			a = append(a, "--ro-bind-fd", strconv.Itoa(in.FD), GuestInstallDir+"/"+in.Name)
+		}
+		if c.RootFD < 0 {
+			a = append(a, "--remount-ro", "/usr/local")
+		}
+	}
+	a = append(a,
 		"--chdir", "/",
 		"--setenv", "PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		GuestAgentPath, "--transport", "unix://"+GuestSocketPath,

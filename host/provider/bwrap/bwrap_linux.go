@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -217,6 +218,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	return in, nil
 }
 
+// namedFile is an O_PATH descriptor of a binary to install.
+type namedFile struct {
+	name string
+	f    *os.File
+}
+
 // Instance is one bwrap sandbox.
 type Instance struct {
 	spec  provider.Spec
@@ -238,6 +245,9 @@ type Instance struct {
 	rootFD   int
 	rootFile *os.File
 	etc      [][2]string
+	tmpfs    []string
+	volumes  []namedFile // name: the guest directory
+	installs []namedFile
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -311,20 +321,63 @@ func (in *Instance) prepare() error {
 				in.etc = append(in.etc, [2]string{"/etc/" + name, "/etc/" + name})
 			}
 		}
+		in.tmpfs = RuntimeDirs
 	} else {
 		f, err := os.OpenFile(in.spec.Rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fmt.Errorf("%w: rootfs %s: %v", provider.ErrInvalidSpec, in.spec.Rootfs, err)
 		}
 		in.rootFile = f
+		// A read-only rootfs gets writable runtime directories where it
+		// has mount points for them (real directories, not symlinks).
+		for _, d := range RuntimeDirs {
+			var st unix.Stat_t
+			if unix.Fstatat(int(f.Fd()), d[1:], &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				in.tmpfs = append(in.tmpfs, d)
+			}
+		}
 	}
-	agent, err := os.OpenFile(in.spec.AgentPath, unix.O_PATH|unix.O_CLOEXEC, 0)
+	// Volumes replace the tmpfs of their directory.
+	var tmpfs []string
+	for _, d := range in.tmpfs {
+		host, ok := in.spec.Volumes[d]
+		if !ok {
+			tmpfs = append(tmpfs, d)
+			continue
+		}
+		f, err := os.OpenFile(host, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
+		}
+		in.volumes = append(in.volumes, namedFile{d, f})
+	}
+	in.tmpfs = tmpfs
+	for d := range in.spec.Volumes {
+		found := false
+		for _, v := range in.volumes {
+			found = found || v.name == d
+		}
+		if !found {
+			return fmt.Errorf("%w: volume %s: the rootfs has no directory %s to mount it on", provider.ErrInvalidSpec, d, d)
+		}
+	}
+	agent, err := openBinary("agent binary", in.spec.AgentPath)
 	if err != nil {
-		return fmt.Errorf("%w: agent binary %s: %v (build it with make build)", provider.ErrInvalidSpec, in.spec.AgentPath, err)
+		return err
 	}
 	in.agentFD = agent
-	if st, err := os.Stat(in.spec.AgentPath); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
-		return fmt.Errorf("%w: agent binary %s must be a regular file readable and executable by others", provider.ErrInvalidSpec, in.spec.AgentPath)
+	installs := in.spec.Installs()
+	names := make([]string, 0, len(installs))
+	for n := range installs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		f, err := openBinary("install "+n, installs[n])
+		if err != nil {
+			return err
+		}
+		in.installs = append(in.installs, namedFile{n, f})
 	}
 	in.sockPath = filepath.Join(in.dir, "agent.sock")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.sockPath, Net: "unix"})
@@ -346,6 +399,22 @@ func (in *Instance) prepare() error {
 	}
 	in.sockFD = sock
 	return nil
+}
+
+// openBinary opens a host binary for bwrap to bind (O_PATH, so no guest id
+// ever traverses the host path). The guest's ids are not the host's, so it
+// must be readable and executable by others.
+func openBinary(what, path string) (*os.File, error) {
+	f, err := os.OpenFile(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s %s: %v (build it with make build)", provider.ErrInvalidSpec, what, path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o005 != 0o005 {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s %s must be a regular file readable and executable by others", provider.ErrInvalidSpec, what, path)
+	}
+	return f, nil
 }
 
 // hostEtcFiles are the host /etc entries the default root shares read-only:
@@ -388,7 +457,7 @@ func (in *Instance) Start(ctx context.Context) error {
 	// ExtraFiles become fds 3, 4, ... in bwrap.
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
-	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname}
+	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
 	cfg.AgentFD = fd(in.agentFD)
 	cfg.SocketFD = fd(in.sockFD)
 	if in.rootFile != nil {
@@ -396,7 +465,14 @@ func (in *Instance) Start(ctx context.Context) error {
 	} else {
 		cfg.HostEntries = hostRoot()
 	}
+	for _, nf := range in.installs {
+		cfg.Installs = append(cfg.Installs, installFD{Name: nf.name, FD: fd(nf.f)})
+	}
+	for _, nf := range in.volumes {
+		cfg.Volumes = append(cfg.Volumes, volumeFD{Dir: nf.name, FD: fd(nf.f)})
+	}
 	var infoR, blockW *os.File
+	var childEnds []*os.File
 	if in.mode == ModeSubIDs {
 		var infoW, blockR *os.File
 		var err error
@@ -413,6 +489,7 @@ func (in *Instance) Start(ctx context.Context) error {
 		defer infoW.Close()
 		defer blockR.Close()
 		cfg.InfoFD, cfg.BlockFD = fd(infoW), fd(blockR)
+		childEnds = []*os.File{infoW, blockR}
 	}
 	cmd := exec.Command(in.bwrap, buildArgs(cfg)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -436,10 +513,9 @@ func (in *Instance) Start(ctx context.Context) error {
 		return fmt.Errorf("start bwrap: %w", err)
 	}
 	in.cmd = cmd
-	for _, f := range extra[2:] {
-		if f != in.rootFile { // bwrap has its copies of the pipe ends
-			f.Close()
-		}
+	// bwrap has its own copies of the pipe ends it uses.
+	for _, f := range childEnds {
+		f.Close()
 	}
 	go func() {
 		err := cmd.Wait()
@@ -540,6 +616,10 @@ func (in *Instance) release() {
 		}
 	}
 	in.agentFD, in.sockFD, in.rootFile = nil, nil, nil
+	for _, nf := range append(in.installs, in.volumes...) {
+		nf.f.Close()
+	}
+	in.installs, in.volumes = nil, nil
 	if in.ln != nil {
 		in.ln.Close()
 		in.ln = nil

@@ -18,6 +18,14 @@
 // fallback. Diagnose turns the host's facts into that decision and into
 // what `oac-shim check` explains.
 //
+// The guest's /home and /environment are fresh tmpfs mounts (0755, guest
+// root), or host directories given as volumes; the agent creates
+// /home/runtime and /environment/workspace in them. Binaries to install
+// (oac-sandbox-io for the default root, stand-ins in tests) are bound
+// read-only under /usr/local/bin from O_PATH descriptors; in the default root
+// /usr/local is then a tmpfs of its own, remounted read-only.
+//
 // It owns the bwrap command line, the per-sandbox state directory and the id
-// range. It must not speak the protocol; the sandbox package does.
+// range. It must not speak the protocol (the sandbox package does) nor create
+// anything inside the guest's runtime directories (the agent does).
 package bwrap

@@ -1,0 +1,118 @@
+// Command sandboxio is a TEST FIXTURE standing in for oac-sandbox-io (the
+// real one is not part of this repository). It accepts exactly the
+// contract's command line (anything else: usage, exit 2), prints what the
+// contract promises it (empty environment, uid/gid 1000, no supplementary
+// groups, its own session, no-new-privileges, working directory, the
+// private file's mode, owner and digest) as "sandbox-io: key=value" lines,
+// then waits for SIGTERM or SIGINT and exits 0.
+//
+// It reads nothing but the file, like the real one. Its behaviour is chosen
+// by the link URL's host, a test knob: "crash-loop.*" exits 1 at once (a
+// startup failure), "usage.*" exits 2.
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+)
+
+const file = "/home/runtime/sandbox-io-bootstrap.json"
+
+func say(format string, args ...any) { fmt.Printf("sandbox-io: "+format+"\n", args...) }
+
+func main() {
+	if len(os.Args) != 3 || os.Args[1] != "--bootstrap-file" || os.Args[2] != file {
+		fmt.Fprintln(os.Stderr, "usage: oac-sandbox-io --bootstrap-file "+file)
+		os.Exit(2)
+	}
+	// Signals first: a stop may come at any time.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+
+	say("argv=ok")
+	say("env=%d%s", len(os.Environ()), names(os.Environ()))
+	groups, _ := os.Getgroups()
+	say("ids=uid=%d gid=%d groups=%v", os.Getuid(), os.Getgid(), groups)
+	sid, _ := unix.Getsid(0)
+	say("session-leader=%v", sid == os.Getpid())
+	say("nnp=%s", statusField("NoNewPrivs"))
+	wd, _ := os.Getwd()
+	say("cwd=%s", wd)
+	var st syscall.Stat_t
+	if err := syscall.Lstat(file, &st); err != nil {
+		say("file-error=%v", err)
+		os.Exit(1)
+	}
+	say("file=mode=%04o type=%s uid=%d gid=%d", st.Mode&0o7777, fileType(st.Mode), st.Uid, st.Gid)
+	var dst syscall.Stat_t
+	_ = syscall.Lstat("/home/runtime", &dst)
+	say("dir=mode=%04o uid=%d gid=%d", dst.Mode&0o7777, dst.Uid, dst.Gid)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		say("file-error=%v", err)
+		os.Exit(1)
+	}
+	sum := sha256.Sum256(data)
+	say("file-sha256=%s", hex.EncodeToString(sum[:]))
+	doc, err := bootstrap.DecodeSandboxIO(data)
+	if err != nil {
+		say("file-error=%v", err)
+		os.Exit(1)
+	}
+	say("credential-sha256=%s", bootstrap.CredentialDigest(doc.Credential))
+	u, _ := url.Parse(doc.LinkURL)
+	switch {
+	case strings.HasPrefix(u.Hostname(), "crash-loop."):
+		say("startup failure (test knob: crash-loop)")
+		os.Exit(1)
+	case strings.HasPrefix(u.Hostname(), "usage."):
+		fmt.Fprintln(os.Stderr, "usage: oac-sandbox-io --bootstrap-file "+file+" (test knob: usage)")
+		os.Exit(2)
+	}
+	say("serving (stand-in: no Link connection)")
+	sig := <-sigs
+	say("got %s, draining", sig)
+	os.Exit(0)
+}
+
+func names(env []string) string {
+	if len(env) == 0 {
+		return ""
+	}
+	var n []string
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		n = append(n, k)
+	}
+	return " names=" + strings.Join(n, ",")
+}
+
+func fileType(m uint32) string {
+	switch m & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		return "regular"
+	case syscall.S_IFLNK:
+		return "symlink"
+	}
+	return "other"
+}
+
+func statusField(name string) string {
+	b, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}

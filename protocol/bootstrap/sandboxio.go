@@ -1,0 +1,458 @@
+package bootstrap
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Contract values of oac-sandbox-io (see CONTRACTS.md).
+const (
+	// SandboxIOVersion is the version of the private bootstrap file.
+	SandboxIOVersion = 1
+	// MaxSandboxIOSize bounds the private bootstrap file.
+	MaxSandboxIOSize = 16 << 10
+	// MaxCredential bounds the Link credential.
+	MaxCredential = 4096
+	// MaxLinkURL bounds the Link URL.
+	MaxLinkURL = 2048
+	// SandboxIOPath is where every guest image installs oac-sandbox-io.
+	SandboxIOPath = "/usr/local/bin/oac-sandbox-io"
+	// SandboxIOFile is the private bootstrap file oac-sandbox-io reads.
+	SandboxIOFile = RuntimeHome + "/sandbox-io-bootstrap.json"
+	// KindAllocation is the resource kind of a hosted sandbox.
+	KindAllocation = "allocation"
+)
+
+// SandboxIOArgv is oac-sandbox-io's command line, exactly.
+func SandboxIOArgv(path string) []string {
+	return []string{path, "--bootstrap-file", SandboxIOFile}
+}
+
+// Errors of the private bootstrap file, one per rule; test with errors.Is.
+// Messages name the rule and never echo the submitted value.
+var (
+	ErrSandboxIOTooLarge     = errors.New("sandbox_io bootstrap: larger than 16 KiB")
+	ErrSandboxIOSyntax       = errors.New("sandbox_io bootstrap: not a single well-formed JSON object in UTF-8")
+	ErrSandboxIOTrailing     = errors.New("sandbox_io bootstrap: trailing data after the JSON object")
+	ErrSandboxIODuplicateKey = errors.New("sandbox_io bootstrap: a key appears more than once in one object")
+	ErrSandboxIOKeyCase      = errors.New("sandbox_io bootstrap: a key differs from the contract only in letter case (keys are lowercase)")
+	ErrSandboxIOUnknownKey   = errors.New("sandbox_io bootstrap: unknown key (allowed: version, link_url, credential, resource{tenant_id, environment_id, kind, id, generation})")
+	ErrSandboxIOMissingKey   = errors.New("sandbox_io bootstrap: a required key is missing (every key of the contract is required)")
+	ErrSandboxIOType         = errors.New("sandbox_io bootstrap: a value has the wrong JSON type (version and generation are integers, resource an object, the rest strings)")
+	ErrSandboxIOVersion      = errors.New("sandbox_io bootstrap: version must be 1")
+
+	ErrNoLink               = errors.New("sandbox_io: a hosted sandbox needs a link_url and there is none")
+	ErrPublicURLUnreachable = errors.New("sandbox_io: link_url must be TLS (wss) and not a loopback host for a hosted sandbox")
+	ErrLinkURL              = errors.New("sandbox_io: link_url must be an absolute URL with a host, at most 2048 bytes")
+	ErrLinkURLScheme        = errors.New("sandbox_io: link_url scheme must be wss (plain ws only for a loopback host)")
+	ErrLinkURLUserInfo      = errors.New("sandbox_io: link_url must not carry user info")
+	ErrLinkURLQuery         = errors.New("sandbox_io: link_url must not have a query")
+	ErrLinkURLFragment      = errors.New("sandbox_io: link_url must not have a fragment")
+	ErrLinkURLWhitespace    = errors.New("sandbox_io: link_url must not contain whitespace or control characters")
+	ErrCredentialLength     = errors.New("sandbox_io: credential must be 1 to 4096 bytes")
+	ErrCredentialChars      = errors.New("sandbox_io: credential must not contain whitespace or NUL")
+	ErrTenantID             = errors.New("sandbox_io: resource.tenant_id must be a canonical lowercase non-zero UUID")
+	ErrEnvironmentID        = errors.New("sandbox_io: resource.environment_id must be a canonical lowercase non-zero UUID")
+	ErrAllocationID         = errors.New("sandbox_io: resource.id must be a canonical lowercase non-zero UUID")
+	ErrResourceKind         = errors.New("sandbox_io: resource.kind must be \"allocation\" for a hosted sandbox")
+	ErrGeneration           = errors.New("sandbox_io: resource.generation must be an integer of at least 1")
+	ErrWrongTenant          = errors.New("sandbox_io: resource.tenant_id does not name this sandbox's tenant")
+	ErrWrongEnvironment     = errors.New("sandbox_io: resource.environment_id does not name this sandbox's environment")
+	ErrWrongAllocation      = errors.New("sandbox_io: resource.id does not name this sandbox's allocation")
+)
+
+// Resource names what oac-sandbox-io serves.
+type Resource struct {
+	TenantID      string `json:"tenant_id"`
+	EnvironmentID string `json:"environment_id"`
+	Kind          string `json:"kind"`
+	ID            string `json:"id"`
+	Generation    int64  `json:"generation"`
+}
+
+// SandboxIO is the content of the private bootstrap file, version 1, as
+// CONTRACTS.md gives it. It decodes only strictly (DecodeSandboxIO) and
+// encodes canonically: compact, keys in contract order.
+type SandboxIO struct {
+	Version    int      `json:"version"`
+	LinkURL    string   `json:"link_url"`
+	Credential string   `json:"credential"`
+	Resource   Resource `json:"resource"`
+}
+
+// sandboxIOKeys and resourceKeys are the exact keys at each level.
+var (
+	sandboxIOKeys = []string{"version", "link_url", "credential", "resource"}
+	resourceKeys  = []string{"tenant_id", "environment_id", "kind", "id", "generation"}
+)
+
+// UnmarshalJSON decodes strictly; see DecodeSandboxIO.
+func (s *SandboxIO) UnmarshalJSON(b []byte) error {
+	v, err := DecodeSandboxIO(b)
+	if err != nil {
+		return err
+	}
+	*s = *v
+	return nil
+}
+
+// MarshalJSON encodes canonically.
+func (s SandboxIO) MarshalJSON() ([]byte, error) { return s.Encode() }
+
+// Encode returns the canonical file content: compact JSON, keys in
+// contract order, no trailing newline, HTML characters not escaped.
+func (s SandboxIO) Encode() ([]byte, error) {
+	type plain SandboxIO // no methods: no recursion
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(plain(s)); err != nil {
+		return nil, fmt.Errorf("encode sandbox_io bootstrap: %w", err)
+	}
+	out := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if len(out) > MaxSandboxIOSize {
+		return nil, ErrSandboxIOTooLarge
+	}
+	return out, nil
+}
+
+// CredentialDigest is what a host stores instead of the credential: the hex
+// SHA-256 of the trimmed value.
+func CredentialDigest(credential string) string {
+	sum := sha256.Sum256([]byte(strings.TrimSpace(credential)))
+	return hex.EncodeToString(sum[:])
+}
+
+// DecodeSandboxIO decodes the private bootstrap file strictly: at most
+// MaxSandboxIOSize bytes of UTF-8, exactly one JSON object with exactly the
+// contract's keys at every level, each once, no unknown or case-variant
+// keys, integers where the contract has integers, and nothing after the
+// object but whitespace. encoding/json alone accepts duplicate and
+// case-variant keys, so this walks the tokens itself. It does not check the
+// values' rules: call Validate.
+func DecodeSandboxIO(data []byte) (*SandboxIO, error) {
+	if len(data) > MaxSandboxIOSize {
+		return nil, ErrSandboxIOTooLarge
+	}
+	if !utf8.Valid(data) {
+		return nil, ErrSandboxIOSyntax
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var s SandboxIO
+	seen, err := decodeObject(dec, sandboxIOKeys, func(key string) error {
+		switch key {
+		case "version":
+			n, err := intValue(dec)
+			if err != nil {
+				return err
+			}
+			if n < 0 || n > 1<<20 {
+				return ErrSandboxIOVersion
+			}
+			s.Version = int(n)
+		case "link_url":
+			return stringValue(dec, &s.LinkURL)
+		case "credential":
+			return stringValue(dec, &s.Credential)
+		case "resource":
+			seen, err := decodeObject(dec, resourceKeys, func(key string) error {
+				r := &s.Resource
+				switch key {
+				case "tenant_id":
+					return stringValue(dec, &r.TenantID)
+				case "environment_id":
+					return stringValue(dec, &r.EnvironmentID)
+				case "kind":
+					return stringValue(dec, &r.Kind)
+				case "id":
+					return stringValue(dec, &r.ID)
+				default: // generation
+					n, err := intValue(dec)
+					r.Generation = n
+					return err
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if len(seen) != len(resourceKeys) {
+				return ErrSandboxIOMissingKey
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !seen["link_url"] {
+		return nil, ErrNoLink
+	}
+	if len(seen) != len(sandboxIOKeys) {
+		return nil, ErrSandboxIOMissingKey
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, ErrSandboxIOTrailing
+	}
+	return &s, nil
+}
+
+// decodeObject reads one object whose keys must be exactly from keys, each
+// at most once, calling value for each key to consume its value. It
+// returns the keys seen.
+func decodeObject(dec *json.Decoder, keys []string, value func(key string) error) (map[string]bool, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, ErrSandboxIOSyntax
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, ErrSandboxIOType
+	}
+	seen := make(map[string]bool, len(keys))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, ErrSandboxIOSyntax
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return nil, ErrSandboxIOSyntax
+		}
+		if err := checkKey(key, keys); err != nil {
+			return nil, err
+		}
+		if seen[key] {
+			return nil, ErrSandboxIODuplicateKey
+		}
+		seen[key] = true
+		if err := value(key); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := dec.Token(); err != nil { // the closing '}'
+		return nil, ErrSandboxIOSyntax
+	}
+	return seen, nil
+}
+
+func checkKey(key string, keys []string) error {
+	for _, k := range keys {
+		if key == k {
+			return nil
+		}
+	}
+	for _, k := range keys {
+		if strings.EqualFold(key, k) {
+			return ErrSandboxIOKeyCase
+		}
+	}
+	return ErrSandboxIOUnknownKey
+}
+
+func stringValue(dec *json.Decoder, dst *string) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return ErrSandboxIOSyntax
+	}
+	s, ok := tok.(string)
+	if !ok {
+		return ErrSandboxIOType
+	}
+	*dst = s
+	return nil
+}
+
+func intValue(dec *json.Decoder) (int64, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return 0, ErrSandboxIOSyntax
+	}
+	n, ok := tok.(json.Number)
+	if !ok {
+		return 0, ErrSandboxIOType
+	}
+	// Only plain integers: no fraction, no exponent.
+	if strings.ContainsAny(n.String(), ".eE") {
+		return 0, ErrSandboxIOType
+	}
+	v, err := strconv.ParseInt(n.String(), 10, 64)
+	if err != nil {
+		return 0, ErrSandboxIOType
+	}
+	return v, nil
+}
+
+// Validate checks the file's value rules against the sandbox's own
+// identity. A nil identity fails: the resource must name this sandbox.
+func (s *SandboxIO) Validate(id *Identity) error {
+	if s.Version != SandboxIOVersion {
+		return ErrSandboxIOVersion
+	}
+	if err := ValidateLinkURL(s.LinkURL, id == nil || !id.AllowLoopbackLink); err != nil {
+		return err
+	}
+	if len(s.Credential) == 0 || len(s.Credential) > MaxCredential {
+		return ErrCredentialLength
+	}
+	if strings.ContainsFunc(s.Credential, func(r rune) bool { return r == 0 || unicode.IsSpace(r) }) {
+		return ErrCredentialChars
+	}
+	r := s.Resource
+	if !ValidUUID(r.TenantID) {
+		return ErrTenantID
+	}
+	if !ValidUUID(r.EnvironmentID) {
+		return ErrEnvironmentID
+	}
+	if r.Kind != KindAllocation {
+		return ErrResourceKind
+	}
+	if !ValidUUID(r.ID) {
+		return ErrAllocationID
+	}
+	if r.Generation < 1 {
+		return ErrGeneration
+	}
+	if id == nil {
+		return ErrNoIdentity
+	}
+	if r.TenantID != id.TenantID {
+		return ErrWrongTenant
+	}
+	if r.EnvironmentID != id.EnvironmentID {
+		return ErrWrongEnvironment
+	}
+	if r.ID != id.AllocationID {
+		return ErrWrongAllocation
+	}
+	return nil
+}
+
+// ValidateLinkURL checks a Link URL. hosted refuses plain ws and loopback
+// hosts (ErrPublicURLUnreachable); otherwise ws is allowed for a loopback
+// host only.
+func ValidateLinkURL(raw string, hosted bool) error {
+	if raw == "" {
+		return ErrNoLink
+	}
+	if len(raw) > MaxLinkURL {
+		return ErrLinkURL
+	}
+	if strings.ContainsFunc(raw, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return ErrLinkURLWhitespace
+	}
+	var secure bool
+	switch {
+	case strings.HasPrefix(raw, "wss://"):
+		secure = true
+	case strings.HasPrefix(raw, "ws://"):
+	default:
+		return ErrLinkURLScheme
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Opaque != "" {
+		return ErrLinkURL
+	}
+	if u.User != nil {
+		return ErrLinkURLUserInfo
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		return ErrLinkURLQuery
+	}
+	if u.Fragment != "" || strings.Contains(raw, "#") {
+		return ErrLinkURLFragment
+	}
+	host := u.Hostname()
+	if host == "" || !validURLHost(host) {
+		return ErrLinkURL
+	}
+	if p := u.Port(); p != "" {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 || n > 65535 {
+			return ErrLinkURL
+		}
+	}
+	loopback := isLoopbackHost(host)
+	if hosted && (!secure || loopback) {
+		return ErrPublicURLUnreachable
+	}
+	if !secure && !loopback {
+		return ErrLinkURLScheme
+	}
+	return nil
+}
+
+// validURLHost accepts an IP literal or a DNS name; a host of digits and
+// dots that is not a dotted-quad IPv4 address (127.1, 2130706433) is
+// refused, because resolvers disagree on what it means.
+func validURLHost(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return true
+	}
+	if strings.Trim(h, "0123456789.") == "" {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !(c == '-' || c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func isLoopbackHost(h string) bool {
+	h = strings.ToLower(strings.TrimSuffix(h, "."))
+	if h == "localhost" || strings.HasSuffix(h, ".localhost") {
+		return true
+	}
+	if a, err := netip.ParseAddr(h); err == nil {
+		a = a.Unmap()
+		return a.IsLoopback() || a.IsUnspecified()
+	}
+	return false
+}
+
+// ValidUUID reports whether s is a canonical lowercase UUID
+// (8-4-4-4-12 hex digits) that is not all zeros.
+func ValidUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	zero := true
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+			continue
+		}
+		switch {
+		case c >= '0' && c <= '9', c >= 'a' && c <= 'f':
+		default:
+			return false
+		}
+		if c != '0' {
+			zero = false
+		}
+	}
+	return !zero
+}
