@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/user"
@@ -154,6 +156,56 @@ func TestRootlessWithoutSubordinateIDsRefusesUnlessSingleUIDIsAsked(t *testing.T
 	s.waitState(events.StateReady, bootTimeout)
 	assert.Equal(t, "1000", s.waitLog("uid=", bootTimeout))
 	assert.Contains(t, s.stderr.String(), "single-uid mode: guest uid 1000 is your own host uid", "the loss is said plainly")
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(15*time.Second))
+}
+
+func TestRootlessBootContractWritesThePrivateFileAndRunsBothProcessesOnSubordinateIDs(t *testing.T) {
+	needRootless(t)
+	b := contract("link.example.com")
+	s := startShim(t, sandboxSpec{user: subIDUser, bootstrap: encode(t, b), args: identityArgs()})
+	ready := s.waitState(events.StateReady, bootTimeout)
+	assert.Equal(t, "runtime", ready.Username)
+
+	// The private file, as seen inside, is exactly as when the shim is root.
+	assert.Equal(t, "mode=0600 type=regular uid=1000 gid=1000", s.waitLog("sandbox-io: file=", bootTimeout))
+	assert.Equal(t, "mode=0700 uid=1000 gid=1000", s.waitLog("sandbox-io: dir=", bootTimeout))
+	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("sandbox-io: ids=", bootTimeout))
+	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("daemon: ids=", bootTimeout))
+
+	// Both processes run as subordinate id 999 of the user on the host.
+	start, err := subIDStart(subIDUser)
+	require.NoError(t, err)
+	var pids []int
+	require.Eventually(t, func() bool { pids = hostProcs("oac-daemon-standin serve"); return len(pids) == 1 }, 5*time.Second, 20*time.Millisecond)
+	assert.Equal(t, strconv.Itoa(start+999), procStatus(t, pids[0], "Uid")[0])
+
+	s.signal(syscall.SIGTERM)
+	s.waitState(events.StateStopped, 15*time.Second)
+	assert.Equal(t, 0, s.exit(10*time.Second))
+	assert.Eventually(t, func() bool { return len(hostProcs("oac-daemon-standin serve")) == 0 }, 5*time.Second, 20*time.Millisecond,
+		"nothing left behind")
+}
+
+func TestRootlessEgressAllowsAndDeniesAsWhenRoot(t *testing.T) {
+	needRootless(t)
+	needCurl(t)
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s%s", r.Host, r.URL.Path)
+	}))
+	defer web.Close()
+	script := `
+echo "allowed: $(curl -sS -m 10 http://web.test/page 2>&1)"
+echo "denied: $(curl -sS -m 10 -o /dev/null -w '%{http_code}' http://blocked.test/ 2>&1)"
+exec sleep 1000
+`
+	s := startShim(t, sandboxSpec{user: subIDUser, bootstrap: egressBootstrap(script),
+		args: []string{"--upstream", "web.test:80=" + web.Listener.Addr().String()}})
+	s.waitState(events.StateReady, bootTimeout)
+	assert.Equal(t, "hello from web.test/page", s.waitLog("allowed: ", 30*time.Second))
+	assert.Equal(t, "403", s.waitLog("denied: ", 30*time.Second), "the explicit denial")
+	denied := s.waitFor(func(e events.Event) bool { return e.Event == "egress" && e.Decision == "denied" }, 10*time.Second, "denied egress event")
+	assert.Contains(t, denied.Target, "blocked.test")
 	s.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, s.exit(15*time.Second))
 }
