@@ -83,4 +83,3 @@ BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
 bench: deps build
 	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
-	$(GO) run ./bench/egress -runs 9

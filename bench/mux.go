@@ -116,7 +116,7 @@ type onlyReader struct{ io.Reader }
 
 // echo serves b: every byte read is written back.
 func echo(b net.Conn) {
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 4<<10)
 	for {
 		n, err := b.Read(buf)
 		if err != nil {

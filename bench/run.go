@@ -19,6 +19,9 @@ func Run(o Options) error {
 	if err := MuxFigures(r, o.Runs); err != nil {
 		return err
 	}
+	if err := EgressFigures(r, o.Runs, 256<<20, 200); err != nil {
+		return err
+	}
 	b, err := FindBins(o.Bin)
 	if err != nil {
 		return err

@@ -1,24 +1,23 @@
-// Command egress measures the egress path against a direct loopback TCP
-// connection, side by side in one run: bulk throughput each way and
-// connect-plus-first-byte latency.
-//
-// The path is the real one minus the namespaces: a client on loopback ->
-// the guest's HTTP proxy (CONNECT) -> an egress stream of a yamux session
-// over an AF_UNIX socketpair (the bwrap transport is an AF_UNIX socket) ->
-// the host broker (policy, dial) -> an upstream on 127.0.0.1. Runs
-// alternate between direct and broker so drift hits both alike.
-package main
+package bench
+
+// Egress figures: the path is the real one minus the namespaces: a client
+// on loopback -> the guest's HTTP proxy (CONNECT) -> an egress stream of a
+// yamux session over an AF_UNIX socketpair (the bwrap transport is an
+// AF_UNIX socket) -> the host broker (policy, dial) -> an upstream on
+// 127.0.0.1. Runs alternate between direct and broker so drift hits both
+// alike.
 
 import (
 	"bufio"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,17 +29,6 @@ import (
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
-
-func main() {
-	runs := flag.Int("runs", 9, "runs per measurement (median, min, max over runs)")
-	size := flag.Int("mib", 256, "MiB per throughput run")
-	conns := flag.Int("conns", 200, "connections per latency run")
-	flag.Parse()
-	if err := run(*runs, *size<<20, *conns); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
-	}
-}
 
 // upstream serves: "d" then N bytes down; "u" reads until EOF and answers
 // the count; "l" writes one byte at once (latency).
@@ -65,6 +53,8 @@ func upstream() (string, error) {
 				switch cmd[0] {
 				case 'l':
 					_, _ = c.Write([]byte{1})
+				case 'e':
+					echo(c)
 				case 'd':
 					if _, err := io.ReadFull(c, cmd[1:]); err != nil {
 						return
@@ -91,7 +81,6 @@ func upstream() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-type onlyReader struct{ io.Reader }
 
 // stack starts the broker and the guest proxy over a yamux session on a
 // socketpair and returns the proxy's address.
@@ -250,15 +239,9 @@ func latency(dial func() (net.Conn, error), conns int) (time.Duration, error) {
 	return ds[len(ds)/2], nil
 }
 
-type stat struct{ med, lo, hi float64 }
 
-func summarize(v []float64) stat {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return stat{s[len(s)/2], s[0], s[len(s)-1]}
-}
-
-func run(runs, size, conns int) error {
+// EgressFigures measures the egress tunnel against direct loopback TCP.
+func EgressFigures(r *Report, runs, size, conns int) error {
 	up, err := upstream()
 	if err != nil {
 		return err
@@ -269,56 +252,152 @@ func run(runs, size, conns int) error {
 	}
 	defer stop()
 	direct, broker := dialDirect(up), dialBroker(proxy)
-	// Warm up both paths.
-	if _, err := download(broker, 8<<20); err != nil {
-		return err
-	}
-	if _, err := download(direct, 8<<20); err != nil {
-		return err
-	}
-	type series struct{ direct, broker []float64 }
-	var down, upl, lat series
-	for i := 0; i < runs; i++ {
-		for _, m := range []struct {
-			s    *series
-			f    func(func() (net.Conn, error)) (float64, error)
-			name string
-		}{
-			{&down, func(d func() (net.Conn, error)) (float64, error) { return download(d, size) }, "download"},
-			{&upl, func(d func() (net.Conn, error)) (float64, error) { return upload(d, size) }, "upload"},
-			{&lat, func(d func() (net.Conn, error)) (float64, error) {
-				l, err := latency(d, conns)
-				return float64(l.Microseconds()), err
-			}, "latency"},
-		} {
-			a, err := m.f(direct)
-			if err != nil {
-				return fmt.Errorf("%s direct: %w", m.name, err)
-			}
-			b, err := m.f(broker)
-			if err != nil {
-				return fmt.Errorf("%s broker: %w", m.name, err)
-			}
-			m.s.direct = append(m.s.direct, a)
-			m.s.broker = append(m.s.broker, b)
+	for _, d := range []func() (net.Conn, error){direct, broker} { // warm up
+		if _, err := download(d, 8<<20); err != nil {
+			return err
 		}
 	}
-	fmt.Printf("egress bench: %d runs, %d MiB per throughput run, %d connections per latency run; large buffers held after the run: %d\n",
-		runs, size>>20, conns, pipe.BigBuffersInUse())
-	fmt.Printf("%-34s %10s %10s %10s\n", "", "median", "min", "max")
-	row := func(name, unit string, v []float64) {
-		s := summarize(v)
-		fmt.Printf("%-34s %10.0f %10.0f %10.0f  %s\n", name, s.med, s.lo, s.hi, unit)
+	pair := func(name, unit string, f func(func() (net.Conn, error)) (float64, error)) (Result, error) {
+		b, s, err := Pair(runs, func() (float64, error) { return f(direct) }, func() (float64, error) { return f(broker) })
+		if err != nil {
+			return Result{}, fmt.Errorf("%s: %w", name, err)
+		}
+		return NewResult(name, unit, s, "direct loopback TCP", b), nil
 	}
-	row("download, direct loopback TCP", "MB/s", down.direct)
-	row("download, through the broker", "MB/s", down.broker)
-	row("upload, direct loopback TCP", "MB/s", upl.direct)
-	row("upload, through the broker", "MB/s", upl.broker)
-	row("connect+first byte, direct", "us (median of each run)", lat.direct)
-	row("connect+first byte, broker", "us (median of each run)", lat.broker)
-	fmt.Printf("ratio broker/direct: download %.2f, upload %.2f (median throughput); latency %.1fx (median)\n",
-		summarize(down.broker).med/summarize(down.direct).med,
-		summarize(upl.broker).med/summarize(upl.direct).med,
-		summarize(lat.broker).med/summarize(lat.direct).med)
+	res, err := pair("egress tunnel, one flow, download", "MB/s", func(d func() (net.Conn, error)) (float64, error) { return download(d, size) })
+	if err != nil {
+		return err
+	}
+	r.Add(res.Judge("≥ 0.5x direct", res.Ratio >= 0.5))
+	res, err = pair("egress tunnel, one flow, upload", "MB/s", func(d func() (net.Conn, error)) (float64, error) { return upload(d, size) })
+	if err != nil {
+		return err
+	}
+	r.Add(res.Judge("≥ 0.5x direct", res.Ratio >= 0.5))
+	res, err = pair("egress tunnel, 8 flows at once, download (sum)", "MB/s", func(d func() (net.Conn, error)) (float64, error) {
+		return flows(8, func() (float64, error) { return download(d, size/8) })
+	})
+	if err != nil {
+		return err
+	}
+	r.Add(res.Judge("≥ 0.4x direct", res.Ratio >= 0.4))
+	res, err = pair("egress tunnel connect + first byte (median of each run)", "µs", func(d func() (net.Conn, error)) (float64, error) {
+		l, err := latency(d, conns)
+		return float64(l.Microseconds()), err
+	})
+	if err != nil {
+		return err
+	}
+	r.Add(res.Judge("≤ 2x direct", res.Ratio <= 2))
+	res, err = pair("egress tunnel steady 64-byte round trip p50", "µs", func(d func() (net.Conn, error)) (float64, error) {
+		return steadyRTT(d, 2000)
+	})
+	if err != nil {
+		return err
+	}
+	r.Add(res.Judge("≤ 2.5x direct", res.Ratio <= 2.5))
+	held := float64(pipe.BigBuffersInUse())
+	r.Add(NewResult("large copy buffers still held after the runs", "buffers", []float64{held}, "", nil).Judge("0", held == 0))
+	return idleMemory(r, proxy)
+}
+
+// flows runs f on n connections at once and returns the summed MB/s.
+func flows(n int, f func() (float64, error)) (float64, error) {
+	var wg sync.WaitGroup
+	rates := make([]float64, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); rates[i], errs[i] = f() }()
+	}
+	wg.Wait()
+	sum := 0.0
+	for i := range n {
+		if errs[i] != nil {
+			return 0, errs[i]
+		}
+		sum += rates[i]
+	}
+	return sum, nil
+}
+
+// steadyRTT opens one connection to the upstream's echo mode and returns
+// the p50 of n 64-byte round trips, in µs.
+func steadyRTT(dial func() (net.Conn, error), n int) (float64, error) {
+	c, err := dial()
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte{'e'}); err != nil {
+		return 0, err
+	}
+	return roundTrips(c, n, 64)
+}
+
+// heap returns the bytes the process holds for heap and stacks after a GC.
+func heap() float64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return float64(m.HeapInuse + m.StackInuse)
+}
+
+// idleMemory measures what idle yamux streams and idle proxied connections
+// cost. Both ends live in this process, so the cost per side is half.
+func idleMemory(r *Report, proxy string) error {
+	const n = 1000
+	a, b, err := socketPair()
+	if err != nil {
+		return err
+	}
+	cs, _ := yamux.Client(a, protocol.MuxConfig(nil))
+	ss, _ := yamux.Server(b, protocol.MuxConfig(nil))
+	defer cs.Close()
+	defer ss.Close()
+	go func() {
+		for {
+			if _, err := ss.Accept(); err != nil {
+				return
+			}
+		}
+	}()
+	before := heap()
+	var streams []net.Conn
+	for range n {
+		st, err := cs.Open()
+		if err != nil {
+			return err
+		}
+		if _, err := st.Write([]byte{0}); err != nil { // SYN goes out with data
+			return err
+		}
+		streams = append(streams, st)
+	}
+	time.Sleep(200 * time.Millisecond)
+	per := (heap() - before) / n / 2 / 1024
+	for _, st := range streams {
+		st.Close()
+	}
+	r.Add(NewResult("memory per idle yamux stream, per side", "KB", []float64{per}, "", nil).Judge("≤ 3 KB", per <= 3))
+
+	before = heap()
+	var conns []net.Conn
+	for range n {
+		c, err := dialBroker(proxy)()
+		if err != nil {
+			return fmt.Errorf("idle connection %d: %w", len(conns), err)
+		}
+		if _, err := c.Write([]byte{'e'}); err != nil {
+			return err
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the pipe's idle buffer release
+	per = (heap() - before) / n / 2 / 1024
+	for _, c := range conns {
+		c.Close()
+	}
+	r.Add(NewResult("memory per idle proxied connection, per side (guest proxy + host broker + upstream)", "KB", []float64{per}, "", nil).Judge("≤ 80 KB", per <= 80))
 	return nil
 }
