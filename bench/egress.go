@@ -81,7 +81,6 @@ func upstream() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-
 // stack starts the broker and the guest proxy over a yamux session on a
 // socketpair and returns the proxy's address.
 func stack(upAddr string) (string, func(), error) {
@@ -238,7 +237,6 @@ func latency(dial func() (net.Conn, error), conns int) (time.Duration, error) {
 	slices.Sort(ds)
 	return ds[len(ds)/2], nil
 }
-
 
 // EgressFigures measures the egress tunnel against direct loopback TCP.
 func EgressFigures(r *Report, runs, size, conns int) error {
