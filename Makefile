@@ -81,5 +81,5 @@ distclean: clean
 # Speed and memory figures beside their baselines; writes bench/results.md and .json.
 BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
-bench: deps build
+bench: deps build initramfs
 	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 )
 
 // Options configure a run.
@@ -38,6 +39,14 @@ func Run(o Options) error {
 		if err := DensityFigures(r, b, o.Density); err != nil {
 			return err
 		}
+	}
+	kernel, initrd := filepath.Join(o.Bin, "vmlinuz"), filepath.Join(o.Bin, "initramfs.img")
+	_, errK := os.Stat(kernel)
+	_, errI := os.Stat(initrd)
+	if _, errQ := exec.LookPath("qemu-system-x86_64"); errQ != nil || errK != nil || errI != nil || os.Geteuid() != 0 {
+		r.Skip("qemu boot figure", "needs qemu-system-x86_64, root and make initramfs (bin/vmlinuz, bin/initramfs.img)")
+	} else if err := QemuFigures(r, b, kernel, initrd, min(o.Runs, 5)); err != nil {
+		return err
 	}
 	if err := r.Write(o.Out); err != nil {
 		return fmt.Errorf("write results: %w", err)

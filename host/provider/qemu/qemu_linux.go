@@ -167,7 +167,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	in := &Instance{
 		spec: spec, qemu: qemuBin, done: make(chan struct{}),
 		cfg: vmConfig{
-			Name: spec.Name, Kernel: p.Kernel, Initramfs: p.Initramfs, Disk: p.Disk, Accel: accel,
+			Name: spec.Name, Kernel: absPath(p.Kernel), Initramfs: absPath(p.Initramfs), Disk: absPath(p.Disk), Accel: accel,
 			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
 			HostGrace: p.HostGrace, ExtraAppend: p.ExtraAppend,
 		},
@@ -374,4 +374,16 @@ func (in *Instance) release() {
 		in.slotLock = nil
 	}
 	in.state.Release()
+}
+
+// absPath makes a host path absolute: qemu runs in / and would otherwise
+// resolve a path given relative to the shim's working directory there.
+func absPath(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
