@@ -299,11 +299,17 @@ func DensityFigures(r *Report, b Bins, n int) error {
 		go func() { defer wg.Done(); _ = s.stop() }()
 	}
 	wg.Wait()
+	ready := NewResult(fmt.Sprintf("density: %d bwrap sandboxes started at once, ready", n), "sandboxes", []float64{float64(len(started))}, "", nil)
+	ready = ready.Judge(fmt.Sprintf("all %d ready", n), firstErr == nil)
 	if firstErr != nil {
-		return fmt.Errorf("density: %d of %d sandboxes ready, first failure: %w", len(started), n, firstErr)
+		ready.Note = "first failure: " + firstErr.Error()
 	}
-	r.Add(NewResult(fmt.Sprintf("density: %d bwrap sandboxes started at once, time to all ready", n), "ms", []float64{allReady}, "", nil))
-	r.Add(NewResult(fmt.Sprintf("density: memory per sandbox (RSS of shim + bwrap + guest) at %d running", n), "MiB", per, "", nil))
+	r.Add(ready)
+	r.Add(NewResult(fmt.Sprintf("density: time to all ready, %d started at once", n), "ms", []float64{allReady}, "", nil))
+	if len(per) > 0 {
+		r.Add(NewResult(fmt.Sprintf("density: memory per sandbox (RSS of shim + bwrap + guest) at %d running", len(per)), "MiB", per, "", nil))
+		r.Add(NewResult("density: sandboxes that fit a 4 GiB budget at that memory per sandbox", "sandboxes", []float64{float64(int(4096 / Summarise(per).Median))}, "", nil))
+	}
 	return nil
 }
 
