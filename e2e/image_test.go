@@ -140,7 +140,13 @@ func newStageServer(t *testing.T) *stageServer {
 // buildImage runs oac-image build with every output into a new directory.
 func buildImage(t *testing.T, base, sandboxIO, baseURL string) (string, string) {
 	t.Helper()
-	out := filepath.Join(t.TempDir(), "out")
+	// The bwrap provider opens the rootfs as the guest's root id, which
+	// must be able to search every parent: t.TempDir is 0700.
+	parent, err := os.MkdirTemp("", "oac-e2e-image-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(parent) })
+	require.NoError(t, os.Chmod(parent, 0o755))
+	out := filepath.Join(parent, "out")
 	cache := kernelCache()
 	cmd := exec.Command(bins.image, "build", "--base", base, "--agent", bins.guest, "--sandbox-io", sandboxIO,
 		"--kernel", filepath.Join(cache, "vmlinuz"), "--kernel-modules", filepath.Join(cache, "modules"),

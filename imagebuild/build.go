@@ -243,6 +243,9 @@ func Build(spec Spec) (res *Result, err error) {
 		if err := writeOCILayout(p, layer, spec.Arch, spec.Ref, epoch); err != nil {
 			return nil, fmt.Errorf("oci layout: %w", err)
 		}
+		if err := stampTimes(p, epoch); err != nil {
+			return nil, fmt.Errorf("oci layout: %w", err)
+		}
 		if err := add(OutOCI, p, start); err != nil {
 			return nil, err
 		}
@@ -499,4 +502,22 @@ func writeManifest(p string, spec Spec, outs []Output) error {
 		return fmt.Errorf("manifest: %w", err)
 	}
 	return f.Close()
+}
+
+// stampTimes sets the mtime of dir and everything below it to epoch, so a
+// written directory compares equal to another build's.
+func stampTimes(dir string, epoch time.Time) error {
+	var paths []string
+	if err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		paths = append(paths, p)
+		return err
+	}); err != nil {
+		return err
+	}
+	for i := len(paths) - 1; i >= 0; i-- {
+		if err := os.Chtimes(paths[i], epoch, epoch); err != nil {
+			return err
+		}
+	}
+	return nil
 }
