@@ -31,8 +31,8 @@ type ProviderFlags struct {
 	SingleUID bool
 	// qemu
 	Kernel, Initramfs, Disk, Accel, VMTransport string
-	Memory                                int
-	HostGrace                             time.Duration
+	Memory                                      int
+	HostGrace                                   time.Duration
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {

@@ -90,7 +90,7 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 		extra = append(extra, imagebuild.ExtraFile{Src: f.Src, Dst: f.Dst, Mode: f.Mode})
 	}
 	spec := imagebuild.Spec{
-		Base: *base,
+		Base:      *base,
 		Injection: imagebuild.Injection{Agent: *agent, SandboxIO: *sio, CABundle: *ca, Files: extra, AllRoot: *allRoot},
 		Epoch:     *epoch, Arch: *arch, Outputs: outputs, Out: *out,
 		Kernel: *kernel, ModulesDir: *modDir, Modules: modules, InitramfsFiles: irdFiles,
