@@ -4,14 +4,14 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-linux mount
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-linux mount e2fsprogs erofs-utils tar
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 KERNEL_CACHE ?= .cache/kernel
 # Modules the VM guest loads at boot (dependencies are added from modules.dep).
 VM_MODULES ?= virtio_pci,virtio_console
 
-.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs
+.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs image
 
 all: build
 
@@ -34,6 +34,18 @@ initramfs: build kernel
 fixtures:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/sandbox-io-standin ./e2e/internal/standin/sandboxio
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/daemon-standin ./e2e/internal/standin/daemon
+
+# Every guest image output from a base rootfs (BASE: a directory or a
+# tar/tar.gz; empty: the injected parts only) into $(IMAGE_OUT). The
+# oac-sandbox-io binary comes from its own project: set SANDBOX_IO.
+IMAGE_OUT ?= $(BIN)/image
+BASE ?=
+SANDBOX_IO ?=
+image: build kernel
+	@[ -n "$(SANDBOX_IO)" ] || { echo "make image: set SANDBOX_IO=/path/to/oac-sandbox-io"; exit 2; }
+	rm -rf $(IMAGE_OUT)
+	$(BIN)/oac-image build $(if $(BASE),--base $(BASE)) --agent $(BIN)/oac-guest --sandbox-io $(SANDBOX_IO) \
+	  --kernel $(KERNEL_CACHE)/vmlinuz --kernel-modules $(KERNEL_CACHE)/modules -o $(IMAGE_OUT)
 
 deps:
 	@scripts/deps.sh $(APT_PKGS)
@@ -60,9 +72,9 @@ demo: deps build fixtures
 
 # Everything that compiles for the desktop OSes without cgo.
 cross:
-	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/...
-	GOOS=darwin GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/...
-	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/...
+	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/... ./manifest/... ./stage/...
+	GOOS=darwin GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/... ./manifest/... ./stage/...
+	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) build -o /dev/null ./cmd/oac-shim ./protocol/... ./host/... ./manifest/... ./stage/...
 
 FUZZTIME ?= 30s
 fuzz:

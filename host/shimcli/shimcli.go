@@ -31,15 +31,16 @@ type ProviderFlags struct {
 	// SingleUID allows bwrap's rootless fallback without subordinate ids.
 	SingleUID bool
 	// qemu
-	Kernel, Initramfs, Accel, VMTransport string
-	Memory                                int
-	HostGrace                             time.Duration
+	Kernel, Initramfs, Disk, Accel, VMTransport string
+	Memory                                      int
+	HostGrace                                   time.Duration
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&pf.SingleUID, "single-uid", false, "bwrap without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
 	fs.StringVar(&pf.Kernel, "kernel", "", "qemu: kernel image (default: vmlinuz beside oac-shim; make initramfs puts it there)")
 	fs.StringVar(&pf.Initramfs, "initramfs", "", "qemu: initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
+	fs.StringVar(&pf.Disk, "disk", "", "qemu: raw disk image attached read-only as virtio-blk (the guest sees /dev/vda; oac-image build makes disk.ext4 and disk.erofs)")
 	fs.StringVar(&pf.Accel, "accel", qemu.AccelAuto, "qemu: accelerator: auto (kvm when it can run a stock kernel, else tcg), kvm or tcg")
 	fs.IntVar(&pf.Memory, "memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
 	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
@@ -47,7 +48,7 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 }
 
 func newQemu(f ProviderFlags) provider.Provider {
-	q := &qemu.Provider{Kernel: f.Kernel, Initramfs: f.Initramfs, Accel: f.Accel, MemoryMiB: f.Memory, Transport: f.VMTransport, HostGrace: f.HostGrace}
+	q := &qemu.Provider{Kernel: f.Kernel, Initramfs: f.Initramfs, Disk: f.Disk, Accel: f.Accel, MemoryMiB: f.Memory, Transport: f.VMTransport, HostGrace: f.HostGrace}
 	if q.Kernel == "" {
 		q.Kernel = besideShim("vmlinuz")
 	}
@@ -67,7 +68,7 @@ const usage = `usage:
   oac-shim run --provider bwrap|qemu --name NAME [--rootfs DIR] [--bootstrap FILE]
                [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
                [--single-uid]
-               [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
+               [--kernel FILE] [--initramfs FILE] [--disk FILE] [--accel auto|kvm|tcg]
                [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
                [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]

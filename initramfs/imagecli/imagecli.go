@@ -1,5 +1,6 @@
 // Package imagecli is oac-image's command line: it parses flags and calls
-// package initramfs. It owns nothing else.
+// packages initramfs, imagebuild, manifest and stage. It owns nothing
+// else.
 package imagecli
 
 import (
@@ -17,9 +18,15 @@ import (
 )
 
 const usage = `usage:
+  oac-image build --agent PATH --sandbox-io PATH [--base DIR|TAR] [--output KIND...] -o DIR
+                      guest images: dir, tar (WSL), oci, ext4, erofs, vm (kernel+initramfs)
   oac-image initramfs --agent PATH [--kernel-modules DIR --module NAME...]
                       [--file SRC:DST[:MODE]...] -o FILE
   oac-image list FILE
+  oac-image manifest verify MANIFEST [--store DIR] [--dir DIR]...
+  oac-image stage --store DIR --manifest FILE [filters] | --url URL --size N --sha256 HEX
+
+Run oac-image COMMAND --help for what each command does, with an example.
 `
 
 // Main runs oac-image with args (without the program name) and returns the
@@ -30,6 +37,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "build":
+		return buildImageCmd(args[1:], stdout, stderr)
+	case "manifest":
+		return manifestCmd(args[1:], stdout, stderr)
+	case "stage":
+		return stageCmd(args[1:], stdout, stderr)
 	case "initramfs":
 		return buildCmd(args[1:], stderr)
 	case "list":

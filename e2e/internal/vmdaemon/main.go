@@ -50,6 +50,25 @@ func main() {
 	wd, _ := os.Getwd()
 	fmt.Printf("cwd=%s\n", wd)
 	fmt.Printf("unix_ms=%d\n", time.Now().UnixMilli())
+	fmt.Printf("vda=%s\n", disk())
 	<-term
 	fmt.Println("term")
+}
+
+// disk describes /dev/vda as the kernel sees it ("SECTORS ro=0|1"), waiting
+// up to 5 s for the virtio-blk probe, or "none".
+func disk() string {
+	if _, err := os.Stat("/sys/module/virtio_blk"); err != nil {
+		return "none"
+	}
+	for i := 0; i < 50; i++ {
+		size, err := os.ReadFile("/sys/block/vda/size")
+		if err == nil {
+			ro, _ := os.ReadFile("/sys/block/vda/ro")
+			_, derr := os.Stat("/dev/vda")
+			return fmt.Sprintf("%s ro=%s dev=%t", strings.TrimSpace(string(size)), strings.TrimSpace(string(ro)), derr == nil)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return "none"
 }

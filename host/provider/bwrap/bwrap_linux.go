@@ -328,6 +328,11 @@ func (in *Instance) prepare() error {
 			return fmt.Errorf("%w: rootfs %s: %v", provider.ErrInvalidSpec, in.spec.Rootfs, err)
 		}
 		in.rootFile = f
+		if in.mode == ModeRoot {
+			if err := searchableByOthers(in.spec.Rootfs); err != nil {
+				return fmt.Errorf("%w: rootfs %s: %v", provider.ErrInvalidSpec, in.spec.Rootfs, err)
+			}
+		}
 		// A read-only rootfs gets writable runtime directories where it
 		// has mount points for them (real directories, not symlinks).
 		for _, d := range RuntimeDirs {
@@ -628,5 +633,27 @@ func (in *Instance) release() {
 	if in.idLock != nil {
 		in.idLock.Close()
 		in.idLock = nil
+	}
+}
+
+// searchableByOthers checks that dir and every parent can be searched by
+// others: bwrap mounts the rootfs as the guest's root, an unprivileged host
+// id, and fails with a bare "Permission denied" otherwise.
+func searchableByOthers(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s (mode %#o) is not searchable by others; the guest's root is not host root, so the rootfs and every parent need o+x", p, st.Mode().Perm())
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
 	}
 }

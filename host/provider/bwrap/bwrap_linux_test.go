@@ -90,3 +90,18 @@ func TestCreateRefusesBadSpecsAndLeavesNothing(t *testing.T) {
 	_, err = os.Stat(filepath.Join(p.StateRoot, "sandboxes", "noagent"))
 	assert.True(t, os.IsNotExist(err), "a failed Create leaves no state directory")
 }
+
+func TestSearchableByOthers(t *testing.T) {
+	parent := t.TempDir()
+	require.NoError(t, os.Chmod(parent, 0o755))
+	dir := filepath.Join(parent, "a", "rootfs")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	if st, err := os.Stat(filepath.Dir(parent)); err != nil || st.Mode().Perm()&0o001 == 0 {
+		t.Skip("the temporary directory's parents are not searchable by others here")
+	}
+	require.NoError(t, searchableByOthers(dir))
+	require.NoError(t, os.Chmod(filepath.Join(parent, "a"), 0o700))
+	err := searchableByOthers(dir)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "(mode 0700) is not searchable by others")
+}

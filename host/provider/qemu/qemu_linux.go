@@ -158,6 +158,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: qemu guests run from their initramfs; --rootfs is a bwrap option (switch_root into a disk is not built yet)", provider.ErrInvalidSpec)
 	}
+	if p.Disk != "" {
+		if st, err := os.Stat(p.Disk); err != nil || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("%w: disk %s is not a readable file (oac-image build makes disk.ext4 and disk.erofs)", provider.ErrInvalidSpec, p.Disk)
+		}
+	}
 	if err := p.Check(ctx); err != nil {
 		return nil, err
 	}

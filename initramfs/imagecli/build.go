@@ -1,0 +1,126 @@
+package imagecli
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oac/sandbox-agent/imagebuild"
+)
+
+const buildHelp = `usage: oac-image build --agent PATH --sandbox-io PATH -o DIR [options]
+
+Builds a guest image from a base rootfs and writes every requested output
+into DIR (which must be new or empty), then DIR/SHA256SUMS:
+
+  dir    DIR/rootfs/        a directory: oac-shim run --provider bwrap --rootfs DIR/rootfs
+  tar    DIR/rootfs.tar.gz  for Windows: wsl --import NAME PATH DIR/rootfs.tar.gz
+  oci    DIR/oci/           an OCI image layout (one gzip layer; tag from --ref)
+  ext4   DIR/disk.ext4      a raw ext4 disk (qemu, macOS); needs mkfs.ext4 and debugfs (e2fsprogs)
+  erofs  DIR/disk.erofs     a raw erofs disk, lz4hc; needs mkfs.erofs (erofs-utils)
+  vm     DIR/vmlinuz, DIR/initramfs.img   the kernel and an initramfs with oac-guest as
+         /init and the virtio modules (serial port, disk); needs --kernel and
+         --kernel-modules (make kernel caches Debian's cloud kernel in .cache/kernel)
+
+Every image gets /sbin/oac-guest, /usr/local/bin/oac-sandbox-io, the CA bundle at
+/etc/ssl/certs/ca-certificates.crt, the user and group runtime (1000) with home
+/home/runtime (0700) and /environment/workspace. The same inputs give
+bit-identical outputs: every time is --epoch, owners are numeric, entries sorted,
+filesystem UUIDs derive from the content. Writing owners (dir, ext4, erofs)
+needs root.
+
+Example (a base from a debootstrap directory, every output):
+  sudo oac-image build --base /srv/bookworm --agent bin/oac-guest \
+      --sandbox-io bin/oac-sandbox-io --kernel .cache/kernel/vmlinuz \
+      --kernel-modules .cache/kernel/modules -o out/
+
+options:
+`
+
+func buildImageCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("oac-image build", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, buildHelp); fs.PrintDefaults() }
+	base := fs.String("base", "", "base rootfs: a directory, or a .tar or .tar.gz (default: empty, the injected parts only)")
+	agent := fs.String("agent", "", "static oac-guest binary, becomes /sbin/oac-guest (required)")
+	sio := fs.String("sandbox-io", "", "oac-sandbox-io binary, becomes /usr/local/bin/oac-sandbox-io (required)")
+	ca := fs.String("ca-bundle", imagebuild.DefaultCABundle, "PEM CA bundle for /etc/ssl/certs/ca-certificates.crt")
+	var files fileFlag
+	fs.Var(&files, "file", "extra file SRC:DST[:MODE] for the image (repeatable)")
+	allRoot := fs.Bool("all-root", false, "make every base entry owned by 0:0 (a base unpacked by a non-root user)")
+	defEpoch := int64(0)
+	if v := os.Getenv("SOURCE_DATE_EPOCH"); v != "" {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			defEpoch = n
+		}
+	}
+	epoch := fs.Int64("epoch", defEpoch, "every timestamp in the outputs, in seconds since 1970 (default: $SOURCE_DATE_EPOCH, else 0)")
+	arch := fs.String("arch", "", "image architecture: amd64 or arm64 (default: this host's)")
+	var outputs listFlag
+	fs.Var(&outputs, "output", "outputs to build: "+strings.Join(imagebuild.AllOutputs, ",")+" (repeatable or comma-separated; default all)")
+	kernel := fs.String("kernel", "", "vm: kernel image to ship as vmlinuz (e.g. .cache/kernel/vmlinuz)")
+	modDir := fs.String("kernel-modules", "", "vm: the kernel's modules directory with modules.dep (e.g. .cache/kernel/modules)")
+	var modules listFlag
+	fs.Var(&modules, "module", "vm: initramfs module (default virtio_pci,virtio_console,virtio_blk, plus erofs with the erofs output)")
+	var irdFiles fileFlag
+	fs.Var(&irdFiles, "initramfs-file", "vm: extra file SRC:DST[:MODE] for the initramfs (repeatable)")
+	ref := fs.String("ref", "latest", "oci: the image's tag (org.opencontainers.image.ref.name)")
+	baseURL := fs.String("base-url", "", "write DIR/manifest.json pinning the file outputs at URL/NAME (https)")
+	release := fs.String("release", "", "the manifest's release name (required with --base-url)")
+	out := fs.String("o", "", "output directory, new or empty (required)")
+	if wantsHelp(args, fs, buildHelp, stdout) {
+		return 0
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 || *agent == "" || *sio == "" || *out == "" {
+		fmt.Fprintln(stderr, "oac-image build: --agent, --sandbox-io and -o are required and no other arguments are taken (see oac-image build --help)")
+		return 2
+	}
+	var extra []imagebuild.ExtraFile
+	for _, f := range files {
+		extra = append(extra, imagebuild.ExtraFile{Src: f.Src, Dst: f.Dst, Mode: f.Mode})
+	}
+	spec := imagebuild.Spec{
+		Base:      *base,
+		Injection: imagebuild.Injection{Agent: *agent, SandboxIO: *sio, CABundle: *ca, Files: extra, AllRoot: *allRoot},
+		Epoch:     *epoch, Arch: *arch, Outputs: outputs, Out: *out,
+		Kernel: *kernel, ModulesDir: *modDir, Modules: modules, InitramfsFiles: irdFiles,
+		Ref: *ref, BaseURL: *baseURL, Release: *release, Log: stderr,
+	}
+	start := time.Now()
+	res, err := imagebuild.Build(spec)
+	if err != nil {
+		fmt.Fprintf(stderr, "oac-image: build: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "oac-image: built %d outputs of %d entries in %s (tree sha256 %s)\n", len(res.Outputs), res.Entries, time.Since(start).Round(time.Millisecond), res.TreeDigest[:16])
+	for _, o := range res.Outputs {
+		fmt.Fprintf(stdout, "%s  %s\n", o.SHA256, o.Path)
+	}
+	return 0
+}
+
+// wantsHelp prints help and the flags to stdout when args ask for it.
+func wantsHelp(args []string, fs *flag.FlagSet, help string, stdout io.Writer) bool {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fmt.Fprint(stdout, help)
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return true
+		}
+		if a == "--" {
+			break
+		}
+	}
+	return false
+}

@@ -1,0 +1,86 @@
+package imagecli
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestEveryCommandHasHelpOnStdout(t *testing.T) {
+	for _, cmd := range [][]string{{"build", "--help"}, {"stage", "--help"}, {"manifest", "--help"}, {"manifest", "verify", "--help"}, {"--help"}} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, Main(cmd, &stdout, &stderr), "%v: %s", cmd, stderr.String())
+		assert.Contains(t, stdout.String(), "usage:", "%v", cmd)
+		assert.Contains(t, stdout.String(), "xample", "%v gives an example", cmd)
+	}
+}
+
+func TestNewCommandsRefuseBadUsage(t *testing.T) {
+	for _, cmd := range [][]string{
+		{"build", "-o", "x"},
+		{"stage", "--store", "s"},
+		{"stage", "--store", "s", "--manifest", "m", "--url", "u"},
+		{"manifest"},
+		{"manifest", "verify"},
+		{"manifest", "verify", "a", "b"},
+	} {
+		var stdout, stderr bytes.Buffer
+		assert.Equal(t, 2, Main(cmd, &stdout, &stderr), "%v", cmd)
+	}
+}
+
+func TestBuildVerifyAndStageThroughTheCLI(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"agent", "sio", "ca"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755))
+	}
+	srv := httptest.NewServer(http.FileServer(http.Dir(filepath.Join(dir, "out"))))
+	defer srv.Close()
+	out := filepath.Join(dir, "out")
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"build", "--agent", filepath.Join(dir, "agent"), "--sandbox-io", filepath.Join(dir, "sio"),
+		"--ca-bundle", filepath.Join(dir, "ca"), "--output", "tar,oci", "--epoch", "1", "--base-url", srv.URL, "--release", "t1", "-o", out}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	assert.Contains(t, stdout.String(), filepath.Join(out, "rootfs.tar.gz"))
+	mf := filepath.Join(out, "manifest.json")
+
+	stdout.Reset()
+	require.Equal(t, 0, Main([]string{"manifest", "verify", mf, "--dir", out}, &stdout, &stderr), stderr.String())
+	assert.Contains(t, stdout.String(), "rootfs-tar-windows-")
+	assert.Contains(t, stdout.String(), " ok ")
+
+	store := filepath.Join(dir, "store")
+	stdout.Reset()
+	stderr.Reset()
+	require.Equal(t, 0, Main([]string{"stage", "--store", store, "--manifest", mf, "--progress", "json"}, &stdout, &stderr), stderr.String())
+	assert.Contains(t, stderr.String(), `"event":"done"`)
+	require.Equal(t, 0, Main([]string{"manifest", "verify", "--store", store, mf}, &stdout, &stderr))
+
+	// A damaged file fails verification.
+	tarPath := filepath.Join(out, "rootfs.tar.gz")
+	require.NoError(t, os.WriteFile(tarPath, []byte("damaged"), 0o644))
+	stdout.Reset()
+	assert.Equal(t, 1, Main([]string{"manifest", "verify", mf, "--dir", out}, &stdout, &stderr))
+	assert.Contains(t, stdout.String(), "FAIL wrong size")
+
+	// A single URL with a wrong pin: the sha256 of other bytes.
+	sum := sha256.Sum256([]byte("other"))
+	stderr.Reset()
+	code = Main([]string{"stage", "--store", store, "--url", srv.URL + "/rootfs.tar.gz", "--size", "7", "--sha256", hex.EncodeToString(sum[:]), "--quiet"}, &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	assert.True(t, strings.HasPrefix(stderr.String(), "oac-image: corrupt: "), stderr.String())
+
+	stderr.Reset()
+	code = Main([]string{"stage", "--store", store, "--manifest", mf, "--name", "nope"}, &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "no artifact in the manifest matches")
+}

@@ -1,0 +1,98 @@
+package imagecli
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/oac/sandbox-agent/manifest"
+)
+
+const manifestHelp = `usage: oac-image manifest verify MANIFEST [--store DIR] [--dir DIR]...
+
+Checks a pinned manifest: strict JSON (schema 1, exactly the known keys, no
+duplicates, no trailing data) and every rule (names, kinds, platforms, https
+URLs, sizes, sha256). With --store or --dir it also checks the file of every
+artifact: first STORE/sha256/HEX (what oac-image stage fills), then
+DIR/NAME where NAME is the last element of the artifact's URL. Each artifact
+gets one line: ok, missing, wrong size or sha256 mismatch. Exit status 0
+when everything checks, 1 otherwise, 2 for usage errors.
+
+Example:
+  oac-image manifest verify out/manifest.json --dir out/
+
+options:
+`
+
+func manifestCmd(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "verify" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			fmt.Fprint(stdout, manifestHelp)
+			return 0
+		}
+		fmt.Fprint(stderr, manifestHelp)
+		return 2
+	}
+	fs := flag.NewFlagSet("oac-image manifest verify", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, manifestHelp); fs.PrintDefaults() }
+	store := fs.String("store", "", "a staging store (STORE/sha256/HEX) to look for files in")
+	var dirs listFlag
+	fs.Var(&dirs, "dir", "a directory holding the files by their URL's last name (repeatable)")
+	// The manifest path may come before or after the flags.
+	var path string
+	if len(args) > 1 && len(args[1]) > 0 && args[1][0] != '-' {
+		path, args = args[1], args[2:]
+	} else {
+		args = args[1:]
+	}
+	if wantsHelp(args, fs, manifestHelp, stdout) {
+		return 0
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if path == "" && fs.NArg() == 1 {
+		path = fs.Arg(0)
+	} else if fs.NArg() > 0 || path == "" {
+		fmt.Fprintln(stderr, "oac-image manifest verify: want exactly one MANIFEST (see --help)")
+		return 2
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Fprintf(stderr, "oac-image: %v\n", err)
+		return 1
+	}
+	m, err := manifest.Decode(f)
+	f.Close()
+	if err != nil {
+		fmt.Fprintf(stderr, "oac-image: %s: %v\n", path, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "manifest %s: schema %d, release %s, %d artifacts: valid\n", path, m.Schema, m.Release, len(m.Artifacts))
+	if *store == "" && len(dirs) == 0 {
+		return 0
+	}
+	bad := 0
+	for _, a := range m.Artifacts {
+		p, err := manifest.Locate(a, *store, dirs)
+		if err == nil {
+			err = manifest.VerifyFile(a, p)
+		}
+		if err != nil {
+			bad++
+			fmt.Fprintf(stdout, "%-32s FAIL %v\n", a.Name, err)
+			continue
+		}
+		fmt.Fprintf(stdout, "%-32s ok   %s (%d bytes)\n", a.Name, p, a.Size)
+	}
+	if bad > 0 {
+		fmt.Fprintf(stderr, "oac-image: %d of %d artifacts failed verification\n", bad, len(m.Artifacts))
+		return 1
+	}
+	return 0
+}

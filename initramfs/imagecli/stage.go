@@ -1,0 +1,129 @@
+package imagecli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/oac/sandbox-agent/manifest"
+	"github.com/oac/sandbox-agent/stage"
+)
+
+const stageHelp = `usage: oac-image stage --store DIR --manifest FILE [--name NAME | --kind K --platform P --arch A]
+       oac-image stage --store DIR --url URL --size BYTES --sha256 HEX [--name NAME]
+
+Downloads pinned artifacts into a content-addressed store, DIR/sha256/HEX, and
+prints "NAME PATH" for each on stdout. A download is hashed while it streams;
+its size and sha256 are checked before it is renamed into place, so the store
+only ever holds verified files. An interrupted or truncated download is kept in
+DIR/tmp and resumed by the next run (HTTP Range; the whole file is verified at
+the end). Two runs staging the same file share one download.
+
+With --manifest, every artifact matching the filters is staged (default: all).
+Progress goes to stderr: a bar on a terminal, else one JSON event per line
+({"event":"start"|"progress"|"wait"|"verify"|"retry"|"done"|"error",...});
+--quiet prints nothing but errors.
+
+Exit status 0 when everything is staged; 1 on a failure, with one line saying
+which: corrupt (sha256 mismatch, nothing kept), truncated (partial kept),
+wrong size, HTTP error status, stalled (no data for --idle-timeout, partial
+kept); 2 for usage errors.
+
+Example:
+  oac-image stage --store ~/.cache/oac/store --manifest manifest.json --platform linux --arch amd64
+
+options:
+`
+
+func stageCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("oac-image stage", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, stageHelp); fs.PrintDefaults() }
+	store := fs.String("store", "", "the store directory (required)")
+	mf := fs.String("manifest", "", "a pinned manifest to stage from")
+	name := fs.String("name", "", "with --manifest: only this artifact; with --url: the label in events")
+	kind := fs.String("kind", "", "with --manifest: only artifacts of this kind")
+	platform := fs.String("platform", "", "with --manifest: only artifacts for this platform (darwin, linux, windows)")
+	arch := fs.String("arch", "", "with --manifest: only artifacts for this arch (amd64, arm64)")
+	u := fs.String("url", "", "a single file's URL (https; http only for loopback)")
+	size := fs.Int64("size", 0, "with --url: its exact size in bytes")
+	sum := fs.String("sha256", "", "with --url: its sha256 (64 lowercase hex digits)")
+	idle := fs.Duration("idle-timeout", 30*time.Second, "fail a transfer that receives nothing for this long")
+	quiet := fs.Bool("quiet", false, "no progress output")
+	progress := fs.String("progress", "auto", "progress format: auto (bar on a terminal, else json), bar or json")
+	if wantsHelp(args, fs, stageHelp, stdout) {
+		return 0
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 || *store == "" || (*mf == "") == (*u == "") {
+		fmt.Fprintln(stderr, "oac-image stage: --store and exactly one of --manifest or --url are required (see oac-image stage --help)")
+		return 2
+	}
+	var targets []stage.Target
+	if *mf != "" {
+		f, err := os.Open(*mf)
+		if err != nil {
+			fmt.Fprintf(stderr, "oac-image: %v\n", err)
+			return 1
+		}
+		m, err := manifest.Decode(f)
+		f.Close()
+		if err != nil {
+			fmt.Fprintf(stderr, "oac-image: %s: %v\n", *mf, err)
+			return 1
+		}
+		for _, a := range m.Find(*name, *kind, *platform, *arch) {
+			targets = append(targets, stage.FromArtifact(a))
+		}
+		if len(targets) == 0 {
+			fmt.Fprintln(stderr, "oac-image: no artifact in the manifest matches the filters")
+			return 1
+		}
+	} else {
+		targets = []stage.Target{{Name: *name, URL: *u, Size: *size, SHA256: *sum}}
+	}
+	st := &stage.Stager{Store: *store, IdleTimeout: *idle}
+	if !*quiet {
+		mode := *progress
+		if mode == "auto" {
+			mode = "json"
+			if f, ok := stderr.(*os.File); ok && stage.IsTerminal(f) {
+				mode = "bar"
+			}
+		}
+		switch mode {
+		case "bar":
+			st.Progress = stage.BarProgress(stderr)
+		case "json":
+			st.Progress = stage.JSONProgress(stderr)
+		default:
+			fmt.Fprintf(stderr, "oac-image stage: --progress %q: want auto, bar or json\n", *progress)
+			return 2
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	for _, t := range targets {
+		res, err := st.Stage(ctx, t)
+		if err != nil {
+			fmt.Fprintf(stderr, "oac-image: %s: %v\n", stage.Code(err), err)
+			return 1
+		}
+		label := t.Name
+		if label == "" {
+			label = t.SHA256
+		}
+		fmt.Fprintf(stdout, "%s %s\n", label, res.Path)
+	}
+	return 0
+}

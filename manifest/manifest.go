@@ -1,0 +1,408 @@
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// SchemaVersion is the only schema this package reads and writes.
+const SchemaVersion = 1
+
+// MaxSize bounds an encoded manifest.
+const MaxSize = 1 << 20
+
+// Limits of the schema.
+const (
+	MaxArtifacts    = 256
+	MaxArtifactSize = 64 << 30
+)
+
+// Kinds of artifacts.
+const (
+	KindRootfsTar    = "rootfs-tar"    // a rootfs tar.gz for wsl --import
+	KindDiskExt4     = "disk-ext4"     // a raw ext4 disk image
+	KindDiskErofs    = "disk-erofs"    // a raw erofs disk image
+	KindKernel       = "kernel"        // a Linux kernel image (bzImage)
+	KindInitramfs    = "initramfs"     // a gzip-compressed newc initramfs
+	KindWSLInstaller = "wsl-installer" // the mirrored WSL installer (MSI)
+	KindOCILayer     = "oci-layer"     // a gzip OCI layer (the rootfs tar.gz)
+)
+
+// Kinds lists every kind, sorted.
+var Kinds = []string{KindDiskErofs, KindDiskExt4, KindInitramfs, KindKernel, KindOCILayer, KindRootfsTar, KindWSLInstaller}
+
+// Platforms are the host platforms an artifact is for; Arches the CPU
+// architectures.
+var (
+	Platforms = []string{"darwin", "linux", "windows"}
+	Arches    = []string{"amd64", "arm64"}
+)
+
+// ErrInvalid is wrapped by every decode and validation error.
+var ErrInvalid = errors.New("invalid manifest")
+
+// Manifest pins every artifact a host needs, so the pins move together.
+type Manifest struct {
+	// Schema is SchemaVersion.
+	Schema int `json:"schema"`
+	// Release names this set of pins (for example "2026.11.29-1").
+	Release string `json:"release"`
+	// Artifacts are the pinned files.
+	Artifacts []Artifact `json:"artifacts"`
+}
+
+// Artifact is one pinned file.
+type Artifact struct {
+	// Name is unique in the manifest: 1 to 64 of a-z, 0-9, '.', '_', '-'.
+	Name string `json:"name"`
+	// Kind is one of Kinds.
+	Kind string `json:"kind"`
+	// Platform and Arch say which hosts use it.
+	Platform string `json:"platform"`
+	Arch     string `json:"arch"`
+	// URL is where it is downloaded from: https (plain http only for a
+	// loopback host), no user info, query or fragment.
+	URL string `json:"url"`
+	// Size is its exact size in bytes.
+	Size int64 `json:"size"`
+	// SHA256 is its digest, 64 lowercase hex digits.
+	SHA256 string `json:"sha256"`
+}
+
+var (
+	topKeys      = []string{"artifacts", "release", "schema"}
+	artifactKeys = []string{"arch", "kind", "name", "platform", "sha256", "size", "url"}
+	nameRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	releaseRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`)
+	hexRE        = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+}
+
+// Decode reads one manifest strictly: at most MaxSize bytes; exactly the
+// schema's keys at every level, each once, in their exact case; no
+// trailing data; then Validate. Error messages name the rule and the
+// artifact, never a URL or a digest.
+func Decode(r io.Reader) (*Manifest, error) {
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	if len(b) > MaxSize {
+		return nil, invalid("larger than %d bytes", MaxSize)
+	}
+	if err := checkShape(b); err != nil {
+		return nil, err
+	}
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, invalid("%s", jsonErr(err))
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// jsonErr describes a decoding error without the offending value.
+func jsonErr(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf("field %q has the wrong type (want %s)", te.Field, te.Type)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("not valid JSON at offset %d", se.Offset)
+	}
+	return "not a manifest object"
+}
+
+// checkShape walks the document's tokens: one object at the top with
+// exactly topKeys, "artifacts" an array of objects with exactly
+// artifactKeys, no duplicate keys, nothing after the value.
+func checkShape(b []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	tok, err := dec.Token()
+	if err != nil {
+		return invalid("not valid JSON")
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return invalid("the top level must be an object")
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		k, err := key(dec)
+		if err != nil {
+			return err
+		}
+		if seen[k] {
+			return invalid("duplicate key %q", k)
+		}
+		seen[k] = true
+		if !contains(topKeys, k) {
+			return invalid("unknown key %q at the top level (keys are case-sensitive)", truncate(k))
+		}
+		if k == "artifacts" {
+			if err := checkArtifacts(dec); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := skipValue(dec); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return invalid("not valid JSON")
+	}
+	for _, k := range topKeys {
+		if !seen[k] {
+			return invalid("missing key %q", k)
+		}
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return invalid("trailing data after the manifest")
+	}
+	return nil
+}
+
+func checkArtifacts(dec *json.Decoder) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return invalid("not valid JSON")
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '[' {
+		return invalid("artifacts must be an array")
+	}
+	for i := 0; dec.More(); i++ {
+		if i >= MaxArtifacts {
+			return invalid("more than %d artifacts", MaxArtifacts)
+		}
+		tok, err := dec.Token()
+		if err != nil {
+			return invalid("not valid JSON")
+		}
+		if d, ok := tok.(json.Delim); !ok || d != '{' {
+			return invalid("artifact %d must be an object", i)
+		}
+		seen := map[string]bool{}
+		for dec.More() {
+			k, err := key(dec)
+			if err != nil {
+				return err
+			}
+			if seen[k] {
+				return invalid("artifact %d: duplicate key %q", i, k)
+			}
+			seen[k] = true
+			if !contains(artifactKeys, k) {
+				return invalid("artifact %d: unknown key %q (keys are case-sensitive)", i, truncate(k))
+			}
+			if err := skipValue(dec); err != nil {
+				return err
+			}
+		}
+		if _, err := dec.Token(); err != nil {
+			return invalid("not valid JSON")
+		}
+		for _, k := range artifactKeys {
+			if !seen[k] {
+				return invalid("artifact %d: missing key %q", i, k)
+			}
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return invalid("not valid JSON")
+	}
+	return nil
+}
+
+func key(dec *json.Decoder) (string, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return "", invalid("not valid JSON")
+	}
+	k, ok := tok.(string)
+	if !ok {
+		return "", invalid("not valid JSON")
+	}
+	return k, nil
+}
+
+// skipValue consumes one value, checking nested objects for duplicates.
+func skipValue(dec *json.Decoder) error {
+	depth := 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return invalid("not valid JSON")
+		}
+		if d, ok := tok.(json.Delim); ok {
+			switch d {
+			case '{', '[':
+				depth++
+				if depth > 32 {
+					return invalid("nested too deeply")
+				}
+			default:
+				depth--
+			}
+		}
+		if depth == 0 {
+			return nil
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func truncate(s string) string {
+	if len(s) > 32 {
+		return s[:32] + "..."
+	}
+	return s
+}
+
+// Validate checks every rule of the schema.
+func (m *Manifest) Validate() error {
+	if m.Schema != SchemaVersion {
+		return invalid("schema %d is not supported (this oac-image reads schema %d)", m.Schema, SchemaVersion)
+	}
+	if !releaseRE.MatchString(m.Release) {
+		return invalid("release must be 1 to 64 of A-Z, a-z, 0-9, '.', '_', '+', '-'")
+	}
+	if len(m.Artifacts) == 0 || len(m.Artifacts) > MaxArtifacts {
+		return invalid("want 1 to %d artifacts", MaxArtifacts)
+	}
+	names := map[string]bool{}
+	slots := map[[3]string]string{}
+	for i, a := range m.Artifacts {
+		where := fmt.Sprintf("artifact %d", i)
+		if !nameRE.MatchString(a.Name) {
+			return invalid("%s: name must be 1 to 64 of a-z, 0-9, '.', '_', '-'", where)
+		}
+		where = fmt.Sprintf("artifact %q", a.Name)
+		if names[a.Name] {
+			return invalid("%s: the name is used twice", where)
+		}
+		names[a.Name] = true
+		if !contains(Kinds, a.Kind) {
+			return invalid("%s: kind must be one of %s", where, strings.Join(Kinds, ", "))
+		}
+		if !contains(Platforms, a.Platform) {
+			return invalid("%s: platform must be one of %s", where, strings.Join(Platforms, ", "))
+		}
+		if !contains(Arches, a.Arch) {
+			return invalid("%s: arch must be one of %s", where, strings.Join(Arches, ", "))
+		}
+		slot := [3]string{a.Kind, a.Platform, a.Arch}
+		if other, ok := slots[slot]; ok {
+			return invalid("%s: %s for %s/%s is already pinned by %q", where, a.Kind, a.Platform, a.Arch, other)
+		}
+		slots[slot] = a.Name
+		if err := CheckURL(a.URL); err != nil {
+			return invalid("%s: %v", where, err)
+		}
+		if a.Size < 1 || a.Size > MaxArtifactSize {
+			return invalid("%s: size must be 1 to %d bytes", where, int64(MaxArtifactSize))
+		}
+		if !hexRE.MatchString(a.SHA256) || a.SHA256 == strings.Repeat("0", 64) {
+			return invalid("%s: sha256 must be 64 lowercase hex digits, not all zero", where)
+		}
+	}
+	return nil
+}
+
+// CheckURL applies the URL rule: https, or http for a loopback host only;
+// a host; no user info, query or fragment; no whitespace or control
+// characters. The error does not echo the URL.
+func CheckURL(raw string) error {
+	if raw == "" || len(raw) > 2048 {
+		return errors.New("url must be 1 to 2048 bytes")
+	}
+	for _, r := range raw {
+		if r <= ' ' || r == 0x7f {
+			return errors.New("url must not contain whitespace or control characters")
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("url does not parse")
+	}
+	if u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(raw, "#") {
+		return errors.New("url must have no user info, query or fragment")
+	}
+	if u.Host == "" || u.Opaque != "" {
+		return errors.New("url must have a host")
+	}
+	switch u.Scheme {
+	case "https":
+	case "http":
+		if !loopback(u.Hostname()) {
+			return errors.New("url must be https (plain http only for a loopback host)")
+		}
+	default:
+		return errors.New("url must be https (plain http only for a loopback host)")
+	}
+	return nil
+}
+
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Encode writes m as indented JSON with a final newline, artifacts in the
+// order given. It validates m first.
+func Encode(m *Manifest, w io.Writer) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// Find returns the artifacts matching the non-empty filters, in manifest
+// order.
+func (m *Manifest) Find(name, kind, platform, arch string) []Artifact {
+	var out []Artifact
+	for _, a := range m.Artifacts {
+		if (name == "" || a.Name == name) && (kind == "" || a.Kind == kind) &&
+			(platform == "" || a.Platform == platform) && (arch == "" || a.Arch == arch) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Sort orders artifacts by name (writers use it for stable output).
+func (m *Manifest) Sort() {
+	sort.Slice(m.Artifacts, func(i, j int) bool { return m.Artifacts[i].Name < m.Artifacts[j].Name })
+}

@@ -1,0 +1,542 @@
+package stage
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oac/sandbox-agent/manifest"
+)
+
+// Errors. Each failure wraps exactly one of them, so callers (and the
+// desktop app, through the JSON events) can tell them apart.
+var (
+	// ErrCorrupt: all the bytes arrived but their sha256 is not the
+	// pinned one. The partial file is discarded.
+	ErrCorrupt = errors.New("download corrupted: sha256 does not match the pin")
+	// ErrTruncated: the server ended the transfer early. The partial
+	// file is kept; the next attempt resumes it.
+	ErrTruncated = errors.New("download truncated")
+	// ErrWrongSize: the server announced or sent a size other than the
+	// pinned one. The partial file is discarded.
+	ErrWrongSize = errors.New("wrong size")
+	// ErrHTTP: the server answered with an error status (see HTTPError).
+	ErrHTTP = errors.New("HTTP error")
+	// ErrStalled: no byte arrived for the idle timeout. The partial file
+	// is kept.
+	ErrStalled = errors.New("download stalled")
+	// ErrStore: the store could not be written or locked.
+	ErrStore = errors.New("store error")
+)
+
+// HTTPError is an error status from the server.
+type HTTPError struct {
+	Status int
+	Text   string
+}
+
+func (e *HTTPError) Error() string {
+	return fmt.Sprintf("server answered %d %s", e.Status, e.Text)
+}
+
+// Unwrap makes errors.Is(err, ErrHTTP) true.
+func (e *HTTPError) Unwrap() error { return ErrHTTP }
+
+// Target is one file to stage.
+type Target struct {
+	// Name labels events and errors.
+	Name   string
+	URL    string
+	Size   int64
+	SHA256 string
+}
+
+// FromArtifact turns a manifest artifact into a Target.
+func FromArtifact(a manifest.Artifact) Target {
+	return Target{Name: a.Name, URL: a.URL, Size: a.Size, SHA256: a.SHA256}
+}
+
+var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func (t Target) validate() error {
+	if !hexRE.MatchString(t.SHA256) {
+		return errors.New("sha256 must be 64 lowercase hex digits")
+	}
+	if t.Size < 1 || t.Size > manifest.MaxArtifactSize {
+		return fmt.Errorf("size must be 1 to %d bytes", int64(manifest.MaxArtifactSize))
+	}
+	return manifest.CheckURL(t.URL)
+}
+
+// Result says how a target was staged.
+type Result struct {
+	// Path is STORE/sha256/HEX.
+	Path string
+	// Cached: the store had it already (verified).
+	Cached bool
+	// Shared: another stager downloaded it while this one waited.
+	Shared bool
+	// ResumedFrom is the partial file's size a resume started at (0: none).
+	ResumedFrom int64
+	// Downloaded counts the bytes received.
+	Downloaded int64
+}
+
+// Stager downloads pinned files into a content-addressed store:
+// STORE/sha256/HEX holds verified files only; STORE/tmp holds partial
+// downloads (HEX.partial) and locks (HEX.lock).
+type Stager struct {
+	Store string
+	// Client is the HTTP client (default: one without an overall timeout;
+	// the idle timeout bounds stalls).
+	Client *http.Client
+	// IdleTimeout fails a transfer that receives nothing for this long
+	// (default 30s), from the request until the last byte.
+	IdleTimeout time.Duration
+	// Progress receives events (nil: none). It is called from the
+	// staging goroutine.
+	Progress func(Event)
+	// ProgressInterval spaces progress events (default 200ms).
+	ProgressInterval time.Duration
+	// LockPoll is how often a waiting stager retries the lock (default
+	// 50ms).
+	LockPoll time.Duration
+}
+
+// Event kinds.
+const (
+	EventStart    = "start"    // a download begins (ResumedFrom set when it resumes)
+	EventProgress = "progress" // bytes so far
+	EventWait     = "wait"     // another stager holds the lock
+	EventVerify   = "verify"   // hashing a file already present
+	EventRetry    = "retry"    // a resumed file did not verify; starting over
+	EventDone     = "done"     // the file is in the store
+	EventError    = "error"    // staging failed; Error and Code say why
+)
+
+// Event is a progress report. It marshals to the JSON events oac-image
+// stage prints when stderr is not a terminal.
+type Event struct {
+	Time        time.Time `json:"time"`
+	Event       string    `json:"event"`
+	Name        string    `json:"name"`
+	SHA256      string    `json:"sha256"`
+	Bytes       int64     `json:"bytes"`
+	Total       int64     `json:"total"`
+	ResumedFrom int64     `json:"resumed_from,omitempty"`
+	Path        string    `json:"path,omitempty"`
+	Cached      bool      `json:"cached,omitempty"`
+	Shared      bool      `json:"shared,omitempty"`
+	Code        string    `json:"code,omitempty"`
+	Error       string    `json:"error,omitempty"`
+}
+
+// Code names an error for machines: corrupt, truncated, wrong_size,
+// http, stalled, store, canceled or other.
+func Code(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, ErrCorrupt):
+		return "corrupt"
+	case errors.Is(err, ErrTruncated):
+		return "truncated"
+	case errors.Is(err, ErrWrongSize):
+		return "wrong_size"
+	case errors.Is(err, ErrHTTP):
+		return "http"
+	case errors.Is(err, ErrStalled):
+		return "stalled"
+	case errors.Is(err, ErrStore):
+		return "store"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	}
+	return "other"
+}
+
+func (s *Stager) emit(e Event) {
+	if s.Progress != nil {
+		e.Time = time.Now().UTC()
+		s.Progress(e)
+	}
+}
+
+func (s *Stager) idle() time.Duration {
+	if s.IdleTimeout > 0 {
+		return s.IdleTimeout
+	}
+	return 30 * time.Second
+}
+
+func (s *Stager) client() *http.Client {
+	if s.Client != nil {
+		return s.Client
+	}
+	return http.DefaultClient
+}
+
+// Stage makes sure t is in the store and returns its path. The file is
+// hashed while it streams, its size and sha256 are checked before an
+// atomic rename into STORE/sha256/HEX, and nothing unverified is ever
+// placed there. A partial file left by an interrupted or truncated
+// transfer is resumed with an HTTP Range request (the whole file is
+// verified at the end; a resumed file that does not verify is fetched
+// once more from the start). Two stagers of the same digest, in one
+// process or several, share one download through a lock file.
+func (s *Stager) Stage(ctx context.Context, t Target) (res Result, err error) {
+	if t.Name == "" {
+		t.Name = t.SHA256
+		if len(t.Name) > 12 {
+			t.Name = t.Name[:12]
+		}
+	}
+	defer func() {
+		if err != nil {
+			s.emit(Event{Event: EventError, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Code: Code(err), Error: err.Error()})
+		}
+	}()
+	if err := t.validate(); err != nil {
+		return res, fmt.Errorf("stage %s: %w", t.Name, err)
+	}
+	final := manifest.StorePath(s.Store, t.SHA256)
+	tmp := filepath.Join(s.Store, "tmp")
+	for _, d := range []string{filepath.Dir(final), tmp} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return res, fmt.Errorf("%w: %v", ErrStore, err)
+		}
+	}
+	res.Path = final
+	if ok, err := s.present(t, final); err != nil || ok {
+		res.Cached = ok
+		if ok {
+			s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, Cached: true})
+		}
+		return res, err
+	}
+	unlock, waited, err := s.lock(ctx, filepath.Join(tmp, t.SHA256+".lock"), t)
+	if err != nil {
+		return res, err
+	}
+	defer unlock()
+	if waited {
+		if ok, err := s.present(t, final); err != nil || ok {
+			res.Shared = ok
+			if ok {
+				s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, Shared: true})
+			}
+			return res, err
+		}
+	}
+	partial := filepath.Join(tmp, t.SHA256+".partial")
+	for attempt := 0; ; attempt++ {
+		r, err := s.download(ctx, t, partial)
+		res.Downloaded += r.Downloaded
+		if res.ResumedFrom == 0 {
+			res.ResumedFrom = r.ResumedFrom
+		}
+		if err != nil {
+			if errors.Is(err, ErrCorrupt) && r.ResumedFrom > 0 && attempt == 0 {
+				// The kept prefix may be what was wrong: once more from
+				// the start.
+				s.emit(Event{Event: EventRetry, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Error: err.Error()})
+				continue
+			}
+			return res, fmt.Errorf("stage %s: %w", t.Name, err)
+		}
+		break
+	}
+	if err := place(partial, final); err != nil {
+		return res, fmt.Errorf("stage %s: %w: %v", t.Name, ErrStore, err)
+	}
+	s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, ResumedFrom: res.ResumedFrom})
+	return res, nil
+}
+
+// present reports whether final exists and verifies. A file that does not
+// verify is removed (the store only holds verified files, so it was
+// damaged after staging) and staged again.
+func (s *Stager) present(t Target, final string) (bool, error) {
+	st, err := os.Stat(final)
+	if os.IsNotExist(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	s.emit(Event{Event: EventVerify, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Path: final})
+	a := manifest.Artifact{Name: t.Name, Size: t.Size, SHA256: t.SHA256}
+	if st.Mode().IsRegular() && manifest.VerifyFile(a, final) == nil {
+		return true, nil
+	}
+	if err := os.Remove(final); err != nil {
+		return false, fmt.Errorf("%w: remove damaged %s: %v", ErrStore, final, err)
+	}
+	return false, nil
+}
+
+// lock takes the digest's lock, waiting (and saying so once) while
+// another stager holds it.
+func (s *Stager) lock(ctx context.Context, p string, t Target) (func(), bool, error) {
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	poll := s.LockPoll
+	if poll <= 0 {
+		poll = 50 * time.Millisecond
+	}
+	waited := false
+	for {
+		ok, err := tryLock(f)
+		if err != nil {
+			f.Close()
+			return nil, false, fmt.Errorf("%w: lock %s: %v", ErrStore, p, err)
+		}
+		if ok {
+			return func() { unlockFile(f); f.Close() }, waited, nil
+		}
+		if !waited {
+			waited = true
+			s.emit(Event{Event: EventWait, Name: t.Name, SHA256: t.SHA256, Total: t.Size})
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, false, context.Cause(ctx)
+		case <-time.After(poll):
+		}
+	}
+}
+
+// place moves a verified partial file into the store: read-only, synced,
+// renamed atomically, the directory synced.
+func place(partial, final string) error {
+	if err := os.Chmod(partial, 0o444); err != nil {
+		return err
+	}
+	if err := os.Rename(partial, final); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(final))
+}
+
+// download fetches t into partial, resuming what is there, and verifies
+// the whole file. On ErrTruncated and ErrStalled the partial file stays
+// for the next attempt; on any other error it is removed.
+func (s *Stager) download(ctx context.Context, t Target, partial string) (res Result, err error) {
+	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return res, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	keep := false
+	defer func() {
+		f.Close()
+		if err != nil && !keep {
+			os.Remove(partial)
+		}
+	}()
+	h := sha256.New()
+	have, err := io.Copy(h, f) // the kept prefix, hashed again
+	if err != nil {
+		return res, fmt.Errorf("%w: read partial file: %v", ErrStore, err)
+	}
+	if have >= t.Size {
+		// Too long, or complete but never verified: start over.
+		have, h = 0, sha256.New()
+		if err := f.Truncate(0); err != nil {
+			return res, fmt.Errorf("%w: %v", ErrStore, err)
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return res, fmt.Errorf("%w: %v", ErrStore, err)
+		}
+	}
+	n, resumed, err := s.fetch(ctx, t, f, h, have)
+	res.Downloaded, res.ResumedFrom = n, resumed
+	if err != nil {
+		keep = errors.Is(err, ErrTruncated) || errors.Is(err, ErrStalled) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		return res, err
+	}
+	if err := f.Sync(); err != nil {
+		return res, fmt.Errorf("%w: %v", ErrStore, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != t.SHA256 {
+		return res, fmt.Errorf("%w (got %s, want %s): the mirror serves other bytes or they were damaged in transit; nothing was placed", ErrCorrupt, got, t.SHA256)
+	}
+	return res, nil
+}
+
+// fetch requests t from offset have (a Range request when have > 0) and
+// appends what arrives to f and h. It returns the bytes received and the
+// offset it resumed from.
+func (s *Stager) fetch(ctx context.Context, t Target, f *os.File, h hash.Hash, have int64) (int64, int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w := newWatchdog(s.idle(), cancel)
+	defer w.stop()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	req.Header.Set("Accept-Encoding", "identity")
+	if have > 0 {
+		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", have))
+	}
+	resp, err := s.client().Do(req)
+	if err != nil {
+		if w.fired() {
+			return 0, 0, fmt.Errorf("%w: no response within the idle timeout of %s", ErrStalled, s.idle())
+		}
+		return 0, 0, fmt.Errorf("request: %w", err)
+	}
+	defer resp.Body.Close()
+	w.kick()
+	start := have
+	switch {
+	case resp.StatusCode == http.StatusPartialContent && have > 0:
+		from, total, ok := parseContentRange(resp.Header.Get("Content-Range"))
+		if !ok || from != have {
+			return 0, 0, fmt.Errorf("%w: the server answered the range request with an unusable Content-Range", ErrWrongSize)
+		}
+		if total >= 0 && total != t.Size {
+			return 0, 0, fmt.Errorf("%w: the server has %d bytes, the pin says %d", ErrWrongSize, total, t.Size)
+		}
+	case resp.StatusCode == http.StatusOK:
+		if have > 0 {
+			// The server ignores ranges: start over.
+			start = 0
+			h.Reset()
+			if err := f.Truncate(0); err != nil {
+				return 0, 0, fmt.Errorf("%w: %v", ErrStore, err)
+			}
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				return 0, 0, fmt.Errorf("%w: %v", ErrStore, err)
+			}
+		}
+	case resp.StatusCode == http.StatusRequestedRangeNotSatisfiable && have > 0:
+		// The kept prefix is longer than what the server has.
+		return 0, 0, fmt.Errorf("%w: the server refused to resume at byte %d (416): it has fewer bytes than the pin says", ErrWrongSize, have)
+	default:
+		return 0, 0, fmt.Errorf("%w", &HTTPError{Status: resp.StatusCode, Text: http.StatusText(resp.StatusCode)})
+	}
+	if resp.ContentLength >= 0 && start+resp.ContentLength != t.Size {
+		return 0, 0, fmt.Errorf("%w: the server announces %d bytes, the pin says %d", ErrWrongSize, start+resp.ContentLength, t.Size)
+	}
+	resumedFrom := start
+	if start > 0 || have > 0 {
+		s.emit(Event{Event: EventStart, Name: t.Name, SHA256: t.SHA256, Bytes: start, Total: t.Size, ResumedFrom: resumedFrom})
+	} else {
+		s.emit(Event{Event: EventStart, Name: t.Name, SHA256: t.SHA256, Total: t.Size})
+	}
+	got := start
+	buf := make([]byte, 256<<10)
+	interval := s.ProgressInterval
+	if interval <= 0 {
+		interval = 200 * time.Millisecond
+	}
+	last := time.Now()
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			w.kick()
+			if got+int64(n) > t.Size {
+				return got - start, resumedFrom, fmt.Errorf("%w: the server sent more than the pinned %d bytes", ErrWrongSize, t.Size)
+			}
+			if _, err := f.Write(buf[:n]); err != nil {
+				return got - start, resumedFrom, fmt.Errorf("%w: %v", ErrStore, err)
+			}
+			h.Write(buf[:n])
+			got += int64(n)
+			if time.Since(last) >= interval {
+				last = time.Now()
+				s.emit(Event{Event: EventProgress, Name: t.Name, SHA256: t.SHA256, Bytes: got, Total: t.Size, ResumedFrom: resumedFrom})
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			if w.fired() {
+				return got - start, resumedFrom, fmt.Errorf("%w: nothing received for %s after %d of %d bytes; the partial file is kept and the next attempt resumes it", ErrStalled, s.idle(), got, t.Size)
+			}
+			if ctx.Err() != nil {
+				return got - start, resumedFrom, context.Cause(ctx)
+			}
+			return got - start, resumedFrom, fmt.Errorf("%w: the connection ended after %d of %d bytes (%v); the partial file is kept and the next attempt resumes it", ErrTruncated, got, t.Size, rerr)
+		}
+	}
+	if got < t.Size {
+		return got - start, resumedFrom, fmt.Errorf("%w: the server sent %d of %d bytes; the partial file is kept and the next attempt resumes it", ErrTruncated, got, t.Size)
+	}
+	s.emit(Event{Event: EventProgress, Name: t.Name, SHA256: t.SHA256, Bytes: got, Total: t.Size, ResumedFrom: resumedFrom})
+	return got - start, resumedFrom, nil
+}
+
+// parseContentRange parses "bytes FROM-TO/TOTAL" (TOTAL may be "*", -1).
+func parseContentRange(v string) (from, total int64, ok bool) {
+	rest, found := strings.CutPrefix(v, "bytes ")
+	if !found {
+		return 0, 0, false
+	}
+	rng, tot, found := strings.Cut(rest, "/")
+	if !found {
+		return 0, 0, false
+	}
+	a, b, found := strings.Cut(rng, "-")
+	if !found {
+		return 0, 0, false
+	}
+	from, err1 := strconv.ParseInt(a, 10, 64)
+	to, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil || from < 0 || to < from {
+		return 0, 0, false
+	}
+	total = -1
+	if tot != "*" {
+		t, err := strconv.ParseInt(tot, 10, 64)
+		if err != nil || t <= to {
+			return 0, 0, false
+		}
+		total = t
+	}
+	return from, total, true
+}
+
+// watchdog cancels a transfer when kick is not called for d.
+type watchdog struct {
+	mu    sync.Mutex
+	timer *time.Timer
+	d     time.Duration
+	fire  bool
+}
+
+func newWatchdog(d time.Duration, cancel func()) *watchdog {
+	w := &watchdog{d: d}
+	w.timer = time.AfterFunc(d, func() {
+		w.mu.Lock()
+		w.fire = true
+		w.mu.Unlock()
+		cancel()
+	})
+	return w
+}
+
+func (w *watchdog) kick() { w.timer.Reset(w.d) }
+func (w *watchdog) stop() { w.timer.Stop() }
+func (w *watchdog) fired() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.fire
+}
