@@ -18,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/oci"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
@@ -33,6 +34,9 @@ type ProviderFlags struct {
 	Kernel, Initramfs, Accel, VMTransport string
 	Memory                                int
 	HostGrace                             time.Duration
+	// oci
+	Runtime       string
+	OCINoNewPrivs bool
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
@@ -43,6 +47,8 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&pf.Memory, "memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
 	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
 	fs.DurationVar(&pf.HostGrace, "host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
+	fs.StringVar(&pf.Runtime, "runtime", "", "oci: runc, crun or the path of one (default: runc, else crun)")
+	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
 }
 
 func newQemu(f ProviderFlags) provider.Provider {
@@ -60,6 +66,9 @@ func newQemu(f ProviderFlags) provider.Provider {
 var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
 	"qemu":  newQemu,
+	"oci": func(f ProviderFlags) provider.Provider {
+		return &oci.Provider{Runtime: f.Runtime, NoNewPrivileges: f.OCINoNewPrivs}
+	},
 }
 
 const usage = `usage:
