@@ -4,7 +4,7 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod runc crun
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 KERNEL_CACHE ?= .cache/kernel

@@ -392,12 +392,25 @@ func (in *Instance) Start(ctx context.Context) error {
 	if in.spec.Stderr != nil {
 		out = in.spec.Stderr
 	}
-	cmd.Stdout, cmd.Stderr = out, out
+	// The container inherits the runtime's stdout and stderr: hand the
+	// runtime a pipe of our own, so that its exit is seen when it exits
+	// (os/exec would otherwise wait for the container to close them).
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("oci: output pipe: %w", err)
+	}
+	defer pw.Close()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	go func() {
+		defer pr.Close()
+		_, _ = io.Copy(out, pr)
+	}()
 	// The runtime dies with the shim; the guest then loses its
 	// connection and stops, and Create of the same name deletes the
 	// leftover container.
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
+		pr.Close()
 		return fmt.Errorf("start %s: %w", in.rt.Kind, err)
 	}
 	in.cmd = cmd
