@@ -2,6 +2,7 @@ package shimcli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
 	"github.com/oac/sandbox-agent/host/provider/oci"
@@ -77,7 +79,7 @@ const usage = `usage:
                [--single-uid]
                [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
                [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
-  oac-shim check [--single-uid]
+  oac-shim check [--json] [provider flags]
   oac-shim version
 `
 
@@ -113,29 +115,83 @@ func providerNames() []string {
 	return names
 }
 
+// CheckReport is what `oac-shim check --json` prints.
+type CheckReport struct {
+	OS        ospolicy.OS      `json:"os"`
+	Policy    ospolicy.Verdict `json:"policy"`
+	Providers []ProviderStatus `json:"providers"`
+}
+
+// ProviderStatus says whether one provider can run here.
+type ProviderStatus struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	// Reason says why not, and what to do (unavailable only).
+	Reason string `json:"reason,omitempty"`
+	// Detail says how sandboxes would run (available only).
+	Detail string `json:"detail,omitempty"`
+}
+
+// detectOS is replaced in tests.
+var detectOS = ospolicy.Detect
+
+// Check gathers the report of oac-shim check.
+func Check(ctx context.Context, pf ProviderFlags) CheckReport {
+	o := detectOS()
+	r := CheckReport{OS: o, Policy: ospolicy.Evaluate(o)}
+	for _, n := range providerNames() {
+		p := Providers[n](pf)
+		st := ProviderStatus{Name: n}
+		if err := p.Check(ctx); err != nil {
+			st.Reason = err.Error()
+		} else {
+			st.Available = true
+			if d, ok := p.(interface{ Detail(context.Context) string }); ok {
+				st.Detail = d.Detail(ctx)
+			}
+		}
+		r.Providers = append(r.Providers, st)
+	}
+	return r
+}
+
 func checkCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("oac-shim check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	var pf ProviderFlags
 	pf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	r := Check(context.Background(), pf)
 	code := 1
-	for _, n := range providerNames() {
-		p := Providers[n](pf)
-		if err := p.Check(context.Background()); err != nil {
-			fmt.Fprintf(stdout, "%s: unavailable: %v\n", n, err)
+	for _, p := range r.Providers {
+		if p.Available {
+			code = 0
+		}
+	}
+	if r.Policy.Level == ospolicy.Block {
+		code = 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(r)
+		return code
+	}
+	fmt.Fprintf(stdout, "os: %s\n", r.OS.Name)
+	fmt.Fprintf(stdout, "policy: %s: %s\n", r.Policy.Level, r.Policy.Message)
+	for _, p := range r.Providers {
+		if !p.Available {
+			fmt.Fprintf(stdout, "%s: unavailable: %s\n", p.Name, p.Reason)
 			continue
 		}
-		code = 0
 		detail := ""
-		if d, ok := p.(interface{ Detail(context.Context) string }); ok {
-			if s := d.Detail(context.Background()); s != "" {
-				detail = " (" + s + ")"
-			}
+		if p.Detail != "" {
+			detail = " (" + p.Detail + ")"
 		}
-		fmt.Fprintf(stdout, "%s: available%s\n", n, detail)
+		fmt.Fprintf(stdout, "%s: available%s\n", p.Name, detail)
 	}
 	return code
 }
@@ -206,6 +262,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		defer f.Close()
 		out = f
+	}
+	verdict := ospolicy.Evaluate(detectOS())
+	switch verdict.Level {
+	case ospolicy.Block:
+		return fail(errors.New(verdict.Message))
+	case ospolicy.Warn:
+		log.Warn(verdict.Message)
 	}
 	p := newProv(pf)
 	if pf.SingleUID && os.Geteuid() != 0 {
