@@ -22,6 +22,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
 	"github.com/oac/sandbox-agent/host/provider/oci"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
+	"github.com/oac/sandbox-agent/host/provider/wsl"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
@@ -39,6 +40,8 @@ type ProviderFlags struct {
 	// oci
 	Runtime       string
 	OCINoNewPrivs bool
+	// wsl
+	WSL, WSLInstaller string
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
@@ -50,6 +53,8 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
 	fs.DurationVar(&pf.HostGrace, "host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
 	fs.StringVar(&pf.Runtime, "runtime", "", "oci: runc, crun or the path of one (default: runc, else crun)")
+	fs.StringVar(&pf.WSL, "wsl", "", `wsl: wsl.exe to run (default: %SystemRoot%\System32\wsl.exe)`)
+	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
 	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
 }
 
@@ -68,6 +73,9 @@ func newQemu(f ProviderFlags) provider.Provider {
 var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
 	"qemu":  newQemu,
+	"wsl": func(f ProviderFlags) provider.Provider {
+		return &wsl.Provider{WSL: f.WSL, InstallerURL: f.WSLInstaller, Rootfs: besideShim("oac-rootfs.tar.gz")}
+	},
 	"oci": func(f ProviderFlags) provider.Provider {
 		return &oci.Provider{Runtime: f.Runtime, NoNewPrivileges: f.OCINoNewPrivs}
 	},
