@@ -26,6 +26,8 @@ import (
 // bins are the binaries under test, built once per run.
 var bins struct {
 	dir, shim, guest, image, vmdaemon string
+	// fakeWSL stands in for wsl.exe, fakeDocker for docker.
+	fakeWSL, fakeDocker string
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
@@ -50,6 +52,8 @@ func TestMain(m *testing.M) {
 	bins.vmdaemon = filepath.Join(dir, "vmdaemon")
 	bins.badVersion = filepath.Join(dir, "badguest-version")
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
+	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
+	bins.fakeDocker = filepath.Join(dir, "docker")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -57,6 +61,7 @@ func TestMain(m *testing.M) {
 		{bins.vmdaemon, "./internal/vmdaemon", ""},
 		{bins.badVersion, "./internal/badguest", "-X main.defaultMode=version"},
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
+		{bins.fakeWSL, "./internal/fakewsl", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
