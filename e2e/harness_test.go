@@ -62,6 +62,7 @@ func TestMain(m *testing.M) {
 		{bins.badVersion, "./internal/badguest", "-X main.defaultMode=version"},
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
 		{bins.fakeWSL, "./internal/fakewsl", ""},
+		{bins.fakeDocker, "./internal/fakedocker", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)

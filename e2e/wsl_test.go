@@ -80,6 +80,7 @@ func (w *fakeWSL) distros() []string {
 }
 
 func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
+	needRootForState(t)
 	w := newFakeWSL(t, "")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon(
 		`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; trap 'echo daemon got TERM; exit 0' TERM; sleep 1000 & wait`)})
@@ -109,6 +110,7 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 }
 
 func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
+	needRootForState(t)
 	w := newFakeWSL(t, "")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon("exec sleep 1000")})
 	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
@@ -125,6 +127,7 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 }
 
 func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
+	needRootForState(t)
 	w := newFakeWSL(t, "missing")
 	const url = "https://downloads.example.com/oac/wsl.2.1.5.0.x64.msi"
 	cmd := exec.Command(bins.shim, "check", "--json", "--wsl-installer", url, "--wsl", bins.fakeWSL)
@@ -158,6 +161,7 @@ func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 }
 
 func TestWSLImportFailureCreatesNothing(t *testing.T) {
+	needRootForState(t)
 	w := newFakeWSL(t, "nohyperv")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args()})
 	failed := s.waitState(events.StateFailed, 10*time.Second)

@@ -20,6 +20,7 @@ import (
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/docker"
 	"github.com/oac/sandbox-agent/host/provider/oci"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/host/provider/wsl"
@@ -42,6 +43,8 @@ type ProviderFlags struct {
 	OCINoNewPrivs bool
 	// wsl
 	WSL, WSLInstaller string
+	// docker
+	Docker, DockerImage string
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
@@ -55,6 +58,8 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&pf.Runtime, "runtime", "", "oci: runc, crun or the path of one (default: runc, else crun)")
 	fs.StringVar(&pf.WSL, "wsl", "", `wsl: wsl.exe to run (default: %SystemRoot%\System32\wsl.exe)`)
 	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
+	fs.StringVar(&pf.Docker, "docker", "", "docker: the docker client (default: docker in PATH)")
+	fs.StringVar(&pf.DockerImage, "docker-image", "", "docker: the guest image to run (never pulled)")
 	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
 }
 
@@ -73,6 +78,9 @@ func newQemu(f ProviderFlags) provider.Provider {
 var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
 	"qemu":  newQemu,
+	"docker": func(f ProviderFlags) provider.Provider {
+		return &docker.Provider{Docker: f.Docker, Image: f.DockerImage}
+	},
 	"wsl": func(f ProviderFlags) provider.Provider {
 		return &wsl.Provider{WSL: f.WSL, InstallerURL: f.WSLInstaller, Rootfs: besideShim("oac-rootfs.tar.gz")}
 	},
