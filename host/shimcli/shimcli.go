@@ -23,6 +23,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider/docker"
 	"github.com/oac/sandbox-agent/host/provider/oci"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
+	"github.com/oac/sandbox-agent/host/provider/vz"
 	"github.com/oac/sandbox-agent/host/provider/wsl"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
@@ -45,6 +46,9 @@ type ProviderFlags struct {
 	WSL, WSLInstaller string
 	// docker
 	Docker, DockerImage string
+	// vz (with Kernel, Initramfs, Memory and HostGrace)
+	Disk, Share string
+	CPUs        int
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
@@ -60,6 +64,9 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
 	fs.StringVar(&pf.Docker, "docker", "", "docker: the docker client (default: docker in PATH)")
 	fs.StringVar(&pf.DockerImage, "docker-image", "", "docker: the guest image to run (never pulled)")
+	fs.StringVar(&pf.Disk, "disk", "", "vz: raw disk image attached read-only as virtio-blk")
+	fs.StringVar(&pf.Share, "share", "", "vz: host directory shared with the guest over virtio-fs (tag workspace)")
+	fs.IntVar(&pf.CPUs, "cpus", 0, "vz: virtual CPUs (default 2, at most the host's)")
 	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
 }
 
@@ -74,6 +81,20 @@ func newQemu(f ProviderFlags) provider.Provider {
 	return q
 }
 
+func newVZ(f ProviderFlags) provider.Provider {
+	s := vz.Settings{Kernel: f.Kernel, Initramfs: f.Initramfs, Disk: f.Disk, Share: f.Share, CPUs: f.CPUs, HostGrace: f.HostGrace}
+	if f.Memory != qemu.DefaultMemory {
+		s.MemoryMiB = f.Memory
+	}
+	if s.Kernel == "" {
+		s.Kernel = besideShim("vmlinuz")
+	}
+	if s.Initramfs == "" {
+		s.Initramfs = besideShim("initramfs.img")
+	}
+	return &vz.Provider{Settings: s}
+}
+
 // Providers maps --provider names to constructors.
 var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
@@ -81,6 +102,7 @@ var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"docker": func(f ProviderFlags) provider.Provider {
 		return &docker.Provider{Docker: f.Docker, Image: f.DockerImage}
 	},
+	"vz": newVZ,
 	"wsl": func(f ProviderFlags) provider.Provider {
 		return &wsl.Provider{WSL: f.WSL, InstallerURL: f.WSLInstaller, Rootfs: besideShim("oac-rootfs.tar.gz")}
 	},
@@ -90,11 +112,17 @@ var Providers = map[string]func(ProviderFlags) provider.Provider{
 }
 
 const usage = `usage:
-  oac-shim run --provider bwrap|qemu --name NAME [--rootfs DIR] [--bootstrap FILE]
-               [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
-               [--single-uid]
-               [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
-               [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
+  oac-shim run --provider bwrap|docker|oci|qemu|vz|wsl --name NAME [--rootfs DIR|FILE]
+               [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
+               [--agent PATH]
+               bwrap:  [--single-uid]
+               qemu:   [--kernel FILE] [--initramfs FILE] [--accel auto|kvm|tcg]
+                       [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
+               oci:    [--runtime runc|crun|PATH] [--oci-no-new-privs=false]
+               docker: --docker-image IMAGE [--docker PATH]
+               wsl:    [--wsl PATH] [--wsl-installer URL] (--rootfs is the tarball)
+               vz:     [--kernel FILE] [--initramfs FILE] [--memory MIB] [--cpus N]
+                       [--disk FILE] [--share DIR] [--host-grace DUR]
   oac-shim check [--json] [provider flags]
   oac-shim version
 `

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command fakedocker stands in for the docker client in the docker
 // provider's end-to-end tests (no Docker engine runs on the build
 // machines). It records every argv in $OAC_FAKE_DOCKER_STATE/argv.log and

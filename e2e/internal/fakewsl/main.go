@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command fakewsl stands in for wsl.exe in the WSL provider's end-to-end
 // tests on Linux. It honours the argv the provider uses and keeps its
 // "distributions" in $OAC_FAKE_WSL_STATE:
