@@ -60,7 +60,7 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	needRootForState(t)
 	d := newFakeDocker(t, "")
 	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args(),
-		bootstrap: daemon(`echo "uid=$(id -u)"; trap 'echo daemon got TERM; exit 0' TERM; sleep 1000 & wait`, `"hostname":"dock"`)})
+		bootstrap: daemon(`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u)"; sleep 1000 & wait`, `"hostname":"dock"`)})
 	s.waitState(events.StateReady, bootTimeout)
 	assert.Equal(t, "1000", s.waitLog("uid=", bootTimeout))
 	s.signal(syscall.SIGTERM)

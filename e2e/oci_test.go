@@ -53,13 +53,13 @@ func TestOCIBootsHardenedGuestsAndLeavesNothingBehind(t *testing.T) {
 			needOCI(t, rt)
 			marker := sleepMarker()
 			s := startShim(t, sandboxSpec{provider: "oci", args: []string{"--runtime", rt}, bootstrap: daemon(
-				`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; grep NoNewPrivs /proc/self/status; grep CapEff /proc/self/status; `+
+				`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; grep NoNewPrivs /proc/self/status; grep CapEff /proc/self/status; `+
 					`echo "ifaces=$(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\n' ' ')"; `+
 					`echo "pid1=$(cat /proc/1/comm)"; echo "host=$(hostname)"; `+
 					`echo "rootfs=$(touch /oac-probe 2>&1 | grep -o 'Read-only file system')"; `+
 					`echo "tmp=$(df -k /tmp | tail -1 | awk '{print $2}')"; `+
 					`echo "lo=$(cat /sys/class/net/lo/operstate 2>/dev/null || echo none)"; `+
-					`trap 'echo daemon got TERM; exit 0' TERM; `+marker+` & wait`, `"hostname":"oci-e2e"`)})
+					marker+` & wait`, `"hostname":"oci-e2e"`)})
 			ready := s.waitState(events.StateReady, bootTimeout)
 			t.Logf("%s: %s", rt, ready.Message)
 			assert.Regexp(t, readyIn, ready.Message)

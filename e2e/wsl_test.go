@@ -85,7 +85,7 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 	needRootForState(t)
 	w := newFakeWSL(t, "")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon(
-		`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; trap 'echo daemon got TERM; exit 0' TERM; sleep 1000 & wait`)})
+		`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; sleep 1000 & wait`)})
 	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
 	assert.Equal(t, 1, agent.Protocol)
 	ready := s.waitState(events.StateReady, bootTimeout)
