@@ -1,3 +1,5 @@
+//go:build linux
+
 package bench
 
 // Egress figures: the path is the real one minus the namespaces: a client

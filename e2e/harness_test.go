@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 import (
@@ -26,6 +28,8 @@ import (
 // bins are the binaries under test, built once per run.
 var bins struct {
 	dir, shim, guest, image, vmdaemon string
+	// fakeWSL stands in for wsl.exe, fakeDocker for docker.
+	fakeWSL, fakeDocker string
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
@@ -54,6 +58,8 @@ func TestMain(m *testing.M) {
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
 	bins.sandboxIO = filepath.Join(dir, "sandbox-io-standin")
 	bins.daemon = filepath.Join(dir, "daemon-standin")
+	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
+	bins.fakeDocker = filepath.Join(dir, "docker")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -63,6 +69,8 @@ func TestMain(m *testing.M) {
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
 		{bins.sandboxIO, "./internal/standin/sandboxio", ""},
 		{bins.daemon, "./internal/standin/daemon", ""},
+		{bins.fakeWSL, "./internal/fakewsl", ""},
+		{bins.fakeDocker, "./internal/fakedocker", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)

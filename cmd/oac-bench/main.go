@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command oac-bench runs the benchmarks of package bench and writes
 // bench/results.md and bench/results.json. `make bench` runs it.
 package main

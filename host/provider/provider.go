@@ -145,3 +145,10 @@ type IDMapper interface {
 	// HostID returns the host uid and gid that guest uid/gid id maps to.
 	HostID(id int) (uid, gid int)
 }
+
+// Resetter is implemented by instances that can return to a fresh guest
+// image without being created again (WSL: unregister and import again).
+// The runtime is stopped first; Start runs it again.
+type Resetter interface {
+	Reset(ctx context.Context) error
+}

@@ -2,6 +2,7 @@ package shimcli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,9 +18,14 @@ import (
 
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/docker"
+	"github.com/oac/sandbox-agent/host/provider/oci"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
+	"github.com/oac/sandbox-agent/host/provider/vz"
+	"github.com/oac/sandbox-agent/host/provider/wsl"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
@@ -31,20 +37,39 @@ type ProviderFlags struct {
 	// SingleUID allows bwrap's rootless fallback without subordinate ids.
 	SingleUID bool
 	// qemu
-	Kernel, Initramfs, Disk, Accel, VMTransport string
-	Memory                                      int
-	HostGrace                                   time.Duration
+	Kernel, Initramfs, Accel, VMTransport string
+	Memory                                int
+	HostGrace                             time.Duration
+	// oci
+	Runtime       string
+	OCINoNewPrivs bool
+	// wsl
+	WSL, WSLInstaller string
+	// docker
+	Docker, DockerImage string
+	// qemu and vz: a raw disk attached read-only; vz: a shared directory
+	// (vz also uses Kernel, Initramfs, Memory and HostGrace)
+	Disk, Share string
+	CPUs        int
 }
 
 func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&pf.SingleUID, "single-uid", false, "bwrap without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
 	fs.StringVar(&pf.Kernel, "kernel", "", "qemu: kernel image (default: vmlinuz beside oac-shim; make initramfs puts it there)")
 	fs.StringVar(&pf.Initramfs, "initramfs", "", "qemu: initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
-	fs.StringVar(&pf.Disk, "disk", "", "qemu: raw disk image attached read-only as virtio-blk (the guest sees /dev/vda; oac-image build makes disk.ext4 and disk.erofs)")
+	fs.StringVar(&pf.Disk, "disk", "", "qemu, vz: raw disk image attached read-only as virtio-blk (the guest sees /dev/vda; oac-image build makes disk.ext4 and disk.erofs)")
 	fs.StringVar(&pf.Accel, "accel", qemu.AccelAuto, "qemu: accelerator: auto (kvm when it can run a stock kernel, else tcg), kvm or tcg")
 	fs.IntVar(&pf.Memory, "memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
 	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
 	fs.DurationVar(&pf.HostGrace, "host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
+	fs.StringVar(&pf.Runtime, "runtime", "", "oci: runc, crun or the path of one (default: runc, else crun)")
+	fs.StringVar(&pf.WSL, "wsl", "", `wsl: wsl.exe to run (default: %SystemRoot%\System32\wsl.exe)`)
+	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
+	fs.StringVar(&pf.Docker, "docker", "", "docker: the docker client (default: docker in PATH)")
+	fs.StringVar(&pf.DockerImage, "docker-image", "", "docker: the guest image to run (never pulled)")
+	fs.StringVar(&pf.Share, "share", "", "vz: host directory shared with the guest over virtio-fs (tag workspace)")
+	fs.IntVar(&pf.CPUs, "cpus", 0, "vz: virtual CPUs (default 2, at most the host's)")
+	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
 }
 
 func newQemu(f ProviderFlags) provider.Provider {
@@ -58,24 +83,53 @@ func newQemu(f ProviderFlags) provider.Provider {
 	return q
 }
 
+func newVZ(f ProviderFlags) provider.Provider {
+	s := vz.Settings{Kernel: f.Kernel, Initramfs: f.Initramfs, Disk: f.Disk, Share: f.Share, CPUs: f.CPUs, HostGrace: f.HostGrace}
+	if f.Memory != qemu.DefaultMemory {
+		s.MemoryMiB = f.Memory
+	}
+	if s.Kernel == "" {
+		s.Kernel = besideShim("vmlinuz")
+	}
+	if s.Initramfs == "" {
+		s.Initramfs = besideShim("initramfs.img")
+	}
+	return &vz.Provider{Settings: s}
+}
+
 // Providers maps --provider names to constructors.
 var Providers = map[string]func(ProviderFlags) provider.Provider{
 	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
 	"qemu":  newQemu,
+	"docker": func(f ProviderFlags) provider.Provider {
+		return &docker.Provider{Docker: f.Docker, Image: f.DockerImage}
+	},
+	"vz": newVZ,
+	"wsl": func(f ProviderFlags) provider.Provider {
+		return &wsl.Provider{WSL: f.WSL, InstallerURL: f.WSLInstaller, Rootfs: besideShim("oac-rootfs.tar.gz")}
+	},
+	"oci": func(f ProviderFlags) provider.Provider {
+		return &oci.Provider{Runtime: f.Runtime, NoNewPrivileges: f.OCINoNewPrivs}
+	},
 }
 
 const usage = `usage:
-  oac-shim run --provider bwrap|qemu --name NAME [--rootfs DIR] [--bootstrap FILE]
-               [--events FILE] [--timeout DUR] [--boot-timeout DUR] [--agent PATH]
-               [--single-uid]
-               [--kernel FILE] [--initramfs FILE] [--disk FILE] [--accel auto|kvm|tcg]
-               [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
-               [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
-               [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
-               [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
-               [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
-               [--password-file FILE]
-  oac-shim check [--single-uid]
+  oac-shim run --provider bwrap|docker|oci|qemu|vz|wsl --name NAME [--rootfs DIR|FILE]
+               [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
+               [--agent PATH] [--password-file FILE]
+               egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
+                       [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
+               contract: [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
+                       [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
+               bwrap:  [--single-uid]
+               qemu:   [--kernel FILE] [--initramfs FILE] [--disk FILE] [--accel auto|kvm|tcg]
+                       [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
+               oci:    [--runtime runc|crun|PATH] [--oci-no-new-privs=false]
+               docker: --docker-image IMAGE [--docker PATH]
+               wsl:    [--wsl PATH] [--wsl-installer URL] (--rootfs is the tarball)
+               vz:     [--kernel FILE] [--initramfs FILE] [--memory MIB] [--cpus N]
+                       [--disk FILE] [--share DIR] [--host-grace DUR]
+  oac-shim check [--json] [provider flags]
   oac-shim version
 `
 
@@ -111,29 +165,83 @@ func providerNames() []string {
 	return names
 }
 
+// CheckReport is what `oac-shim check --json` prints.
+type CheckReport struct {
+	OS        ospolicy.OS      `json:"os"`
+	Policy    ospolicy.Verdict `json:"policy"`
+	Providers []ProviderStatus `json:"providers"`
+}
+
+// ProviderStatus says whether one provider can run here.
+type ProviderStatus struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	// Reason says why not, and what to do (unavailable only).
+	Reason string `json:"reason,omitempty"`
+	// Detail says how sandboxes would run (available only).
+	Detail string `json:"detail,omitempty"`
+}
+
+// detectOS is replaced in tests.
+var detectOS = ospolicy.Detect
+
+// Check gathers the report of oac-shim check.
+func Check(ctx context.Context, pf ProviderFlags) CheckReport {
+	o := detectOS()
+	r := CheckReport{OS: o, Policy: ospolicy.Evaluate(o)}
+	for _, n := range providerNames() {
+		p := Providers[n](pf)
+		st := ProviderStatus{Name: n}
+		if err := p.Check(ctx); err != nil {
+			st.Reason = err.Error()
+		} else {
+			st.Available = true
+			if d, ok := p.(interface{ Detail(context.Context) string }); ok {
+				st.Detail = d.Detail(ctx)
+			}
+		}
+		r.Providers = append(r.Providers, st)
+	}
+	return r
+}
+
 func checkCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("oac-shim check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	var pf ProviderFlags
 	pf.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	r := Check(context.Background(), pf)
 	code := 1
-	for _, n := range providerNames() {
-		p := Providers[n](pf)
-		if err := p.Check(context.Background()); err != nil {
-			fmt.Fprintf(stdout, "%s: unavailable: %v\n", n, err)
+	for _, p := range r.Providers {
+		if p.Available {
+			code = 0
+		}
+	}
+	if r.Policy.Level == ospolicy.Block {
+		code = 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(r)
+		return code
+	}
+	fmt.Fprintf(stdout, "os: %s\n", r.OS.Name)
+	fmt.Fprintf(stdout, "policy: %s: %s\n", r.Policy.Level, r.Policy.Message)
+	for _, p := range r.Providers {
+		if !p.Available {
+			fmt.Fprintf(stdout, "%s: unavailable: %s\n", p.Name, p.Reason)
 			continue
 		}
-		code = 0
 		detail := ""
-		if d, ok := p.(interface{ Detail(context.Context) string }); ok {
-			if s := d.Detail(context.Background()); s != "" {
-				detail = " (" + s + ")"
-			}
+		if p.Detail != "" {
+			detail = " (" + p.Detail + ")"
 		}
-		fmt.Fprintf(stdout, "%s: available%s\n", n, detail)
+		fmt.Fprintf(stdout, "%s: available%s\n", p.Name, detail)
 	}
 	return code
 }
@@ -202,6 +310,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		defer f.Close()
 		out = f
+	}
+	verdict := ospolicy.Evaluate(detectOS())
+	switch verdict.Level {
+	case ospolicy.Block:
+		return fail(errors.New(verdict.Message))
+	case ospolicy.Warn:
+		log.Warn(verdict.Message)
 	}
 	sink := events.NewJSONLines(out)
 	// Input errors are reported like every other failure: one failed

@@ -5,7 +5,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -31,8 +33,15 @@ func StreamConn(r io.ReadCloser, w io.WriteCloser, name string) net.Conn {
 	return &streamConn{r: r, w: w, name: name}
 }
 
-// Stdio returns a net.Conn over this process's stdin and stdout.
-func Stdio() net.Conn { return StreamConn(os.Stdin, os.Stdout, "stdio") }
+// Stdio returns a net.Conn over this process's stdin and stdout. It makes
+// the process ignore SIGPIPE: Go kills a program that writes to a broken
+// pipe on stdout, so a host that closes its end first (it does, once it
+// has the guest's last message) would kill a guest still writing its
+// farewell; with SIGPIPE ignored the write fails with EPIPE instead.
+func Stdio() net.Conn {
+	signal.Ignore(syscall.SIGPIPE)
+	return StreamConn(os.Stdin, os.Stdout, "stdio")
+}
 
 func (c *streamConn) Read(p []byte) (int, error)  { return c.r.Read(p) }
 func (c *streamConn) Write(p []byte) (int, error) { return c.w.Write(p) }

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command trivialinit is the baseline init for the qemu boot figure: PID 1
 // that prints one line on the console and powers the VM off. It is a bench
 // fixture, not part of any image.

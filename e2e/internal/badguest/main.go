@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command badguest is a deliberately misbehaving guest agent for end-to-end
 // tests: the shim boots it in a real sandbox instead of oac-guest and must
 // fail cleanly.

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command vmdaemon is the daemon the VM end-to-end tests put in their
 // initramfs: the image has no shell, so this static binary reports what
 // the tests check (one "key=value" line each) and then waits for SIGTERM.

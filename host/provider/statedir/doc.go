@@ -10,5 +10,5 @@
 // It owns the directory, the slots and their locks. It must not know what
 // providers put inside.
 //
-// It builds on Unix systems only (flock).
+// It builds on Unix systems (flock) and Windows (LockFileEx).
 package statedir

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command sandboxio is a TEST FIXTURE standing in for oac-sandbox-io (the
 // real one is not part of this repository). It accepts exactly the
 // contract's command line (anything else: usage, exit 2), prints what the

@@ -1,4 +1,4 @@
-//go:build unix
+//go:build unix || windows
 
 package statedir
 
@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -31,11 +29,11 @@ func Claim(root, name string) (*Dir, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|openFlags, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open lock in %s: %w", dir, err)
 	}
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := tryLock(lock); err != nil {
 		lock.Close()
 		return nil, fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, name, lock.Name())
 	}
@@ -60,9 +58,8 @@ func (d *Dir) Release() {
 		return
 	}
 	d.clear()
-	os.Remove(filepath.Join(d.Path, "lock"))
+	removeLocked(d.lock, filepath.Join(d.Path, "lock"))
 	os.Remove(d.Path)
-	d.lock.Close()
 	d.lock = nil
 }
 
@@ -75,11 +72,11 @@ func ClaimSlot(dir string, slots int, what string) (int, *os.File, error) {
 		return 0, nil, fmt.Errorf("create %s slot directory: %w", what, err)
 	}
 	for slot := range slots {
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(slot)), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(slot)), os.O_RDWR|os.O_CREATE|openFlags, 0o600)
 		if err != nil {
 			return 0, nil, fmt.Errorf("open %s slot %d: %w", what, slot, err)
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if err := tryLock(f); err != nil {
 			f.Close()
 			continue
 		}

@@ -1,0 +1,66 @@
+package docker
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+func TestRunArgsAreExact(t *testing.T) {
+	got := runArgs(runConfig{Name: "demo", Image: "oac/guest:1", Hostname: "box", RunDir: "/run/oac/sandboxes/demo/run", AgentPath: "/opt/oac/oac-guest"})
+	assert.Equal(t, []string{
+		"run", "--rm", "--name", "oac-demo", "--label", "oac.sandbox=demo", "--pull", "never", "--user", "0:0",
+		"--network", "none", "--read-only",
+		"--cap-drop", "ALL", "--cap-add", "KILL", "--cap-add", "SETGID", "--cap-add", "SETUID",
+		"--security-opt", "no-new-privileges", "--pids-limit", "128",
+		"--tmpfs", "/tmp:rw,nosuid,nodev,size=128m,mode=1777",
+		"--tmpfs", "/run:rw,nosuid,nodev,size=16m,mode=755",
+		"--mount", "type=bind,src=/run/oac/sandboxes/demo/run,dst=/run/oac",
+		"--mount", "type=bind,src=/opt/oac/oac-guest,dst=/run/oac/oac-guest,readonly",
+		"--hostname", "box",
+		"--entrypoint", "/run/oac/oac-guest", "oac/guest:1", "--transport", "unix:///run/oac/agent.sock",
+	}, got)
+}
+
+func TestRunArgsWithoutHostnameWithDebug(t *testing.T) {
+	got := runArgs(runConfig{Name: "a", Image: "img", RunDir: "/r", AgentPath: "/g", Debug: true})
+	assert.NotContains(t, got, "--hostname")
+	assert.Equal(t, []string{"img", "--transport", "unix:///run/oac/agent.sock", "--debug"}, got[len(got)-4:])
+}
+
+func TestOtherCommands(t *testing.T) {
+	assert.Equal(t, []string{"kill", "oac-a"}, killArgs("a"))
+	assert.Equal(t, []string{"rm", "--force", "oac-a"}, removeArgs("a"))
+	assert.Equal(t, []string{"image", "inspect", "--format", "{{.Id}}", "img"}, imageArgs("img"))
+	assert.Equal(t, []string{"version", "--format", "{{.Server.Version}}"}, versionArgs())
+	assert.Equal(t, []string{"info", "--format", "{{json .SecurityOptions}}"}, securityArgs())
+}
+
+func TestClassify(t *testing.T) {
+	exit := errors.New("exit status 1")
+	tests := []struct {
+		out  string
+		want error
+	}{
+		{"Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?", provider.ErrUnavailable},
+		{"permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock", provider.ErrUnavailable},
+		{"error during connect: this error may indicate that the docker daemon is not running", provider.ErrUnavailable},
+		{"Error: No such image: oac/guest:1", provider.ErrInvalidSpec},
+		{"Unable to find image 'oac/guest:1' locally", provider.ErrInvalidSpec},
+		{"Error response from daemon: No such container: oac-a", ErrNoContainer},
+		{"Error response from daemon: Cannot kill container: oac-a: Container 0123 is not running", ErrNoContainer},
+		{`docker: Error response from daemon: Conflict. The container name "/oac-a" is already in use by container "0123".`, provider.ErrExists},
+	}
+	for _, tt := range tests {
+		assert.ErrorIs(t, classify("x", tt.out, exit), tt.want, tt.out)
+	}
+	assert.EqualError(t, classify("run", "", exit), "docker: run: exit status 1")
+}
+
+func TestUsernsRemapped(t *testing.T) {
+	assert.True(t, usernsRemapped(`["name=seccomp,profile=builtin","name=userns"]`))
+	assert.False(t, usernsRemapped(`["name=seccomp,profile=builtin","name=cgroupns"]`))
+}

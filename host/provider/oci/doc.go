@@ -1,0 +1,24 @@
+// Package oci is the OCI container provider: each sandbox is a container
+// run by runc or crun from a runtime bundle the provider writes (config.json
+// built with the runtime-spec types) in the sandbox's state directory.
+//
+// The container has a read-only root (a --rootfs directory, or a skeleton
+// into which the host's /usr, /bin, /lib* and a few /etc files are bound
+// read-only, like the bwrap provider's default), tmpfs on /run and a
+// 128 MiB tmpfs on /tmp, new user, pid, network (lo only), ipc, uts, mount
+// and cgroup namespaces, guest ids 0..65535 mapped to a host id range of its
+// own (the id slots it shares with the bwrap provider), a pids limit of 128,
+// a seccomp deny list, and only the capabilities the agent needs:
+// CAP_SETUID and CAP_SETGID (to start the daemon as 1000:1000 without
+// supplementary groups) and CAP_KILL (to signal it on stop). Its process is
+// oac-guest, bound read-only at /run/oac/oac-guest, dialing the transport
+// socket the shim listens on, bound in at /run/oac/agent.sock.
+//
+// crun 1.8 refuses a hybrid cgroup v1/v2 layout; on such a host the
+// provider runs crun in a private mount namespace in which the cgroup2
+// mount is unmounted, so crun sees a v1 host.
+//
+// It owns the bundle, the runtime's command lines and the container's
+// removal from the runtime's state. It must not speak the protocol (package
+// sandbox does) nor build images.
+package oci

@@ -1,0 +1,186 @@
+package oci
+
+import (
+	"fmt"
+	"path"
+	"sort"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Paths inside the guest (the same as the bwrap provider's).
+const (
+	GuestRunDir     = "/run/oac"
+	GuestAgentPath  = "/run/oac/oac-guest"
+	GuestSocketPath = "/run/oac/agent.sock"
+)
+
+// Limits every OCI sandbox gets (see ../shared/CONTRACTS.md: the hosted
+// containers' hardening).
+const (
+	PidsLimit  = 128
+	TmpSizeMiB = 128
+	RunSizeMiB = 16
+	// specVersion is the runtime-spec version written into config.json:
+	// the one runc 1.1 and crun 1.8 implement.
+	specVersion = "1.0.2"
+)
+
+// AgentCaps are the only capabilities the agent keeps (bounding, effective,
+// permitted; none inheritable or ambient, so the daemon it starts as uid
+// 1000 has none). Measured with the e2e tests: CAP_SETUID and CAP_SETGID
+// switch the daemon to 1000:1000 and drop its supplementary groups,
+// CAP_KILL lets guest root signal the daemon's process group on stop. The
+// runtime mounts everything and sets the hostname and lo up, so the agent
+// needs no CAP_SYS_ADMIN or CAP_NET_ADMIN.
+var AgentCaps = []string{"CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+
+// deniedSyscalls fail with EPERM in the guest: kernel interfaces a sandboxed
+// daemon has no use for and that have a history of privilege escalations
+// (the core of Docker's default profile's deny list, for syscalls that
+// capabilities alone do not gate).
+var deniedSyscalls = []string{
+	"add_key", "bpf", "fanotify_init", "kexec_file_load", "kexec_load", "keyctl",
+	"open_by_handle_at", "perf_event_open", "request_key", "userfaultfd",
+}
+
+// hostEntry is one top-level path of the default root: a directory bound
+// read-only, or a symlink recreated in the rootfs directory (merged-/usr
+// systems link /bin to usr/bin).
+type hostEntry struct {
+	Path    string
+	Symlink string
+}
+
+// bundleConfig is everything config.json depends on.
+type bundleConfig struct {
+	// RootPath is the host directory used as the read-only root: the
+	// --rootfs directory, or the provider's own skeleton for the default
+	// view of the host.
+	RootPath string
+	// HostEntries are bound read-only into the default root (directories
+	// only; symlinks are made in the skeleton).
+	HostEntries []hostEntry
+	// EtcFiles are bound read-only as guest path -> host path.
+	EtcFiles [][2]string
+	// RunDir is the host directory bound at /run/oac: it holds the
+	// transport socket and the agent binary's mount point.
+	RunDir    string
+	AgentPath string
+	Hostname  string
+	// IDBase is the host id guest id 0 maps to; IDSize ids are mapped.
+	IDBase, IDSize int
+	// CgroupsPath is the container's cgroup.
+	CgroupsPath string
+	// NoNewPrivileges sets no_new_privs on the agent itself.
+	NoNewPrivileges bool
+	Debug           bool
+}
+
+// buildSpec returns the container's config.json.
+func buildSpec(c bundleConfig) *specs.Spec {
+	args := []string{GuestAgentPath, "--transport", "unix://" + GuestSocketPath}
+	if c.Debug {
+		args = append(args, "--debug")
+	}
+	caps := append([]string(nil), AgentCaps...)
+	s := &specs.Spec{
+		Version:  specVersion,
+		Hostname: c.Hostname,
+		Root:     &specs.Root{Path: c.RootPath, Readonly: true},
+		Process: &specs.Process{
+			Args: args,
+			Env:  []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd:  "/",
+			User: specs.User{UID: 0, GID: 0},
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			NoNewPrivileges: c.NoNewPrivileges,
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.UserNamespace}, {Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace},
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uint32(c.IDBase), Size: uint32(c.IDSize)}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uint32(c.IDBase), Size: uint32(c.IDSize)}},
+			CgroupsPath: c.CgroupsPath,
+			Resources: &specs.LinuxResources{
+				Pids: &specs.LinuxPids{Limit: ptr(int64(PidsLimit))},
+				// No device but the runtime's defaults (null, zero, full,
+				// random, urandom, tty, ptmx).
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+			},
+			Seccomp:       seccomp(),
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+	s.Mounts = mounts(c)
+	return s
+}
+
+func seccomp() *specs.LinuxSeccomp {
+	names := append([]string(nil), deniedSyscalls...)
+	sort.Strings(names)
+	errno := uint(1) // EPERM
+	return &specs.LinuxSeccomp{
+		DefaultAction: specs.ActAllow,
+		Architectures: []specs.Arch{specs.ArchX86_64, specs.ArchX86, specs.ArchX32, specs.ArchAARCH64, specs.ArchARM},
+		Syscalls:      []specs.LinuxSyscall{{Names: names, Action: specs.ActErrno, ErrnoRet: &errno}},
+	}
+}
+
+// maskedPaths and readonlyPaths are the usual /proc and /sys entries a
+// container must not read or write.
+var (
+	maskedPaths = []string{
+		"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+		"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+		"/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	}
+)
+
+func mounts(c bundleConfig) []specs.Mount {
+	nosuidNodev := []string{"nosuid", "nodev"}
+	ms := []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		// sysfs cannot be mounted in a user namespace that does not own
+		// the host's network namespace on every kernel: bind it read-only.
+		{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}},
+	}
+	for _, e := range c.HostEntries {
+		if e.Symlink == "" {
+			ms = append(ms, specs.Mount{Destination: e.Path, Type: "bind", Source: e.Path, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+		}
+	}
+	for _, f := range c.EtcFiles {
+		ms = append(ms, specs.Mount{Destination: f[0], Type: "bind", Source: f[1], Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	}
+	ms = append(ms,
+		specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=1777", fmt.Sprintf("size=%dm", TmpSizeMiB))},
+		specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=755", fmt.Sprintf("size=%dm", RunSizeMiB))},
+		specs.Mount{Destination: GuestRunDir, Type: "bind", Source: c.RunDir, Options: []string{"bind", "nosuid", "nodev", "noexec"}},
+		specs.Mount{Destination: GuestAgentPath, Type: "bind", Source: c.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	)
+	return ms
+}
+
+// ContainerID is the runtime's id of a sandbox: unique per host because
+// sandbox names are (the state directory's lock).
+func ContainerID(name string) string { return "oac-" + name }
+
+// cgroupsPath returns the container's cgroup, relative to each hierarchy's
+// root.
+func cgroupsPath(name string) string { return path.Join("/oac", name) }
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,186 @@
+package vz
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Defaults and limits of a vz guest.
+const (
+	DefaultMemoryMiB = 512
+	MinMemoryMiB     = 128
+	MaxMemoryMiB     = 64 << 10
+	DefaultCPUs      = 2
+	// VsockPort is the host port the guest dials on the host's CID (2):
+	// the agent's default (guest/agent.DefaultVsockPort).
+	VsockPort uint32 = 1024
+	// ShareTag is the virtio-fs tag of the optional workspace share; the
+	// guest mounts it with `mount -t virtiofs workspace DIR`.
+	ShareTag = "workspace"
+	// maxTagLen is Virtualization.framework's limit on virtio-fs tags.
+	maxTagLen = 36
+	// DefaultConsoleLimit bounds forwarded console output.
+	DefaultConsoleLimit = 1 << 20
+)
+
+// Disk is one virtio-blk disk image.
+type Disk struct {
+	Path     string
+	ReadOnly bool
+}
+
+// Share is one virtio-fs shared directory.
+type Share struct {
+	Tag      string
+	Path     string
+	ReadOnly bool
+}
+
+// VMConfig is the whole virtual machine, decided by portable code; the
+// darwin-only Hypervisor turns it into Virtualization.framework objects
+// without making any decision of its own.
+type VMConfig struct {
+	// Linux boot loader.
+	Kernel, Initramfs, CommandLine string
+	CPUs                           uint
+	MemoryBytes                    uint64
+	Disks                          []Disk
+	// VsockPort is where the host listens on the virtio socket device.
+	VsockPort uint32
+	// Console attaches a virtio console (hvc0) whose output goes to the
+	// sandbox's diagnostics.
+	Console bool
+	Entropy bool
+	Balloon bool
+	Shares  []Share
+}
+
+// Settings are the provider's knobs that shape a VM.
+type Settings struct {
+	Kernel, Initramfs string
+	// Disk is an optional raw disk image (virtio-blk), read-only unless
+	// DiskWritable.
+	Disk         string
+	DiskWritable bool
+	// Share is an optional host directory shared as ShareTag (read-write
+	// unless ShareReadOnly).
+	Share         string
+	ShareReadOnly bool
+	MemoryMiB     int
+	CPUs          int
+	// HostCPUs bounds CPUs (0: not checked).
+	HostCPUs    int
+	HostGrace   time.Duration
+	ExtraAppend string
+	Debug       bool
+}
+
+// Assemble decides the VM for s: every path checked, sizes bounded, the
+// kernel command line written. Errors wrap provider.ErrInvalidSpec.
+func Assemble(s Settings) (VMConfig, error) {
+	c := VMConfig{
+		Kernel: s.Kernel, Initramfs: s.Initramfs, VsockPort: VsockPort,
+		Console: true, Entropy: true, Balloon: true,
+	}
+	bad := func(format string, a ...any) (VMConfig, error) {
+		return VMConfig{}, fmt.Errorf("%w: vz: %s", provider.ErrInvalidSpec, fmt.Sprintf(format, a...))
+	}
+	for _, f := range []struct{ what, path string }{{"kernel", s.Kernel}, {"initramfs", s.Initramfs}} {
+		if f.path == "" {
+			return bad("no %s given", f.what)
+		}
+		if err := regular(f.path); err != nil {
+			return bad("%s %s: %v", f.what, f.path, err)
+		}
+	}
+	mem := s.MemoryMiB
+	if mem == 0 {
+		mem = DefaultMemoryMiB
+	}
+	if mem < MinMemoryMiB || mem > MaxMemoryMiB {
+		return bad("memory %d MiB is outside %d..%d MiB", mem, MinMemoryMiB, MaxMemoryMiB)
+	}
+	c.MemoryBytes = uint64(mem) << 20
+	cpus := s.CPUs
+	if cpus == 0 {
+		cpus = DefaultCPUs
+		if s.HostCPUs > 0 && cpus > s.HostCPUs {
+			cpus = s.HostCPUs
+		}
+	}
+	if cpus < 1 || (s.HostCPUs > 0 && cpus > s.HostCPUs) {
+		return bad("%d CPUs requested; this host has %d", cpus, s.HostCPUs)
+	}
+	c.CPUs = uint(cpus)
+	if s.Disk != "" {
+		if err := regular(s.Disk); err != nil {
+			return bad("disk %s: %v", s.Disk, err)
+		}
+		c.Disks = append(c.Disks, Disk{Path: s.Disk, ReadOnly: !s.DiskWritable})
+	}
+	if s.Share != "" {
+		st, err := os.Stat(s.Share)
+		if err != nil || !st.IsDir() {
+			return bad("shared directory %s is not a directory", s.Share)
+		}
+		c.Shares = append(c.Shares, Share{Tag: ShareTag, Path: s.Share, ReadOnly: s.ShareReadOnly})
+	}
+	for _, sh := range c.Shares {
+		if err := validTag(sh.Tag); err != nil {
+			return bad("%v", err)
+		}
+	}
+	if s.HostGrace < 0 || s.HostGrace > time.Hour {
+		return bad("host grace %s is outside 0..1h", s.HostGrace)
+	}
+	if strings.ContainsAny(s.ExtraAppend, "\n\x00") {
+		return bad("the extra kernel command line holds a newline or NUL")
+	}
+	c.CommandLine = kernelCmdline(c.VsockPort, s.HostGrace, s.Debug, s.ExtraAppend)
+	return c, nil
+}
+
+// kernelCmdline returns the guest kernel's command line: console on the
+// virtio console, reboot (and so stop) at once on panic, and the oac.*
+// settings guest/vminit reads; the guest dials the host (CID 2) on port.
+func kernelCmdline(port uint32, grace time.Duration, debug bool, extra string) string {
+	parts := []string{"console=hvc0", "panic=-1", "quiet", "loglevel=3", fmt.Sprintf("oac.transport=vsock:%d", port)}
+	if grace > 0 {
+		parts = append(parts, "oac.host_grace="+grace.String())
+	}
+	if debug {
+		parts = append(parts, "oac.debug=1")
+	}
+	if extra != "" {
+		parts = append(parts, extra)
+	}
+	return strings.Join(parts, " ")
+}
+
+func regular(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return errors.Unwrap(err)
+	}
+	if !st.Mode().IsRegular() {
+		return errors.New("not a regular file")
+	}
+	return nil
+}
+
+func validTag(tag string) error {
+	if tag == "" || len(tag) > maxTagLen {
+		return fmt.Errorf("virtio-fs tag %q must be 1 to %d bytes", tag, maxTagLen)
+	}
+	for _, r := range tag {
+		if r < 0x21 || r > 0x7e {
+			return fmt.Errorf("virtio-fs tag %q must be printable ASCII without spaces", tag)
+		}
+	}
+	return nil
+}

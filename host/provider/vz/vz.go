@@ -1,0 +1,280 @@
+package vz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/ospolicy"
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Provider boots guests as Virtualization.framework virtual machines from
+// a Linux kernel and an initramfs whose /init is oac-guest, connected over
+// a virtio socket the guest dials.
+type Provider struct {
+	Settings
+	// Hypervisor creates the machines; default: Virtualization.framework
+	// on macOS (cgo builds), unavailable elsewhere.
+	Hypervisor Hypervisor
+	// ConsoleLimit bounds forwarded console output (default
+	// DefaultConsoleLimit).
+	ConsoleLimit int64
+	// OS describes the host for the policy check; default ospolicy.Detect.
+	OS func() ospolicy.OS
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "vz" }
+
+func (p *Provider) hv() Hypervisor {
+	if p.Hypervisor != nil {
+		return p.Hypervisor
+	}
+	return platformHypervisor()
+}
+
+func (p *Provider) settings() Settings {
+	s := p.Settings
+	if s.HostCPUs == 0 {
+		s.HostCPUs = runtime.NumCPU()
+	}
+	return s
+}
+
+// Check implements provider.Provider: the OS policy (macOS 12 or newer),
+// the hypervisor, and the boot images.
+func (p *Provider) Check(ctx context.Context) error {
+	if p.Hypervisor == nil || p.OS != nil {
+		detect := p.OS
+		if detect == nil {
+			detect = ospolicy.Detect
+		}
+		if o := detect(); o.GOOS == "darwin" {
+			if v := ospolicy.Evaluate(o); v.Level == ospolicy.Block {
+				return fmt.Errorf("%w: vz: %s", provider.ErrUnavailable, v.Message)
+			}
+		}
+	}
+	if err := p.hv().Available(); err != nil {
+		return mapError("check", err)
+	}
+	if _, err := Assemble(p.settings()); err != nil {
+		return fmt.Errorf("%w: %w (make initramfs builds the images)", provider.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Create implements provider.Provider.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if spec.Rootfs != "" {
+		return nil, fmt.Errorf("%w: vz guests run from their initramfs (and an optional --disk); --rootfs is not used", provider.ErrInvalidSpec)
+	}
+	if err := p.Check(ctx); err != nil {
+		return nil, err
+	}
+	cfg, err := Assemble(p.settings())
+	if err != nil {
+		return nil, err
+	}
+	var out io.Writer = io.Discard
+	if spec.Stderr != nil {
+		out = spec.Stderr
+	}
+	limit := p.ConsoleLimit
+	if limit <= 0 {
+		limit = DefaultConsoleLimit
+	}
+	m, err := p.hv().NewMachine(cfg, &consoleWriter{w: out, limit: limit})
+	if err != nil {
+		return nil, mapError("create virtual machine", err)
+	}
+	ln, err := m.ListenVsock(cfg.VsockPort)
+	if err != nil {
+		return nil, mapError(fmt.Sprintf("listen on vsock port %d", cfg.VsockPort), err)
+	}
+	return &Instance{cfg: cfg, m: m, ln: ln, done: make(chan struct{})}, nil
+}
+
+// Instance is one virtual machine.
+type Instance struct {
+	cfg VMConfig
+	m   Machine
+	ln  net.Listener
+
+	mu       sync.Mutex
+	started  bool
+	done     chan struct{}
+	exitErr  error
+	closeLn  sync.Once
+	doneOnce sync.Once
+}
+
+// Config returns the machine's configuration.
+func (in *Instance) Config() VMConfig { return in.cfg }
+
+// Start implements provider.Instance.
+func (in *Instance) Start(ctx context.Context) error {
+	in.mu.Lock()
+	if in.started {
+		in.mu.Unlock()
+		return errors.New("vz: already started")
+	}
+	in.started = true
+	in.mu.Unlock()
+	changes := in.m.StateChanged()
+	if err := in.m.Start(ctx); err != nil {
+		err = mapError("start virtual machine", err)
+		in.finish(err)
+		return err
+	}
+	go func() {
+		for {
+			select {
+			case s, ok := <-changes:
+				if !ok {
+					in.finish(errors.New("virtual machine state notifications ended"))
+					return
+				}
+				if end, why := ended(s); end {
+					in.finish(why)
+					return
+				}
+			case <-in.done:
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+func (in *Instance) finish(err error) {
+	in.doneOnce.Do(func() {
+		in.mu.Lock()
+		in.exitErr = err
+		in.mu.Unlock()
+		close(in.done)
+	})
+}
+
+// Accept implements provider.Instance: the guest's connection on the
+// virtio socket. The vz listener has no deadlines, so an interrupted
+// Accept closes it (a sandbox accepts one connection).
+func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
+	in.mu.Lock()
+	started := in.started
+	in.mu.Unlock()
+	if !started {
+		return nil, provider.ErrNotStarted
+	}
+	if dl, ok := in.ln.(provider.DeadlineListener); ok {
+		return provider.Accept(ctx, dl, in.done, in.Err)
+	}
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() { c, err := in.ln.Accept(); ch <- result{c, err} }()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("accept guest connection: %w", r.err)
+		}
+		return r.c, nil
+	case <-ctx.Done():
+		in.closeListener()
+		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
+	case <-in.done:
+		in.closeListener()
+		return nil, in.Err()
+	}
+}
+
+func (in *Instance) closeListener() { in.closeLn.Do(func() { in.ln.Close() }) }
+
+// Done implements provider.Instance.
+func (in *Instance) Done() <-chan struct{} { return in.done }
+
+// Err implements provider.Instance.
+func (in *Instance) Err() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.exitErr
+}
+
+// Kill implements provider.Instance: stop the machine at once.
+func (in *Instance) Kill() error {
+	in.mu.Lock()
+	started := in.started
+	in.mu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-in.done:
+		return nil
+	default:
+	}
+	if err := in.m.Stop(); err != nil {
+		if s := in.m.State(); s != StateStopped && s != StateError {
+			return mapError("stop virtual machine", err)
+		}
+	}
+	select {
+	case <-in.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("vz: the virtual machine did not stop within 10s")
+	}
+}
+
+// Destroy implements provider.Instance.
+func (in *Instance) Destroy() error {
+	err := in.Kill()
+	in.closeListener()
+	return err
+}
+
+// consoleWriter forwards console output without carriage returns, up to
+// limit bytes; then it says so once and drops the rest.
+type consoleWriter struct {
+	mu      sync.Mutex
+	w       io.Writer
+	limit   int64
+	written int64
+	capped  bool
+}
+
+func (c *consoleWriter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := len(p)
+	if c.capped {
+		return n, nil
+	}
+	out := make([]byte, 0, len(p))
+	for _, b := range p {
+		if b != '\r' {
+			out = append(out, b)
+		}
+	}
+	if c.written+int64(len(out)) > c.limit {
+		out = out[:c.limit-c.written]
+		c.capped = true
+	}
+	c.written += int64(len(out))
+	_, _ = c.w.Write(out)
+	if c.capped {
+		fmt.Fprintf(c.w, "\nconsole output limit of %d bytes reached; further console output dropped\n", c.limit)
+	}
+	return n, nil
+}

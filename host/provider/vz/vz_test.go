@@ -1,0 +1,365 @@
+package vz
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/host/ospolicy"
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+func images(t *testing.T) (kernel, initramfs string) {
+	t.Helper()
+	dir := t.TempDir()
+	kernel, initramfs = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs.img")
+	require.NoError(t, os.WriteFile(kernel, []byte("k"), 0o644))
+	require.NoError(t, os.WriteFile(initramfs, []byte("i"), 0o644))
+	return
+}
+
+func TestAssembleDefaults(t *testing.T) {
+	k, i := images(t)
+	c, err := Assemble(Settings{Kernel: k, Initramfs: i, HostCPUs: 8})
+	require.NoError(t, err)
+	assert.Equal(t, VMConfig{
+		Kernel: k, Initramfs: i,
+		CommandLine: "console=hvc0 panic=-1 quiet loglevel=3 oac.transport=vsock:1024",
+		CPUs:        2, MemoryBytes: 512 << 20, VsockPort: 1024,
+		Console: true, Entropy: true, Balloon: true,
+	}, c)
+}
+
+func TestAssembleEverything(t *testing.T) {
+	k, i := images(t)
+	disk := filepath.Join(t.TempDir(), "disk.img")
+	require.NoError(t, os.WriteFile(disk, nil, 0o644))
+	share := t.TempDir()
+	c, err := Assemble(Settings{Kernel: k, Initramfs: i, Disk: disk, Share: share, MemoryMiB: 1024, CPUs: 4, HostCPUs: 8,
+		HostGrace: 45 * time.Second, Debug: true, ExtraAppend: "foo=bar"})
+	require.NoError(t, err)
+	assert.Equal(t, []Disk{{Path: disk, ReadOnly: true}}, c.Disks)
+	assert.Equal(t, []Share{{Tag: "workspace", Path: share}}, c.Shares)
+	assert.Equal(t, uint(4), c.CPUs)
+	assert.Equal(t, uint64(1<<30), c.MemoryBytes)
+	assert.Equal(t, "console=hvc0 panic=-1 quiet loglevel=3 oac.transport=vsock:1024 oac.host_grace=45s oac.debug=1 foo=bar", c.CommandLine)
+
+	c, err = Assemble(Settings{Kernel: k, Initramfs: i, Disk: disk, DiskWritable: true, Share: share, ShareReadOnly: true})
+	require.NoError(t, err)
+	assert.False(t, c.Disks[0].ReadOnly)
+	assert.True(t, c.Shares[0].ReadOnly)
+}
+
+func TestAssembleDefaultCPUsFitTheHost(t *testing.T) {
+	k, i := images(t)
+	c, err := Assemble(Settings{Kernel: k, Initramfs: i, HostCPUs: 1})
+	require.NoError(t, err)
+	assert.Equal(t, uint(1), c.CPUs)
+}
+
+func TestAssembleRefuses(t *testing.T) {
+	k, i := images(t)
+	missing := filepath.Join(t.TempDir(), "missing")
+	tests := map[string]struct {
+		s    Settings
+		want string
+	}{
+		"no kernel":          {Settings{Initramfs: i}, "no kernel given"},
+		"missing initramfs":  {Settings{Kernel: k, Initramfs: missing}, "initramfs " + missing},
+		"kernel a directory": {Settings{Kernel: t.TempDir(), Initramfs: i}, "not a regular file"},
+		"too little memory":  {Settings{Kernel: k, Initramfs: i, MemoryMiB: 64}, "memory 64 MiB is outside 128..65536 MiB"},
+		"too many cpus":      {Settings{Kernel: k, Initramfs: i, CPUs: 16, HostCPUs: 8}, "16 CPUs requested; this host has 8"},
+		"missing disk":       {Settings{Kernel: k, Initramfs: i, Disk: missing}, "disk " + missing},
+		"share not a dir":    {Settings{Kernel: k, Initramfs: i, Share: k}, "is not a directory"},
+		"grace too long":     {Settings{Kernel: k, Initramfs: i, HostGrace: 2 * time.Hour}, "host grace"},
+		"newline in append":  {Settings{Kernel: k, Initramfs: i, ExtraAppend: "a\nb"}, "newline"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := Assemble(tt.s)
+			assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+			assert.ErrorContains(t, err, tt.want)
+		})
+	}
+}
+
+func TestValidTag(t *testing.T) {
+	assert.NoError(t, validTag("workspace"))
+	assert.Error(t, validTag(""))
+	assert.Error(t, validTag(strings.Repeat("a", 37)))
+	assert.Error(t, validTag("with space"))
+}
+
+func TestStates(t *testing.T) {
+	for _, s := range []State{StateRunning, StatePaused, StateStarting, StatePausing, StateResuming, StateStopping, StateSaving, StateRestoring} {
+		end, err := ended(s)
+		assert.False(t, end, s.String())
+		assert.NoError(t, err)
+	}
+	end, err := ended(StateStopped)
+	assert.True(t, end)
+	assert.EqualError(t, err, "virtual machine stopped")
+	end, err = ended(StateError)
+	assert.True(t, end)
+	assert.ErrorContains(t, err, "internal error")
+	end, _ = ended(State(42))
+	assert.True(t, end)
+	assert.Equal(t, "state(42)", State(42).String())
+	assert.Equal(t, "stopping", StateStopping.String())
+}
+
+func TestMapError(t *testing.T) {
+	hv := func(code int, desc string) error {
+		return &HVError{Domain: "VZErrorDomain", Code: code, Description: desc}
+	}
+	tests := []struct {
+		err  error
+		want error
+		text string
+	}{
+		{hv(2, "Invalid virtual machine configuration. The storage device attachment is invalid."), provider.ErrInvalidSpec, "VZErrorDomain code 2"},
+		{hv(5, "The disk image is invalid."), provider.ErrInvalidSpec, ""},
+		{hv(6, "The maximum number of virtual machines is exceeded."), provider.ErrUnavailable, "stop some sandboxes"},
+		{hv(10, "Not supported."), provider.ErrUnavailable, ""},
+		{hv(1, "The process doesn’t have the “com.apple.security.virtualization” entitlement."), provider.ErrUnavailable, "must be signed"},
+		{hv(3, "Invalid virtual machine state."), provider.ErrNotStarted, ""},
+		{ErrUnsupportedOS, provider.ErrUnavailable, "macOS 12 or newer"},
+	}
+	for _, tt := range tests {
+		err := mapError("start virtual machine", tt.err)
+		assert.ErrorIs(t, err, tt.want, tt.err.Error())
+		assert.Contains(t, err.Error(), "vz: start virtual machine: ")
+		assert.Contains(t, err.Error(), tt.text)
+	}
+	internal := hv(1, "The virtual machine stopped unexpectedly.")
+	err := mapError("start", internal)
+	assert.ErrorIs(t, err, internal)
+	assert.False(t, errors.Is(err, provider.ErrUnavailable))
+	assert.Nil(t, mapError("x", nil))
+	plain := errors.New("boom")
+	assert.ErrorIs(t, mapError("x", plain), plain)
+}
+
+// fakeHV is an in-memory hypervisor whose guest connects through a pipe.
+type fakeHV struct {
+	unavailable error
+	newErr      error
+	cfg         VMConfig
+	m           *fakeMachine
+}
+
+func (h *fakeHV) Available() error { return h.unavailable }
+func (h *fakeHV) NewMachine(cfg VMConfig, console io.Writer) (Machine, error) {
+	if h.newErr != nil {
+		return nil, h.newErr
+	}
+	h.cfg = cfg
+	h.m = &fakeMachine{changes: make(chan State, 8), console: console, conns: make(chan net.Conn, 1), closed: make(chan struct{})}
+	return h.m, nil
+}
+
+type fakeMachine struct {
+	mu       sync.Mutex
+	state    State
+	changes  chan State
+	console  io.Writer
+	conns    chan net.Conn
+	closed   chan struct{}
+	once     sync.Once
+	port     uint32
+	startErr error
+}
+
+func (m *fakeMachine) set(s State) {
+	m.mu.Lock()
+	m.state = s
+	m.mu.Unlock()
+	m.changes <- s
+}
+func (m *fakeMachine) Start(context.Context) error {
+	if m.startErr != nil {
+		return m.startErr
+	}
+	m.set(StateStarting)
+	m.set(StateRunning)
+	_, _ = m.console.Write([]byte("Linux version 6.1\r\n"))
+	return nil
+}
+func (m *fakeMachine) Stop() error { m.set(StateStopped); return nil }
+func (m *fakeMachine) State() State {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.state
+}
+func (m *fakeMachine) StateChanged() <-chan State { return m.changes }
+func (m *fakeMachine) ListenVsock(port uint32) (net.Listener, error) {
+	m.port = port
+	return &chanListener{m: m}, nil
+}
+
+// guestDial connects the "guest" to the host's listener.
+func (m *fakeMachine) guestDial() net.Conn {
+	host, guest := net.Pipe()
+	m.conns <- host
+	return guest
+}
+
+type chanListener struct{ m *fakeMachine }
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.m.conns:
+		return c, nil
+	case <-l.m.closed:
+		return nil, net.ErrClosed
+	}
+}
+func (l *chanListener) Close() error   { l.m.once.Do(func() { close(l.m.closed) }); return nil }
+func (l *chanListener) Addr() net.Addr { return &net.UnixAddr{Name: "vsock", Net: "vsock"} }
+
+func macOS(v string) func() ospolicy.OS {
+	return func() ospolicy.OS { return ospolicy.OS{GOOS: "darwin", Version: v} }
+}
+
+func newTestProvider(t *testing.T, hv *fakeHV) *Provider {
+	k, i := images(t)
+	return &Provider{Settings: Settings{Kernel: k, Initramfs: i, HostCPUs: 4}, Hypervisor: hv, OS: macOS("14.4")}
+}
+
+func TestLifecycleOverAFakeHypervisor(t *testing.T) {
+	hv := &fakeHV{}
+	p := newTestProvider(t, hv)
+	require.NoError(t, p.Check(context.Background()))
+	var diag bytes.Buffer
+	inst, err := p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "unused", Stderr: &diag})
+	require.NoError(t, err)
+	in := inst.(*Instance)
+	assert.Equal(t, uint32(1024), hv.m.port, "the host listens where the guest dials")
+	assert.Equal(t, hv.cfg, in.Config())
+	_, err = in.Accept(context.Background())
+	assert.ErrorIs(t, err, provider.ErrNotStarted)
+
+	require.NoError(t, in.Start(context.Background()))
+	assert.Error(t, in.Start(context.Background()), "one start")
+	guest := hv.m.guestDial()
+	defer guest.Close()
+	c, err := in.Accept(context.Background())
+	require.NoError(t, err)
+	defer c.Close()
+	go func() { _, _ = guest.Write([]byte("hi")) }()
+	b := make([]byte, 2)
+	_, err = io.ReadFull(c, b)
+	require.NoError(t, err)
+	assert.Equal(t, "hi", string(b))
+	assert.Equal(t, "Linux version 6.1\n", diag.String(), "the console reaches the diagnostics without CRs")
+
+	require.NoError(t, in.Destroy())
+	<-in.Done()
+	assert.EqualError(t, in.Err(), "virtual machine stopped")
+	require.NoError(t, in.Destroy(), "safe twice")
+}
+
+func TestGuestPowerOffEndsTheInstance(t *testing.T) {
+	hv := &fakeHV{}
+	p := newTestProvider(t, hv)
+	inst, err := p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x"})
+	require.NoError(t, err)
+	require.NoError(t, inst.Start(context.Background()))
+	hv.m.set(StateStopping)
+	hv.m.set(StateError)
+	select {
+	case <-inst.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("an error state ends the instance")
+	}
+	assert.ErrorContains(t, inst.Err(), "internal error")
+	_, err = inst.Accept(context.Background())
+	assert.ErrorContains(t, err, "internal error", "Accept reports why the machine ended")
+	require.NoError(t, inst.Destroy())
+}
+
+func TestAcceptGivesUpWithTheContext(t *testing.T) {
+	hv := &fakeHV{}
+	inst, err := newTestProvider(t, hv).Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x"})
+	require.NoError(t, err)
+	defer inst.Destroy()
+	require.NoError(t, inst.Start(context.Background()))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	_, err = inst.Accept(ctx)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestStartFailureIsMapped(t *testing.T) {
+	hv := &fakeHV{}
+	inst, err := newTestProvider(t, hv).Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x"})
+	require.NoError(t, err)
+	hv.m.startErr = &HVError{Domain: "VZErrorDomain", Code: 6, Description: "limit"}
+	err = inst.Start(context.Background())
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	<-inst.Done()
+	require.NoError(t, inst.Destroy())
+}
+
+func TestCheckBlocksOldMacOSAndMissingImages(t *testing.T) {
+	hv := &fakeHV{}
+	p := newTestProvider(t, hv)
+	p.OS = macOS("11.7.10")
+	err := p.Check(context.Background())
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.ErrorContains(t, err, "macOS 11.7.10 is not supported")
+	_, err = p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x"})
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.Nil(t, hv.m, "nothing created")
+
+	p.OS = macOS("12.0")
+	p.Kernel = filepath.Join(t.TempDir(), "missing")
+	err = p.Check(context.Background())
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.ErrorContains(t, err, "make initramfs")
+
+	hv.unavailable = ErrUnsupportedOS
+	assert.ErrorIs(t, p.Check(context.Background()), provider.ErrUnavailable)
+}
+
+func TestCreateRefusesRootfsAndMapsHypervisorErrors(t *testing.T) {
+	hv := &fakeHV{}
+	p := newTestProvider(t, hv)
+	_, err := p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x", Rootfs: "/img"})
+	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+	hv.newErr = &HVError{Domain: "VZErrorDomain", Code: 2, Description: "Invalid virtual machine configuration."}
+	_, err = p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x"})
+	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "create virtual machine")
+}
+
+func TestPlatformHypervisorOffMacOS(t *testing.T) {
+	err := platformHypervisor().Available()
+	if err == nil {
+		return // a cgo build on macOS
+	}
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	p := &Provider{}
+	assert.ErrorIs(t, p.Check(context.Background()), provider.ErrUnavailable)
+}
+
+func TestConsoleWriterIsBounded(t *testing.T) {
+	var out bytes.Buffer
+	w := &consoleWriter{w: &out, limit: 5}
+	n, err := w.Write([]byte("ab\r\ncdef"))
+	require.NoError(t, err)
+	assert.Equal(t, 8, n)
+	_, _ = w.Write([]byte("more"))
+	assert.Equal(t, "ab\ncd\nconsole output limit of 5 bytes reached; further console output dropped\n", out.String())
+}

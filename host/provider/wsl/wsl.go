@@ -1,0 +1,393 @@
+//go:build unix || windows
+
+package wsl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
+	"github.com/oac/sandbox-agent/protocol/transport"
+)
+
+// Timeouts of wsl.exe commands that should return quickly.
+const (
+	quickTimeout = 30 * time.Second
+	// importTimeout bounds `wsl.exe --import` (it unpacks the whole root
+	// filesystem into a new virtual disk).
+	importTimeout = 5 * time.Minute
+)
+
+// Provider runs each sandbox in a WSL2 distribution of its own, imported
+// from a root filesystem tarball and removed again when the sandbox ends.
+type Provider struct {
+	// WSL is wsl.exe; default: %SystemRoot%\System32\wsl.exe, else PATH
+	// (on other OSes there is none unless given).
+	WSL string
+	// Rootfs is the root filesystem tarball (the image build's output)
+	// imported for each sandbox; Spec.Rootfs overrides it.
+	Rootfs string
+	// InstallerURL is the mirrored WSL installer named when WSL is
+	// missing or too old.
+	InstallerURL string
+	// StateRoot holds per-sandbox state and the distributions' disks;
+	// default %LOCALAPPDATA%\oac.
+	StateRoot string
+	// Runner runs wsl.exe; default ExecRunner{WSL}.
+	Runner Runner
+	// Debug runs the agent with --debug.
+	Debug bool
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "wsl" }
+
+func (p *Provider) wslPath() string {
+	if p.WSL != "" {
+		return p.WSL
+	}
+	return defaultWSL()
+}
+
+func (p *Provider) runner() Runner {
+	if p.Runner != nil {
+		return p.Runner
+	}
+	return ExecRunner{Path: p.wslPath()}
+}
+
+func (p *Provider) stateRoot() string {
+	if p.StateRoot != "" {
+		return p.StateRoot
+	}
+	return defaultStateRoot()
+}
+
+func (p *Provider) install() string {
+	if p.InstallerURL != "" {
+		return "install WSL with the installer at " + p.InstallerURL
+	}
+	return "install WSL (the app's bundled installer, or wsl.exe --install --no-distribution)"
+}
+
+// Version returns the installed WSL's version, or an error wrapping
+// provider.ErrUnavailable that says what to install.
+func (p *Provider) Version(ctx context.Context) (string, error) {
+	if p.Runner == nil && p.wslPath() == "" {
+		if onlyOnWindows != "" {
+			return "", fmt.Errorf("%w: wsl: %s", provider.ErrUnavailable, onlyOnWindows)
+		}
+		return "", fmt.Errorf("%w: wsl: wsl.exe not found: %s", provider.ErrUnavailable, p.install())
+	}
+	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
+	defer cancel()
+	out, err := p.runner().Output(ctx, versionArgs()...)
+	text := decode(out)
+	v, ok := parseVersion(text)
+	if err != nil || !ok {
+		return "", fmt.Errorf("%w: wsl: WSL is not installed, or is the Windows component without --version (too old): %s", provider.ErrUnavailable, p.install())
+	}
+	if !versionAtLeast(v, MinVersion) {
+		return v, fmt.Errorf("%w: wsl: WSL %s is older than %s: %s", provider.ErrUnavailable, v, MinVersion, p.install())
+	}
+	return v, nil
+}
+
+func (p *Provider) tarball(spec provider.Spec) (string, error) {
+	t := spec.Rootfs
+	if t == "" {
+		t = p.Rootfs
+	}
+	if t == "" {
+		return "", errors.New("no root filesystem tarball given (--rootfs FILE.tar.gz, the image build's output)")
+	}
+	st, err := os.Stat(t)
+	if err != nil || !st.Mode().IsRegular() {
+		return "", fmt.Errorf("root filesystem tarball %s is not a readable file", t)
+	}
+	return filepath.Abs(t)
+}
+
+// Check implements provider.Provider: WSL is present and recent enough and
+// the default root filesystem tarball exists.
+func (p *Provider) Check(ctx context.Context) error {
+	if _, err := p.Version(ctx); err != nil {
+		return err
+	}
+	if _, err := p.tarball(provider.Spec{}); err != nil {
+		return fmt.Errorf("%w: wsl: %v", provider.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// Detail describes how sandboxes would run here.
+func (p *Provider) Detail(ctx context.Context) string {
+	v, err := p.Version(ctx)
+	if err != nil {
+		return ""
+	}
+	t, _ := p.tarball(provider.Spec{})
+	return fmt.Sprintf("WSL %s; each sandbox is a WSL2 distribution of its own, imported from %s", v, t)
+}
+
+// Create implements provider.Provider: it imports the sandbox's
+// distribution (removing a stale one of the same name first).
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := p.Version(ctx); err != nil {
+		return nil, err
+	}
+	tar, err := p.tarball(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: wsl: %v", provider.ErrInvalidSpec, err)
+	}
+	in := &Instance{p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar, done: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			in.release(context.Background())
+		}
+	}()
+	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	in.state, in.dir = state, filepath.Join(state.Path, "distro")
+	// We hold the name's lock: a distribution of that name is a leftover.
+	names, err := in.list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(names, in.distro) {
+		if err := in.wsl(ctx, quickTimeout, "unregister stale "+in.distro, unregisterArgs(in.distro)...); err != nil && !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+	}
+	if err := in.importDistro(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return in, nil
+}
+
+// Instance is one sandbox's WSL distribution and its agent process.
+type Instance struct {
+	p       *Provider
+	run     Runner
+	spec    provider.Spec
+	distro  string
+	tarball string
+	dir     string
+	state   *statedir.Dir
+
+	mu       sync.Mutex
+	imported bool
+	proc     Process
+	conn     net.Conn
+	accepted bool
+	done     chan struct{}
+	exitErr  error
+}
+
+// Distro returns the WSL distribution's name.
+func (in *Instance) Distro() string { return in.distro }
+
+// HostPID returns the pid of the wsl.exe running the agent, 0 before Start.
+func (in *Instance) HostPID() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.proc == nil {
+		return 0
+	}
+	return in.proc.Pid()
+}
+
+// wsl runs one wsl.exe command to completion.
+func (in *Instance) wsl(ctx context.Context, timeout time.Duration, what string, args ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := in.run.Output(ctx, args...)
+	if err != nil {
+		return classify(what, decode(out), err)
+	}
+	return nil
+}
+
+func (in *Instance) list(ctx context.Context) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
+	defer cancel()
+	out, err := in.run.Output(ctx, listArgs()...)
+	text := decode(out)
+	if err != nil {
+		// With no distribution at all, wsl.exe --list fails and says so.
+		cerr := classify("list distributions", text, err)
+		if errors.Is(cerr, ErrNotFound) {
+			return nil, nil
+		}
+		return nil, cerr
+	}
+	return parseList(text), nil
+}
+
+func (in *Instance) importDistro(ctx context.Context) error {
+	if err := os.MkdirAll(in.dir, 0o700); err != nil {
+		return fmt.Errorf("wsl: create %s: %w", in.dir, err)
+	}
+	if err := in.wsl(ctx, importTimeout, "import "+in.distro, importArgs(in.distro, in.dir, in.tarball)...); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	in.imported = true
+	in.mu.Unlock()
+	return nil
+}
+
+// Start implements provider.Instance: wsl.exe runs the agent as root in
+// the distribution, speaking the session over the process's stdin and
+// stdout.
+func (in *Instance) Start(ctx context.Context) error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.proc != nil {
+		return errors.New("wsl: already started")
+	}
+	if !in.imported {
+		return fmt.Errorf("%w: wsl: %s is not imported", provider.ErrNotStarted, in.distro)
+	}
+	proc, err := in.run.Start(agentArgs(in.distro, in.p.Debug), in.spec.Stderr)
+	if err != nil {
+		return err
+	}
+	in.proc = proc
+	in.conn = transport.StreamConn(proc.Stdout(), proc.Stdin(), "wsl:"+in.distro)
+	done := in.done
+	go func() {
+		err := proc.Wait()
+		in.mu.Lock()
+		if err == nil {
+			err = errors.New("the agent's wsl.exe exited with status 0")
+		} else {
+			err = fmt.Errorf("sandbox runtime exited: wsl.exe: %w", err)
+		}
+		in.exitErr = err
+		in.mu.Unlock()
+		close(done)
+	}()
+	return nil
+}
+
+// Accept implements provider.Instance: the agent's stdio, once; later
+// calls wait for the runtime to end or ctx.
+func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
+	in.mu.Lock()
+	if in.proc == nil {
+		in.mu.Unlock()
+		return nil, provider.ErrNotStarted
+	}
+	if !in.accepted {
+		in.accepted = true
+		c := in.conn
+		in.mu.Unlock()
+		return c, nil
+	}
+	done := in.done
+	in.mu.Unlock()
+	select {
+	case <-ctx.Done():
+		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
+	case <-done:
+		return nil, in.Err()
+	}
+}
+
+// Done implements provider.Instance.
+func (in *Instance) Done() <-chan struct{} { return in.done }
+
+// Err implements provider.Instance.
+func (in *Instance) Err() error {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.exitErr
+}
+
+// Kill implements provider.Instance: terminate the distribution (every
+// process in it), then the wsl.exe that ran the agent.
+func (in *Instance) Kill() error {
+	in.mu.Lock()
+	proc, done := in.proc, in.done
+	in.mu.Unlock()
+	if proc == nil {
+		return nil
+	}
+	terr := in.wsl(context.Background(), quickTimeout, "terminate "+in.distro, terminateArgs(in.distro)...)
+	if errors.Is(terr, ErrNotFound) {
+		terr = nil
+	}
+	_ = proc.Kill()
+	select {
+	case <-done:
+		return terr
+	case <-time.After(10 * time.Second):
+		return errors.Join(terr, errors.New("wsl.exe did not exit within 10s of being killed"))
+	}
+}
+
+// Destroy implements provider.Instance: kill, unregister the distribution
+// (which deletes its disk), remove the state directory.
+func (in *Instance) Destroy() error {
+	err := in.Kill()
+	return errors.Join(err, in.release(context.Background()))
+}
+
+// Reset returns the sandbox to a fresh distribution: unregister and import
+// again. The agent must be started again afterwards.
+func (in *Instance) Reset(ctx context.Context) error {
+	if err := in.Kill(); err != nil {
+		return err
+	}
+	if err := in.unregister(ctx); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	in.proc, in.conn, in.accepted, in.exitErr = nil, nil, false, nil
+	in.done = make(chan struct{})
+	in.mu.Unlock()
+	return in.importDistro(ctx)
+}
+
+func (in *Instance) unregister(ctx context.Context) error {
+	in.mu.Lock()
+	imported := in.imported
+	in.imported = false
+	in.mu.Unlock()
+	if !imported {
+		return nil
+	}
+	err := in.wsl(ctx, quickTimeout, "unregister "+in.distro, unregisterArgs(in.distro)...)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+func (in *Instance) release(ctx context.Context) error {
+	err := in.unregister(ctx)
+	in.mu.Lock()
+	c := in.conn
+	in.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	in.state.Release()
+	return err
+}

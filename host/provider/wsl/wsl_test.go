@@ -1,0 +1,290 @@
+//go:build unix || windows
+
+package wsl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// fakeRunner answers wsl.exe commands from a table and records them.
+type fakeRunner struct {
+	mu      sync.Mutex
+	calls   [][]string
+	distros map[string]bool
+	version string // "" fails --version
+	fail    map[string]string
+	started *fakeProc
+}
+
+func newFakeRunner() *fakeRunner {
+	return &fakeRunner{distros: map[string]bool{}, version: "WSL version: 2.1.5.0\r\n", fail: map[string]string{}}
+}
+
+func (r *fakeRunner) Output(ctx context.Context, args ...string) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, args)
+	if msg, ok := r.fail[args[0]]; ok {
+		return utf16LE(msg, false), errors.New("exit status 1")
+	}
+	switch args[0] {
+	case "--version":
+		if r.version == "" {
+			return []byte("Invalid command line option: --version"), errors.New("exit status 1")
+		}
+		return utf16LE(r.version, false), nil
+	case "--list":
+		var names []string
+		for n := range r.distros {
+			names = append(names, n)
+		}
+		if len(names) == 0 {
+			return utf16LE("Error code: Wsl/WSL_E_DEFAULT_DISTRO_NOT_FOUND\r\n", false), errors.New("exit status 4294967295")
+		}
+		return utf16LE(strings.Join(names, "\r\n")+"\r\n", false), nil
+	case "--import":
+		if r.distros[args[1]] {
+			return utf16LE("Error code: Wsl/Service/RegisterDistro/ERROR_ALREADY_EXISTS", false), errors.New("exit status 1")
+		}
+		r.distros[args[1]] = true
+	case "--unregister", "--terminate":
+		if !r.distros[args[1]] {
+			return utf16LE("Error code: Wsl/Service/WSL_E_DISTRO_NOT_FOUND", false), errors.New("exit status 1")
+		}
+		if args[0] == "--unregister" {
+			delete(r.distros, args[1])
+		}
+		if r.started != nil {
+			r.started.Kill()
+		}
+	}
+	return nil, nil
+}
+
+func (r *fakeRunner) Start(args []string, stderr io.Writer) (Process, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, args)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	p := &fakeProc{in: inW, out: outR, inR: inR, outW: outW, exit: make(chan struct{})}
+	r.started = p
+	return p, nil
+}
+
+func (r *fakeRunner) commands() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, c := range r.calls {
+		out = append(out, strings.Join(c, " "))
+	}
+	return out
+}
+
+type fakeProc struct {
+	in       *io.PipeWriter
+	out      *io.PipeReader
+	inR      *io.PipeReader
+	outW     *io.PipeWriter
+	once     sync.Once
+	exit     chan struct{}
+	killedBy string
+}
+
+func (p *fakeProc) Stdin() io.WriteCloser { return p.in }
+func (p *fakeProc) Stdout() io.ReadCloser { return p.out }
+func (p *fakeProc) Wait() error           { <-p.exit; return errors.New("signal: killed") }
+func (p *fakeProc) Kill() error {
+	p.once.Do(func() { p.outW.Close(); p.inR.Close(); close(p.exit) })
+	return nil
+}
+func (p *fakeProc) Pid() int { return 4242 }
+
+func newTestProvider(t *testing.T, r Runner) *Provider {
+	t.Helper()
+	dir := t.TempDir()
+	tar := filepath.Join(dir, "rootfs.tar.gz")
+	require.NoError(t, os.WriteFile(tar, []byte("not really"), 0o644))
+	return &Provider{Runner: r, Rootfs: tar, StateRoot: filepath.Join(dir, "state"), InstallerURL: "https://mirror.example/wsl.msi"}
+}
+
+func TestLifecycleRunsTheExpectedCommands(t *testing.T) {
+	r := newFakeRunner()
+	p := newTestProvider(t, r)
+	require.NoError(t, p.Check(context.Background()))
+	assert.Contains(t, p.Detail(context.Background()), "WSL 2.1.5.0")
+
+	inst, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "unused", Stderr: io.Discard})
+	require.NoError(t, err)
+	in := inst.(*Instance)
+	assert.Equal(t, "oac-demo", in.Distro())
+	_, err = in.Accept(context.Background())
+	assert.ErrorIs(t, err, provider.ErrNotStarted)
+	require.NoError(t, in.Start(context.Background()))
+	assert.Equal(t, 4242, in.HostPID())
+
+	c, err := in.Accept(context.Background())
+	require.NoError(t, err)
+	// The conn is the process's stdio: what the "agent" writes arrives.
+	go func() { _, _ = r.started.outW.Write([]byte("hello")) }()
+	buf := make([]byte, 5)
+	_, err = io.ReadFull(c, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "hello", string(buf))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = in.Accept(ctx)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "one connection per start")
+
+	require.NoError(t, in.Destroy())
+	require.NoError(t, in.Destroy(), "safe to call twice")
+	<-in.Done()
+	assert.ErrorContains(t, in.Err(), "sandbox runtime exited: wsl.exe")
+	dir := filepath.Join(p.StateRoot, "sandboxes", "demo")
+	assert.Equal(t, []string{
+		"--version", // Check
+		"--version", // Detail
+		"--version", // Create
+		"--list --quiet",
+		"--import oac-demo " + filepath.Join(dir, "distro") + " " + p.Rootfs + " --version 2",
+		"-d oac-demo -u root --exec /sbin/oac-guest --transport stdio://",
+		"--terminate oac-demo",
+		"--unregister oac-demo",
+		"--terminate oac-demo", // the second Destroy; harmless
+	}, r.commands())
+	assert.NoDirExists(t, dir)
+	assert.Empty(t, r.distros)
+}
+
+func TestCreateUnregistersAStaleDistribution(t *testing.T) {
+	r := newFakeRunner()
+	r.distros["oac-demo"] = true
+	p := newTestProvider(t, r)
+	inst, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "unused"})
+	require.NoError(t, err)
+	defer inst.Destroy()
+	assert.Contains(t, r.commands(), "--unregister oac-demo")
+	assert.True(t, r.distros["oac-demo"])
+}
+
+func TestResetIsUnregisterAndImport(t *testing.T) {
+	r := newFakeRunner()
+	p := newTestProvider(t, r)
+	inst, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "unused"})
+	require.NoError(t, err)
+	defer inst.Destroy()
+	require.NoError(t, inst.Start(context.Background()))
+	rs, ok := inst.(provider.Resetter)
+	require.True(t, ok, "the WSL instance can reset")
+	require.NoError(t, rs.Reset(context.Background()))
+	cmds := r.commands()
+	tail := cmds[len(cmds)-3:]
+	assert.Equal(t, "--terminate oac-demo", tail[0])
+	assert.Equal(t, "--unregister oac-demo", tail[1])
+	assert.True(t, strings.HasPrefix(tail[2], "--import oac-demo "))
+	require.NoError(t, inst.Start(context.Background()), "startable again after a reset")
+	select {
+	case <-inst.Done():
+		t.Fatal("a fresh start has a fresh Done")
+	default:
+	}
+}
+
+func TestMissingOrOldWSLPointsAtTheInstaller(t *testing.T) {
+	r := newFakeRunner()
+	r.version = ""
+	p := newTestProvider(t, r)
+	err := p.Check(context.Background())
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.ErrorContains(t, err, "WSL is not installed, or is the Windows component without --version")
+	assert.ErrorContains(t, err, "https://mirror.example/wsl.msi")
+
+	r.version = "WSL version: 0.70.4\r\n"
+	err = p.Check(context.Background())
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.ErrorContains(t, err, "WSL 0.70.4 is older than 1.0.0")
+
+	p.InstallerURL = ""
+	assert.ErrorContains(t, p.Check(context.Background()), "wsl.exe --install --no-distribution")
+	_, err = p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "x"})
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+}
+
+func TestNoWSLBinaryOutsideWindows(t *testing.T) {
+	if onlyOnWindows == "" {
+		t.Skip("Windows looks for wsl.exe")
+	}
+	err := (&Provider{}).Check(context.Background())
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.EqualError(t, err, "provider unavailable: wsl: WSL runs only on Windows")
+}
+
+func TestMissingTarballIsUnavailableOrInvalid(t *testing.T) {
+	r := newFakeRunner()
+	p := newTestProvider(t, r)
+	p.Rootfs = filepath.Join(t.TempDir(), "missing.tar.gz")
+	assert.ErrorIs(t, p.Check(context.Background()), provider.ErrUnavailable)
+	_, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "x"})
+	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "is not a readable file")
+	assert.NotContains(t, r.commands(), "--list --quiet", "nothing was touched")
+}
+
+func TestImportFailureLeavesNothingBehind(t *testing.T) {
+	r := newFakeRunner()
+	r.fail["--import"] = "Please enable the Virtual Machine Platform Windows feature.\r\nError code: Wsl/Service/RegisterDistro/CreateVm/HCS/HCS_E_HYPERV_NOT_INSTALLED\r\n"
+	p := newTestProvider(t, r)
+	_, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "x"})
+	assert.ErrorIs(t, err, provider.ErrUnavailable)
+	assert.ErrorContains(t, err, "enable the Virtual Machine Platform")
+	assert.NoDirExists(t, filepath.Join(p.StateRoot, "sandboxes", "demo"))
+	assert.NotContains(t, r.commands(), "--unregister oac-demo", "nothing imported, nothing to unregister")
+}
+
+func TestTwoSandboxesOfOneNameCannotExist(t *testing.T) {
+	r := newFakeRunner()
+	p := newTestProvider(t, r)
+	a, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "x"})
+	require.NoError(t, err)
+	defer a.Destroy()
+	_, err = p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "x"})
+	assert.ErrorIs(t, err, provider.ErrExists)
+}
+
+func TestExecRunnerRunsAProgram(t *testing.T) {
+	sh := "/bin/sh"
+	if _, err := os.Stat(sh); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	r := ExecRunner{Path: sh}
+	out, err := r.Output(context.Background(), "-c", `printf "%s" "$WSL_UTF8"`)
+	require.NoError(t, err)
+	assert.Equal(t, "1", string(out), "wsl.exe is asked for UTF-8")
+
+	var stderr bytes.Buffer
+	p, err := r.Start([]string{"-c", `read x; echo "got $x"; echo oops >&2`}, &stderr)
+	require.NoError(t, err)
+	_, err = p.Stdin().Write([]byte("ping\n"))
+	require.NoError(t, err)
+	b, err := io.ReadAll(p.Stdout())
+	require.NoError(t, err)
+	assert.Equal(t, "got ping\n", string(b))
+	require.NoError(t, p.Wait())
+	assert.Positive(t, p.Pid())
+}
