@@ -245,7 +245,7 @@ func (s *run) handshake(conn net.Conn) error {
 	s.sess = sess
 	caps := []string{protocol.CapProcess}
 	if s.cfg.Egress != nil {
-		caps = append(caps, protocol.CapEgress)
+		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
 	}
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
@@ -542,7 +542,7 @@ func (s *run) acceptStreams() {
 
 func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	h, err := protocol.ReadStreamHeader(st, 5*time.Second)
-	if err != nil && h.Kind != protocol.KindEgress {
+	if err != nil && h.Kind != protocol.KindEgress && h.Kind != protocol.KindDNS {
 		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return
 	}
@@ -562,6 +562,15 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 		release()
 		// Serve re-validates the header and answers InvalidArgument.
 		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emit)
+	case protocol.KindDNS:
+		if s.cfg.Egress == nil {
+			_ = protocol.WriteDNSReply(st, protocol.DNSReply{Code: protocol.EgressUnsupportedNetwork,
+				Reason: "this sandbox was started without an egress broker"})
+			return
+		}
+		release()
+		// ServeDNS re-validates the header and answers InvalidArgument.
+		s.cfg.Egress.ServeDNS(s.egressCtx, st, h, s.emit)
 	default:
 		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}
