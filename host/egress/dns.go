@@ -20,15 +20,14 @@ type namePlan struct {
 	upstream *Upstream
 	// nameRule is the first name rule covering the name (any port).
 	nameRule *Rule
-	// cidr: some CIDR rule exists, so an address of the name may be
-	// allowed even without a name rule.
-	cidr bool
 }
 
 // planName decides what a DNS question for rawName needs, without
 // resolving: an upstream name is allowed at once; a name no name rule
-// covers, in a policy without CIDR rules, is denied and never resolved.
-// DNS has no port: a name is resolvable when some port could reach it.
+// covers is denied and never resolved, even when CIDR rules exist (they
+// allow addresses, which a program can connect to without DNS; resolving
+// every name the guest asks for would let it send any name to the host's
+// resolvers). DNS has no port: a name rule for any port covers the name.
 func (p *Policy) planName(rawName string) (namePlan, *Failure) {
 	h, err := ParseHost(rawName)
 	if errors.Is(err, ErrZone) || err == nil && h.IsIP() {
@@ -51,24 +50,20 @@ func (p *Policy) planName(rawName string) (namePlan, *Failure) {
 		return pl, nil
 	}
 	for i := range p.rules {
-		r := &p.rules[i]
-		switch {
-		case r.kind == ruleCIDR:
-			pl.cidr = true
-		case pl.nameRule == nil && r.matchesName(h.Name):
+		if r := &p.rules[i]; r.kind != ruleCIDR && r.matchesName(h.Name) {
 			pl.nameRule = r
+			break
 		}
 	}
-	if pl.nameRule == nil && !pl.cidr {
+	if pl.nameRule == nil {
 		return pl, fail(protocol.EgressDenied, "", "no rule allows %s on any port; nothing was resolved", h.Name)
 	}
 	return pl, nil
 }
 
-// checkName decides the resolved candidates of a name: allowed when at
-// least one address would be allowed on some port (a CIDR rule covers
-// it, or a name rule covers the name and the address is in no refused
-// class). Which port and which address is decided again at connect time.
+// checkName decides the resolved candidates of a name its name rule
+// covers: allowed when at least one address would be allowed on some
+// port (a CIDR rule covers it, or it is in no refused class). Which port and which address is decided again at connect time.
 func (p *Policy) checkName(pl namePlan, addrs []netip.Addr) (string, *Failure) {
 	if len(addrs) == 0 {
 		return "", fail(protocol.EgressNameNotResolved, "", "%s has no addresses", pl.host)
@@ -89,16 +84,11 @@ func (p *Policy) checkName(pl namePlan, addrs []netip.Addr) (string, *Failure) {
 			}
 		}
 		cls, refused := refusedClass(a)
-		switch {
-		case pl.nameRule != nil && !refused:
+		if !refused {
 			return pl.nameRule.String(), nil
-		case first != nil:
-		case pl.nameRule != nil:
+		}
+		if first == nil {
 			first = fail(protocol.EgressDenied, pl.nameRule.String(), "%s resolves to %s, which is %s: refused unless a CIDR rule allows it", pl.host, a, cls)
-		case refused:
-			first = fail(protocol.EgressDenied, "", "%s resolves to %s, which is %s: refused unless a CIDR rule allows it", pl.host, a, cls)
-		default:
-			first = fail(protocol.EgressDenied, "", "no rule allows %s (it resolves to %s)", pl.host, a)
 		}
 	}
 	return "", first
