@@ -213,7 +213,9 @@ exec sleep 1000
 			"/etc/ssl/certs/ca-certificates.crt": caBundle,
 		},
 	})
-	s.waitFor(func(e events.Event) bool { return e.Event == events.KindState && strings.Contains(e.Message, "transparent egress:") },
+	s.waitFor(func(e events.Event) bool {
+		return e.Event == events.KindState && strings.Contains(e.Message, "transparent egress:")
+	},
 		bootTimeout, "transparent egress started")
 	s.waitLog("done", 60*time.Second)
 
@@ -247,7 +249,9 @@ exec sleep 1000
 	t.Logf("denied name: %s", denied)
 	assert.True(t, strings.HasPrefix(denied, "rc=2 "), denied)
 	assert.Equal(t, "curl: (6) Could not resolve host: denied.test", s.logLine("denied-curl: "))
-	ev := s.find(func(e events.Event) bool { return e.Event == events.KindEgress && e.Via == "dns" && e.Target == "denied.test" })
+	ev := s.find(func(e events.Event) bool {
+		return e.Event == events.KindEgress && e.Via == "dns" && e.Target == "denied.test"
+	})
 	require.NotEmpty(t, ev)
 	assert.Equal(t, "denied", ev[0].Decision)
 	assert.Equal(t, "Denied", ev[0].Code)
