@@ -129,6 +129,13 @@ func hostIPv4() string {
 // relayFixture is the TLS Link stand-in for relay.test and the CA bundle
 // (the host's plus the test CA) the guest trusts through /etc/ssl.
 func relayFixture(t *testing.T) (*linkrelay.Relay, *httptest.Server, string) {
+	relay, srv, caPEM := relayServer(t)
+	bundle, _ := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	return relay, srv, string(bundle) + "\n" + caPEM
+}
+
+// relayServer is relayFixture with the test CA alone.
+func relayServer(t *testing.T) (*linkrelay.Relay, *httptest.Server, string) {
 	t.Helper()
 	cert, caPEM := tlsFor(t, "relay.test")
 	relay := &linkrelay.Relay{Digest: bootstrap.CredentialDigest(linkCredential)}
@@ -136,8 +143,7 @@ func relayFixture(t *testing.T) (*linkrelay.Relay, *httptest.Server, string) {
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
 	srv.StartTLS()
 	t.Cleanup(func() { relay.Close(); srv.Close() })
-	bundle, _ := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
-	return relay, srv, string(bundle) + "\n" + caPEM
+	return relay, srv, caPEM
 }
 
 // hostedWithScript is a hosted bootstrap: oac-sandbox-io (the stand-in)
@@ -275,5 +281,61 @@ exec sleep 1000
 	assert.Contains(t, udp.Line, "UDP other than DNS is not carried out of the sandbox")
 
 	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(15*time.Second))
+}
+
+// TestTransparentEgressOnAVM boots a real VM whose oac-sandbox-io (the
+// stand-in, in the initramfs with the test CA as its system roots) reaches
+// the TLS Link stand-in by name with an empty environment: the resolver
+// and nftables capture in a real kernel (modules from the initramfs).
+func TestTransparentEgressOnAVM(t *testing.T) {
+	t.Parallel()
+	kernel, _ := needVM(t)
+	relay, relaySrv, caPEM := relayServer(t)
+	dir := t.TempDir()
+	ca := dir + "/ca.pem"
+	require.NoError(t, os.WriteFile(ca, []byte(caPEM), 0o644))
+	img := dir + "/initramfs.img"
+	out, err := exec.Command(bins.image, "initramfs", "--agent", bins.guest,
+		"--kernel-modules", kernelCache()+"/modules", "--module", vmModules,
+		"--file", bins.vmdaemon+":"+vmDaemon,
+		"--file", bins.sandboxIO+":/usr/local/bin/oac-sandbox-io",
+		"--file", ca+":/etc/ssl/certs/ca-certificates.crt:0644",
+		"-o", img).CombinedOutput()
+	require.NoError(t, err, "oac-image: %s", out)
+	grace := bootstrap.Duration(3 * time.Second)
+	boot := encode(t, &bootstrap.Bootstrap{
+		Version: 1, Hostname: "vmtransparent",
+		SandboxIO: &bootstrap.SandboxIOSpec{Bootstrap: &bootstrap.SandboxIO{
+			Version: 1, LinkURL: "wss://relay.test" + linkrelay.Path, Credential: linkCredential,
+			Resource: bootstrap.Resource{TenantID: tenantID, EnvironmentID: environmentID, Kind: "allocation", ID: allocationID, Generation: 1},
+		}},
+		Daemon:    &bootstrap.Process{Argv: []string{vmDaemon}},
+		StopGrace: &grace,
+	})
+	s := startShim(t, sandboxSpec{
+		provider: "qemu", name: uniqueName("vmtr"), bootstrap: boot,
+		args: []string{"--kernel", kernel, "--initramfs", img, "--boot-timeout", vmBootTimeout.String(),
+			"--host-grace", vmHostGrace.String(),
+			"--tenant", tenantID, "--environment", environmentID, "--allocation", allocationID,
+			"--upstream", "relay.test:443=" + relaySrv.Listener.Addr().String()},
+	})
+	s.waitFor(func(e events.Event) bool {
+		return e.Event == events.KindState && strings.Contains(e.Message, "transparent egress:")
+	}, vmBootTimeout, "transparent egress started in the VM")
+	connected := s.waitLog("sandbox-io: link=connected ", 60*time.Second)
+	assert.Contains(t, connected, "status=101")
+	assert.Equal(t, "0", s.logLine("sandbox-io: env="), "oac-sandbox-io has an empty environment")
+	accepted, refused := relay.Counts()
+	assert.GreaterOrEqual(t, accepted, 1)
+	assert.Zero(t, refused)
+	assert.NotEmpty(t, s.find(func(e events.Event) bool {
+		return e.Event == events.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
+	}))
+	assert.NotEmpty(t, s.find(func(e events.Event) bool {
+		return e.Event == events.KindEgress && e.Via == "dns" && e.Target == "relay.test" && e.Decision == "allowed"
+	}))
+	s.signal(syscall.SIGTERM)
+	s.waitState(events.StateStopped, 20*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
 }
