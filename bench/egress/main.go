@@ -1,30 +1,45 @@
-// Command egress measures the egress path against a direct loopback TCP
-// connection, side by side in one run: bulk throughput each way and
-// connect-plus-first-byte latency.
+// Command egress measures the two egress paths against a direct loopback
+// TCP connection, side by side in one run: bulk throughput each way and
+// connect-plus-first-byte latency, plus the guest resolver's answer time.
 //
-// The path is the real one minus the namespaces: a client on loopback ->
-// the guest's HTTP proxy (CONNECT) -> an egress stream of a yamux session
-// over an AF_UNIX socketpair (the bwrap transport is an AF_UNIX socket) ->
-// the host broker (policy, dial) -> an upstream on 127.0.0.1. Runs
-// alternate between direct and broker so drift hits both alike.
+// The proxy path is the real one minus the namespaces: a client on
+// loopback -> the guest's HTTP proxy (CONNECT) -> an egress stream of a
+// yamux session over an AF_UNIX socketpair (the bwrap transport is an
+// AF_UNIX socket) -> the host broker (policy, dial) -> an upstream on
+// 127.0.0.1. The transparent path runs its guest half in a network
+// namespace of its own (a thread that unshared CLONE_NEWNET; needs root),
+// exactly as a guest has it: a proxy-unaware client connects to the fake
+// address the guest resolver handed out for the name, the agent's
+// nftables rules redirect it to the capture listener, which opens the
+// same kind of egress stream (via "transparent") over the same session.
+// Runs alternate between direct, proxy and transparent so drift hits all
+// alike.
 package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"runtime"
 	"slices"
 	"syscall"
 	"time"
 
+	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
+
 	"github.com/hashicorp/yamux"
 
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/transparent"
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/internal/pipe"
@@ -94,11 +109,11 @@ func upstream() (string, error) {
 type onlyReader struct{ io.Reader }
 
 // stack starts the broker and the guest proxy over a yamux session on a
-// socketpair and returns the proxy's address.
-func stack(upAddr string) (string, func(), error) {
+// socketpair and returns the proxy's address and the guest's session.
+func stack(upAddr string) (string, *yamux.Session, func(), error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	mk := func(fd int, name string) (net.Conn, error) {
 		f := os.NewFile(uintptr(fd), name)
@@ -107,23 +122,23 @@ func stack(upAddr string) (string, func(), error) {
 	}
 	gc, err := mk(fds[0], "guest")
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	hc, err := mk(fds[1], "host")
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	gs, err := yamux.Client(gc, protocol.MuxConfig(nil))
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	hs, err := yamux.Server(hc, protocol.MuxConfig(nil))
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	pol, err := egress.ParsePolicy(nil, []string{"bench.test:9=" + upAddr})
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	b := egress.New(egress.Config{Policy: pol, MaxStreams: 4096})
 	go func() {
@@ -138,15 +153,19 @@ func stack(upAddr string) (string, func(), error) {
 					st.Close()
 					return
 				}
+				if h.Kind == protocol.KindDNS {
+					b.ServeDNS(context.Background(), st, h, func(events.Event) {})
+					return
+				}
 				b.Serve(context.Background(), st, h, func(events.Event) {})
 			}()
 		}
 	}()
 	px, err := guestegress.Start(guestegress.SessionOpener(gs), "127.0.0.1:0", "127.0.0.1:0", nil)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	return px.HTTPAddr, func() { px.Close(); gs.Close(); hs.Close() }, nil
+	return px.HTTPAddr, gs, func() { px.Close(); gs.Close(); hs.Close() }, nil
 }
 
 // dialDirect and dialBroker return a connection to the upstream.
@@ -250,6 +269,136 @@ func latency(dial func() (net.Conn, error), conns int) (time.Duration, error) {
 	return ds[len(ds)/2], nil
 }
 
+// guestNS runs closures on a locked thread in a network namespace of its
+// own, where the transparent capture is installed: sockets made there
+// (the client's) live in the guest's namespace.
+type guestNS struct {
+	work chan func()
+	fake netip.Addr
+	// up is an upstream inside the namespace: the direct baseline for a
+	// client on the namespace's locked thread.
+	up string
+	t    *transparent.Transparent
+}
+
+func startGuestNS(sess *yamux.Session) (*guestNS, error) {
+	g := &guestNS{work: make(chan func())}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with it
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare network namespace (needs root): %w", err)
+			return
+		}
+		if _, err := initsys.LoopbackUp(); err != nil {
+			errc <- err
+			return
+		}
+		t, err := transparent.Start(transparent.Config{Open: guestegress.SessionOpener(sess), Ask: transparent.SessionAsker(sess)})
+		if err != nil {
+			errc <- err
+			return
+		}
+		g.t = t
+		if g.up, err = upstream(); err != nil {
+			errc <- err
+			return
+		}
+		errc <- nil
+		for f := range g.work {
+			f()
+		}
+		t.Close()
+	}()
+	if err := <-errc; err != nil {
+		return nil, err
+	}
+	// The fake address comes from the resolver, like a program's would.
+	var err error
+	g.do(func() {
+		var ans []netip.Addr
+		ans, err = lookupA("bench.test", 0)
+		if err == nil && len(ans) == 1 {
+			g.fake = ans[0]
+		} else if err == nil {
+			err = fmt.Errorf("bench.test: %d answers", len(ans))
+		}
+	})
+	return g, err
+}
+
+func (g *guestNS) do(f func()) {
+	done := make(chan struct{})
+	g.work <- func() { f(); close(done) }
+	<-done
+}
+
+func (g *guestNS) close() { close(g.work) }
+
+// lookupA asks the guest resolver (127.0.0.1:53 in the namespace) one A
+// question over UDP and returns the answers; rcode NXDOMAIN is an error.
+func lookupA(name string, id uint16) ([]netip.Addr, error) {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: true})
+	_ = b.StartQuestions()
+	_ = b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name + "."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
+	q, err := b.Finish()
+	if err != nil {
+		return nil, err
+	}
+	c, err := net.Dial("udp", transparent.DNSAddr)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(q); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 1500)
+	n, err := c.Read(buf)
+	if err != nil {
+		return nil, err
+	}
+	var m dnsmessage.Message
+	if err := m.Unpack(buf[:n]); err != nil {
+		return nil, err
+	}
+	if m.Header.RCode != dnsmessage.RCodeSuccess {
+		return nil, fmt.Errorf("%s: %s", name, m.Header.RCode)
+	}
+	var out []netip.Addr
+	for _, a := range m.Answers {
+		if r, ok := a.Body.(*dnsmessage.AResource); ok {
+			out = append(out, netip.AddrFrom4(r.A))
+		}
+	}
+	return out, nil
+}
+
+// dnsLatency returns the median time of n A questions: the same allowed
+// name (answered from the guest's cache) or a new denied name each time
+// (a round trip to the host broker, which resolves nothing).
+func dnsLatency(n int, fresh bool, run int) (time.Duration, error) {
+	var ds []time.Duration
+	for i := range n {
+		name := "bench.test"
+		if fresh {
+			name = fmt.Sprintf("r%d-%d.denied.bench", run, i)
+		}
+		start := time.Now()
+		_, err := lookupA(name, uint16(i))
+		d := time.Since(start)
+		if fresh && (err == nil || !bytes.Contains([]byte(err.Error()), []byte("RCodeNameError"))) {
+			return 0, fmt.Errorf("a denied name: want NXDOMAIN, got %v", err)
+		} else if !fresh && err != nil {
+			return 0, err
+		}
+		ds = append(ds, d)
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], nil
+}
+
 type stat struct{ med, lo, hi float64 }
 
 func summarize(v []float64) stat {
@@ -263,21 +412,45 @@ func run(runs, size, conns int) error {
 	if err != nil {
 		return err
 	}
-	proxy, stop, err := stack(up)
+	proxy, sess, stop, err := stack(up)
 	if err != nil {
 		return err
 	}
 	defer stop()
 	direct, broker := dialDirect(up), dialBroker(proxy)
-	// Warm up both paths.
-	if _, err := download(broker, 8<<20); err != nil {
-		return err
+	g, gerr := startGuestNS(sess)
+	if gerr != nil {
+		fmt.Printf("transparent path not measured: %v\n", gerr)
+	} else {
+		defer g.close()
 	}
-	if _, err := download(direct, 8<<20); err != nil {
-		return err
+	var capture func() (net.Conn, error)
+	// inGuest runs a measurement on the namespace's thread, where the
+	// client's sockets must be made.
+	inGuest := func(f func() (float64, error)) (float64, error) {
+		var v float64
+		var err error
+		g.do(func() { v, err = f() })
+		return v, err
 	}
-	type series struct{ direct, broker []float64 }
+	if g != nil {
+		target := netip.AddrPortFrom(g.fake, 9).String()
+		capture = func() (net.Conn, error) { return net.Dial("tcp", target) }
+	}
+	// Warm up every path.
+	for _, d := range []func() (net.Conn, error){broker, direct} {
+		if _, err := download(d, 8<<20); err != nil {
+			return err
+		}
+	}
+	if g != nil {
+		if _, err := inGuest(func() (float64, error) { return download(capture, 8<<20) }); err != nil {
+			return fmt.Errorf("transparent warm-up: %w", err)
+		}
+	}
+	type series struct{ direct, broker, transparent, guestDirect []float64 }
 	var down, upl, lat series
+	var dnsCached, dnsHost []float64
 	for i := 0; i < runs; i++ {
 		for _, m := range []struct {
 			s    *series
@@ -297,28 +470,72 @@ func run(runs, size, conns int) error {
 			}
 			b, err := m.f(broker)
 			if err != nil {
-				return fmt.Errorf("%s broker: %w", m.name, err)
+				return fmt.Errorf("%s proxy: %w", m.name, err)
 			}
 			m.s.direct = append(m.s.direct, a)
 			m.s.broker = append(m.s.broker, b)
+			if g != nil {
+				c, err := inGuest(func() (float64, error) { return m.f(capture) })
+				if err != nil {
+					return fmt.Errorf("%s transparent: %w", m.name, err)
+				}
+				m.s.transparent = append(m.s.transparent, c)
+				d, err := inGuest(func() (float64, error) { return m.f(dialDirect(g.up)) })
+				if err != nil {
+					return fmt.Errorf("%s direct in the namespace: %w", m.name, err)
+				}
+				m.s.guestDirect = append(m.s.guestDirect, d)
+			}
+		}
+		if g != nil {
+			for _, d := range []struct {
+				fresh bool
+				s     *[]float64
+			}{{false, &dnsCached}, {true, &dnsHost}} {
+				v, err := inGuest(func() (float64, error) {
+					l, err := dnsLatency(conns, d.fresh, i)
+					return float64(l.Microseconds()), err
+				})
+				if err != nil {
+					return fmt.Errorf("dns: %w", err)
+				}
+				*d.s = append(*d.s, v)
+			}
 		}
 	}
 	fmt.Printf("egress bench: %d runs, %d MiB per throughput run, %d connections per latency run; large buffers held after the run: %d\n",
 		runs, size>>20, conns, pipe.BigBuffersInUse())
-	fmt.Printf("%-34s %10s %10s %10s\n", "", "median", "min", "max")
+	fmt.Printf("%-44s %10s %10s %10s\n", "", "median", "min", "max")
 	row := func(name, unit string, v []float64) {
+		if len(v) == 0 {
+			return
+		}
 		s := summarize(v)
-		fmt.Printf("%-34s %10.0f %10.0f %10.0f  %s\n", name, s.med, s.lo, s.hi, unit)
+		fmt.Printf("%-44s %10.0f %10.0f %10.0f  %s\n", name, s.med, s.lo, s.hi, unit)
 	}
 	row("download, direct loopback TCP", "MB/s", down.direct)
-	row("download, through the broker", "MB/s", down.broker)
+	row("download, proxy (CONNECT) through the broker", "MB/s", down.broker)
+	row("download, transparent through the broker", "MB/s", down.transparent)
+	row("download, direct, client on the netns thread", "MB/s", down.guestDirect)
 	row("upload, direct loopback TCP", "MB/s", upl.direct)
-	row("upload, through the broker", "MB/s", upl.broker)
+	row("upload, proxy (CONNECT) through the broker", "MB/s", upl.broker)
+	row("upload, transparent through the broker", "MB/s", upl.transparent)
+	row("upload, direct, client on the netns thread", "MB/s", upl.guestDirect)
 	row("connect+first byte, direct", "us (median of each run)", lat.direct)
-	row("connect+first byte, broker", "us (median of each run)", lat.broker)
-	fmt.Printf("ratio broker/direct: download %.2f, upload %.2f (median throughput); latency %.1fx (median)\n",
+	row("connect+first byte, proxy", "us (median of each run)", lat.broker)
+	row("connect+first byte, transparent", "us (median of each run)", lat.transparent)
+	row("connect+first byte, direct, netns thread", "us (median of each run)", lat.guestDirect)
+	row("DNS answer, name cached in the guest", "us (median of each run)", dnsCached)
+	row("DNS answer, asking the host broker", "us (median of each run)", dnsHost)
+	fmt.Printf("ratio proxy/direct: download %.2f, upload %.2f (median throughput); latency %.1fx (median)\n",
 		summarize(down.broker).med/summarize(down.direct).med,
 		summarize(upl.broker).med/summarize(upl.direct).med,
 		summarize(lat.broker).med/summarize(lat.direct).med)
+	if g != nil {
+		fmt.Printf("ratio transparent/direct: download %.2f, upload %.2f (median throughput); latency %.1fx (median)\n",
+			summarize(down.transparent).med/summarize(down.direct).med,
+			summarize(upl.transparent).med/summarize(upl.direct).med,
+			summarize(lat.transparent).med/summarize(lat.direct).med)
+	}
 	return nil
 }
