@@ -278,7 +278,7 @@ type guestNS struct {
 	// up is an upstream inside the namespace: the direct baseline for a
 	// client on the namespace's locked thread.
 	up string
-	t    *transparent.Transparent
+	t  *transparent.Transparent
 }
 
 func startGuestNS(sess *yamux.Session) (*guestNS, error) {
