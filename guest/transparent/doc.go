@@ -58,11 +58,12 @@
 //     the same thing the proxy path reads, so the transparent path costs
 //     about what the proxy path costs: measured with bench/egress on the
 //     shared 2-core build VM (9 runs of 256 MiB, 200 connections per
-//     latency run; the README has the table), transparent throughput was
-//     70-95% of the proxy path's (download 806 against 1142 MB/s, upload
-//     1079 against 1195 MB/s; conntrack and NAT on every packet, and the
-//     benchmark's client on a locked thread) and connect plus first byte
-//     251 against 209 us (direct loopback: 50 us). A userspace TCP/IP
+//     latency run, two runs; the README has the table), transparent
+//     throughput was 70-103% of the proxy path's (download 806 and 1255
+//     against 1142 and 1217 MB/s, upload 1079 and 1415 against 1195 and
+//     1585 MB/s) and connect plus first byte 251 and 301 against 209 us
+//     (direct loopback: 50 us; the benchmark's own locked client thread
+//     accounts for 20-60 us of the difference). A userspace TCP/IP
 //     stack would segment and reassemble every byte in the agent, on a
 //     path that is already syscall-bound (not built here, so not measured);
 //   - no device node is needed: bwrap's --dev has no /dev/net/tun and a
