@@ -8,8 +8,9 @@ APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-lin
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 KERNEL_CACHE ?= .cache/kernel
-# Modules the VM guest loads at boot (dependencies are added from modules.dep).
-VM_MODULES ?= virtio_pci,virtio_console
+# Modules the VM guest loads at boot (dependencies are added from modules.dep):
+# virtio for the transport, nftables for transparent egress capture.
+VM_MODULES ?= virtio_pci,virtio_console,nf_tables,nft_chain_nat,nft_redir,nft_ct,nft_objref
 
 .PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs image
 

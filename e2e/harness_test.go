@@ -179,6 +179,11 @@ type sandboxSpec struct {
 	// shim runs in a private mount namespace with this content bound over
 	// /etc/hosts (names for the broker to resolve, no real DNS needed).
 	hosts string
+	// files, like hosts, are host files as oac-shim sees them (path ->
+	// content), bound over existing files in its private mount namespace:
+	// /etc/resolv.conf for a stand-in DNS server, a CA bundle the guest
+	// sees through the default root's /etc/ssl.
+	files map[string]string
 }
 
 // startShim starts `oac-shim run` for a sandbox and collects its events.
@@ -219,12 +224,25 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		argv = append([]string{"setpriv", "--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env"}, argv...)
 	}
 	if spec.hosts != "" {
-		f := filepath.Join(t.TempDir(), "hosts")
-		require.NoError(t, os.WriteFile(f, []byte(spec.hosts), 0o644))
-		require.NoError(t, os.Chmod(filepath.Dir(f), 0o755))
+		if spec.files == nil {
+			spec.files = map[string]string{}
+		}
+		spec.files["/etc/hosts"] = spec.hosts
+	}
+	if len(spec.files) > 0 {
+		dir := t.TempDir()
+		require.NoError(t, os.Chmod(dir, 0o755))
+		script := ""
+		i := 0
+		for target, content := range spec.files {
+			f := filepath.Join(dir, fmt.Sprintf("f%d", i))
+			i++
+			require.NoError(t, os.WriteFile(f, []byte(content), 0o644))
+			script += fmt.Sprintf("mount --bind %q %q && ", f, target)
+		}
 		// unshare execs (no fork), so the pid is the shim's in the end.
 		argv = append([]string{"unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-			`mount --bind "$0" /etc/hosts && exec "$@"`, f}, argv...)
+			script + `exec "$@"`, "sh"}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), spec.env...)

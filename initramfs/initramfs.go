@@ -110,6 +110,9 @@ func Entries(spec Spec) ([]Entry, Summary, error) {
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
 		"etc/group": fmt.Sprintf("root:x:0:\nruntime:x:%d:\nnogroup:x:65534:\n", RuntimeGID),
 		"etc/hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		// The agent's resolver (package guest/transparent).
+		"etc/resolv.conf": "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
+			"nameserver 127.0.0.1\noptions edns0\n",
 	} {
 		t.m[name] = Entry{Name: name, Mode: 0o644, Data: []byte(content)}
 	}

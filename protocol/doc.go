@@ -42,6 +42,7 @@
 //	0x0007  StreamHeader  stream opener  {"kind","name","host","port","via"}
 //	0x0008  EgressReply   host -> guest  {"code","error","effect","reason","rule"} (egress streams only)
 //	0x0009  Process       guest -> host  {"name","pid","running","exit_code","signal","restarts","restart_in_ms"}
+//	0x000A  DNSReply      host -> guest  {"code","error","effect","reason","rule"} (dns streams only)
 //
 // Capabilities (Hello and Welcome "capabilities"): "process" in Welcome
 // means the host accepts Process messages; a guest never sends one to a
@@ -72,6 +73,7 @@
 //	control   guest      framed messages as above (exactly one per session)
 //	log       guest      raw process output; the header's name says which ("daemon/stdout")
 //	egress    guest      EgressReply from the host, then raw bytes both ways if it said OK
+//	dns       guest      one DNSReply from the host, then the host closes the stream
 //	forward   host       reserved: inbound connection to a guest port
 //
 // # Egress streams
@@ -87,8 +89,11 @@
 //	      spaces or slashes; the host normalizes it (case, trailing dot, IDNA,
 //	      odd IPv4 spellings) and never trusts it
 //	port  1..65535
-//	via   "connect" (HTTP CONNECT), "http" (forwarded http:// request) or
-//	      "socks5"; informational, for events
+//	via   "connect" (HTTP CONNECT), "http" (forwarded http:// request),
+//	      "socks5" or "transparent" (a TCP connection captured in the
+//	      guest from a program that ignores proxies; host is then the name
+//	      the program resolved, or the IP literal it connected to);
+//	      informational, for events
 //
 // (host, port and via must be absent on every other kind.) The guest sends
 // nothing else until the host answers with exactly one EgressReply frame
@@ -113,6 +118,30 @@
 // (default 256); the stream over it is answered ResourceExhausted, it is
 // not closed unanswered.
 //
+// # DNS streams
+//
+// The host lists the capability "dns" in Welcome (beside "egress") when it
+// answers dns streams; only then does the guest run its resolver and
+// capture outgoing TCP (package guest/transparent). The guest opens one
+// dns stream per name it has not decided recently. Its StreamHeader:
+//
+//	kind  "dns"
+//	host  the name asked, 1..254 bytes of UTF-8 without control
+//	      characters, spaces or slashes (normalized and checked by the
+//	      host like an egress host)
+//
+// (port and via must be absent.) The host answers with exactly one
+// DNSReply frame (at most MaxHeaderFrame bytes) and closes the stream:
+// code 0 when the name may be resolved in the guest, else a failure code
+// with effect, reason and rule as in EgressReply (3 Denied: no name rule
+// or upstream covers the name, which the host then never resolves, or
+// every address it resolves to is refused; 4 NameNotResolved; 1
+// InvalidArgument for an address or a malformed name). No address
+// crosses: the guest hands out addresses of its own and names the name
+// in the egress stream of each connection, which the host checks again
+// with its port. The guest waits at most DNSReplyTimeout (10 s). A dns
+// stream counts against the broker's stream limit while it is answered.
+//
 // # Limits enforced on read
 //
 //	MaxControlFrame  256 KiB  body of a control-stream frame
@@ -125,6 +154,8 @@
 //	MaxEgressHost       1024  bytes of StreamHeader.host
 //	MaxEgressText        512  bytes of EgressReply.reason and .rule
 //	EgressReplyTimeout  60 s  a guest waiting for the host's EgressReply
+//	MaxDNSName           254  bytes of a dns stream's host
+//	DNSReplyTimeout     10 s  a guest waiting for the host's DNSReply
 //
 // # Versions
 //
@@ -142,4 +173,8 @@
 //	1.2  State gains "url" and "username"; the Process message (0x0009)
 //	     behind the "process" capability; Bootstrap sections sandbox,
 //	     sandbox_io, credentials and health.
+//	1.3  dns streams and the DNSReply frame (0x000A) behind the "dns"
+//	     capability; egress via "transparent". A 1.2 host never offers
+//	     "dns", so a newer guest runs only its proxies there; a 1.2 guest
+//	     never opens dns streams.
 package protocol

@@ -117,6 +117,9 @@ func (r EgressReply) Validate() error {
 // only (length, no control characters, port range); what the host may be
 // is the broker's decision, which re-parses it.
 func (h StreamHeader) validateEgress() error {
+	if h.Kind == KindDNS {
+		return h.validateDNS()
+	}
 	if h.Kind != KindEgress {
 		if h.Host != "" || h.Port != 0 || h.Via != "" {
 			return fmt.Errorf("%w: host, port and via belong to egress streams only", ErrBadBody)
@@ -133,7 +136,7 @@ func (h StreamHeader) validateEgress() error {
 		return fmt.Errorf("%w: egress port must be 1..65535", ErrBadBody)
 	}
 	switch h.Via {
-	case "", ViaConnect, ViaHTTP, ViaSOCKS5:
+	case "", ViaConnect, ViaHTTP, ViaSOCKS5, ViaTransparent:
 	default:
 		return fmt.Errorf("%w: unknown egress via %q", ErrBadBody, truncate(h.Via, 16))
 	}

@@ -25,6 +25,9 @@ const (
 	TypeEgressReply  Type = 0x0008
 	// TypeProcess is sent only to a host whose Welcome lists CapProcess.
 	TypeProcess Type = 0x0009
+	// TypeDNSReply answers a dns stream; only a host whose Welcome lists
+	// CapDNS serves dns streams, and only then does a guest open them.
+	TypeDNSReply Type = 0x000A
 )
 
 var typeNames = map[Type]string{
@@ -37,6 +40,7 @@ var typeNames = map[Type]string{
 	TypeStreamHeader: "StreamHeader",
 	TypeEgressReply:  "EgressReply",
 	TypeProcess:      "Process",
+	TypeDNSReply:     "DNSReply",
 }
 
 func (t Type) String() string {

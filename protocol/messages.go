@@ -116,6 +116,8 @@ const (
 	KindLog     = "log"
 	KindEgress  = "egress"
 	KindForward = "forward"
+	// KindDNS asks the host whether a name may be resolved (see CapDNS).
+	KindDNS = "dns"
 )
 
 // StreamHeader is the first frame on every stream.
@@ -137,7 +139,7 @@ const MaxStreamName = 128
 // Validate checks a header received from the peer.
 func (h StreamHeader) Validate() error {
 	switch h.Kind {
-	case KindControl, KindLog, KindEgress, KindForward:
+	case KindControl, KindLog, KindEgress, KindForward, KindDNS:
 	default:
 		return fmt.Errorf("%w: unknown stream kind %q", ErrBadBody, truncate(h.Kind, 32))
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/privfile"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/supervise"
+	"github.com/oac/sandbox-agent/guest/transparent"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/protocol/transport"
@@ -91,6 +92,9 @@ func Run(ctx context.Context, cfg Config) error {
 		superStop:  func() {},
 	}
 	defer func() {
+		if a.transparent != nil {
+			a.transparent.Close()
+		}
 		if a.proxies != nil {
 			a.proxies.Close()
 		}
@@ -145,6 +149,9 @@ type agent struct {
 	welcome  protocol.Welcome
 	// proxies are the egress proxies, nil when the host offers no egress.
 	proxies *egress.Proxies
+	// transparent is the resolver and TCP capture, nil when the host does
+	// not answer dns streams or the guest cannot set them up.
+	transparent *transparent.Transparent
 
 	mu    sync.Mutex
 	procs []*proc
@@ -196,6 +203,11 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 		a.proxies = p
 		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
+		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
+			if err := a.state(protocol.State{State: protocol.StateStarting, Message: a.startTransparent()}); err != nil {
+				return err
+			}
+		}
 	}
 	if err := a.startAll(ctx); err != nil {
 		a.stopAll(b.Grace())
@@ -203,6 +215,57 @@ func (a *agent) serve(ctx context.Context) error {
 		return err
 	}
 	return a.loop(ctx)
+}
+
+// startTransparent starts the resolver and the capture of outgoing TCP
+// and points /etc/resolv.conf at the resolver. A guest that cannot (no
+// CAP_NET_ADMIN, a kernel without nf_tables, a real network interface)
+// keeps the proxies; the returned message says which, for the host.
+func (a *agent) startTransparent() string {
+	udpLog := &udpReporter{a: a}
+	t, err := transparent.Start(transparent.Config{
+		Open: egress.SessionOpener(a.sess),
+		Ask:  transparent.SessionAsker(a.sess),
+		Log:  a.cfg.Log,
+		OnUDPDropped: func(n uint64) {
+			udpLog.report(n)
+		},
+	})
+	if err != nil {
+		a.cfg.Log.Warn("transparent egress unavailable; the proxies still work", "err", err)
+		return "transparent egress unavailable (programs must use the proxies): " + err.Error()
+	}
+	a.transparent = t
+	msg := "transparent egress: resolver on " + t.DNS.Addr + ", outgoing TCP captured"
+	if how, err := initsys.PlaceResolvConf("/etc/resolv.conf", initsys.ResolvConf, "/run/oac"); err != nil {
+		a.cfg.Log.Warn("resolv.conf not placed", "err", err)
+		msg += "; /etc/resolv.conf not placed (" + err.Error() + ")"
+	} else {
+		a.cfg.Log.Info("resolv.conf", "action", how)
+	}
+	a.cfg.Log.Info(msg, "capture", t.CaptureAddr)
+	return msg
+}
+
+// udpReporter tells the host, on a log stream of its own, how many UDP
+// datagrams were dropped: UDP other than DNS never leaves the guest.
+type udpReporter struct {
+	a  *agent
+	mu sync.Mutex
+	st net.Conn
+}
+
+func (u *udpReporter) report(n uint64) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.st == nil {
+		st, err := protocol.OpenStream(u.a.sess, protocol.StreamHeader{Kind: protocol.KindLog, Name: "oac-guest/egress"})
+		if err != nil {
+			return
+		}
+		u.st = st
+	}
+	_, _ = fmt.Fprintf(u.st, "udp denied: %d datagram(s) dropped: UDP other than DNS is not carried out of the sandbox (only TCP, through the host's egress policy; DNS is answered by the guest's resolver)\n", n)
 }
 
 // startAll prepares the runtime directories and the private file, starts

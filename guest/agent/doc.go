@@ -18,7 +18,8 @@
 // Every process runs as UID/GID 1000 with no supplementary groups, in a new
 // session, with no-new-privileges; its stdout and stderr go to the host as
 // log streams (with the egress proxy environment when the host offers
-// egress: package egress); its start, exit and restart are reported as
+// egress: package egress; and, when it also offers dns, the guest's
+// resolver and transparent capture of outgoing TCP: package transparent); its start, exit and restart are reported as
 // Process messages. On Shutdown (or SIGTERM) it stops in order: no more restarts,
 // TERM to each process group, grace, KILL, exits reported, "stopped".
 //

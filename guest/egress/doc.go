@@ -17,6 +17,7 @@
 //
 // It owns parsing of client requests, which is bounded: request heads at
 // most MaxHeaderBytes, a deadline on every head and handshake, a cap on
-// concurrent client connections. It must not resolve names (the guest has
-// no resolver and the host decides), decide policy, or log payloads.
+// concurrent client connections. It must not resolve names (the host
+// decides and resolves; the guest's own resolver, for programs that ignore
+// proxies, is package transparent), decide policy, or log payloads.
 package egress

@@ -3,8 +3,8 @@
 // instance, accepts the guest's connection, negotiates the protocol, sends
 // the Bootstrap, turns the guest's messages into lifecycle events
 // (starting, ready, failed, stopped), carries log streams, hands egress
-// streams to the egress broker (offering the "egress" capability only when
-// it has one), and stops the
+// and dns streams to the egress broker (offering the "egress" and "dns"
+// capabilities only when it has one), and stops the
 // guest in order (Shutdown, grace, kill) when asked.
 //
 // It is the host's trust boundary for a session: every read from the guest

@@ -200,7 +200,11 @@ func (s *run) run(ctx context.Context) error {
 		}
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
-	if err := s.handshake(conn); err != nil {
+	// The Hello must come within the boot timeout, not just HelloTimeout
+	// from connect: a VM's transport connects when qemu starts, seconds
+	// before its kernel has booted the agent.
+	helloWait := max(protocol.HelloTimeout, time.Until(start.Add(s.cfg.BootTimeout)))
+	if err := s.handshake(conn, helloWait); err != nil {
 		// A guest that refused the handshake exits on its own: give it a
 		// moment so its own account of the failure reaches the diagnostics
 		// before the runtime is killed.
@@ -236,7 +240,7 @@ func (s *run) run(ctx context.Context) error {
 	return nil
 }
 
-func (s *run) handshake(conn net.Conn) error {
+func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	sess, err := yamux.Server(conn, protocol.MuxConfig(nil))
 	if err != nil {
 		conn.Close()
@@ -245,12 +249,12 @@ func (s *run) handshake(conn net.Conn) error {
 	s.sess = sess
 	caps := []string{protocol.CapProcess}
 	if s.cfg.Egress != nil {
-		caps = append(caps, protocol.CapEgress)
+		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
 	}
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
 		Capabilities: caps,
-	}, protocol.HelloTimeout)
+	}, helloWait)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)
 	}
@@ -542,7 +546,7 @@ func (s *run) acceptStreams() {
 
 func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	h, err := protocol.ReadStreamHeader(st, 5*time.Second)
-	if err != nil && h.Kind != protocol.KindEgress {
+	if err != nil && h.Kind != protocol.KindEgress && h.Kind != protocol.KindDNS {
 		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return
 	}
@@ -562,6 +566,15 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 		release()
 		// Serve re-validates the header and answers InvalidArgument.
 		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emit)
+	case protocol.KindDNS:
+		if s.cfg.Egress == nil {
+			_ = protocol.WriteDNSReply(st, protocol.DNSReply{Code: protocol.EgressUnsupportedNetwork,
+				Reason: "this sandbox was started without an egress broker"})
+			return
+		}
+		release()
+		// ServeDNS re-validates the header and answers InvalidArgument.
+		s.cfg.Egress.ServeDNS(s.egressCtx, st, h, s.emit)
 	default:
 		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}

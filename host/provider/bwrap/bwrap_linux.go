@@ -309,7 +309,7 @@ func (in *Instance) prepare() error {
 		if err := os.Mkdir(etcDir, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", etcDir, err)
 		}
-		for name, content := range map[string]string{"passwd": passwd(), "group": group(), "hosts": hosts(in.spec.Hostname)} {
+		for name, content := range map[string]string{"passwd": passwd(), "group": group(), "hosts": hosts(in.spec.Hostname), "resolv.conf": resolvConf} {
 			path := filepath.Join(etcDir, name)
 			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 				return fmt.Errorf("write %s: %w", path, err)

@@ -10,18 +10,28 @@
 //
 // It reads nothing but the file, like the real one. Its behaviour is chosen
 // by the link URL's host, a test knob: "crash-loop.*" exits 1 at once (a
-// startup failure), "usage.*" exits 2.
+// startup failure), "usage.*" exits 2, "relay.*" connects to the Link
+// like the real one (system resolver, system TLS roots, no proxy: its
+// environment is empty) and upgrades to a websocket presenting the
+// credential as a bearer token, retrying with backoff until the relay
+// holds it ("sandbox-io: link=connected status=101"); a 401 is a
+// permanent refusal (exit 1). Other hosts make no connection.
 package main
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -81,10 +91,58 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: oac-sandbox-io --bootstrap-file "+file+" (test knob: usage)")
 		os.Exit(2)
 	}
-	say("serving (stand-in: no Link connection)")
+	if strings.HasPrefix(u.Hostname(), "relay.") {
+		go link(doc.LinkURL, doc.Credential)
+	} else {
+		say("serving (stand-in: no Link connection)")
+	}
 	sig := <-sigs
 	say("got %s, draining", sig)
 	os.Exit(0)
+}
+
+// link connects to the Link relay and holds the connection: an HTTPS
+// request upgraded to a websocket, the credential as a bearer token.
+func link(rawURL, credential string) {
+	u, _ := url.Parse(rawURL)
+	u.Scheme = "https"
+	backoff := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		// No proxy: the environment is empty, and this must not need one.
+		// Timeouts on the transport, not the client: a client timeout would
+		// also cut the held connection.
+		tr := &http.Transport{Proxy: nil, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12},
+			DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+			TLSHandshakeTimeout: 10 * time.Second, ResponseHeaderTimeout: 10 * time.Second}
+		c := &http.Client{Transport: tr}
+		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
+		req.Header.Set("Authorization", "Bearer "+credential)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		req.Header.Set("Sec-WebSocket-Version", "13")
+		req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+		start := time.Now()
+		resp, err := c.Do(req)
+		switch {
+		case err != nil:
+			say("link-error=attempt %d: %v", attempt, err)
+		case resp.StatusCode == http.StatusSwitchingProtocols:
+			say("link=connected status=%d attempt=%d took=%s", resp.StatusCode, attempt, time.Since(start).Round(time.Millisecond))
+			// Held as the serve peer until the relay goes away.
+			_, _ = io.Copy(io.Discard, resp.Body)
+			say("link=closed")
+			backoff = 100 * time.Millisecond
+			continue
+		case resp.StatusCode == http.StatusUnauthorized:
+			say("link=refused status=%d", resp.StatusCode)
+			os.Exit(1)
+		default:
+			say("link-error=status %d", resp.StatusCode)
+			resp.Body.Close()
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 func names(env []string) string {

@@ -1,0 +1,277 @@
+package transparent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/internal/pipe"
+	"github.com/oac/sandbox-agent/protocol"
+)
+
+// Defaults.
+const (
+	// DNSAddr is where the resolver listens in the guest.
+	DNSAddr = "127.0.0.1:53"
+	// MaxCaptured bounds concurrent captured connections (the host's
+	// stream limit is usually lower and answers ResourceExhausted).
+	MaxCaptured = 1024
+	// udpPoll is how often the dropped-UDP counter is read.
+	udpPoll = 2 * time.Second
+)
+
+// SessionAsker asks over a yamux session, one dns stream per question.
+func SessionAsker(sess *yamux.Session) Asker {
+	return func(ctx context.Context, name string) protocol.DNSReply {
+		local := func(code protocol.EgressCode, reason string) protocol.DNSReply {
+			return protocol.DNSReply{Code: code, Error: code.String(), Effect: protocol.EffectNone, Reason: reason}
+		}
+		st, err := protocol.OpenStream(sess, protocol.StreamHeader{Kind: protocol.KindDNS, Host: name})
+		if err != nil {
+			return local(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
+		}
+		defer st.Close()
+		stop := context.AfterFunc(ctx, func() { st.Close() })
+		defer stop()
+		r, err := protocol.ReadDNSReply(st, protocol.DNSReplyTimeout)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return local(protocol.EgressTimedOut, "the host broker did not answer in time")
+			}
+			return local(protocol.EgressIO, "bad answer from the host broker: "+err.Error())
+		}
+		return r
+	}
+}
+
+// Config configures Start.
+type Config struct {
+	Open egress.Opener
+	Ask  Asker
+	Log  *slog.Logger
+	// DNSAddr defaults to DNSAddr. Tests and benchmarks use another.
+	DNSAddr string
+	// Pool defaults to a pool over DefaultPrefix.
+	Pool *Pool
+	// NoInstall skips the namespace setup (tests and benchmarks set it
+	// up themselves or dial the capture listener through their own rules).
+	NoInstall bool
+	// OnUDPDropped receives the number of UDP datagrams dropped since the
+	// last call (polled; only when non-zero).
+	OnUDPDropped func(n uint64)
+}
+
+// Transparent is the running resolver and capture of a guest.
+type Transparent struct {
+	DNS         *DNSServer
+	CaptureAddr string
+	pool        *Pool
+	cfg         Config
+	ln          net.Listener
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	mu          sync.Mutex
+	conns       map[net.Conn]struct{}
+	installed   bool
+}
+
+// Start runs the resolver and the capture listener, then installs the
+// namespace rules that send DNS and every outgoing TCP connection to them.
+func Start(cfg Config) (*Transparent, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DNSAddr == "" {
+		cfg.DNSAddr = DNSAddr
+	}
+	if cfg.Pool == nil {
+		cfg.Pool = NewPool(DefaultPrefix)
+	}
+	if !cfg.NoInstall {
+		only, err := OnlyLoopback()
+		if err != nil {
+			return nil, fmt.Errorf("capture: list interfaces: %w", err)
+		}
+		if !only {
+			return nil, errors.New("capture: the guest has a network interface besides lo; transparent capture only runs where the host broker is the only way out")
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &Transparent{pool: cfg.Pool, cfg: cfg, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	dns, err := ServeDNS(NewResolver(cfg.Ask, cfg.Pool), cfg.DNSAddr, cfg.Log)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("resolver: listen on %s: %w", cfg.DNSAddr, err)
+	}
+	t.DNS = dns
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		dns.Close()
+		cancel()
+		return nil, fmt.Errorf("capture: listen: %w", err)
+	}
+	t.ln, t.CaptureAddr = ln, ln.Addr().String()
+	if !cfg.NoInstall {
+		_, dp, _ := net.SplitHostPort(dns.Addr)
+		dnsPort, _ := strconv.Atoi(dp)
+		if err := Install(Rules{Pool: cfg.Pool, CapturePort: uint16(ln.Addr().(*net.TCPAddr).Port), DNSPort: uint16(dnsPort)}); err != nil {
+			ln.Close()
+			dns.Close()
+			cancel()
+			return nil, err
+		}
+		t.installed = true
+		if cfg.OnUDPDropped != nil {
+			t.wg.Add(1)
+			go t.pollUDP()
+		}
+	}
+	t.wg.Add(1)
+	go t.serve()
+	return t, nil
+}
+
+// Pool returns the pool of fake addresses.
+func (t *Transparent) Pool() *Pool { return t.pool }
+
+// Close removes the rules, stops listening and closes every captured
+// connection.
+func (t *Transparent) Close() error {
+	t.cancel()
+	if t.installed {
+		_ = Uninstall()
+	}
+	t.ln.Close()
+	t.DNS.Close()
+	t.mu.Lock()
+	for c := range t.conns {
+		c.Close()
+	}
+	t.mu.Unlock()
+	t.wg.Wait()
+	return nil
+}
+
+func (t *Transparent) pollUDP() {
+	defer t.wg.Done()
+	tk := time.NewTicker(udpPoll)
+	defer tk.Stop()
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-tk.C:
+			if n, err := UDPDropped(); err == nil && n > 0 {
+				t.cfg.OnUDPDropped(n)
+			}
+		}
+	}
+}
+
+func (t *Transparent) serve() {
+	defer t.wg.Done()
+	sem := make(chan struct{}, MaxCaptured)
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			t.cfg.Log.Warn("capture: too many connections, resetting one", "limit", MaxCaptured)
+			reset(c)
+			continue
+		}
+		t.mu.Lock()
+		t.conns[c] = struct{}{}
+		t.mu.Unlock()
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			defer func() { <-sem }()
+			defer func() {
+				t.mu.Lock()
+				delete(t.conns, c)
+				t.mu.Unlock()
+				c.Close()
+			}()
+			t.handle(c.(*net.TCPConn))
+		}()
+	}
+}
+
+// Target maps a captured destination back to what the program asked for:
+// the name a fake address was handed out for, or the address itself.
+func (t *Transparent) Target(dst net.Addr) (host string, port int, ok bool) {
+	ta, isTCP := dst.(*net.TCPAddr)
+	if !isTCP {
+		return "", 0, false
+	}
+	ap := ta.AddrPort()
+	a := ap.Addr().Unmap()
+	if t.pool.Contains(a) {
+		n, found := t.pool.Name(a)
+		return n, int(ap.Port()), found
+	}
+	return a.String(), int(ap.Port()), true
+}
+
+func (t *Transparent) handle(c *net.TCPConn) {
+	ap, err := originalDst(c)
+	if err != nil {
+		t.cfg.Log.Warn("capture: no original destination", "err", err)
+		reset(c)
+		return
+	}
+	host, port, ok := t.Target(net.TCPAddrFromAddrPort(ap))
+	if !ok {
+		t.cfg.Log.Warn("capture: connection to a fake address no name holds (handed out before a restart?)", "address", ap.String())
+		reset(c)
+		return
+	}
+	st, r := t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
+	if !r.OK() {
+		// The kernel already completed the handshake: a reset is the
+		// closest to a refusal a raw TCP client understands. The reason
+		// is in the host's egress event.
+		t.cfg.Log.Debug("capture: refused", "target", net.JoinHostPort(host, strconv.Itoa(port)), "code", r.Code.String(), "reason", r.Reason)
+		reset(c)
+		return
+	}
+	defer st.Close()
+	_, _, _ = pipe.Join(c, st, nil)
+}
+
+// Handle carries one connection already accepted by a caller that knows
+// its target (benchmarks, tests without a namespace).
+func (t *Transparent) Handle(c net.Conn, host string, port int) {
+	st, r := t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
+	if !r.OK() {
+		reset(c)
+		return
+	}
+	defer st.Close()
+	_, _, _ = pipe.Join(c, st, nil)
+}
+
+// reset closes c with an RST (SO_LINGER 0).
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
+}

@@ -1,0 +1,147 @@
+package transparent
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// DNS server limits.
+const (
+	maxDNSInflight = 256
+	maxDNSConns    = 64
+	dnsTCPIdle     = 10 * time.Second
+	dnsAnswerBy    = 8 * time.Second
+)
+
+// DNSServer serves a Resolver over UDP and TCP on one address.
+type DNSServer struct {
+	Addr string
+	res  *Resolver
+	log  *slog.Logger
+	udp  net.PacketConn
+	tcp  net.Listener
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// ServeDNS listens on addr (UDP and TCP; "127.0.0.1:53" in a guest) and
+// answers with res until Close.
+func ServeDNS(res *Resolver, addr string, log *slog.Logger) (*DNSServer, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	if err != nil {
+		pc.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &DNSServer{Addr: pc.LocalAddr().String(), res: res, log: log, udp: pc, tcp: ln, ctx: ctx, stop: cancel}
+	s.wg.Add(2)
+	go s.serveUDP()
+	go s.serveTCP()
+	return s, nil
+}
+
+// Close stops serving and waits for the handlers.
+func (s *DNSServer) Close() error {
+	s.stop()
+	s.udp.Close()
+	s.tcp.Close()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *DNSServer) serveUDP() {
+	defer s.wg.Done()
+	sem := make(chan struct{}, maxDNSInflight)
+	for {
+		buf := make([]byte, MaxDNSMessage)
+		n, from, err := s.udp.ReadFrom(buf)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			continue // overloaded: the client retries
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(s.ctx, dnsAnswerBy)
+			defer cancel()
+			if out := s.res.Handle(ctx, buf[:n], true); out != nil {
+				_, _ = s.udp.WriteTo(out, from)
+			}
+		}()
+	}
+}
+
+func (s *DNSServer) serveTCP() {
+	defer s.wg.Done()
+	sem := make(chan struct{}, maxDNSConns)
+	for {
+		c, err := s.tcp.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			defer func() { <-sem }()
+			defer c.Close()
+			stop := context.AfterFunc(s.ctx, func() { c.Close() })
+			defer stop()
+			for {
+				_ = c.SetReadDeadline(time.Now().Add(dnsTCPIdle))
+				var l [2]byte
+				if _, err := io.ReadFull(c, l[:]); err != nil {
+					return
+				}
+				n := int(binary.BigEndian.Uint16(l[:]))
+				if n > MaxDNSMessage {
+					return
+				}
+				msg := make([]byte, n)
+				if _, err := io.ReadFull(c, msg); err != nil {
+					return
+				}
+				ctx, cancel := context.WithTimeout(s.ctx, dnsAnswerBy)
+				out := s.res.Handle(ctx, msg, false)
+				cancel()
+				if out == nil {
+					return
+				}
+				_ = c.SetWriteDeadline(time.Now().Add(dnsTCPIdle))
+				if _, err := c.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(out))), out...)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}

@@ -1,0 +1,96 @@
+package protocol
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// CapDNS is the capability a host lists in Welcome when it answers dns
+// streams: the guest then runs its resolver and transparent capture (see
+// package guest/transparent). A host that lists it also lists CapEgress.
+const CapDNS = "dns"
+
+// Egress via values of connections the guest captured transparently.
+const (
+	// ViaTransparent: a TCP connection captured in the guest (a program
+	// that ignores proxy variables), carried like a proxied one.
+	ViaTransparent = "transparent"
+	// ViaDNS is the via of the host's events for dns streams.
+	ViaDNS = "dns"
+)
+
+// DNSReplyTimeout is how long a guest waits for the host's DNSReply.
+const DNSReplyTimeout = 10 * time.Second
+
+// MaxDNSName bounds StreamHeader.Host of a dns stream: a DNS name is at
+// most 253 bytes in presentation form without its trailing dot.
+const MaxDNSName = 254
+
+// DNSReply is the host's answer on a dns stream: whether the name in the
+// header may be resolved in the guest under the egress policy. Code 0 (OK)
+// means yes; the guest then hands out an address of its own for it and
+// carries every connection to that address as an egress stream naming the
+// name, which the host checks again (port, resolution, refused classes).
+// No address crosses: the guest never learns where a name resolves.
+type DNSReply struct {
+	Code   EgressCode `json:"code"`
+	Error  string     `json:"error,omitempty"`
+	Effect string     `json:"effect,omitempty"`
+	Reason string     `json:"reason,omitempty"`
+	Rule   string     `json:"rule,omitempty"`
+}
+
+// OK reports whether the name may be resolved.
+func (r DNSReply) OK() bool { return r.Code == EgressOK }
+
+// Validate checks a reply received from the host.
+func (r DNSReply) Validate() error {
+	return EgressReply{Code: r.Code, Error: r.Error, Effect: r.Effect, Reason: r.Reason, Rule: r.Rule}.Validate()
+}
+
+// validateDNS checks the fields of a dns stream header: host is the name
+// asked (1..MaxDNSName bytes, printable, no spaces or slashes); port and
+// via must be absent.
+func (h StreamHeader) validateDNS() error {
+	if h.Port != 0 || h.Via != "" {
+		return fmt.Errorf("%w: port and via belong to egress streams only", ErrBadBody)
+	}
+	if h.Host == "" || len(h.Host) > MaxDNSName {
+		return fmt.Errorf("%w: dns name must be 1 to %d bytes", ErrBadBody, MaxDNSName)
+	}
+	if !utf8.ValidString(h.Host) || hasControl(h.Host) || strings.ContainsAny(h.Host, " \t/\\") {
+		return fmt.Errorf("%w: dns name contains control characters, spaces or slashes", ErrBadBody)
+	}
+	return nil
+}
+
+// ReadDNSReply reads and validates the host's answer on a dns stream.
+func ReadDNSReply(c net.Conn, timeout time.Duration) (DNSReply, error) {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	var r DNSReply
+	if err := ReadMessage(c, MaxHeaderFrame, TypeDNSReply, &r); err != nil {
+		return r, fmt.Errorf("dns reply: %w", err)
+	}
+	return r, r.Validate()
+}
+
+// WriteDNSReply writes the host's answer; Error and Effect are filled in
+// from Code when empty.
+func WriteDNSReply(w io.Writer, r DNSReply) error {
+	if r.Code != EgressOK {
+		if r.Error == "" {
+			r.Error = r.Code.String()
+		}
+		if r.Effect == "" {
+			r.Effect = EffectNone
+		}
+	}
+	r.Reason = truncate(r.Reason, MaxEgressText-3)
+	r.Rule = truncate(r.Rule, MaxEgressText-3)
+	return WriteMessage(w, TypeDNSReply, r)
+}
