@@ -84,11 +84,11 @@ func upstream() (string, error) {
 }
 
 // stack starts the broker and the guest proxy over a yamux session on a
-// socketpair and returns the proxy's address.
-func stack(upAddr string) (string, func(), error) {
+// socketpair and returns the proxy's address and the guest's session.
+func stack(upAddr string) (string, *yamux.Session, func(), error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	mk := func(fd int, name string) (net.Conn, error) {
 		f := os.NewFile(uintptr(fd), name)
@@ -97,23 +97,23 @@ func stack(upAddr string) (string, func(), error) {
 	}
 	gc, err := mk(fds[0], "guest")
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	hc, err := mk(fds[1], "host")
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	gs, err := yamux.Client(gc, protocol.MuxConfig(nil))
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	hs, err := yamux.Server(hc, protocol.MuxConfig(nil))
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	pol, err := egress.ParsePolicy(nil, []string{"bench.test:9=" + upAddr})
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
 	b := egress.New(egress.Config{Policy: pol, MaxStreams: 4096})
 	go func() {
@@ -128,15 +128,19 @@ func stack(upAddr string) (string, func(), error) {
 					st.Close()
 					return
 				}
+				if h.Kind == protocol.KindDNS {
+					b.ServeDNS(context.Background(), st, h, func(events.Event) {})
+					return
+				}
 				b.Serve(context.Background(), st, h, func(events.Event) {})
 			}()
 		}
 	}()
 	px, err := guestegress.Start(guestegress.SessionOpener(gs), "127.0.0.1:0", "127.0.0.1:0", nil)
 	if err != nil {
-		return "", nil, err
+		return "", nil, nil, err
 	}
-	return px.HTTPAddr, func() { px.Close(); gs.Close(); hs.Close() }, nil
+	return px.HTTPAddr, gs, func() { px.Close(); gs.Close(); hs.Close() }, nil
 }
 
 // dialDirect and dialBroker return a connection to the upstream.
@@ -246,7 +250,7 @@ func EgressFigures(r *Report, runs, size, conns int) error {
 	if err != nil {
 		return err
 	}
-	proxy, stop, err := stack(up)
+	proxy, _, stop, err := stack(up)
 	if err != nil {
 		return err
 	}

@@ -7,48 +7,91 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // Options configure a run.
 type Options struct {
 	Bin, Out      string
 	Runs, Density int
+	// Only, when not empty, names the groups to run (mux, egress,
+	// transparent, boot, footprint, density, qemu); results are then
+	// printed but not written.
+	Only []string
+}
+
+func (o Options) want(group string) bool {
+	if len(o.Only) == 0 {
+		return true
+	}
+	for _, g := range o.Only {
+		if strings.TrimSpace(g) == group {
+			return true
+		}
+	}
+	return false
 }
 
 // Run measures every figure this host can and writes the report. A figure
 // that needs something this host lacks is listed as not measured, with why.
 func Run(o Options) error {
 	r := NewReport()
-	if err := MuxFigures(r, o.Runs); err != nil {
-		return err
+	root := os.Geteuid() == 0
+	if o.want("mux") {
+		if err := MuxFigures(r, o.Runs); err != nil {
+			return err
+		}
 	}
-	if err := EgressFigures(r, o.Runs, 256<<20, 200); err != nil {
-		return err
+	if o.want("egress") {
+		if err := EgressFigures(r, o.Runs, 256<<20, 200); err != nil {
+			return err
+		}
+	}
+	if o.want("transparent") {
+		if !root {
+			r.Skip("transparent egress figures", "need root (a network namespace with nftables)")
+		} else if err := TransparentFigures(r, o.Runs, 256<<20, 200); err != nil {
+			return err
+		}
 	}
 	b, err := FindBins(o.Bin)
 	if err != nil {
 		return err
 	}
-	if _, err := exec.LookPath("bwrap"); err != nil || os.Geteuid() != 0 {
+	_, errB := exec.LookPath("bwrap")
+	switch {
+	case !o.want("boot") && !o.want("footprint") && !o.want("density"):
+	case errB != nil || !root:
 		r.Skip("bwrap figures", "need bubblewrap and root")
-	} else {
-		if err := BootFigures(r, b, o.Runs); err != nil {
-			return err
+	default:
+		if o.want("boot") {
+			if err := BootFigures(r, b, o.Runs); err != nil {
+				return err
+			}
 		}
-		if err := FootprintFigures(r, b, min(o.Runs, 5)); err != nil {
-			return err
+		if o.want("footprint") {
+			if err := FootprintFigures(r, b, min(o.Runs, 5)); err != nil {
+				return err
+			}
 		}
-		if err := DensityFigures(r, b, o.Density); err != nil {
+		if o.want("density") {
+			if err := DensityFigures(r, b, o.Density); err != nil {
+				return err
+			}
+		}
+	}
+	if o.want("qemu") {
+		kernel, initrd := filepath.Join(o.Bin, "vmlinuz"), filepath.Join(o.Bin, "initramfs.img")
+		_, errK := os.Stat(kernel)
+		_, errI := os.Stat(initrd)
+		if _, errQ := exec.LookPath("qemu-system-x86_64"); errQ != nil || errK != nil || errI != nil || !root {
+			r.Skip("qemu boot figure", "needs qemu-system-x86_64, root and make initramfs (bin/vmlinuz, bin/initramfs.img)")
+		} else if err := QemuFigures(r, b, kernel, initrd, min(o.Runs, 5)); err != nil {
 			return err
 		}
 	}
-	kernel, initrd := filepath.Join(o.Bin, "vmlinuz"), filepath.Join(o.Bin, "initramfs.img")
-	_, errK := os.Stat(kernel)
-	_, errI := os.Stat(initrd)
-	if _, errQ := exec.LookPath("qemu-system-x86_64"); errQ != nil || errK != nil || errI != nil || os.Geteuid() != 0 {
-		r.Skip("qemu boot figure", "needs qemu-system-x86_64, root and make initramfs (bin/vmlinuz, bin/initramfs.img)")
-	} else if err := QemuFigures(r, b, kernel, initrd, min(o.Runs, 5)); err != nil {
-		return err
+	if len(o.Only) > 0 {
+		return nil
 	}
 	if err := r.Write(o.Out); err != nil {
 		return fmt.Errorf("write results: %w", err)

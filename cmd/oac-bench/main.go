@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/oac/sandbox-agent/bench"
 )
@@ -17,8 +18,13 @@ func main() {
 	out := flag.String("out", "bench", "directory for results.md and results.json")
 	runs := flag.Int("runs", 15, "repetitions of each figure")
 	density := flag.Int("density", 50, "sandboxes started at once for the density figure")
+	only := flag.String("only", "", "comma-separated groups to run (mux, egress, transparent, boot, footprint, density, qemu); prints, writes nothing")
 	flag.Parse()
-	if err := bench.Run(bench.Options{Bin: *bin, Out: *out, Runs: *runs, Density: *density}); err != nil {
+	o := bench.Options{Bin: *bin, Out: *out, Runs: *runs, Density: *density}
+	if *only != "" {
+		o.Only = strings.Split(*only, ",")
+	}
+	if err := bench.Run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "oac-bench:", err)
 		os.Exit(1)
 	}
