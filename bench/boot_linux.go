@@ -41,9 +41,16 @@ func benchName() string {
 	return fmt.Sprintf("bench-%d-%d", os.Getpid(), nameSeq.n)
 }
 
-// startSandbox starts oac-shim and waits for the ready event.
+// startSandbox starts oac-shim with the bwrap provider and waits for the
+// ready event.
 func startSandbox(b Bins, timeout time.Duration) (*sandboxProc, error) {
-	cmd := exec.Command(b.Shim, "run", "--provider", "bwrap", "--name", benchName(), "--agent", b.Guest)
+	return startSandboxWith(b, timeout, "--provider", "bwrap")
+}
+
+// startSandboxWith starts oac-shim with extra arguments (the provider) and
+// waits for the ready event.
+func startSandboxWith(b Bins, timeout time.Duration, extra ...string) (*sandboxProc, error) {
+	cmd := exec.Command(b.Shim, append([]string{"run", "--name", benchName(), "--agent", b.Guest}, extra...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

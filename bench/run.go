@@ -15,7 +15,7 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, boot, footprint, density, qemu); results are then
+	// transparent, boot, footprint, density, oci, qemu); results are then
 	// printed but not written.
 	Only []string
 }
@@ -78,6 +78,13 @@ func Run(o Options) error {
 			if err := DensityFigures(r, b, o.Density); err != nil {
 				return err
 			}
+		}
+	}
+	if o.want("oci") {
+		if !root {
+			r.Skip("oci boot figures", "need root")
+		} else if err := OCIFigures(r, b, o.Runs); err != nil {
+			return err
 		}
 	}
 	if o.want("qemu") {

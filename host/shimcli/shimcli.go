@@ -284,6 +284,17 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "oac-shim run: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	// Host paths are resolved here, once: runtimes run in other working
+	// directories (qemu and the OCI runtimes in /), where a relative path
+	// would name something else or nothing.
+	for _, p := range []*string{rootfs, agentPath, sandboxIO, &pf.Kernel, &pf.Initramfs, &pf.Disk, &pf.Share} {
+		*p = absPath(*p)
+	}
+	for _, m := range []installFlag{installs, volumes} {
+		for k, v := range m {
+			m[k] = absPath(v)
+		}
+	}
 	level := slog.LevelInfo
 	if *debug {
 		level = slog.LevelDebug
@@ -491,4 +502,15 @@ func defaultAgentPath() (string, error) {
 		return "", fmt.Errorf("find oac-guest beside oac-shim at %s: %w (build it with make build or pass --agent PATH)", p, err)
 	}
 	return p, nil
+}
+
+// absPath makes a host path given on the command line absolute; "" stays "".
+func absPath(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
