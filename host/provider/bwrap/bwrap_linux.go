@@ -188,7 +188,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return nil, err
 	}
 	bw, _ := p.bwrap()
-	in := &Instance{spec: spec, bwrap: bw, done: make(chan struct{}), rootFD: -1, mode: mode}
+	in := &Instance{spec: spec, bwrap: bw, proc: newProcess(), rootFD: -1, mode: mode}
 	ok := false
 	defer func() {
 		if !ok {
@@ -249,21 +249,22 @@ type Instance struct {
 	volumes  []namedFile // name: the guest directory
 	installs []namedFile
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error
+	mu   sync.Mutex // serializes Start
+	proc *provider.Process
+}
+
+// newProcess returns the bwrap process of an Instance, not started.
+func newProcess() *provider.Process {
+	return provider.NewProcess(func(err error) error {
+		if err == nil {
+			return errors.New("sandbox runtime exited with status 0")
+		}
+		return fmt.Errorf("sandbox runtime exited: %w", err)
+	}, errors.New("bwrap did not exit within 10s of SIGKILL"))
 }
 
 // HostPID returns the pid of the bwrap process, 0 before Start.
-func (in *Instance) HostPID() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.cmd == nil || in.cmd.Process == nil {
-		return 0
-	}
-	return in.cmd.Process.Pid
-}
+func (in *Instance) HostPID() int { return in.proc.HostPID() }
 
 // HostID implements provider.IDMapper; -1 when id is not mapped.
 func (in *Instance) HostID(id int) (int, int) {
@@ -456,7 +457,7 @@ func hostRoot() []hostEntry {
 func (in *Instance) Start(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.cmd != nil {
+	if in.proc.Started() {
 		return errors.New("bwrap: already started")
 	}
 	// ExtraFiles become fds 3, 4, ... in bwrap.
@@ -514,26 +515,13 @@ func (in *Instance) Start(ctx context.Context) error {
 		// Root of the new namespace keeps its capabilities across exec.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
-	if err := cmd.Start(); err != nil {
+	if err := in.proc.Start(cmd); err != nil {
 		return fmt.Errorf("start bwrap: %w", err)
 	}
-	in.cmd = cmd
 	// bwrap has its own copies of the pipe ends it uses.
 	for _, f := range childEnds {
 		f.Close()
 	}
-	go func() {
-		err := cmd.Wait()
-		in.mu.Lock()
-		if err == nil {
-			err = errors.New("sandbox runtime exited with status 0")
-		} else {
-			err = fmt.Errorf("sandbox runtime exited: %w", err)
-		}
-		in.exitErr = err
-		in.mu.Unlock()
-		close(in.done)
-	}()
 	if in.mode == ModeSubIDs {
 		if err := in.mapSubIDs(infoR, blockW); err != nil {
 			_ = cmd.Process.Kill()
@@ -576,36 +564,18 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	if in.ln == nil {
 		return nil, provider.ErrNotStarted
 	}
-	return provider.Accept(ctx, in.ln, in.done, in.Err)
+	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
 }
 
 // Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.done }
+func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
 
 // Err implements provider.Instance.
-func (in *Instance) Err() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.exitErr
-}
+func (in *Instance) Err() error { return in.proc.Err() }
 
 // Kill implements provider.Instance. Killing bwrap kills the guest's PID 1
 // (--die-with-parent), which ends the guest's pid namespace.
-func (in *Instance) Kill() error {
-	in.mu.Lock()
-	cmd := in.cmd
-	in.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-in.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return errors.New("bwrap did not exit within 10s of SIGKILL")
-	}
-}
+func (in *Instance) Kill() error { return in.proc.Kill() }
 
 // Destroy implements provider.Instance.
 func (in *Instance) Destroy() error {

@@ -120,7 +120,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if out, err := output(ctx, d, imageArgs(p.Image)...); err != nil {
 		return nil, classify("image "+p.Image, out, err)
 	}
-	in := &Instance{spec: spec, docker: d, done: make(chan struct{})}
+	in := &Instance{spec: spec, docker: d, proc: newProcess()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -170,31 +170,32 @@ type Instance struct {
 	state  *statedir.Dir
 	ln     *net.UnixListener
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error
+	mu   sync.Mutex // serializes Start
+	proc *provider.Process
+}
+
+// newProcess returns the `docker run` client of an Instance, not started.
+func newProcess() *provider.Process {
+	return provider.NewProcess(func(err error) error {
+		if err == nil {
+			return errors.New("container exited (docker run returned status 0)")
+		}
+		return fmt.Errorf("sandbox runtime exited: docker run: %w", err)
+	}, errors.New("docker run did not exit within 10s of SIGKILL"))
 }
 
 // Args returns the docker client's arguments for the container.
 func (in *Instance) Args() []string { return runArgs(in.cfg) }
 
 // HostPID returns the pid of the `docker run` client, 0 before Start.
-func (in *Instance) HostPID() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.cmd == nil || in.cmd.Process == nil {
-		return 0
-	}
-	return in.cmd.Process.Pid
-}
+func (in *Instance) HostPID() int { return in.proc.HostPID() }
 
 // Start implements provider.Instance: `docker run` attached, so the
 // client lives as long as the container and relays its output.
 func (in *Instance) Start(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.cmd != nil {
+	if in.proc.Started() {
 		return errors.New("docker: already started")
 	}
 	cmd := exec.Command(in.docker, runArgs(in.cfg)...)
@@ -214,23 +215,10 @@ func (in *Instance) Start(ctx context.Context) error {
 		_, _ = io.Copy(out, pr)
 	}()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
+	if err := in.proc.Start(cmd); err != nil {
 		pr.Close()
 		return fmt.Errorf("start docker: %w", err)
 	}
-	in.cmd = cmd
-	go func() {
-		err := cmd.Wait()
-		in.mu.Lock()
-		if err == nil {
-			err = errors.New("container exited (docker run returned status 0)")
-		} else {
-			err = fmt.Errorf("sandbox runtime exited: docker run: %w", err)
-		}
-		in.exitErr = err
-		in.mu.Unlock()
-		close(in.done)
-	}()
 	return nil
 }
 
@@ -239,55 +227,39 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	if in.ln == nil {
 		return nil, provider.ErrNotStarted
 	}
-	return provider.Accept(ctx, in.ln, in.done, in.Err)
+	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
 }
 
 // Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.done }
+func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
 
 // Err implements provider.Instance.
-func (in *Instance) Err() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.exitErr
-}
+func (in *Instance) Err() error { return in.proc.Err() }
 
 // Kill implements provider.Instance: docker kill, then the client.
 func (in *Instance) Kill() error {
-	in.mu.Lock()
-	cmd := in.cmd
-	in.mu.Unlock()
-	if cmd == nil {
+	if !in.proc.Started() {
 		return nil
 	}
 	select {
-	case <-in.done:
+	case <-in.proc.Done():
 		return nil
 	default:
 	}
 	_, _ = output(context.Background(), in.docker, killArgs(in.cfg.Name)...)
 	select {
-	case <-in.done:
+	case <-in.proc.Done():
 		return nil
 	case <-time.After(5 * time.Second):
 	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-in.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return errors.New("docker run did not exit within 10s of SIGKILL")
-	}
+	return in.proc.Kill()
 }
 
 // Destroy implements provider.Instance: kill, remove the container (--rm
 // does not run when the client was killed), remove the state directory.
 func (in *Instance) Destroy() error {
 	err := in.Kill()
-	in.mu.Lock()
-	started := in.cmd != nil
-	in.mu.Unlock()
-	if started {
+	if in.proc.Started() {
 		if out, rerr := output(context.Background(), in.docker, removeArgs(in.cfg.Name)...); rerr != nil {
 			if cerr := classify("remove container", out, rerr); !errors.Is(cerr, ErrNoContainer) {
 				err = errors.Join(err, cerr)

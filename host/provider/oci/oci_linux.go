@@ -132,7 +132,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, err
 	}
-	in := &Instance{spec: spec, rt: rt, id: ContainerID(spec.Name), done: make(chan struct{})}
+	in := &Instance{spec: spec, rt: rt, id: ContainerID(spec.Name), proc: newProcess(rt.Kind)}
 	ok := false
 	defer func() {
 		if !ok {
@@ -191,10 +191,19 @@ type Instance struct {
 	idBase int
 	ln     *net.UnixListener
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error
+	mu   sync.Mutex // serializes Start
+	proc *provider.Process
+}
+
+// newProcess returns the runtime process (runc run / crun run) of an
+// Instance, not started.
+func newProcess(kind string) *provider.Process {
+	return provider.NewProcess(func(err error) error {
+		if err == nil {
+			return fmt.Errorf("container exited (%s run returned status 0)", kind)
+		}
+		return fmt.Errorf("sandbox runtime exited: %s: %w", kind, err)
+	}, fmt.Errorf("%s did not exit within 10s of SIGKILL", kind))
 }
 
 // ContainerID returns the runtime's id of the container.
@@ -202,14 +211,7 @@ func (in *Instance) ContainerID() string { return in.id }
 
 // HostPID returns the pid of the runtime process (runc run / crun run), 0
 // before Start.
-func (in *Instance) HostPID() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.cmd == nil || in.cmd.Process == nil {
-		return 0
-	}
-	return in.cmd.Process.Pid
-}
+func (in *Instance) HostPID() int { return in.proc.HostPID() }
 
 // HostID implements provider.IDMapper.
 func (in *Instance) HostID(id int) (int, int) {
@@ -384,7 +386,7 @@ func hostRoot() []hostEntry {
 func (in *Instance) Start(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.cmd != nil {
+	if in.proc.Started() {
 		return errors.New("oci: already started")
 	}
 	cmd := in.runtimeCmd(runArgs(in.bundle, in.id)...)
@@ -409,23 +411,10 @@ func (in *Instance) Start(ctx context.Context) error {
 	// connection and stops, and Create of the same name deletes the
 	// leftover container.
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	if err := cmd.Start(); err != nil {
+	if err := in.proc.Start(cmd); err != nil {
 		pr.Close()
 		return fmt.Errorf("start %s: %w", in.rt.Kind, err)
 	}
-	in.cmd = cmd
-	go func() {
-		err := cmd.Wait()
-		in.mu.Lock()
-		if err == nil {
-			err = fmt.Errorf("container exited (%s run returned status 0)", in.rt.Kind)
-		} else {
-			err = fmt.Errorf("sandbox runtime exited: %s: %w", in.rt.Kind, err)
-		}
-		in.exitErr = err
-		in.mu.Unlock()
-		close(in.done)
-	}()
 	return nil
 }
 
@@ -434,57 +423,41 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	if in.ln == nil {
 		return nil, provider.ErrNotStarted
 	}
-	return provider.Accept(ctx, in.ln, in.done, in.Err)
+	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
 }
 
 // Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.done }
+func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
 
 // Err implements provider.Instance.
-func (in *Instance) Err() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.exitErr
-}
+func (in *Instance) Err() error { return in.proc.Err() }
 
 // Kill implements provider.Instance: SIGKILL to the container's init
 // through the runtime (its pid namespace dies with it), then to the
 // runtime process if it has not exited.
 func (in *Instance) Kill() error {
-	in.mu.Lock()
-	cmd := in.cmd
-	in.mu.Unlock()
-	if cmd == nil {
+	if !in.proc.Started() {
 		return nil
 	}
 	select {
-	case <-in.done:
+	case <-in.proc.Done():
 		return nil
 	default:
 	}
 	_ = in.runtimeCmd(killArgs(in.id)...).Run()
 	select {
-	case <-in.done:
+	case <-in.proc.Done():
 		return nil
 	case <-time.After(3 * time.Second):
 	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-in.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("%s did not exit within 10s of SIGKILL", in.rt.Kind)
-	}
+	return in.proc.Kill()
 }
 
 // Destroy implements provider.Instance: kill, delete the container from
 // the runtime's state, remove the state directory.
 func (in *Instance) Destroy() error {
 	err := in.Kill()
-	in.mu.Lock()
-	started := in.cmd != nil
-	in.mu.Unlock()
-	if started {
+	if in.proc.Started() {
 		if out, derr := in.runtimeCmd(deleteArgs(in.id)...).CombinedOutput(); derr != nil && in.exists() {
 			err = errors.Join(err, fmt.Errorf("%s delete %s: %v: %s", in.rt.Kind, in.id, derr, out))
 		}

@@ -170,7 +170,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	accel, _ := p.accel()
 	tr, _ := p.transport()
 	in := &Instance{
-		spec: spec, qemu: qemuBin, done: make(chan struct{}),
+		spec: spec, qemu: qemuBin, proc: newProcess(),
 		cfg: vmConfig{
 			Name: spec.Name, Kernel: absPath(p.Kernel), Initramfs: absPath(p.Initramfs), Disk: absPath(p.Disk), Accel: accel,
 			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
@@ -226,10 +226,18 @@ type Instance struct {
 	ln       provider.DeadlineListener
 	slotLock *os.File
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-	exitErr error
+	mu   sync.Mutex // serializes Start
+	proc *provider.Process
+}
+
+// newProcess returns the qemu process of an Instance, not started.
+func newProcess() *provider.Process {
+	return provider.NewProcess(func(err error) error {
+		if err == nil {
+			return errors.New("virtual machine powered off")
+		}
+		return fmt.Errorf("qemu exited: %w", err)
+	}, errors.New("qemu did not exit within 10s of SIGKILL"))
 }
 
 // listenVsock claims a CID/port slot and listens for the guest on the
@@ -272,14 +280,7 @@ func (l *cidListener) Accept() (net.Conn, error) {
 }
 
 // HostPID returns the pid of the qemu process, 0 before Start.
-func (in *Instance) HostPID() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.cmd == nil || in.cmd.Process == nil {
-		return 0
-	}
-	return in.cmd.Process.Pid
-}
+func (in *Instance) HostPID() int { return in.proc.HostPID() }
 
 // Args returns qemu's command line (without the binary).
 func (in *Instance) Args() []string { return buildArgs(in.cfg) }
@@ -288,7 +289,7 @@ func (in *Instance) Args() []string { return buildArgs(in.cfg) }
 func (in *Instance) Start(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.cmd != nil {
+	if in.proc.Started() {
 		return errors.New("qemu: already started")
 	}
 	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
@@ -307,22 +308,9 @@ func (in *Instance) Start(ctx context.Context) error {
 		Pdeathsig: syscall.SIGKILL,
 		Setpgid:   true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := in.proc.Start(cmd); err != nil {
 		return fmt.Errorf("start qemu: %w", err)
 	}
-	in.cmd = cmd
-	go func() {
-		err := cmd.Wait()
-		in.mu.Lock()
-		if err == nil {
-			err = errors.New("virtual machine powered off")
-		} else {
-			err = fmt.Errorf("qemu exited: %w", err)
-		}
-		in.exitErr = err
-		in.mu.Unlock()
-		close(in.done)
-	}()
 	return nil
 }
 
@@ -332,35 +320,17 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	if in.ln == nil {
 		return nil, provider.ErrNotStarted
 	}
-	return provider.Accept(ctx, in.ln, in.done, in.Err)
+	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
 }
 
 // Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.done }
+func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
 
 // Err implements provider.Instance.
-func (in *Instance) Err() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.exitErr
-}
+func (in *Instance) Err() error { return in.proc.Err() }
 
 // Kill implements provider.Instance.
-func (in *Instance) Kill() error {
-	in.mu.Lock()
-	cmd := in.cmd
-	in.mu.Unlock()
-	if cmd == nil {
-		return nil
-	}
-	_ = cmd.Process.Kill()
-	select {
-	case <-in.done:
-		return nil
-	case <-time.After(10 * time.Second):
-		return errors.New("qemu did not exit within 10s of SIGKILL")
-	}
-}
+func (in *Instance) Kill() error { return in.proc.Kill() }
 
 // Destroy implements provider.Instance.
 func (in *Instance) Destroy() error {

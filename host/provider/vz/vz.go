@@ -8,7 +8,6 @@ import (
 	"net"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -101,7 +100,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, mapError(fmt.Sprintf("listen on vsock port %d", cfg.VsockPort), err)
 	}
-	return &Instance{cfg: cfg, m: m, ln: ln, done: make(chan struct{})}, nil
+	return &Instance{cfg: cfg, m: m, ln: ln, vm: provider.NewProcess(func(err error) error { return err },
+		errors.New("vz: the virtual machine did not stop within 10s"))}, nil
 }
 
 // Instance is one virtual machine.
@@ -110,12 +110,10 @@ type Instance struct {
 	m   Machine
 	ln  net.Listener
 
-	mu       sync.Mutex
-	started  bool
-	done     chan struct{}
-	exitErr  error
-	closeLn  sync.Once
-	doneOnce sync.Once
+	mu      sync.Mutex
+	started bool
+	vm      *provider.Process // watches the machine's states; Err is why it ended
+	closeLn sync.Once
 }
 
 // Config returns the machine's configuration.
@@ -130,40 +128,40 @@ func (in *Instance) Start(ctx context.Context) error {
 	}
 	in.started = true
 	in.mu.Unlock()
-	changes := in.m.StateChanged()
+	run := machineRun{m: in.m, changes: in.m.StateChanged()}
 	if err := in.m.Start(ctx); err != nil {
-		err = mapError("start virtual machine", err)
-		in.finish(err)
-		return err
+		run.startErr = mapError("start virtual machine", err)
+		in.vm.Watch(run)
+		<-in.vm.Done()
+		return run.startErr
 	}
-	go func() {
-		for {
-			select {
-			case s, ok := <-changes:
-				if !ok {
-					in.finish(errors.New("virtual machine state notifications ended"))
-					return
-				}
-				if end, why := ended(s); end {
-					in.finish(why)
-					return
-				}
-			case <-in.done:
-				return
-			}
-		}
-	}()
+	in.vm.Watch(run)
 	return nil
 }
 
-func (in *Instance) finish(err error) {
-	in.doneOnce.Do(func() {
-		in.mu.Lock()
-		in.exitErr = err
-		in.mu.Unlock()
-		close(in.done)
-	})
+// machineRun is a started machine as a provider.Waiter: Wait follows its
+// states until it has ended and says why.
+type machineRun struct {
+	m        Machine
+	changes  <-chan State
+	startErr error // the machine did not start
 }
+
+func (r machineRun) Wait() error {
+	if r.startErr != nil {
+		return r.startErr
+	}
+	for s := range r.changes {
+		if end, why := ended(s); end {
+			return why
+		}
+	}
+	return errors.New("virtual machine state notifications ended")
+}
+
+// Kill is not used: Instance.Kill stops the machine and checks the error.
+func (r machineRun) Kill() error { return r.m.Stop() }
+func (r machineRun) Pid() int    { return 0 }
 
 // Accept implements provider.Instance: the guest's connection on the
 // virtio socket. The vz listener has no deadlines, so an interrupted
@@ -176,7 +174,7 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 		return nil, provider.ErrNotStarted
 	}
 	if dl, ok := in.ln.(provider.DeadlineListener); ok {
-		return provider.Accept(ctx, dl, in.done, in.Err)
+		return provider.Accept(ctx, dl, in.vm.Done(), in.vm.Err)
 	}
 	type result struct {
 		c   net.Conn
@@ -193,7 +191,7 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	case <-ctx.Done():
 		in.closeListener()
 		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
-	case <-in.done:
+	case <-in.vm.Done():
 		in.closeListener()
 		return nil, in.Err()
 	}
@@ -202,14 +200,10 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 func (in *Instance) closeListener() { in.closeLn.Do(func() { in.ln.Close() }) }
 
 // Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.done }
+func (in *Instance) Done() <-chan struct{} { return in.vm.Done() }
 
 // Err implements provider.Instance.
-func (in *Instance) Err() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.exitErr
-}
+func (in *Instance) Err() error { return in.vm.Err() }
 
 // Kill implements provider.Instance: stop the machine at once.
 func (in *Instance) Kill() error {
@@ -219,22 +213,14 @@ func (in *Instance) Kill() error {
 	if !started {
 		return nil
 	}
-	select {
-	case <-in.done:
-		return nil
-	default:
-	}
-	if err := in.m.Stop(); err != nil {
-		if s := in.m.State(); s != StateStopped && s != StateError {
-			return mapError("stop virtual machine", err)
+	return in.vm.KillWith(func() error {
+		if err := in.m.Stop(); err != nil {
+			if s := in.m.State(); s != StateStopped && s != StateError {
+				return mapError("stop virtual machine", err)
+			}
 		}
-	}
-	select {
-	case <-in.done:
 		return nil
-	case <-time.After(10 * time.Second):
-		return errors.New("vz: the virtual machine did not stop within 10s")
-	}
+	})
 }
 
 // Destroy implements provider.Instance.

@@ -151,7 +151,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, fmt.Errorf("%w: wsl: %v", provider.ErrInvalidSpec, err)
 	}
-	in := &Instance{p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar, done: make(chan struct{})}
+	in := &Instance{p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar, rt: newProcess()}
 	ok := false
 	defer func() {
 		if !ok {
@@ -192,25 +192,33 @@ type Instance struct {
 
 	mu       sync.Mutex
 	imported bool
-	proc     Process
+	rt       *provider.Process // the wsl.exe running the agent; a new one after Reset
 	conn     net.Conn
 	accepted bool
-	done     chan struct{}
-	exitErr  error
+}
+
+// newProcess returns the agent's wsl.exe of an Instance, not started.
+func newProcess() *provider.Process {
+	return provider.NewProcess(func(err error) error {
+		if err == nil {
+			return errors.New("the agent's wsl.exe exited with status 0")
+		}
+		return fmt.Errorf("sandbox runtime exited: wsl.exe: %w", err)
+	}, errors.New("wsl.exe did not exit within 10s of being killed"))
+}
+
+// runtime returns the current wsl.exe Process.
+func (in *Instance) runtime() *provider.Process {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.rt
 }
 
 // Distro returns the WSL distribution's name.
 func (in *Instance) Distro() string { return in.distro }
 
 // HostPID returns the pid of the wsl.exe running the agent, 0 before Start.
-func (in *Instance) HostPID() int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.proc == nil {
-		return 0
-	}
-	return in.proc.Pid()
-}
+func (in *Instance) HostPID() int { return in.runtime().HostPID() }
 
 // wsl runs one wsl.exe command to completion.
 func (in *Instance) wsl(ctx context.Context, timeout time.Duration, what string, args ...string) error {
@@ -258,7 +266,7 @@ func (in *Instance) importDistro(ctx context.Context) error {
 func (in *Instance) Start(ctx context.Context) error {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.proc != nil {
+	if in.rt.Started() {
 		return errors.New("wsl: already started")
 	}
 	if !in.imported {
@@ -268,21 +276,8 @@ func (in *Instance) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	in.proc = proc
+	in.rt.Watch(proc)
 	in.conn = transport.StreamConn(proc.Stdout(), proc.Stdin(), "wsl:"+in.distro)
-	done := in.done
-	go func() {
-		err := proc.Wait()
-		in.mu.Lock()
-		if err == nil {
-			err = errors.New("the agent's wsl.exe exited with status 0")
-		} else {
-			err = fmt.Errorf("sandbox runtime exited: wsl.exe: %w", err)
-		}
-		in.exitErr = err
-		in.mu.Unlock()
-		close(done)
-	}()
 	return nil
 }
 
@@ -290,7 +285,7 @@ func (in *Instance) Start(ctx context.Context) error {
 // calls wait for the runtime to end or ctx.
 func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 	in.mu.Lock()
-	if in.proc == nil {
+	if !in.rt.Started() {
 		in.mu.Unlock()
 		return nil, provider.ErrNotStarted
 	}
@@ -300,46 +295,37 @@ func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
 		in.mu.Unlock()
 		return c, nil
 	}
-	done := in.done
+	rt := in.rt
 	in.mu.Unlock()
 	select {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
-	case <-done:
+	case <-rt.Done():
 		return nil, in.Err()
 	}
 }
 
 // Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.done }
+func (in *Instance) Done() <-chan struct{} { return in.runtime().Done() }
 
 // Err implements provider.Instance.
-func (in *Instance) Err() error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.exitErr
-}
+func (in *Instance) Err() error { return in.runtime().Err() }
 
 // Kill implements provider.Instance: terminate the distribution (every
 // process in it), then the wsl.exe that ran the agent.
 func (in *Instance) Kill() error {
-	in.mu.Lock()
-	proc, done := in.proc, in.done
-	in.mu.Unlock()
-	if proc == nil {
+	rt := in.runtime()
+	if !rt.Started() {
 		return nil
 	}
 	terr := in.wsl(context.Background(), quickTimeout, "terminate "+in.distro, terminateArgs(in.distro)...)
 	if errors.Is(terr, ErrNotFound) {
 		terr = nil
 	}
-	_ = proc.Kill()
-	select {
-	case <-done:
-		return terr
-	case <-time.After(10 * time.Second):
-		return errors.Join(terr, errors.New("wsl.exe did not exit within 10s of being killed"))
+	if err := rt.Kill(); err != nil {
+		return errors.Join(terr, err)
 	}
+	return terr
 }
 
 // Destroy implements provider.Instance: kill, unregister the distribution
@@ -359,8 +345,7 @@ func (in *Instance) Reset(ctx context.Context) error {
 		return err
 	}
 	in.mu.Lock()
-	in.proc, in.conn, in.accepted, in.exitErr = nil, nil, false, nil
-	in.done = make(chan struct{})
+	in.rt, in.conn, in.accepted = newProcess(), nil, false
 	in.mu.Unlock()
 	return in.importDistro(ctx)
 }
