@@ -25,6 +25,8 @@ const (
 	TypeEgressReply  Type = 0x0008
 	// TypeProcess is sent only to a host whose Welcome lists CapProcess.
 	TypeProcess Type = 0x0009
+	// TypeTime is sent only to a guest whose Hello lists CapTime.
+	TypeTime Type = 0x000A
 )
 
 var typeNames = map[Type]string{
@@ -37,6 +39,7 @@ var typeNames = map[Type]string{
 	TypeStreamHeader: "StreamHeader",
 	TypeEgressReply:  "EgressReply",
 	TypeProcess:      "Process",
+	TypeTime:         "Time",
 }
 
 func (t Type) String() string {
