@@ -70,6 +70,9 @@ type Event struct {
 	// and a health check; the password never appears in an event.
 	URL      string `json:"url,omitempty"`
 	Username string `json:"username,omitempty"`
+	// GuestURL is the daemon's URL inside the guest, given with ready
+	// when URL is a forward's address on the host.
+	GuestURL string `json:"guest_url,omitempty"`
 	// Restarts counts a process's restarts; RestartInMS is the backoff
 	// before the next start (process events with message "restarting").
 	Restarts    int   `json:"restarts,omitempty"`
