@@ -57,7 +57,10 @@ func TestForwardStreamReachesTheGuestLoopbackPortAndHalfCloses(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	gs, hs := pair(t)
 	done := make(chan struct{})
-	go func() { serveHostStreams(context.Background(), gs, dialLoopback, 4, slog.New(slog.DiscardHandler)); close(done) }()
+	go func() {
+		serveHostStreams(context.Background(), gs, dialLoopback, 4, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
 
 	st, err := protocol.OpenStream(hs, protocol.StreamHeader{Kind: protocol.KindForward, Port: port})
 	require.NoError(t, err)
@@ -86,7 +89,10 @@ func TestForwardDialsOnlyLoopbackWithTheHeaderPort(t *testing.T) {
 		return nil, errors.New("refused")
 	}
 	done := make(chan struct{})
-	go func() { serveHostStreams(context.Background(), gs, dial, 4, slog.New(slog.DiscardHandler)); close(done) }()
+	go func() {
+		serveHostStreams(context.Background(), gs, dial, 4, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
 
 	st, err := protocol.OpenStream(hs, protocol.StreamHeader{Kind: protocol.KindForward, Port: 4096})
 	require.NoError(t, err)
@@ -105,7 +111,10 @@ func TestNonForwardAndBadHeadersAreClosedWithoutADial(t *testing.T) {
 	dialed := make(chan int, 4)
 	dial := func(ctx context.Context, port int) (net.Conn, error) { dialed <- port; return nil, errors.New("no") }
 	done := make(chan struct{})
-	go func() { serveHostStreams(context.Background(), gs, dial, 4, slog.New(slog.DiscardHandler)); close(done) }()
+	go func() {
+		serveHostStreams(context.Background(), gs, dial, 4, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
 
 	for _, h := range []protocol.StreamHeader{
 		{Kind: protocol.KindLog, Name: "x"},
@@ -134,7 +143,10 @@ func TestForwardStreamsOverTheLimitAreClosed(t *testing.T) {
 		return nil, errors.New("no")
 	}
 	done := make(chan struct{})
-	go func() { serveHostStreams(context.Background(), gs, dial, 1, slog.New(slog.DiscardHandler)); close(done) }()
+	go func() {
+		serveHostStreams(context.Background(), gs, dial, 1, slog.New(slog.DiscardHandler))
+		close(done)
+	}()
 
 	held, err := protocol.OpenStream(hs, protocol.StreamHeader{Kind: protocol.KindForward, Port: 1})
 	require.NoError(t, err)
