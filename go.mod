@@ -3,6 +3,7 @@ module github.com/oac/sandbox-agent
 go 1.26.8
 
 require (
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/hashicorp/yamux v0.1.2
 	github.com/klauspost/compress v1.20.4
 	github.com/mdlayher/vsock v1.4.0
@@ -14,7 +15,6 @@ require (
 )
 
 require (
-	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.24.0 // indirect
