@@ -224,6 +224,12 @@ func (c *Controller) Stop(ctx context.Context) error {
 	return c.stop(ctx, errors.New("stop requested"))
 }
 
+// StopBecause is Stop with the reason the job sees as its context's cause
+// (and reports in its stopped message).
+func (c *Controller) StopBecause(ctx context.Context, reason error) error {
+	return c.stop(ctx, reason)
+}
+
 func (c *Controller) stop(ctx context.Context, why error) error {
 	c.mu.Lock()
 	c.cancel(why)

@@ -114,6 +114,14 @@ func (j *JSONLines) Emit(e Event) {
 	_ = j.enc.Encode(e)
 }
 
+// Encode writes any other value (a control answer) as one line, in order
+// with the events.
+func (j *JSONLines) Encode(v any) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.enc.Encode(v)
+}
+
 // Func adapts a function to Sink.
 type Func func(Event)
 
