@@ -12,39 +12,6 @@ import (
 	"github.com/oac/sandbox-agent/host/forward"
 )
 
-// StatusResult answers the status command.
-type StatusResult struct {
-	controller.Status
-	// GuestConnected: a guest session is live (forwards can be carried).
-	GuestConnected bool `json:"guest_connected"`
-	// Forwards in force, with the connections each carries now.
-	Forwards []forward.Info `json:"forwards"`
-	// Egress describes the policy in force, one line per rule/upstream.
-	Egress []string `json:"egress"`
-}
-
-// ForwardResult answers add_forward.
-type ForwardResult struct {
-	forward.Info
-	// URL is http://LISTEN for a TCP forward.
-	URL string `json:"url,omitempty"`
-}
-
-// PolicyResult answers set_policy.
-type PolicyResult struct {
-	Egress []string `json:"egress"`
-}
-
-// TimeResult answers push_time.
-type TimeResult struct {
-	TimeUnixNano int64 `json:"time_unix_nano"`
-}
-
-// StartResult answers start and reset.
-type StartResult struct {
-	Attempt uint64 `json:"attempt"`
-}
-
 // Handle carries out one control command (control.Handler).
 func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 	switch c.Cmd {
@@ -61,7 +28,7 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return StartResult{Attempt: a}, nil
+		return control.StartResult{Attempt: a}, nil
 	case control.CmdReset:
 		if s.stopping() {
 			return nil, errors.New("the shim is stopping")
@@ -72,7 +39,7 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return StartResult{Attempt: a}, nil
+		return control.StartResult{Attempt: a}, nil
 	case control.CmdSetPolicy:
 		pol, err := egress.ParsePolicy(c.Allow, c.Upstreams)
 		if err != nil {
@@ -81,14 +48,14 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		}
 		s.broker.SetPolicy(pol)
 		s.policyEvent("egress policy replaced by a control command")
-		return PolicyResult{Egress: nonNil(pol.Describe())}, nil
+		return control.PolicyResult{Egress: nonNil(pol.Describe())}, nil
 	case control.CmdAddForward:
 		sp := forward.Spec{Listen: c.Listen, GuestPort: c.GuestPort}
 		info, err := s.fwd.Add(sp)
 		if err != nil {
 			return nil, err
 		}
-		r := ForwardResult{Info: info}
+		r := control.ForwardResult{Info: info}
 		if !sp.IsUnix() {
 			r.URL = "http://" + info.Listen
 		}
@@ -107,7 +74,7 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return TimeResult{TimeUnixNano: at.UnixNano()}, nil
+		return control.TimeResult{TimeUnixNano: at.UnixNano()}, nil
 	}
 	return nil, fmt.Errorf("unknown command %q", c.Cmd)
 }
@@ -124,7 +91,7 @@ func (s *shim) policyEvent(msg string) {
 	s.emit(e)
 }
 
-func (s *shim) status() StatusResult {
+func (s *shim) status() control.StatusResult {
 	st := s.ctrl.Status()
 	// A forward added after ready gives the host a URL now.
 	if st.State == controller.StateReady && st.GuestURL == "" && st.URL != "" {
@@ -135,7 +102,7 @@ func (s *shim) status() StatusResult {
 	s.mu.Lock()
 	connected := s.sess != nil
 	s.mu.Unlock()
-	return StatusResult{Status: st, GuestConnected: connected, Forwards: s.fwd.List(), Egress: nonNil(s.broker.Policy().Describe())}
+	return control.StatusResult{Status: st, GuestConnected: connected, Forwards: s.fwd.List(), Egress: nonNil(s.broker.Policy().Describe())}
 }
 
 func nonNil(l []string) []string {
