@@ -31,6 +31,8 @@ var bins struct {
 	badVersion, badGarbage string
 	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
 	sandboxIO, daemon string
+	// shimClient is examples/shim-client, the Go parent of the README.
+	shimClient string
 }
 
 func TestMain(m *testing.M) {
@@ -54,6 +56,7 @@ func TestMain(m *testing.M) {
 	bins.badGarbage = filepath.Join(dir, "badguest-garbage")
 	bins.sandboxIO = filepath.Join(dir, "sandbox-io-standin")
 	bins.daemon = filepath.Join(dir, "daemon-standin")
+	bins.shimClient = filepath.Join(dir, "shim-client")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -63,6 +66,7 @@ func TestMain(m *testing.M) {
 		{bins.badGarbage, "./internal/badguest", "-X main.defaultMode=garbage"},
 		{bins.sandboxIO, "./internal/standin/sandboxio", ""},
 		{bins.daemon, "./internal/standin/daemon", ""},
+		{bins.shimClient, "../examples/shim-client", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)

@@ -70,12 +70,17 @@ func run(shim, name string, guestPort int, path string, timeout time.Duration, r
 	}
 	fmt.Printf("ready: attempt %d, url %s (in the guest %s), user %s\n", ready.Attempt, ready.URL, ready.GuestURL, ready.Username)
 
+	url := ready.URL
+	if ready.GuestURL == "" { // ready came before the forward existed
+		url = fw.URL
+	}
+
 	// 4. use it: Basic auth with the generated password.
 	password, err := os.ReadFile(pwFile)
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ready.URL+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+path, nil)
 	if err != nil {
 		return err
 	}
