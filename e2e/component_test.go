@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // ctl sends one command on the control socket and returns its answer.
@@ -314,4 +315,47 @@ func TestShellOneLinerDrivesStartReadyForwardStop(t *testing.T) {
 	assert.Equal(t, []string{"status true", "stop true"}, answers)
 	assert.Contains(t, states, "ready")
 	assert.Equal(t, "stopped", states[len(states)-1])
+}
+
+// oac-guest as a service in a systemd guest (not PID 1): READY=1 when it
+// reports ready, STOPPING=1 when it stops; and forward streams from the
+// host reach a loopback port (here the host's, as a stdio guest shares it).
+func TestGuestServiceNotifiesSystemdAndServesForwards(t *testing.T) {
+	notifyPath, notified := notifySocket(t)
+	cmd, sess, stderr := guestOverStdio(t, "NOTIFY_SOCKET="+notifyPath)
+	ctl, hello, _, err := protocol.HostHandshake(sess, protocol.MinVersion, protocol.MaxVersion,
+		protocol.Welcome{HostVersion: "e2e"}, 10*time.Second)
+	require.NoError(t, err)
+	assert.Contains(t, hello.Capabilities, protocol.CapForward)
+	assert.NotContains(t, hello.Capabilities, protocol.CapTime, "only a VM guest sets its clock")
+	require.NoError(t, ctl.Send(protocol.TypeBootstrap, map[string]any{"version": 1}))
+	var st protocol.State
+	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
+	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st), stderr.String())
+	require.Equal(t, protocol.StateReady, st.State)
+
+	ln := listen(t)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			_, _ = c.Write([]byte("hello from a guest port"))
+			c.Close()
+		}
+	}()
+	fs, err := protocol.OpenStream(sess, protocol.StreamHeader{Kind: protocol.KindForward, Port: portOf(ln)})
+	require.NoError(t, err)
+	_ = fs.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(fs)
+	require.NoError(t, err)
+	assert.Equal(t, "hello from a guest port", string(got))
+	fs.Close()
+
+	require.NoError(t, ctl.Send(protocol.TypeShutdown, protocol.Shutdown{Reason: "test over", GraceMS: 1000}))
+	require.NoError(t, ctl.RecvMessage(protocol.TypeState, &st))
+	sess.Close()
+	assert.Equal(t, 0, exitCode(t, cmd, 10*time.Second), stderr.String())
+	msgs := notified()
+	assert.Contains(t, msgs, "STATUS=starting: applying bootstrap")
+	assert.Contains(t, msgs, "READY=1\nSTATUS=ready")
+	assert.Contains(t, msgs, "STOPPING=1\nSTATUS=stopped: test over")
 }
