@@ -38,6 +38,23 @@ type shim struct {
 	results map[uint64]error // each attempt's error (nil: stopped)
 	stopReq chan error       // the first stop request (signal, command, timeout)
 	stopped bool
+
+	// Answers and the shim's own events on the events output end when run
+	// returns: the stdin reader cannot be interrupted and may outlive it.
+	answerMu      sync.Mutex
+	answersClosed bool
+}
+
+var errAnswersClosed = errors.New("the shim has stopped")
+
+// answerOut writes an answer to the events output while run runs.
+func (s *shim) answerOut(a control.Answer) error {
+	s.answerMu.Lock()
+	defer s.answerMu.Unlock()
+	if s.answersClosed {
+		return errAnswersClosed
+	}
+	return s.sink.Encode(a)
 }
 
 func newShim(f *runFlags, sink *events.JSONLines, log *slog.Logger, broker *egress.Broker) *shim {
@@ -53,7 +70,11 @@ func (s *shim) emit(e events.Event) {
 		e.Time = time.Now().UTC()
 	}
 	e.Sandbox = s.name
-	s.sink.Emit(e)
+	s.answerMu.Lock()
+	defer s.answerMu.Unlock()
+	if !s.answersClosed {
+		s.sink.Emit(e)
+	}
 }
 
 // onChange turns every accepted lifecycle change into a state event and
@@ -114,6 +135,11 @@ func (s *shim) requestStop(reason error) {
 func (s *shim) run(stdin io.Reader) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	defer func() {
+		s.answerMu.Lock()
+		s.answersClosed = true
+		s.answerMu.Unlock()
+	}()
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer cancel()
@@ -138,8 +164,8 @@ func (s *shim) run(stdin io.Reader) error {
 	if s.f.control == "stdin" {
 		// Not waited for: a read from stdin cannot be interrupted.
 		go func() {
-			err := srv.ServeLines(ctx, stdin, func(a control.Answer) error { return s.sink.Encode(a) })
-			if ctx.Err() == nil {
+			err := srv.ServeLines(ctx, stdin, s.answerOut)
+			if ctx.Err() == nil && !errors.Is(err, errAnswersClosed) {
 				reason := errors.New("control input closed")
 				if err != nil {
 					reason = fmt.Errorf("control input failed: %w", err)
