@@ -15,6 +15,9 @@ const (
 	StateStopped  = "stopped"
 )
 
+// MsgStartRequested is the message of the starting state Start sets.
+const MsgStartRequested = "start requested"
+
 // ErrDestroyed is returned by Start and Reset after Destroy.
 var ErrDestroyed = errors.New("sandbox destroyed")
 
@@ -146,9 +149,9 @@ func (c *Controller) Start() (uint64, error) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	done := make(chan struct{})
 	c.cancel, c.done = cancel, done
-	msg := "start requested"
+	msg := MsgStartRequested
 	if attempt > 1 {
-		msg = fmt.Sprintf("start requested (attempt %d)", attempt)
+		msg = fmt.Sprintf("%s (attempt %d)", MsgStartRequested, attempt)
 	}
 	c.wg.Add(1)
 	c.setLocked(Status{ServerID: c.status.ServerID, State: StateStarting, Message: msg, Attempt: attempt})

@@ -61,9 +61,9 @@ func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
 			states = append(states, e)
 		}
 	}
-	require.Len(t, states, 3)
-	assert.Equal(t, "start requested", states[0].Message)
-	assert.Equal(t, events.StateFailed, states[2].State)
+	require.Len(t, states, 2)
+	assert.Equal(t, "creating sandbox", states[0].Message, "the first start is reported by the sandbox")
+	assert.Equal(t, events.StateFailed, states[1].State)
 	for _, e := range states {
 		assert.Equal(t, uint64(1), e.Attempt)
 	}

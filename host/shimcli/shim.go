@@ -80,6 +80,13 @@ func (s *shim) emit(e events.Event) {
 // onChange turns every accepted lifecycle change into a state event and
 // tells systemd.
 func (s *shim) onChange(st controller.Status) {
+	// The first start is reported by the sandbox itself once it creates
+	// something ("creating sandbox"): input that fails validation before
+	// that yields exactly one event, failed, as it always has.
+	if st.Attempt == 1 && st.State == controller.StateStarting && st.Message == controller.MsgStartRequested {
+		s.notify.Status(statusLine(st))
+		return
+	}
 	s.emit(events.Event{Event: events.KindState, State: st.State, Message: st.Message, URL: st.URL,
 		GuestURL: st.GuestURL, Username: st.Username, Attempt: st.Attempt})
 	switch st.State {
