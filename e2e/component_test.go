@@ -313,7 +313,8 @@ func TestShellOneLinerDrivesStartReadyForwardStop(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"status true", "stop true"}, answers)
-	assert.Contains(t, states, "ready")
+	// Not necessarily "ready": curl's request can reach the daemon before
+	// the guest's own health poll does, and the stop may come first.
 	assert.Equal(t, "stopped", states[len(states)-1])
 }
 
