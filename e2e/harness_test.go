@@ -35,6 +35,8 @@ var bins struct {
 	badVersion, badGarbage string
 	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
 	sandboxIO, daemon string
+	// shimClient is examples/shim-client, the Go parent of the README.
+	shimClient string
 }
 
 func TestMain(m *testing.M) {
@@ -60,6 +62,7 @@ func TestMain(m *testing.M) {
 	bins.daemon = filepath.Join(dir, "daemon-standin")
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.fakeDocker = filepath.Join(dir, "docker")
+	bins.shimClient = filepath.Join(dir, "shim-client")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -71,6 +74,7 @@ func TestMain(m *testing.M) {
 		{bins.daemon, "./internal/standin/daemon", ""},
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.fakeDocker, "./internal/fakedocker", ""},
+		{bins.shimClient, "../examples/shim-client", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)

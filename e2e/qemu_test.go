@@ -86,13 +86,13 @@ func vmBootstrap(hostname string) string {
 	return `{"version":1,"hostname":"` + hostname + `","stop_grace":"3s","daemon":{"argv":["` + vmDaemon + `"]}}`
 }
 
-func startVM(t *testing.T, name string) *shim {
+func startVM(t *testing.T, name string, extra ...string) *shim {
 	t.Helper()
 	kernel, initramfs := needVM(t)
 	return startShim(t, sandboxSpec{
 		provider: "qemu", name: name, bootstrap: vmBootstrap(name),
-		args: []string{"--kernel", kernel, "--initramfs", initramfs, "--boot-timeout", vmBootTimeout.String(),
-			"--host-grace", vmHostGrace.String()},
+		args: append([]string{"--kernel", kernel, "--initramfs", initramfs, "--boot-timeout", vmBootTimeout.String(),
+			"--host-grace", vmHostGrace.String()}, extra...),
 	})
 }
 
@@ -107,7 +107,8 @@ func bootTime(t *testing.T, ready events.Event) time.Duration {
 func TestVMBootsToReadyRunsTheDaemonAs1000AndPowersOffOnStop(t *testing.T) {
 	t.Parallel()
 	name := uniqueName("vm")
-	s := startVM(t, name)
+	sock := filepath.Join(t.TempDir(), "ctl.sock")
+	s := startVM(t, name, "--control-socket", sock)
 	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, vmBootTimeout, "agent event")
 	assert.Equal(t, 1, agent.PID, "oac-guest is PID 1 of the VM")
 	ready := s.waitState(events.StateReady, vmBootTimeout)
@@ -126,6 +127,10 @@ func TestVMBootsToReadyRunsTheDaemonAs1000AndPowersOffOnStop(t *testing.T) {
 	guestMS, err := strconv.ParseInt(strings.TrimPrefix(e.Line, "unix_ms="), 10, 64)
 	require.NoError(t, err)
 	assert.InDelta(t, e.Time.UnixMilli(), guestMS, 1500, "the guest clock was set from the host's")
+	// A VM guest takes time pushes (after the host slept, say).
+	a := ctl(t, sock, map[string]any{"cmd": "push_time"})
+	require.Equal(t, true, a["ok"], a)
+	assert.Positive(t, a["result"].(map[string]any)["time_unix_nano"])
 
 	begin := time.Now()
 	s.signal(syscall.SIGTERM)

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -17,9 +18,12 @@ import (
 
 // guestOverStdio starts the real oac-guest with the stdio transport (as the
 // WSL provider runs it) and returns the host end of its session.
-func guestOverStdio(t *testing.T) (*exec.Cmd, *yamux.Session, *lockedBuffer) {
+func guestOverStdio(t *testing.T, env ...string) (*exec.Cmd, *yamux.Session, *lockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(bins.guest, "--transport", "stdio://")
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()

@@ -43,6 +43,7 @@
 //	0x0008  EgressReply   host -> guest  {"code","error","effect","reason","rule"} (egress streams only)
 //	0x0009  Process       guest -> host  {"name","pid","running","exit_code","signal","restarts","restart_in_ms"}
 //	0x000A  DNSReply      host -> guest  {"code","error","effect","reason","rule"} (dns streams only)
+//	0x000B  Time          host -> guest  {"time_unix_nano"} (only to a guest whose Hello lists "time")
 //
 // Capabilities (Hello and Welcome "capabilities"): "process" in Welcome
 // means the host accepts Process messages; a guest never sends one to a
@@ -52,6 +53,12 @@
 // counting this one, restart_in_ms the backoff before it). A ready State
 // carries the daemon's URL inside the guest and the Basic auth username;
 // no message ever carries the daemon's password except Bootstrap.
+//
+// In Hello, "forward" means the guest accepts forward streams (the host
+// opens none otherwise) and "time" means the guest sets its clock from Time
+// messages (VM guests, which lose time while the host sleeps); the host
+// sends Time only to a guest that listed it, on the control stream, with
+// its wall clock stamped at the moment of sending.
 //
 // # Control stream
 //
@@ -74,7 +81,20 @@
 //	log       guest      raw process output; the header's name says which ("daemon/stdout")
 //	egress    guest      EgressReply from the host, then raw bytes both ways if it said OK
 //	dns       guest      one DNSReply from the host, then the host closes the stream
-//	forward   host       reserved: inbound connection to a guest port
+//	forward   host       raw bytes both ways to 127.0.0.1:PORT inside the guest
+//
+// # Forward streams
+//
+// The host opens one forward stream per connection it accepted on a
+// forward's listener (ingress: how the host reaches the daemon). Its
+// StreamHeader carries kind "forward", port 1..65535 and optionally a name
+// (informational); host and via must be absent: the guest dials
+// 127.0.0.1:port and nothing else, so no header can make it reach another
+// address. When the dial fails the guest closes the stream; otherwise the
+// stream carries the connection's bytes both ways, a closed write half
+// being the TCP half-close. Only a guest whose Hello lists "forward" gets
+// forward streams. The guest bounds how many it serves at once
+// (MaxStreams); the host bounds them per shim (--forward-max-streams).
 //
 // # Egress streams
 //
@@ -177,4 +197,9 @@
 //	     capability; egress via "transparent". A 1.2 host never offers
 //	     "dns", so a newer guest runs only its proxies there; a 1.2 guest
 //	     never opens dns streams.
+//	1.4  forward streams defined (StreamHeader.port on kind "forward"),
+//	     behind the guest's "forward" capability in Hello; the Time message
+//	     (0x000B) behind the guest's "time" capability. A 1.3 guest lists
+//	     neither, so a newer host opens no forward streams to it and sends
+//	     no Time; a 1.3 host never opens forward streams or sends Time.
 package protocol

@@ -117,12 +117,21 @@ func (r EgressReply) Validate() error {
 // only (length, no control characters, port range); what the host may be
 // is the broker's decision, which re-parses it.
 func (h StreamHeader) validateEgress() error {
+	if h.Kind == KindForward {
+		if h.Host != "" || h.Via != "" {
+			return fmt.Errorf("%w: a forward stream names a guest port only, never a host", ErrBadBody)
+		}
+		if h.Port < 1 || h.Port > 65535 {
+			return fmt.Errorf("%w: forward port must be 1..65535", ErrBadBody)
+		}
+		return nil
+	}
 	if h.Kind == KindDNS {
 		return h.validateDNS()
 	}
 	if h.Kind != KindEgress {
 		if h.Host != "" || h.Port != 0 || h.Via != "" {
-			return fmt.Errorf("%w: host, port and via belong to egress streams only", ErrBadBody)
+			return fmt.Errorf("%w: host, port and via belong to egress and forward streams only", ErrBadBody)
 		}
 		return nil
 	}

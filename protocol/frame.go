@@ -28,6 +28,8 @@ const (
 	// TypeDNSReply answers a dns stream; only a host whose Welcome lists
 	// CapDNS serves dns streams, and only then does a guest open them.
 	TypeDNSReply Type = 0x000A
+	// TypeTime is sent only to a guest whose Hello lists CapTime.
+	TypeTime Type = 0x000B
 )
 
 var typeNames = map[Type]string{
@@ -41,6 +43,7 @@ var typeNames = map[Type]string{
 	TypeEgressReply:  "EgressReply",
 	TypeProcess:      "Process",
 	TypeDNSReply:     "DNSReply",
+	TypeTime:         "Time",
 }
 
 func (t Type) String() string {

@@ -56,11 +56,13 @@ func FuzzDecodeMessages(f *testing.F) {
 	f.Add([]byte(`{"state":"failed","process":{"name":"daemon","exit_code":1,"running":false}}`))
 	f.Add([]byte(`{"code":"version_mismatch","message":"m","min_version":1,"max_version":1}`))
 	f.Add([]byte(`{"kind":"log","name":"daemon/stdout"}`))
+	f.Add([]byte(`{"kind":"forward","port":4096}`))
+	f.Add([]byte(`{"time_unix_nano":1700000000000000000}`))
 	f.Add([]byte(`{} {}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`{"pid":1e99}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, typ := range []Type{TypeHello, TypeWelcome, TypeState, TypeShutdown, TypeError, TypeStreamHeader} {
+		for _, typ := range []Type{TypeHello, TypeWelcome, TypeState, TypeShutdown, TypeError, TypeStreamHeader, TypeTime} {
 			checkDecode(t, typ, body)
 		}
 	})
@@ -81,6 +83,8 @@ func checkDecode(t *testing.T, typ Type, body []byte) {
 			return &Error{}
 		case TypeStreamHeader:
 			return &StreamHeader{}
+		case TypeTime:
+			return &Time{}
 		}
 		panic("unreachable")
 	}

@@ -43,7 +43,19 @@ const (
 	// CapProcess: the sender accepts (Welcome) or sends (Hello) Process
 	// messages. A guest sends them only to a host whose Welcome lists it.
 	CapProcess = "process"
+	// CapForward: the guest (Hello) accepts forward streams from the host.
+	// A host opens none to a guest that did not list it.
+	CapForward = "forward"
+	// CapTime: the guest (Hello) sets its clock from Time messages; a host
+	// sends Time only to a guest that listed it (VM guests do).
+	CapTime = "time"
 )
+
+// Time pushes the host's wall clock to a guest that listed CapTime (after
+// the host slept, say). TimeUnixNano is stamped when the message is sent.
+type Time struct {
+	TimeUnixNano int64 `json:"time_unix_nano"`
+}
 
 // HasCapability reports whether caps lists c.
 func HasCapability(caps []string, c string) bool {
@@ -124,10 +136,11 @@ const (
 type StreamHeader struct {
 	Kind string `json:"kind"`
 	Name string `json:"name,omitempty"`
-	// Host, Port and Via name the target of an egress stream (and must be
-	// empty on every other kind): Host is a DNS name or an IP literal
-	// (IPv6 without brackets) exactly as the client gave it; the host
-	// normalizes and checks it.
+	// Host, Port and Via name the target of an egress stream: Host is a
+	// DNS name or an IP literal (IPv6 without brackets) exactly as the
+	// client gave it; the host normalizes and checks it. A forward stream
+	// carries Port only: the guest port on 127.0.0.1 it connects to.
+	// Every other kind carries none of them.
 	Host string `json:"host,omitempty"`
 	Port int    `json:"port,omitempty"`
 	Via  string `json:"via,omitempty"`

@@ -18,7 +18,14 @@ func TestStreamHeaderValidate(t *testing.T) {
 		{"control", StreamHeader{Kind: KindControl}, ""},
 		{"log with a name", StreamHeader{Kind: KindLog, Name: "daemon/stdout"}, ""},
 		{"egress", StreamHeader{Kind: KindEgress, Host: "10.0.0.1", Port: 443, Via: ViaConnect}, ""},
-		{"forward", StreamHeader{Kind: KindForward, Name: "8080"}, ""},
+		{"forward", StreamHeader{Kind: KindForward, Port: 8080}, ""},
+		{"forward with a name", StreamHeader{Kind: KindForward, Name: "daemon", Port: 4096}, ""},
+		{"forward without a port", StreamHeader{Kind: KindForward}, "forward port must be 1..65535"},
+		{"forward port over 65535", StreamHeader{Kind: KindForward, Port: 65536}, "forward port must be 1..65535"},
+		{"forward negative port", StreamHeader{Kind: KindForward, Port: -1}, "forward port must be 1..65535"},
+		{"forward naming a host", StreamHeader{Kind: KindForward, Host: "10.0.0.1", Port: 22}, "never a host"},
+		{"forward with via", StreamHeader{Kind: KindForward, Via: ViaConnect, Port: 22}, "never a host"},
+		{"log with a port", StreamHeader{Kind: KindLog, Port: 22}, "egress and forward streams only"},
 		{"name of exactly the limit", StreamHeader{Kind: KindLog, Name: strings.Repeat("n", MaxStreamName)}, ""},
 		{"non-ASCII name", StreamHeader{Kind: KindLog, Name: "démon/stdout"}, ""},
 		{"empty kind", StreamHeader{}, "unknown stream kind"},
@@ -102,4 +109,14 @@ func TestPeerErrorNamesTheCodeAndMessage(t *testing.T) {
 	err := &PeerError{Err: Error{Code: CodeProtocol, Message: "bad frame"}}
 
 	assert.EqualError(t, err, "peer error protocol_error: bad frame")
+}
+
+func TestTimeMessageRoundTrips(t *testing.T) {
+	var buf strings.Builder
+	require.NoError(t, WriteMessage(&buf, TypeTime, Time{TimeUnixNano: 1_700_000_000_123_456_789}))
+	var got Time
+	require.NoError(t, ReadMessage(strings.NewReader(buf.String()), MaxControlFrame, TypeTime, &got))
+	assert.Equal(t, int64(1_700_000_000_123_456_789), got.TimeUnixNano)
+	assert.Equal(t, "Time", TypeTime.String())
+	assert.True(t, TypeTime.Known())
 }

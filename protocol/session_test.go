@@ -302,6 +302,9 @@ func TestHostRefusesAFirstStreamOfTheWrongKind(t *testing.T) {
 			if kind == KindEgress {
 				h = StreamHeader{Kind: kind, Host: "example.com", Port: 443, Via: ViaConnect}
 			}
+			if kind == KindForward {
+				h = StreamHeader{Kind: kind, Name: "daemon/stdout", Port: 4096}
+			}
 			st, err := OpenStream(gs, h)
 			require.NoError(t, err)
 			defer st.Close()

@@ -64,3 +64,18 @@ grep -E '"event":"egress' "$events" || true
 echo
 echo "== what the daemon saw:"
 grep -E '"stream":"daemon/stdout"' "$events" | sed -E 's/.*"line":"(.*)"\}$/\1/' || true
+echo
+
+# Ingress and the control API: a parent in one line of shell (README).
+port=$(shuf -i 20000-40000 -n 1)
+echo "== ingress: --forward 127.0.0.1:$port=4096 --control stdin: the parent curls the daemon through the forward"
+echo "   with its Basic auth (the password from --password-file), asks for the status, and stops the sandbox"
+rm -f "$pwdir/password"
+( until curl -sf -u "runtime:$($sudo cat "$pwdir/password" 2>/dev/null)" "http://127.0.0.1:$port/global/health" >&2; do sleep 0.2; done
+  echo >&2; echo '{"id":"1","cmd":"status"}'; echo '{"id":"2","cmd":"stop"}' ) |
+  $sudo "$bin/oac-shim" run --provider bwrap --name demo-ingress --bootstrap examples/demo-bootstrap.json \
+    --tenant 0b5e7f5a-3c1d-4e2f-9a8b-7c6d5e4f3a21 --environment 1c6f8a6b-4d2e-4f30-8b9c-8d7e6f5a4b32 \
+    --allocation 2d7a9b7c-5e3f-4a41-9cad-9e8f7a6b5c43 --sandbox-io "$bin/fixtures/sandbox-io-standin" \
+    --install "oac-daemon-standin=$bin/fixtures/daemon-standin" \
+    --password-file "$pwdir/password" --forward "127.0.0.1:$port=4096" --control stdin |
+  grep -E '"event":"(state|forward|answer)"' || true

@@ -19,14 +19,40 @@ import (
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/vminit"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
 func main() { os.Exit(run()) }
 
+// notifyState tells systemd about a state the agent reports to the host.
+func notifyState(n *systemd.Notifier, st protocol.State) {
+	line := st.State
+	if st.Message != "" {
+		line += ": " + st.Message
+	}
+	switch st.State {
+	case protocol.StateReady:
+		n.Ready(line)
+	case protocol.StateStopped:
+		n.Stopping(line)
+	default:
+		n.Status(line)
+	}
+}
+
 func newLogger(level slog.Level) *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "oac-guest")
+	var h slog.Handler
+	if os.Getpid() != 1 {
+		// A service in a systemd guest (a WSL distro with systemd): log to
+		// the journal with priorities when stderr is the journal.
+		h = systemd.JournalHandler("oac-guest", level)
+	}
+	if h == nil {
+		h = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	}
+	return slog.New(h).With("component", "oac-guest")
 }
 
 func run() int {
@@ -108,13 +134,21 @@ func run() int {
 		log.Error("transport", "err", err)
 		return 2
 	}
+	// Under systemd (NOTIFY_SOCKET): READY=1 once the sandbox is ready,
+	// STATUS= with each state, STOPPING=1 when it stops, and the watchdog.
+	notify := systemd.NewNotifier(log)
+	wctx, stopWatchdog := context.WithCancel(ctx)
+	defer stopWatchdog()
+	go notify.Watchdog(wctx, nil)
 	err = agent.Run(ctx, agent.Config{
 		Endpoint:     ep,
 		AgentVersion: buildinfo.Version,
 		Reaper:       rp,
 		Log:          log,
 		SetHostname:  pid1,
+		OnState:      func(st protocol.State) { notifyState(notify, st) },
 	})
+	notify.Stopping("stopped")
 	if err != nil {
 		log.Error("stopped", "err", err)
 		return 1

@@ -8,4 +8,4 @@ import (
 	"github.com/oac/sandbox-agent/host/shimcli"
 )
 
-func main() { os.Exit(shimcli.Main(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() { os.Exit(shimcli.Main(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }

@@ -45,6 +45,12 @@ type Config struct {
 	// session, before the Bootstrap is read (a VM guest sets its clock
 	// from Welcome.TimeUnixNano here).
 	OnWelcome func(protocol.Welcome)
+	// OnTime, when set, sets the clock from the host's Time messages; the
+	// agent then lists the "time" capability in Hello (VM guests).
+	OnTime func(protocol.Time)
+	// OnState, when set, sees every State the agent reports to the host
+	// (oac-guest tells systemd about them when it runs as a service).
+	OnState func(protocol.State)
 }
 
 // ErrShutdown is returned by Run after an orderly stop.
@@ -69,12 +75,16 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("start session: %w", err)
 	}
 	defer sess.Close()
+	caps := []string{protocol.CapProcess, protocol.CapForward}
+	if cfg.OnTime != nil {
+		caps = append(caps, protocol.CapTime)
+	}
 	ctl, welcome, err := protocol.GuestHandshake(sess, protocol.Hello{
 		MinVersion:   cfg.MinVersion,
 		MaxVersion:   cfg.MaxVersion,
 		AgentVersion: cfg.AgentVersion,
 		PID:          os.Getpid(),
-		Capabilities: []string{protocol.CapProcess},
+		Capabilities: caps,
 	}, protocol.HelloTimeout)
 	if err != nil {
 		return err
@@ -83,6 +93,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnWelcome != nil {
 		cfg.OnWelcome(welcome)
 	}
+	// Forward streams from the host (ingress to guest loopback ports).
+	hostStreams := make(chan struct{})
+	go func() {
+		serveHostStreams(ctx, sess, dialLoopback, protocol.MaxStreams, cfg.Log)
+		close(hostStreams)
+	}()
+	defer func() { sess.Close(); <-hostStreams }()
 	a := &agent{
 		cfg: cfg, sess: sess, ctl: ctl, welcome: welcome,
 		procMsgs:   protocol.HasCapability(welcome.Capabilities, protocol.CapProcess),
@@ -442,6 +459,9 @@ func (a *agent) daemonDir(p *bootstrap.Process) string {
 
 // state sends a State message.
 func (a *agent) state(st protocol.State) error {
+	if a.cfg.OnState != nil {
+		a.cfg.OnState(st)
+	}
 	if err := a.ctl.Send(protocol.TypeState, st); err != nil {
 		return fmt.Errorf("report state: %w", err)
 	}
@@ -457,7 +477,7 @@ func (a *agent) reportProcess(ps protocol.ProcessStatus) {
 
 // fail reports an error to the host; failures to send are moot.
 func (a *agent) fail(code string, err error) {
-	_ = a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateFailed, Message: err.Error()})
+	_ = a.state(protocol.State{State: protocol.StateFailed, Message: err.Error()})
 	_ = a.ctl.Send(protocol.TypeError, protocol.Error{Code: code, Message: err.Error()})
 }
 
@@ -492,7 +512,7 @@ func (a *agent) loop(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			a.stopAll(a.boot.Grace())
-			_ = a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateStopped, Message: "agent received a stop signal"})
+			_ = a.state(protocol.State{State: protocol.StateStopped, Message: "agent received a stop signal"})
 			return nil
 		case e := <-a.daemonExit:
 			if a.ready {
@@ -523,8 +543,19 @@ func (a *agent) loop(ctx context.Context) error {
 					grace = time.Duration(s.GraceMS) * time.Millisecond
 				}
 				a.stopAll(grace)
-				_ = a.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateStopped, Message: s.Reason})
+				_ = a.state(protocol.State{State: protocol.StateStopped, Message: s.Reason})
 				return nil
+			case protocol.TypeTime:
+				var tm protocol.Time
+				if err := f.Decode(&tm); err != nil {
+					a.stopAll(a.boot.Grace())
+					return err
+				}
+				if a.cfg.OnTime != nil {
+					a.cfg.OnTime(tm)
+				} else {
+					a.cfg.Log.Warn("the host sent Time, which this agent did not ask for; ignored")
+				}
 			case protocol.TypeError:
 				var e protocol.Error
 				_ = f.Decode(&e)

@@ -23,9 +23,16 @@
 // Process messages. On Shutdown (or SIGTERM) it stops in order: no more restarts,
 // TERM to each process group, grace, KILL, exits reported, "stopped".
 //
+// It also accepts the streams the host opens: forward streams only, each
+// joined to 127.0.0.1:PORT (the port the header names, never another
+// address), at most protocol.MaxStreams at once. A VM guest (OnTime set)
+// lists the "time" capability and sets its clock from the host's Time
+// messages. OnState lets oac-guest tell systemd about each state.
+//
 // It owns the guest side of a session. It must not reap processes itself
 // (package reaper owns wait4), mount filesystems (package initsys), touch a
 // path except through package privfile's no-symlink walk, put the daemon's
-// password anywhere but the daemon's environment, or trust anything the host
-// sends without validating it.
+// password anywhere but the daemon's environment, dial anything but guest
+// loopback for a forward, or trust anything the host sends without
+// validating it.
 package agent

@@ -59,9 +59,10 @@ func Boot(ctx context.Context, p Params, cfg agent.Config) {
 			c := cfg
 			c.Endpoint = ep
 			c.OnWelcome = func(w protocol.Welcome) {
-				setClock(log, w)
+				setClock(log, w.TimeUnixNano)
 				connected()
 			}
+			c.OnTime = func(t protocol.Time) { setClock(log, t.TimeUnixNano) }
 			return agent.Run(ctx, c)
 		},
 	}
@@ -112,11 +113,11 @@ func endpoint(ctx context.Context, p Params) (transport.Endpoint, error) {
 // which the clock is left alone.
 const clockSlack = 10 * time.Millisecond
 
-func setClock(log *slog.Logger, w protocol.Welcome) {
-	if w.TimeUnixNano <= 0 {
+func setClock(log *slog.Logger, unixNano int64) {
+	if unixNano <= 0 {
 		return
 	}
-	host := time.Unix(0, w.TimeUnixNano)
+	host := time.Unix(0, unixNano)
 	delta := host.Sub(time.Now())
 	if delta.Abs() < clockSlack {
 		return

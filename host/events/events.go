@@ -23,6 +23,12 @@ const (
 	KindEgressClosed = "egress_closed"
 	// KindEgressPolicy reports a policy replacement (or a refused one).
 	KindEgressPolicy = "egress_policy"
+	// KindForward reports a forward (ingress) listening or removed, or a
+	// connection it refused: listen, guest_port, message.
+	KindForward = "forward"
+	// KindAnswer answers one control command: id, command, ok, error and
+	// the command's result.
+	KindAnswer = "answer"
 )
 
 // Sandbox states.
@@ -70,6 +76,14 @@ type Event struct {
 	// and a health check; the password never appears in an event.
 	URL      string `json:"url,omitempty"`
 	Username string `json:"username,omitempty"`
+	// GuestURL is the daemon's URL inside the guest, given with ready
+	// when URL is a forward's address on the host.
+	GuestURL string `json:"guest_url,omitempty"`
+	// Listen and GuestPort name a forward (forward events).
+	Listen    string `json:"listen,omitempty"`
+	GuestPort int    `json:"guest_port,omitempty"`
+	// Attempt numbers the sandbox's starts in this shim (state events).
+	Attempt uint64 `json:"attempt,omitempty"`
 	// Restarts counts a process's restarts; RestartInMS is the backoff
 	// before the next start (process events with message "restarting").
 	Restarts    int   `json:"restarts,omitempty"`
@@ -98,6 +112,14 @@ func (j *JSONLines) Emit(e Event) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	_ = j.enc.Encode(e)
+}
+
+// Encode writes any other value (a control answer) as one line, in order
+// with the events.
+func (j *JSONLines) Encode(v any) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.enc.Encode(v)
 }
 
 // Func adapts a function to Sink.

@@ -5,7 +5,10 @@
 // (starting, ready, failed, stopped), carries log streams, hands egress
 // and dns streams to the egress broker (offering the "egress" and "dns"
 // capabilities only when it has one), and stops the
-// guest in order (Shutdown, grace, kill) when asked.
+// guest in order (Shutdown, grace, kill) when asked. While the guest is
+// connected it hands the caller a Session (Config.Attach) for forward
+// streams and time pushes, each gated on the guest's capabilities, and it
+// maps the daemon's URL in ready to the host's (Config.MapURL).
 //
 // It is the host's trust boundary for a session: every read from the guest
 // is bounded in size and time, streams are capped, log volume is rate

@@ -64,6 +64,16 @@ type Config struct {
 	// created exclusively) once the bootstrap is valid: the way a caller
 	// learns a password the shim generated. Events never carry it.
 	PasswordFile string
+	// Attach, when set, is called with the live session once the guest
+	// has connected and negotiated, and with nil when the session ends
+	// (before the runtime is destroyed). Forwards and the control API use
+	// it; it must not block.
+	Attach func(*Session)
+	// MapURL, when set, maps the daemon URL the guest reports when ready
+	// (inside the guest, e.g. http://127.0.0.1:4096) to one the host can
+	// use (a forward's address); "" keeps the guest's URL. The ready event
+	// then carries both: url (the host's) and guest_url.
+	MapURL func(guestURL string) string
 }
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
@@ -175,6 +185,9 @@ func (s *run) run(ctx context.Context) error {
 	s.inst = inst
 	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
 	defer func() {
+		if s.cfg.Attach != nil && s.ctl != nil {
+			s.cfg.Attach(nil)
+		}
 		close(s.quit)
 		s.egressCancel()
 		if s.sess != nil {
@@ -259,6 +272,9 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 		return fmt.Errorf("handshake with guest: %w", err)
 	}
 	s.ctl = ctl
+	if s.cfg.Attach != nil {
+		s.cfg.Attach(&Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
+	}
 	s.emit(events.Event{
 		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
@@ -387,7 +403,13 @@ func (s *run) setReady(msg, url, username string) {
 	}
 	s.state = events.StateReady
 	s.mu.Unlock()
-	s.emit(events.Event{Event: events.KindState, State: events.StateReady, Message: msg, URL: url, Username: username})
+	e := events.Event{Event: events.KindState, State: events.StateReady, Message: msg, URL: url, Username: username}
+	if s.cfg.MapURL != nil && url != "" {
+		if host := s.cfg.MapURL(url); host != "" {
+			e.URL, e.GuestURL = host, url
+		}
+	}
+	s.emit(e)
 }
 
 func (s *run) emitProcess(p *protocol.ProcessStatus) {

@@ -21,7 +21,7 @@ func withOS(t *testing.T, o ospolicy.OS) {
 func TestCheckJSONReportsPolicyAndEveryProvider(t *testing.T) {
 	withOS(t, ospolicy.OS{GOOS: "windows", Version: "10.0", Build: 19045, Name: "Windows 10 (build 19045)"})
 	var out, errOut bytes.Buffer
-	Main([]string{"check", "--json"}, &out, &errOut)
+	Main([]string{"check", "--json"}, nil, &out, &errOut)
 	var r CheckReport
 	require.NoError(t, json.Unmarshal(out.Bytes(), &r), out.String())
 	assert.Equal(t, ospolicy.Warn, r.Policy.Level, "Windows 10 22H2 warns")
@@ -39,19 +39,19 @@ func TestCheckJSONReportsPolicyAndEveryProvider(t *testing.T) {
 func TestCheckTextAndABlockedOS(t *testing.T) {
 	withOS(t, ospolicy.OS{GOOS: "darwin", Version: "11.7.10", Name: "macOS 11.7.10"})
 	var out, errOut bytes.Buffer
-	code := Main([]string{"check"}, &out, &errOut)
+	code := Main([]string{"check"}, nil, &out, &errOut)
 	assert.Equal(t, 1, code, "a blocked OS fails check")
 	assert.Contains(t, out.String(), "os: macOS 11.7.10\npolicy: block: macOS 11.7.10 is not supported")
 	assert.Contains(t, out.String(), "\nvz: unavailable: ")
 
 	out.Reset()
-	code = Main([]string{"run", "--provider", "bwrap", "--name", "x", "--agent", "/nonexistent"}, &out, &errOut)
+	code = Main([]string{"run", "--provider", "bwrap", "--name", "x", "--agent", "/nonexistent"}, nil, &out, &errOut)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, errOut.String(), "oac-shim: macOS 11.7.10 is not supported")
 }
 
 func TestUnknownProviderIsAUsageError(t *testing.T) {
 	var out, errOut bytes.Buffer
-	assert.Equal(t, 2, Main([]string{"run", "--provider", "nope", "--name", "x"}, &out, &errOut))
+	assert.Equal(t, 2, Main([]string{"run", "--provider", "nope", "--name", "x"}, nil, &out, &errOut))
 	assert.Contains(t, errOut.String(), "have bwrap, docker, oci, qemu, vz, wsl")
 }

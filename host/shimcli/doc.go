@@ -1,4 +1,14 @@
 // Package shimcli is the command line of oac-shim: flag parsing, the
-// provider registry, signal handling and exit codes. cmd/oac-shim only calls
-// Main. It must not contain sandbox logic; that lives in package sandbox.
+// provider registry, signal handling, exit codes, and the wiring of one
+// running shim (shim.go): the lifecycle controller (package controller)
+// runs the sandbox's attempts (package sandbox), whose state events pass
+// through it so a stale attempt's are dropped; the forwards (package
+// forward) get the live guest session; the control API (package control,
+// on stdin and/or a 0600 unix socket) is served by the handler in
+// control.go; systemd hears about every state (package internal/systemd).
+// cmd/oac-shim only calls Main.
+//
+// It must not contain sandbox logic (package sandbox), parse control
+// commands itself (package control), or keep running after the sandbox
+// ended: the shim exits when its current attempt has stopped or failed.
 package shimcli

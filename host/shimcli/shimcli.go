@@ -9,11 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/oac/sandbox-agent/host/egress"
@@ -26,10 +24,8 @@ import (
 	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/host/provider/vz"
 	"github.com/oac/sandbox-agent/host/provider/wsl"
-	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
-	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
 // ProviderFlags are the provider-specific flags of run and check.
@@ -135,14 +131,14 @@ const usage = `usage:
 
 // Main runs oac-shim with args (without the program name) and returns the
 // exit code.
-func Main(args []string, stdout, stderr io.Writer) int {
+func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
 	switch args[0] {
 	case "run":
-		return runCmd(args[1:], stdout, stderr)
+		return runCmd(args[1:], stdin, stdout, stderr)
 	case "check":
 		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
@@ -244,196 +240,6 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s: available%s\n", p.Name, detail)
 	}
 	return code
-}
-
-func runCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-shim run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	prov := fs.String("provider", "bwrap", "provider: "+strings.Join(providerNames(), ", "))
-	name := fs.String("name", "", "sandbox name (a-z, 0-9, '-'; required)")
-	rootfs := fs.String("rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
-	bootFile := fs.String("bootstrap", "", "bootstrap JSON file (default: no daemon)")
-	eventsFile := fs.String("events", "", "write events to this file instead of stdout")
-	timeout := fs.Duration("timeout", 0, "stop the sandbox in order after this long (0: run until SIGINT/SIGTERM)")
-	bootTimeout := fs.Duration("boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
-	agentPath := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
-	tenant := fs.String("tenant", "", "this sandbox's tenant id (a hosted sandbox: the sandbox_io resource must name it)")
-	environment := fs.String("environment", "", "this sandbox's environment id")
-	allocation := fs.String("allocation", "", "this sandbox's allocation id")
-	allowLoopback := fs.Bool("allow-loopback-link", false, "accept a ws:// or wss:// link URL on a loopback host (development only)")
-	sandboxIO := fs.String("sandbox-io", "", "host binary to install as /usr/local/bin/oac-sandbox-io in the guest")
-	installs := installFlag{}
-	fs.Var(installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest (repeatable)")
-	volumes := installFlag{}
-	fs.Var(volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
-	passwordFile := fs.String("password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
-	debug := fs.Bool("debug", false, "log debug messages")
-	var pf ProviderFlags
-	pf.register(fs)
-	var allow, upstreams stringList
-	fs.Var(&allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (ports LO-HI allowed); repeatable")
-	fs.Var(&upstreams, "upstream", "named egress upstream NAME:PORT=ADDR (e.g. llm-gateway:443=127.0.0.1:8443); repeatable")
-	policyFile := fs.String("policy", "", "egress policy JSON file, re-read on SIGHUP (rules and upstreams add to --allow and --upstream)")
-	maxStreams := fs.Int("egress-max-streams", egress.DefaultMaxStreams, "concurrent egress connections; the next one is refused with ResourceExhausted")
-	connectTimeout := fs.Duration("egress-connect-timeout", egress.DefaultConnectTimeout, "bound on resolving and connecting one egress target")
-	idleTimeout := fs.Duration("egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress connection no byte crossed for this long")
-	if err := fs.Parse(args); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "oac-shim run: unexpected arguments %q\n", fs.Args())
-		return 2
-	}
-	// Host paths are resolved here, once: runtimes run in other working
-	// directories (qemu and the OCI runtimes in /), where a relative path
-	// would name something else or nothing.
-	for _, p := range []*string{rootfs, agentPath, sandboxIO, &pf.Kernel, &pf.Initramfs, &pf.Disk, &pf.Share} {
-		*p = absPath(*p)
-	}
-	for _, m := range []installFlag{installs, volumes} {
-		for k, v := range m {
-			m[k] = absPath(v)
-		}
-	}
-	level := slog.LevelInfo
-	if *debug {
-		level = slog.LevelDebug
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "oac-shim")
-	fail := func(err error) int {
-		fmt.Fprintf(stderr, "oac-shim: %v\n", err)
-		return 1
-	}
-	newProv, ok := Providers[*prov]
-	if !ok {
-		fmt.Fprintf(stderr, "oac-shim run: unknown provider %q (have %s)\n", *prov, strings.Join(providerNames(), ", "))
-		return 2
-	}
-	if *name == "" {
-		fmt.Fprintln(stderr, "oac-shim run: --name is required")
-		return 2
-	}
-	out := stdout
-	if *eventsFile != "" {
-		f, err := os.OpenFile(*eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
-		if err != nil {
-			return fail(fmt.Errorf("open events file: %w", err))
-		}
-		defer f.Close()
-		out = f
-	}
-	verdict := ospolicy.Evaluate(detectOS())
-	switch verdict.Level {
-	case ospolicy.Block:
-		return fail(errors.New(verdict.Message))
-	case ospolicy.Warn:
-		log.Warn(verdict.Message)
-	}
-	sink := events.NewJSONLines(out)
-	// Input errors are reported like every other failure: one failed
-	// event (the last event is always failed or stopped) and a reason.
-	inputFail := func(err error) int {
-		err = fmt.Errorf("invalid bootstrap, nothing created: %w", err)
-		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: *name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
-		return fail(err)
-	}
-	var boot *bootstrap.Bootstrap
-	if *bootFile != "" {
-		f, err := os.Open(*bootFile)
-		if err != nil {
-			return inputFail(fmt.Errorf("read %s: %w", *bootFile, err))
-		}
-		boot, err = bootstrap.Decode(f)
-		f.Close()
-		if err != nil {
-			return inputFail(fmt.Errorf("read %s: %w", *bootFile, err))
-		}
-	}
-	if *tenant != "" || *environment != "" || *allocation != "" || *allowLoopback {
-		if *tenant == "" || *environment == "" || *allocation == "" {
-			fmt.Fprintln(stderr, "oac-shim run: --tenant, --environment and --allocation go together")
-			return 2
-		}
-		if boot == nil {
-			boot = &bootstrap.Bootstrap{Version: bootstrap.Version}
-		}
-		id := &bootstrap.Identity{TenantID: *tenant, EnvironmentID: *environment, AllocationID: *allocation, AllowLoopbackLink: *allowLoopback}
-		if b := boot.Sandbox; b != nil {
-			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
-				return inputFail(errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation"))
-			}
-			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
-		}
-		boot.Sandbox = id
-	}
-	pol, err := egress.LoadPolicy(*policyFile, allow, upstreams)
-	if err != nil {
-		fmt.Fprintf(stderr, "oac-shim run: %v\n", err)
-		return 2
-	}
-	if *maxStreams < 1 || *connectTimeout <= 0 || *idleTimeout <= 0 {
-		fmt.Fprintln(stderr, "oac-shim run: --egress-max-streams must be at least 1 and the egress timeouts positive")
-		return 2
-	}
-	broker := egress.New(egress.Config{
-		Policy: pol, MaxStreams: *maxStreams, ConnectTimeout: *connectTimeout, IdleTimeout: *idleTimeout,
-		Log: log.With("part", "egress"),
-	})
-	if *agentPath == "" {
-		p, err := defaultAgentPath()
-		if err != nil {
-			return fail(err)
-		}
-		*agentPath = p
-	}
-	p := newProv(pf)
-	if pf.SingleUID && os.Geteuid() != 0 {
-		log.Warn(bwrap.SingleUIDLoss)
-	}
-	ctx, cancel := context.WithCancelCause(context.Background())
-	defer cancel(nil)
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	go func() {
-		select {
-		case sig := <-sigs:
-			cancel(fmt.Errorf("received %s", sig))
-		case <-ctx.Done():
-		}
-	}()
-	hups := make(chan os.Signal, 1)
-	signal.Notify(hups, syscall.SIGHUP)
-	defer signal.Stop(hups)
-	go reloadOnHUP(ctx, hups, *name, *policyFile, allow, upstreams, broker, sink, log)
-	if *timeout > 0 {
-		t := time.AfterFunc(*timeout, func() { cancel(fmt.Errorf("run time limit of %s reached", *timeout)) })
-		defer t.Stop()
-	}
-	err = sandbox.Run(ctx, sandbox.Config{
-		Name:        *name,
-		Provider:    p,
-		AgentPath:   *agentPath,
-		Rootfs:      *rootfs,
-		Bootstrap:   boot,
-		Events:      sink,
-		Log:         log,
-		Diag:        stderr,
-		BootTimeout: *bootTimeout,
-		Egress:      broker,
-
-		SandboxIOPath: *sandboxIO,
-		Install:       installs,
-		Volumes:       volumes,
-		PasswordFile:  *passwordFile,
-	})
-	if err != nil {
-		if errors.Is(err, provider.ErrUnavailable) {
-			fmt.Fprintln(stderr, "oac-shim: run 'oac-shim check' to see what this host is missing")
-		}
-		return fail(err)
-	}
-	return 0
 }
 
 // besideShim returns the path of name in oac-shim's directory ("" when the

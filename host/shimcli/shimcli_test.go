@@ -53,10 +53,10 @@ func TestSIGHUPReloadsThePolicyAndKeepsTheOldOneOnError(t *testing.T) {
 
 func TestRunRefusesABadPolicyAsAUsageError(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	code := Main([]string{"run", "--name", "x", "--allow", "*:443"}, &stdout, &stderr)
+	code := Main([]string{"run", "--name", "x", "--allow", "*:443"}, nil, &stdout, &stderr)
 	assert.Equal(t, 2, code)
 	assert.Contains(t, stderr.String(), "there is no allow-all")
-	code = Main([]string{"run", "--name", "x", "--upstream", "llm:443"}, &stdout, &stderr)
+	code = Main([]string{"run", "--name", "x", "--upstream", "llm:443"}, nil, &stdout, &stderr)
 	assert.Equal(t, 2, code)
 	assert.True(t, strings.Contains(stderr.String(), "NAME:PORT=ADDR"))
 }

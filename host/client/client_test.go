@@ -1,0 +1,150 @@
+package client
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/oac/sandbox-agent/host/control"
+	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/forward"
+)
+
+// The test binary doubles as a fake oac-shim (FAKE_SHIM=ok or fail): it
+// speaks the events and the control API on stdio without any sandbox.
+func TestMain(m *testing.M) {
+	switch os.Getenv("FAKE_SHIM") {
+	case "ok", "fail":
+		os.Exit(fakeShim(os.Getenv("FAKE_SHIM")))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func fakeShim(mode string) int {
+	enc := json.NewEncoder(os.Stdout)
+	var mu sync.Mutex
+	out := func(v any) { mu.Lock(); _ = enc.Encode(v); mu.Unlock() }
+	state := func(st, msg, url string, attempt uint64) {
+		out(events.Event{Time: time.Now().UTC(), Sandbox: "fake", Event: events.KindState, State: st, Message: msg, URL: url, Attempt: attempt})
+	}
+	attempt := uint64(1)
+	state("starting", "start requested", "", attempt)
+	if mode == "fail" {
+		state("failed", "guest not ready within 1s", "", attempt)
+		fmt.Fprintln(os.Stderr, "oac-shim: guest not ready within 1s")
+		return 1
+	}
+	state("ready", "guest ready", "http://127.0.0.1:4096", attempt)
+	srv := &control.Server{Sandbox: "fake", Handler: control.HandlerFunc(func(_ context.Context, c control.Command) (any, error) {
+		switch c.Cmd {
+		case control.CmdStatus:
+			return control.StatusResult{Status: controller.Status{ServerID: "sandbox:fake", State: "ready", Attempt: attempt}, Forwards: []forward.Info{}}, nil
+		case control.CmdAddForward:
+			return control.ForwardResult{Info: forward.Info{Listen: "127.0.0.1:5555", GuestPort: c.GuestPort}, URL: "http://127.0.0.1:5555"}, nil
+		case control.CmdStart:
+			attempt++
+			go func(a uint64) { state("starting", "start requested", "", a); state("ready", "guest ready", "", a) }(attempt)
+			return control.StartResult{Attempt: attempt}, nil
+		case control.CmdStop:
+			go func() {
+				time.Sleep(10 * time.Millisecond)
+				state("stopped", "stopped: stop command", "", attempt)
+				os.Exit(0)
+			}()
+			return nil, nil
+		}
+		return nil, errors.New("the guest does not support this")
+	})}
+	_ = srv.ServeLines(context.Background(), bufio.NewReader(os.Stdin), func(a control.Answer) error { out(a); return nil })
+	state("stopped", "stopped: control input closed", "", attempt)
+	return 0
+}
+
+func start(t *testing.T, mode string, onEvent func(events.Event)) *Shim {
+	t.Helper()
+	s, err := Start(context.Background(), Options{Shim: os.Args[0], Name: "fake", Env: append(os.Environ(), "FAKE_SHIM="+mode), OnEvent: onEvent})
+	require.NoError(t, err)
+	return s
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	s := start(t, "ok", func(e events.Event) { mu.Lock(); seen = append(seen, e.State); mu.Unlock() })
+	ready, err := s.WaitState(ctx(t), events.StateReady)
+	require.NoError(t, err)
+	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
+
+	st, err := s.Status(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, "sandbox:fake", st.ServerID)
+	assert.Equal(t, "ready", st.State)
+
+	fw, err := s.AddForward(ctx(t), "127.0.0.1:0", 4096)
+	require.NoError(t, err)
+	assert.Equal(t, "http://127.0.0.1:5555", fw.URL)
+	assert.Equal(t, 4096, fw.GuestPort)
+
+	err = s.PushTime(ctx(t))
+	assert.EqualError(t, err, "push_time: the guest does not support this")
+
+	a, err := s.Restart(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), a)
+	_, err = s.WaitEvent(ctx(t), func(e events.Event) bool { return e.State == events.StateReady && e.Attempt == 2 })
+	require.NoError(t, err)
+
+	require.NoError(t, s.Stop(ctx(t)))
+	last := s.Events()[len(s.Events())-1]
+	assert.Equal(t, events.StateStopped, last.State)
+	mu.Lock()
+	assert.Equal(t, []string{"starting", "ready", "starting", "ready", "stopped"}, seen)
+	mu.Unlock()
+	_, err = s.Status(ctx(t))
+	assert.ErrorIs(t, err, ErrExited)
+}
+
+func TestAFailedSandboxIsAnErrorAndExitStatusOne(t *testing.T) {
+	s := start(t, "fail", nil)
+	_, err := s.WaitState(ctx(t), events.StateReady)
+	assert.EqualError(t, err, "sandbox failed: guest not ready within 1s")
+	err = s.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 1, ee.ExitCode())
+}
+
+func TestClosingStdinStopsTheShim(t *testing.T) {
+	s := start(t, "ok", nil)
+	_, err := s.WaitState(ctx(t), events.StateReady)
+	require.NoError(t, err)
+	require.NoError(t, s.Close(10*time.Second))
+	assert.Equal(t, "stopped: control input closed", s.Events()[len(s.Events())-1].Message)
+	_, err = s.WaitState(ctx(t), "never")
+	assert.ErrorIs(t, err, ErrExited)
+}
+
+func TestStartNeedsAName(t *testing.T) {
+	_, err := Start(context.Background(), Options{})
+	assert.Error(t, err)
+	_, err = Start(context.Background(), Options{Name: "x", Shim: "/nonexistent/oac-shim"})
+	assert.Error(t, err)
+}

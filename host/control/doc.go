@@ -1,0 +1,15 @@
+// Package control is oac-shim's control API: commands as JSON lines on
+// stdin or on a unix socket (0600), one answer per command as one JSON
+// object per line.
+//
+// It owns the command schema and its strict decoder (at most MaxLine
+// bytes a line; exactly one JSON object; only the keys the command takes,
+// each once, exactly as written; values of the documented types; nothing
+// after the object), the answers' envelope, the line framing, and the
+// socket's connection limit. What a command does is the Handler's.
+//
+// It must not act on a command itself, echo a rejected line back (errors
+// name the rule, not the value), or let a slow or hostile client block
+// the shim: lines are bounded, connections are capped, and an answer
+// write that fails ends only that connection.
+package control

@@ -1,0 +1,113 @@
+package shimcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/control"
+	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/forward"
+)
+
+// Handle carries out one control command (control.Handler).
+func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
+	switch c.Cmd {
+	case control.CmdStatus:
+		return s.status(), nil
+	case control.CmdStop:
+		s.requestStop(errors.New("stop command"))
+		return s.status(), nil
+	case control.CmdStart:
+		if s.stopping() {
+			return nil, errors.New("the shim is stopping")
+		}
+		a, err := s.ctrl.Start()
+		if err != nil {
+			return nil, err
+		}
+		return control.StartResult{Attempt: a}, nil
+	case control.CmdReset:
+		if s.stopping() {
+			return nil, errors.New("the shim is stopping")
+		}
+		// Nothing of a sandbox persists in the shim (volumes are the
+		// caller's): a reset is a fresh start with a new password.
+		a, err := s.ctrl.Start()
+		if err != nil {
+			return nil, err
+		}
+		return control.StartResult{Attempt: a}, nil
+	case control.CmdSetPolicy:
+		pol, err := egress.ParsePolicy(c.Allow, c.Upstreams)
+		if err != nil {
+			s.policyEvent("policy replacement refused, previous policy kept (" + err.Error() + ")")
+			return nil, err
+		}
+		s.broker.SetPolicy(pol)
+		s.policyEvent("egress policy replaced by a control command")
+		return control.PolicyResult{Egress: nonNil(pol.Describe())}, nil
+	case control.CmdAddForward:
+		sp := forward.Spec{Listen: c.Listen, GuestPort: c.GuestPort}
+		info, err := s.fwd.Add(sp)
+		if err != nil {
+			return nil, err
+		}
+		r := control.ForwardResult{Info: info}
+		if !sp.IsUnix() {
+			r.URL = "http://" + info.Listen
+		}
+		return r, nil
+	case control.CmdRemoveForward:
+		if err := s.fwd.Remove(c.Listen); err != nil {
+			return nil, err
+		}
+		return struct{}{}, nil
+	case control.CmdPushTime:
+		sess, err := s.session()
+		if err != nil {
+			return nil, err
+		}
+		at, err := sess.PushTime()
+		if err != nil {
+			return nil, err
+		}
+		return control.TimeResult{TimeUnixNano: at.UnixNano()}, nil
+	}
+	return nil, fmt.Errorf("unknown command %q", c.Cmd)
+}
+
+func (s *shim) stopping() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stopped || len(s.stopReq) > 0
+}
+
+func (s *shim) policyEvent(msg string) {
+	e := s.broker.PolicyEvent(msg)
+	e.Time = time.Now().UTC()
+	s.emit(e)
+}
+
+func (s *shim) status() control.StatusResult {
+	st := s.ctrl.Status()
+	// A forward added after ready gives the host a URL now.
+	if st.State == controller.StateReady && st.GuestURL == "" && st.URL != "" {
+		if host := s.fwd.URLFor(st.URL); host != "" {
+			st.URL, st.GuestURL = host, st.URL
+		}
+	}
+	s.mu.Lock()
+	connected := s.sess != nil
+	s.mu.Unlock()
+	return control.StatusResult{Status: st, GuestConnected: connected, Forwards: s.fwd.List(), Egress: nonNil(s.broker.Policy().Describe())}
+}
+
+func nonNil(l []string) []string {
+	if l == nil {
+		return []string{}
+	}
+	return l
+}

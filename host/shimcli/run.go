@@ -1,0 +1,309 @@
+package shimcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/ospolicy"
+	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/sandbox"
+	"github.com/oac/sandbox-agent/internal/systemd"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+)
+
+// runFlags are the flags of oac-shim run.
+type runFlags struct {
+	prov, name, rootfs, bootFile, eventsFile, agentPath string
+	timeout, bootTimeout                                time.Duration
+	tenant, environment, allocation                     string
+	allowLoopback, debug                                bool
+	sandboxIO, passwordFile, policyFile                 string
+	installs, volumes                                   installFlag
+	pf                                                  ProviderFlags
+	allow, upstreams, forwards                          stringList
+	maxStreams, forwardMaxStreams                       int
+	connectTimeout, idleTimeout                         time.Duration
+	control, controlSocket                              string
+}
+
+func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
+	f := &runFlags{installs: installFlag{}, volumes: installFlag{}}
+	fs := flag.NewFlagSet("oac-shim run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(providerNames(), ", "))
+	fs.StringVar(&f.name, "name", "", "sandbox name (a-z, 0-9, '-'; required)")
+	fs.StringVar(&f.rootfs, "rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
+	fs.StringVar(&f.bootFile, "bootstrap", "", "bootstrap JSON file (default: no daemon)")
+	fs.StringVar(&f.eventsFile, "events", "", "write events to this file instead of stdout")
+	fs.DurationVar(&f.timeout, "timeout", 0, "stop the sandbox in order after this long (0: run until SIGINT/SIGTERM)")
+	fs.DurationVar(&f.bootTimeout, "boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
+	fs.StringVar(&f.agentPath, "agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
+	fs.StringVar(&f.tenant, "tenant", "", "this sandbox's tenant id (a hosted sandbox: the sandbox_io resource must name it)")
+	fs.StringVar(&f.environment, "environment", "", "this sandbox's environment id")
+	fs.StringVar(&f.allocation, "allocation", "", "this sandbox's allocation id")
+	fs.BoolVar(&f.allowLoopback, "allow-loopback-link", false, "accept a ws:// or wss:// link URL on a loopback host (development only)")
+	fs.StringVar(&f.sandboxIO, "sandbox-io", "", "host binary to install as /usr/local/bin/oac-sandbox-io in the guest")
+	fs.Var(f.installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest (repeatable)")
+	fs.Var(f.volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
+	fs.StringVar(&f.passwordFile, "password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
+	fs.BoolVar(&f.debug, "debug", false, "log debug messages")
+	f.pf.register(fs)
+	fs.Var(&f.allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (ports LO-HI allowed); repeatable")
+	fs.Var(&f.upstreams, "upstream", "named egress upstream NAME:PORT=ADDR (e.g. llm-gateway:443=127.0.0.1:8443); repeatable")
+	fs.StringVar(&f.policyFile, "policy", "", "egress policy JSON file, re-read on SIGHUP (rules and upstreams add to --allow and --upstream)")
+	fs.IntVar(&f.maxStreams, "egress-max-streams", egress.DefaultMaxStreams, "concurrent egress connections; the next one is refused with ResourceExhausted")
+	fs.DurationVar(&f.connectTimeout, "egress-connect-timeout", egress.DefaultConnectTimeout, "bound on resolving and connecting one egress target")
+	fs.DurationVar(&f.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress connection no byte crossed for this long")
+	fs.Var(&f.forwards, "forward", "LISTEN=GUESTPORT: listen on host loopback (127.0.0.1:PORT, [::1]:PORT) or a unix socket path and carry each connection to 127.0.0.1:GUESTPORT in the guest; repeatable")
+	fs.IntVar(&f.forwardMaxStreams, "forward-max-streams", forward.DefaultMaxStreams, "concurrent forwarded connections, all forwards together; the next one is closed")
+	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox)`)
+	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
+	if err := fs.Parse(args); err != nil {
+		return nil, 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "oac-shim run: unexpected arguments %q\n", fs.Args())
+		return nil, 2
+	}
+	if _, ok := Providers[f.prov]; !ok {
+		fmt.Fprintf(stderr, "oac-shim run: unknown provider %q (have %s)\n", f.prov, strings.Join(providerNames(), ", "))
+		return nil, 2
+	}
+	if f.name == "" {
+		fmt.Fprintln(stderr, "oac-shim run: --name is required")
+		return nil, 2
+	}
+	if f.control != "" && f.control != "stdin" {
+		fmt.Fprintln(stderr, `oac-shim run: --control takes "stdin" (use --control-socket PATH for a socket)`)
+		return nil, 2
+	}
+	if f.forwardMaxStreams < 1 {
+		fmt.Fprintln(stderr, "oac-shim run: --forward-max-streams must be at least 1")
+		return nil, 2
+	}
+	// Host paths are resolved here, once: runtimes run in other working
+	// directories (qemu and the OCI runtimes in /), where a relative path
+	// would name something else or nothing.
+	for _, p := range []*string{&f.rootfs, &f.agentPath, &f.sandboxIO, &f.pf.Kernel, &f.pf.Initramfs, &f.pf.Disk, &f.pf.Share} {
+		*p = absPath(*p)
+	}
+	for _, m := range []installFlag{f.installs, f.volumes} {
+		for k, v := range m {
+			m[k] = absPath(v)
+		}
+	}
+	return f, 0
+}
+
+// newLogger logs to the journal when stderr is the journal, else as text
+// to stderr.
+func newLogger(stderr io.Writer, debug bool) *slog.Logger {
+	level := slog.LevelInfo
+	if debug {
+		level = slog.LevelDebug
+	}
+	var h slog.Handler
+	if stderr == os.Stderr {
+		h = systemd.JournalHandler("oac-shim", level)
+	}
+	if h == nil {
+		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	}
+	return slog.New(h).With("component", "oac-shim")
+}
+
+func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	f, code := parseRunFlags(args, stderr)
+	if f == nil {
+		return code
+	}
+	log := newLogger(stderr, f.debug)
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "oac-shim: %v\n", err)
+		return 1
+	}
+	out := stdout
+	if f.eventsFile != "" {
+		ef, err := os.OpenFile(f.eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+		if err != nil {
+			return fail(fmt.Errorf("open events file: %w", err))
+		}
+		defer ef.Close()
+		out = ef
+	}
+	sink := events.NewJSONLines(out)
+	// Input errors are reported like every other failure: one failed
+	// event (the last event is always failed or stopped) and a reason.
+	failedEvent := func(err error) int {
+		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+		return fail(err)
+	}
+	inputFail := func(err error) int {
+		return failedEvent(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
+	}
+	boot, err := loadBootstrap(f)
+	if err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "oac-shim run: %s\n", string(ue))
+			return 2
+		}
+		return inputFail(err)
+	}
+	pol, err := egress.LoadPolicy(f.policyFile, f.allow, f.upstreams)
+	if err != nil {
+		fmt.Fprintf(stderr, "oac-shim run: %v\n", err)
+		return 2
+	}
+	if f.maxStreams < 1 || f.connectTimeout <= 0 || f.idleTimeout <= 0 {
+		fmt.Fprintln(stderr, "oac-shim run: --egress-max-streams must be at least 1 and the egress timeouts positive")
+		return 2
+	}
+	var specs []forward.Spec
+	for _, v := range f.forwards {
+		sp, err := forward.ParseSpec(v)
+		if err != nil {
+			fmt.Fprintf(stderr, "oac-shim run: --forward: %v\n", err)
+			return 2
+		}
+		specs = append(specs, sp)
+	}
+	broker := egress.New(egress.Config{
+		Policy: pol, MaxStreams: f.maxStreams, ConnectTimeout: f.connectTimeout, IdleTimeout: f.idleTimeout,
+		Log: log.With("part", "egress"),
+	})
+	if f.agentPath == "" {
+		p, err := defaultAgentPath()
+		if err != nil {
+			return fail(err)
+		}
+		f.agentPath = p
+	}
+	verdict := ospolicy.Evaluate(detectOS())
+	switch verdict.Level {
+	case ospolicy.Block:
+		return fail(errors.New(verdict.Message))
+	case ospolicy.Warn:
+		log.Warn(verdict.Message)
+	}
+	if f.pf.SingleUID && os.Geteuid() != 0 {
+		log.Warn(bwrap.SingleUIDLoss)
+	}
+	s := newShim(f, sink, log, broker)
+	defer s.fwd.Close()
+	for _, sp := range specs {
+		if _, err := s.fwd.Add(sp); err != nil {
+			return failedEvent(fmt.Errorf("nothing created: %w", err))
+		}
+	}
+	s.base = sandbox.Config{
+		Name:        f.name,
+		Provider:    Providers[f.prov](f.pf),
+		AgentPath:   f.agentPath,
+		Rootfs:      f.rootfs,
+		Bootstrap:   boot,
+		Log:         log,
+		Diag:        stderr,
+		BootTimeout: f.bootTimeout,
+		Egress:      broker,
+
+		SandboxIOPath: f.sandboxIO,
+		Install:       f.installs,
+		Volumes:       f.volumes,
+		PasswordFile:  f.passwordFile,
+	}
+	err = s.run(stdin)
+	if err != nil {
+		if errors.Is(err, provider.ErrUnavailable) {
+			fmt.Fprintln(stderr, "oac-shim: run 'oac-shim check' to see what this host is missing")
+		}
+		return fail(err)
+	}
+	return 0
+}
+
+// usageError is a mistake in the command line (exit status 2).
+type usageError string
+
+func (e usageError) Error() string { return string(e) }
+
+// loadBootstrap reads --bootstrap and applies the identity flags.
+func loadBootstrap(f *runFlags) (*bootstrap.Bootstrap, error) {
+	var boot *bootstrap.Bootstrap
+	if f.bootFile != "" {
+		bf, err := os.Open(f.bootFile)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", f.bootFile, err)
+		}
+		boot, err = bootstrap.Decode(bf)
+		bf.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", f.bootFile, err)
+		}
+	}
+	if f.tenant != "" || f.environment != "" || f.allocation != "" || f.allowLoopback {
+		if f.tenant == "" || f.environment == "" || f.allocation == "" {
+			return nil, usageError("--tenant, --environment and --allocation go together")
+		}
+		if boot == nil {
+			boot = &bootstrap.Bootstrap{Version: bootstrap.Version}
+		}
+		id := &bootstrap.Identity{TenantID: f.tenant, EnvironmentID: f.environment, AllocationID: f.allocation, AllowLoopbackLink: f.allowLoopback}
+		if b := boot.Sandbox; b != nil {
+			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
+				return nil, errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation")
+			}
+			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
+		}
+		boot.Sandbox = id
+	}
+	return boot, nil
+}
+
+// signals delivers SIGINT and SIGTERM as stop reasons, and SIGHUP to the
+// policy reload, until ctx ends.
+func (s *shim) watchSignals(ctx context.Context) {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	go func() {
+		defer signal.Stop(sigs)
+		defer signal.Stop(hups)
+		go reloadOnHUP(ctx, hups, s.name, s.f.policyFile, s.f.allow, s.f.upstreams, s.broker, s.sink, s.log)
+		for {
+			select {
+			case sig := <-sigs:
+				s.requestStop(fmt.Errorf("received %s", sig))
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+}
+
+// state, for the systemd status line.
+func statusLine(st controller.Status) string {
+	line := st.State
+	if st.URL != "" {
+		line += " " + st.URL
+	}
+	if st.Message != "" {
+		line += ": " + st.Message
+	}
+	return line
+}

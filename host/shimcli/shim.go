@@ -1,0 +1,237 @@
+package shimcli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/oac/sandbox-agent/host/control"
+	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/sandbox"
+	"github.com/oac/sandbox-agent/internal/sockfile"
+	"github.com/oac/sandbox-agent/internal/systemd"
+)
+
+// shim is one running oac-shim: the controller that runs the sandbox's
+// attempts, the forwards, the egress broker, the control API and systemd.
+type shim struct {
+	f      *runFlags
+	name   string
+	sink   *events.JSONLines
+	log    *slog.Logger
+	broker *egress.Broker
+	fwd    *forward.Manager
+	ctrl   *controller.Controller
+	notify *systemd.Notifier
+	// base is the sandbox configuration each attempt starts from.
+	base sandbox.Config
+
+	mu      sync.Mutex
+	sess    *sandbox.Session
+	results map[uint64]error // each attempt's error (nil: stopped)
+	stopReq chan error       // the first stop request (signal, command, timeout)
+	stopped bool
+
+	// Answers and the shim's own events on the events output end when run
+	// returns: the stdin reader cannot be interrupted and may outlive it.
+	answerMu      sync.Mutex
+	answersClosed bool
+}
+
+var errAnswersClosed = errors.New("the shim has stopped")
+
+// answerOut writes an answer to the events output while run runs.
+func (s *shim) answerOut(a control.Answer) error {
+	s.answerMu.Lock()
+	defer s.answerMu.Unlock()
+	if s.answersClosed {
+		return errAnswersClosed
+	}
+	return s.sink.Encode(a)
+}
+
+func newShim(f *runFlags, sink *events.JSONLines, log *slog.Logger, broker *egress.Broker) *shim {
+	s := &shim{f: f, name: f.name, sink: sink, log: log, broker: broker,
+		notify: systemd.NewNotifier(log), results: map[uint64]error{}, stopReq: make(chan error, 1)}
+	s.fwd = forward.New(forward.Config{MaxStreams: f.forwardMaxStreams, Log: log.With("part", "forward"), Emit: s.emit})
+	s.ctrl = controller.New(controller.Config{Name: f.name, Job: s.job, OnChange: s.onChange})
+	return s
+}
+
+func (s *shim) emit(e events.Event) {
+	if e.Time.IsZero() {
+		e.Time = time.Now().UTC()
+	}
+	e.Sandbox = s.name
+	s.answerMu.Lock()
+	defer s.answerMu.Unlock()
+	if !s.answersClosed {
+		s.sink.Emit(e)
+	}
+}
+
+// onChange turns every accepted lifecycle change into a state event and
+// tells systemd.
+func (s *shim) onChange(st controller.Status) {
+	// The first start is reported by the sandbox itself once it creates
+	// something ("creating sandbox"): input that fails validation before
+	// that yields exactly one event, failed, as it always has.
+	if st.Attempt == 1 && st.State == controller.StateStarting && st.Message == controller.MsgStartRequested {
+		s.notify.Status(statusLine(st))
+		return
+	}
+	s.emit(events.Event{Event: events.KindState, State: st.State, Message: st.Message, URL: st.URL,
+		GuestURL: st.GuestURL, Username: st.Username, Attempt: st.Attempt})
+	switch st.State {
+	case controller.StateReady:
+		s.notify.Ready(statusLine(st))
+	default:
+		s.notify.Status(statusLine(st))
+	}
+}
+
+// job runs one attempt: the sandbox, with its state events going through
+// the controller (which drops those of a stale attempt) and its session
+// handed to the forwards and the control API.
+func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) error {
+	cfg := s.base
+	cfg.Events = events.Func(func(e events.Event) {
+		e.Attempt = attempt
+		if e.Event == events.KindState {
+			r.Report(controller.Update{State: e.State, Message: e.Message, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
+			return
+		}
+		s.sink.Emit(e)
+	})
+	cfg.Attach = func(sess *sandbox.Session) {
+		s.mu.Lock()
+		s.sess = sess
+		s.mu.Unlock()
+		if sess == nil {
+			s.fwd.SetOpener(nil)
+		} else {
+			s.fwd.SetOpener(sess)
+		}
+	}
+	cfg.MapURL = s.fwd.URLFor
+	err := sandbox.Run(ctx, cfg)
+	s.mu.Lock()
+	s.results[attempt] = err
+	s.mu.Unlock()
+	return err
+}
+
+// requestStop asks for an orderly stop, after which the shim exits.
+func (s *shim) requestStop(reason error) {
+	select {
+	case s.stopReq <- reason:
+	default:
+	}
+}
+
+// run starts the sandbox and the control API and returns when the
+// sandbox has ended and no new attempt is in flight: nil after a stop,
+// the reason after a failure.
+func (s *shim) run(stdin io.Reader) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer func() {
+		s.answerMu.Lock()
+		s.answersClosed = true
+		s.answerMu.Unlock()
+	}()
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer cancel()
+	s.watchSignals(ctx)
+	bg.Add(1)
+	go func() { defer bg.Done(); s.notify.Watchdog(ctx, nil) }()
+	if s.f.timeout > 0 {
+		t := time.AfterFunc(s.f.timeout, func() { s.requestStop(fmt.Errorf("run time limit of %s reached", s.f.timeout)) })
+		defer t.Stop()
+	}
+	srv := &control.Server{Sandbox: s.name, Handler: s, Log: s.log.With("part", "control")}
+	if s.f.controlSocket != "" {
+		ln, err := sockfile.Listen(s.f.controlSocket)
+		if err != nil {
+			err = fmt.Errorf("nothing created: control socket: %w", err)
+			s.emit(events.Event{Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+			return err
+		}
+		bg.Add(1)
+		go func() { defer bg.Done(); srv.ServeSocket(ctx, ln) }()
+	}
+	if s.f.control == "stdin" {
+		// Not waited for: a read from stdin cannot be interrupted.
+		go func() {
+			err := srv.ServeLines(ctx, stdin, s.answerOut)
+			if ctx.Err() == nil && !errors.Is(err, errAnswersClosed) {
+				reason := errors.New("control input closed")
+				if err != nil {
+					reason = fmt.Errorf("control input failed: %w", err)
+				}
+				s.requestStop(reason)
+			}
+		}()
+	}
+	if _, err := s.ctrl.Start(); err != nil {
+		return err
+	}
+	for {
+		done := s.ctrl.Done()
+		select {
+		case reason := <-s.stopReq:
+			s.mu.Lock()
+			s.stopped = true
+			s.mu.Unlock()
+			s.notify.Stopping("stopping: " + reason.Error())
+			_ = s.ctrl.StopBecause(context.Background(), reason)
+			// A start that raced the stop is stopped too.
+			for s.ctrl.Done() != done {
+				done = s.ctrl.Done()
+				_ = s.ctrl.StopBecause(context.Background(), reason)
+			}
+			s.ctrl.Wait()
+			return s.result()
+		case <-done:
+			if s.ctrl.Done() != done {
+				continue // a new attempt was started meanwhile
+			}
+			s.notify.Stopping("stopping: " + s.ctrl.Status().State)
+			s.ctrl.Wait()
+			return s.result()
+		}
+	}
+}
+
+// result is the error of the current attempt (nil when it stopped).
+func (s *shim) result() error {
+	st := s.ctrl.Status()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.results[st.Attempt]; err != nil {
+		return err
+	}
+	if st.State == controller.StateFailed {
+		return errors.New(st.Message)
+	}
+	return nil
+}
+
+// session returns the live guest session, or an error when none is
+// connected.
+func (s *shim) session() (*sandbox.Session, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sess == nil {
+		return nil, errors.New("no guest is connected")
+	}
+	return s.sess, nil
+}
