@@ -24,6 +24,7 @@ type Dir struct {
 // Claim creates and locks root/sandboxes/name. It fails with an error
 // wrapping provider.ErrExists when another process holds it.
 func Claim(root, name string) (*Dir, error) {
+	Sweep(root, name)
 	dir := filepath.Join(root, "sandboxes", name)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
 		return nil, fmt.Errorf("create state directory %s: %w", filepath.Dir(dir), err)
@@ -42,6 +43,47 @@ func Claim(root, name string) (*Dir, error) {
 	d := &Dir{Path: dir, lock: lock}
 	d.clear() // stale content from a sandbox that died without cleaning up
 	return d, nil
+}
+
+// Sweep removes the state directories under root/sandboxes (but skip)
+// whose lock is free: what a shim killed with SIGKILL left behind (its
+// transport socket, runtime files, the lock). Every Claim sweeps, so a
+// leftover lasts until the next sandbox starts on the host. A directory
+// whose lock is held belongs to a running shim and is not touched.
+func Sweep(root, skip string) {
+	base := filepath.Join(root, "sandboxes")
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == skip {
+			continue
+		}
+		dir := filepath.Join(base, e.Name())
+		lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			// No lock at all: a Claim may be between its Mkdir and
+			// creating the lock; only an empty directory is removed.
+			os.Remove(dir)
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+			lock.Close() // held: a running sandbox
+			continue
+		}
+		// Ours while the lock is held: a Claim of this name fails with
+		// ErrExists until then, and after the lock file is gone it makes
+		// a new one, so only the empty directory is removed last.
+		d := &Dir{Path: dir, lock: lock}
+		d.clear()
+		os.Remove(filepath.Join(dir, "lock"))
+		os.Remove(dir)
+		lock.Close()
+	}
 }
 
 func (d *Dir) clear() {
