@@ -11,7 +11,7 @@ KERNEL_CACHE ?= .cache/kernel
 # Modules the VM guest loads at boot (dependencies are added from modules.dep).
 VM_MODULES ?= virtio_pci,virtio_console
 
-.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz fuzz-short bench clean distclean kernel initramfs
+.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz fuzz-short bench bench-load clean distclean kernel initramfs
 
 all: build
 
@@ -86,3 +86,16 @@ BENCH_DENSITY ?= 50
 bench: deps build
 	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
 	$(GO) run ./bench/egress -runs 9
+	$(MAKE) bench-load
+
+# Load at full scale: one guest with BENCH_LOAD_CONNS concurrent egress
+# connections moving checksummed bytes both ways, BENCH_DENSITY bwrap guests
+# started at once (the e2e load tests, CI-sized in make test). Their figures
+# go to bench/load-results.md.
+BENCH_LOAD_CONNS ?= 1000
+bench-load:
+	OAC_LOAD_CONNS=$(BENCH_LOAD_CONNS) OAC_LOAD_GUESTS=$(BENCH_DENSITY) OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) \
+	  $(GO) test -count=1 -timeout 30m -run '^TestLoad' -v ./e2e/ | tee bench/load.log
+	@{ echo "# Load at full scale ($$(date -u +%F), $$(nproc) cores)"; echo; \
+	   grep -o 'LOAD .*' bench/load.log | sed 's/^LOAD /- /'; } > bench/load-results.md
+	@rm -f bench/load.log; cat bench/load-results.md

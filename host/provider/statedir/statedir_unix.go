@@ -62,13 +62,9 @@ func Sweep(root, skip string) {
 		}
 		dir := filepath.Join(base, e.Name())
 		lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if errors.Is(err, os.ErrNotExist) {
-			// No lock at all: a Claim may be between its Mkdir and
-			// creating the lock; only an empty directory is removed.
-			os.Remove(dir)
-			continue
-		}
 		if err != nil {
+			// No lock (yet): a Claim may be between its Mkdir and
+			// creating the lock. Left alone.
 			continue
 		}
 		if unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
