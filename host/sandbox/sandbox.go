@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -300,7 +299,7 @@ func (s *run) run(ctx context.Context) error {
 }
 
 func (s *run) handshake(conn net.Conn) error {
-	mc := protocol.MuxConfig(os.Stderr)
+	mc := protocol.MuxConfig(nil)
 	if s.cfg.KeepAliveInterval > 0 {
 		mc.KeepAliveInterval = s.cfg.KeepAliveInterval
 	}
