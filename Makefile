@@ -12,7 +12,7 @@ KERNEL_CACHE ?= .cache/kernel
 # virtio for the transport, nftables for transparent egress capture.
 VM_MODULES ?= virtio_pci,virtio_console,nf_tables,nft_chain_nat,nft_redir,nft_ct,nft_objref
 
-.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz bench clean distclean kernel initramfs image
+.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz fuzz-short bench bench-load clean distclean kernel initramfs image
 
 all: build
 
@@ -51,7 +51,7 @@ image: build kernel
 deps:
 	@scripts/deps.sh $(APT_PKGS)
 
-test: deps fmt-check vet cross unit e2e
+test: deps fmt-check vet cross unit fuzz-short e2e
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -87,13 +87,15 @@ cross:
 	GOOS=darwin GOARCH=amd64 CGO_ENABLED=0 $(GO) build ./...
 	$(GO) run ./internal/darwincheck ./host/provider/vz
 
+# Every fuzz target in turn for FUZZTIME; `make test` runs each one briefly
+# (fuzz-short, FUZZTIME_SHORT). Corpora live in each package's testdata/fuzz.
 FUZZTIME ?= 30s
+FUZZTIME_SHORT ?= 1s
 fuzz:
-	@for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz'); do \
-	    echo "== $$pkg $$f"; $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
-	  done; \
-	done
+	@GO=$(GO) scripts/fuzz.sh $(FUZZTIME)
+
+fuzz-short:
+	@GO=$(GO) scripts/fuzz.sh $(FUZZTIME_SHORT)
 
 clean:
 	rm -rf $(BIN)
@@ -106,3 +108,16 @@ BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
 bench: deps build initramfs
 	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
+	$(MAKE) bench-load
+
+# Load at full scale: one guest with BENCH_LOAD_CONNS concurrent egress
+# connections moving checksummed bytes both ways, BENCH_DENSITY bwrap guests
+# started at once (the e2e load tests, CI-sized in make test). Their figures
+# go to bench/load-results.md.
+BENCH_LOAD_CONNS ?= 1000
+bench-load:
+	OAC_LOAD_CONNS=$(BENCH_LOAD_CONNS) OAC_LOAD_GUESTS=$(BENCH_DENSITY) OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) \
+	  $(GO) test -count=1 -timeout 30m -run '^TestLoad' -v ./e2e/ | tee bench/load.log
+	@{ echo "# Load at full scale ($$(date -u +%F), $$(nproc) cores)"; echo; \
+	   grep -o 'LOAD .*' bench/load.log | sed 's/^LOAD /- /'; } > bench/load-results.md
+	@rm -f bench/load.log; cat bench/load-results.md

@@ -94,12 +94,13 @@ var frameBodyTimeout = FrameBodyTimeout
 // allocating them. If r supports read deadlines, the body must arrive within
 // FrameBodyTimeout of the header (a peer stalling mid-frame is cut off); the
 // deadline is cleared afterwards.
-func ReadFrame(r io.Reader, max int) (Frame, error) { return readFrame(r, max, time.Time{}) }
+func ReadFrame(r io.Reader, max int) (Frame, error) { return readFrame(r, max, time.Time{}, 0) }
 
 // readFrame is ReadFrame for a caller that has set the read deadline outer
 // on r (zero: none): the body deadline never extends past outer, and outer is
-// restored afterwards instead of being cleared.
-func readFrame(r io.Reader, max int, outer time.Time) (Frame, error) {
+// restored afterwards instead of being cleared. bodyTimeout replaces
+// FrameBodyTimeout when positive.
+func readFrame(r io.Reader, max int, outer time.Time, bodyTimeout time.Duration) (Frame, error) {
 	var hdr [HeaderSize]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -120,7 +121,11 @@ func readFrame(r io.Reader, max int, outer time.Time) (Frame, error) {
 		return Frame{}, fmt.Errorf("%s: %w: %d bytes, limit %d", t, ErrFrameTooLarge, n, max)
 	}
 	if d, ok := r.(deadliner); ok && n > 0 {
-		until := time.Now().Add(frameBodyTimeout)
+		bt := frameBodyTimeout
+		if bodyTimeout > 0 {
+			bt = bodyTimeout
+		}
+		until := time.Now().Add(bt)
 		if !outer.IsZero() && outer.Before(until) {
 			until = outer
 		}
@@ -181,11 +186,11 @@ func (f Frame) Decode(v any) error {
 // ReadMessage reads one frame, checks that it has type want and decodes its
 // body into v. An Error frame from the peer is returned as *PeerError.
 func ReadMessage(r io.Reader, max int, want Type, v any) error {
-	return readMessage(r, max, want, v, time.Time{})
+	return readMessage(r, max, want, v, time.Time{}, 0)
 }
 
-func readMessage(r io.Reader, max int, want Type, v any, outer time.Time) error {
-	f, err := readFrame(r, max, outer)
+func readMessage(r io.Reader, max int, want Type, v any, outer time.Time, bodyTimeout time.Duration) error {
+	f, err := readFrame(r, max, outer, bodyTimeout)
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,8 @@ type Control struct {
 	// body timeout never extends it and reading a frame does not clear it.
 	dmu      sync.Mutex
 	deadline time.Time
+	// bodyTimeout replaces FrameBodyTimeout when positive.
+	bodyTimeout time.Duration
 }
 
 // NewControl wraps an established control stream.
@@ -78,12 +80,26 @@ func (c *Control) Send(t Type, v any) error {
 
 // Recv reads one frame of at most MaxControlFrame bytes.
 func (c *Control) Recv() (Frame, error) {
-	return readFrame(c.conn, MaxControlFrame, c.readDeadline())
+	return readFrame(c.conn, MaxControlFrame, c.readDeadline(), c.frameBodyTimeout())
 }
 
 // RecvMessage reads one frame of type want into v.
 func (c *Control) RecvMessage(want Type, v any) error {
-	return readMessage(c.conn, MaxControlFrame, want, v, c.readDeadline())
+	return readMessage(c.conn, MaxControlFrame, want, v, c.readDeadline(), c.frameBodyTimeout())
+}
+
+// SetFrameBodyTimeout replaces FrameBodyTimeout for this stream (d > 0):
+// a frame whose header arrived must be complete within d.
+func (c *Control) SetFrameBodyTimeout(d time.Duration) {
+	c.dmu.Lock()
+	c.bodyTimeout = d
+	c.dmu.Unlock()
+}
+
+func (c *Control) frameBodyTimeout() time.Duration {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	return c.bodyTimeout
 }
 
 func (c *Control) readDeadline() time.Time {
@@ -123,7 +139,7 @@ func ReadStreamHeader(c net.Conn, timeout time.Duration) (StreamHeader, error) {
 	_ = c.SetReadDeadline(deadline)
 	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	var h StreamHeader
-	if err := readMessage(c, MaxHeaderFrame, TypeStreamHeader, &h, deadline); err != nil {
+	if err := readMessage(c, MaxHeaderFrame, TypeStreamHeader, &h, deadline, 0); err != nil {
 		return h, fmt.Errorf("stream header: %w", err)
 	}
 	return h, h.Validate()

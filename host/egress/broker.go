@@ -114,6 +114,9 @@ func (b *Broker) PolicyEvent(msg string) events.Event {
 // Policy returns the current policy.
 func (b *Broker) Policy() *Policy { return b.policy.Load() }
 
+// MaxStreams returns the limit of concurrent egress streams.
+func (b *Broker) MaxStreams() int { return b.cfg.MaxStreams }
+
 // Active returns the number of egress streams being served.
 func (b *Broker) Active() int { return len(b.sem) }
 
@@ -177,12 +180,13 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 	var act pipe.Activity
 	act.Touch()
 	var idled atomic.Bool
+	guest := &abortable{Conn: st}
 	stopIdle := b.watchIdle(&act, func() {
 		idled.Store(true)
-		st.Close()
+		guest.abort()
 		up.Close()
 	})
-	out, in, err := pipe.Join(st, up, &act)
+	out, in, err := pipe.Join(guest, up, &act)
 	stopIdle()
 	closed := events.Event{Event: events.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}
@@ -199,6 +203,41 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// abortable is the guest's side of a connection the broker may end on its
+// own (idle timeout). Closing a yamux stream only half-closes it: a read
+// still waits for the guest's FIN, which a hostile or wedged guest never
+// sends, so the connection would linger until the session's
+// StreamCloseTimeout. abort closes the stream and fails every read from
+// then on, now and after any read deadline the copy loop sets.
+type abortable struct {
+	net.Conn
+	aborted atomic.Bool
+}
+
+func (c *abortable) abort() {
+	c.aborted.Store(true)
+	_ = c.Conn.Close()
+	_ = c.Conn.SetReadDeadline(time.Now())
+}
+
+func (c *abortable) Read(b []byte) (int, error) {
+	if c.aborted.Load() {
+		return 0, net.ErrClosed
+	}
+	n, err := c.Conn.Read(b)
+	if err != nil && c.aborted.Load() {
+		return n, net.ErrClosed
+	}
+	return n, err
+}
+
+func (c *abortable) SetReadDeadline(t time.Time) error {
+	if c.aborted.Load() {
+		t = time.Now()
+	}
+	return c.Conn.SetReadDeadline(t)
+}
 
 // joinRaw formats an unvalidated host and port for an event.
 func joinRaw(host string, port int) string {

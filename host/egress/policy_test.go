@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -396,6 +397,34 @@ func FuzzParseRule(f *testing.F) {
 		require.Equal(t, r.String(), r2.String())
 		if r.kind == ruleCIDR {
 			require.GreaterOrEqual(t, r.prefix.Bits(), MinPrefix4)
+		}
+	})
+}
+
+// FuzzPlan feeds guest-chosen egress targets (StreamHeader host and port)
+// through the checks that need no resolution: never a panic, a failure
+// always carries a valid code and a bounded printable reason, and an
+// accepted target is either a named upstream, an IP literal or a name.
+func FuzzPlan(f *testing.F) {
+	for _, s := range []string{"example.com", "127.0.0.1", "169.254.169.254", "::", "fe80::1%eth0", "0x7f.1", "bücher.example", "up", "a..b", ""} {
+		f.Add(s, 443)
+	}
+	f.Add("example.com", 0)
+	f.Add("example.com", 70000)
+	pol, err := ParsePolicy([]string{"*.example.com:443", "example.com:80-443", "10.0.0.0/8:1-65535"}, []string{"up:443=127.0.0.1:9"})
+	require.NoError(f, err)
+	f.Fuzz(func(t *testing.T, host string, port int) {
+		pl, fl := pol.plan(host, port)
+		if fl != nil {
+			require.True(t, fl.Code.Valid() && fl.Code != protocol.EgressOK)
+			require.LessOrEqual(t, len(fl.Reason), 400)
+			require.True(t, utf8.ValidString(fl.Reason))
+			require.False(t, strings.ContainsFunc(fl.Reason, func(r rune) bool { return r < 0x20 || r == 0x7f }))
+			return
+		}
+		require.True(t, pl.upstream != nil || pl.host.IsIP() || pl.resolve, "%+v", pl)
+		if pl.host.IsIP() && pl.upstream == nil {
+			_, _, _ = pol.pick(pl, []netip.Addr{pl.host.IP})
 		}
 	})
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,6 +33,15 @@ const (
 	handshakeExitWait = 2 * time.Second
 	// maxGuestText bounds a guest-supplied message copied into an event.
 	maxGuestText = 1024
+	// DefaultStreamHeaderTimeout bounds the time from a guest opening a
+	// stream to its complete StreamHeader.
+	DefaultStreamHeaderTimeout = 5 * time.Second
+	// SessionStreamSlack is added to protocol.MaxStreams plus the broker's
+	// stream limit to give the default MaxSessionStreams: streams the host
+	// has closed stay in the session until the guest closes its side too
+	// (at most the session's StreamCloseTimeout), and a well-behaved guest
+	// does that at once.
+	SessionStreamSlack = 64
 )
 
 // Config configures one sandbox run.
@@ -74,7 +84,35 @@ type Config struct {
 	// use (a forward's address); "" keeps the guest's URL. The ready event
 	// then carries both: url (the host's) and guest_url.
 	MapURL func(guestURL string) string
+
+	// Bounds a hostile guest meets. Zero takes the production default;
+	// tests shorten them (docs/threat-model.md).
+	//
+	// HelloTimeout: transport connect to a complete Hello
+	// (protocol.HelloTimeout). FrameBodyTimeout: a control frame's header
+	// to the end of its body (protocol.FrameBodyTimeout).
+	// StreamHeaderTimeout: a stream's open to its complete header
+	// (DefaultStreamHeaderTimeout). KeepAliveInterval and
+	// ConnectionWriteTimeout: the session's keepalive (a guest that stops
+	// reading or answering is cut off within about their sum; see
+	// protocol.MuxConfig).
+	HelloTimeout           time.Duration
+	FrameBodyTimeout       time.Duration
+	StreamHeaderTimeout    time.Duration
+	KeepAliveInterval      time.Duration
+	ConnectionWriteTimeout time.Duration
+	// MaxSessionStreams bounds the streams that may exist in the session
+	// at once, counting streams the host closed that the guest has not
+	// (yamux keeps them, with whatever the guest wrote into their receive
+	// window, until both sides closed). Over it the guest is hostile or
+	// broken: the sandbox fails and the runtime is killed. Default
+	// protocol.MaxStreams + the broker's MaxStreams + SessionStreamSlack.
+	MaxSessionStreams int
 }
+
+// ErrHostileGuest is wrapped by the error of a sandbox ended because its
+// guest exceeded a bound no correct guest reaches.
+var ErrHostileGuest = errors.New("guest exceeded a protocol bound")
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
 // order and returns nil) or the sandbox fails (it returns the reason). The
@@ -96,6 +134,23 @@ func Run(ctx context.Context, cfg Config) error {
 	if s.cfg.Bootstrap == nil {
 		s.cfg.Bootstrap = &bootstrap.Bootstrap{Version: bootstrap.Version}
 	}
+	// An explicit HelloTimeout is the bound; by default the Hello may take
+	// until the boot timeout (a VM's transport connects when qemu starts,
+	// long before the kernel has booted the agent).
+	s.helloUntilBoot = s.cfg.HelloTimeout <= 0
+	if s.cfg.HelloTimeout <= 0 {
+		s.cfg.HelloTimeout = protocol.HelloTimeout
+	}
+	if s.cfg.StreamHeaderTimeout <= 0 {
+		s.cfg.StreamHeaderTimeout = DefaultStreamHeaderTimeout
+	}
+	if s.cfg.MaxSessionStreams <= 0 {
+		s.cfg.MaxSessionStreams = protocol.MaxStreams + SessionStreamSlack
+		if s.cfg.Egress != nil {
+			s.cfg.MaxSessionStreams += s.cfg.Egress.MaxStreams()
+		}
+	}
+	s.hostile = make(chan error, 1)
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
 	return s.run(ctx)
 }
@@ -110,9 +165,15 @@ type run struct {
 	recvErr chan error
 	// quit is closed when nobody reads frames any more.
 	quit chan struct{}
+	// hostile receives the first bound a guest exceeded outside the
+	// control stream (ErrHostileGuest).
+	hostile chan error
 
 	// guestDone: the guest said it stopped or failed for good, or is gone.
 	guestDone bool
+	// helloUntilBoot: no HelloTimeout was given; the Hello may take until
+	// the boot timeout.
+	helloUntilBoot bool
 	// egressCtx ends in-flight egress dials when the sandbox run ends.
 	egressCtx    context.Context
 	egressCancel context.CancelFunc
@@ -213,10 +274,10 @@ func (s *run) run(ctx context.Context) error {
 		}
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
 	}
-	// The Hello must come within the boot timeout, not just HelloTimeout
-	// from connect: a VM's transport connects when qemu starts, seconds
-	// before its kernel has booted the agent.
-	helloWait := max(protocol.HelloTimeout, time.Until(start.Add(s.cfg.BootTimeout)))
+	helloWait := s.cfg.HelloTimeout
+	if s.helloUntilBoot {
+		helloWait = max(helloWait, time.Until(start.Add(s.cfg.BootTimeout)))
+	}
 	if err := s.handshake(conn, helloWait); err != nil {
 		// A guest that refused the handshake exits on its own: give it a
 		// moment so its own account of the failure reaches the diagnostics
@@ -242,6 +303,14 @@ func (s *run) run(ctx context.Context) error {
 	s.wg.Add(1)
 	go s.readControl()
 	err = s.supervise(ctx, bootCtx, start)
+	if errors.Is(err, ErrHostileGuest) {
+		// No orderly stop for a guest that broke a bound: it would only
+		// get more time to consume. The runtime is killed now.
+		_ = s.inst.Kill()
+		s.sess.Close()
+		s.waitExit(stopMargin)
+		return s.fail(err)
+	}
 	if err != nil {
 		if !s.guestDone {
 			s.shutdown("sandbox failed")
@@ -254,7 +323,14 @@ func (s *run) run(ctx context.Context) error {
 }
 
 func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
-	sess, err := yamux.Server(conn, protocol.MuxConfig(nil))
+	mc := protocol.MuxConfig(nil)
+	if s.cfg.KeepAliveInterval > 0 {
+		mc.KeepAliveInterval = s.cfg.KeepAliveInterval
+	}
+	if s.cfg.ConnectionWriteTimeout > 0 {
+		mc.ConnectionWriteTimeout = s.cfg.ConnectionWriteTimeout
+	}
+	sess, err := yamux.Server(conn, mc)
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
@@ -270,6 +346,9 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	}, helloWait)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)
+	}
+	if s.cfg.FrameBodyTimeout > 0 {
+		ctl.SetFrameBodyTimeout(s.cfg.FrameBodyTimeout)
 	}
 	s.ctl = ctl
 	if s.cfg.Attach != nil {
@@ -336,12 +415,17 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			}
 			s.guestDone = true
 			return s.withDiag(s.inst.Err())
+		case err := <-s.hostile:
+			return err
 		case err := <-s.recvErr:
 			if len(s.frames) > 0 {
 				s.recvErr <- err
 				continue
 			}
 			s.guestDone = true
+			if isViolation(err) {
+				return fmt.Errorf("guest broke the protocol on the control stream: %w", err)
+			}
 			return s.withDiag(fmt.Errorf("guest connection lost: %w", err))
 		case f := <-s.frames:
 			switch f.Type {
@@ -392,6 +476,18 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			}
 		}
 	}
+}
+
+// isViolation reports whether a control-stream read failed because the
+// guest sent something no correct guest sends (as opposed to the stream
+// or the connection ending).
+func isViolation(err error) bool {
+	for _, e := range []error{protocol.ErrFrameTooLarge, protocol.ErrUnknownType, protocol.ErrBadFlags, protocol.ErrTruncated} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // setReady emits ready with the daemon's URL and username.
@@ -548,6 +644,15 @@ func (s *run) acceptStreams() {
 		if err != nil {
 			return
 		}
+		if n := s.sess.NumStreams(); n > s.cfg.MaxSessionStreams {
+			st.Close()
+			s.cfg.Log.Warn("guest holds too many streams, ending the sandbox", "sandbox", s.cfg.Name, "streams", n, "limit", s.cfg.MaxSessionStreams)
+			select {
+			case s.hostile <- fmt.Errorf("%w: %d streams open in the session (limit %d): the guest opens streams without closing them", ErrHostileGuest, n, s.cfg.MaxSessionStreams):
+			default:
+			}
+			return
+		}
 		select {
 		case sem <- struct{}{}:
 		default:
@@ -567,7 +672,7 @@ func (s *run) acceptStreams() {
 }
 
 func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
-	h, err := protocol.ReadStreamHeader(st, 5*time.Second)
+	h, err := protocol.ReadStreamHeader(st, s.cfg.StreamHeaderTimeout)
 	if err != nil && h.Kind != protocol.KindEgress && h.Kind != protocol.KindDNS {
 		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return

@@ -16,7 +16,7 @@ import (
 )
 
 // connectGuestWith is connectGuest with capabilities in Hello.
-func connectGuestWith(t *testing.T, p *fakeProvider, caps ...string) *fakeGuest {
+func connectGuestWithCaps(t *testing.T, p *fakeProvider, caps ...string) *fakeGuest {
 	t.Helper()
 	conn := <-p.guest
 	sess, err := yamux.Client(conn, protocol.MuxConfig(nil))
@@ -42,7 +42,7 @@ func TestAttachHandsOverTheSessionForForwardsAndTimeAndDetaches(t *testing.T) {
 			return ""
 		},
 	})
-	g := connectGuestWith(t, p, protocol.CapForward, protocol.CapTime)
+	g := connectGuestWithCaps(t, p, protocol.CapForward, protocol.CapTime)
 	g.send(t, protocol.State{State: protocol.StateReady, URL: "http://127.0.0.1:4096", Username: "runtime"})
 	ready := rec.waitState(t, events.StateReady)
 	assert.Equal(t, "http://127.0.0.1:34567", ready.URL, "the host's address of the daemon")
@@ -104,7 +104,7 @@ func TestGuestWithoutCapabilitiesGetsNoForwardsNorTime(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	got := make(chan *Session, 2)
 	cancel, done := runSandbox(t, Config{Provider: p, Events: rec, Attach: func(s *Session) { got <- s }})
-	g := connectGuestWith(t, p)
+	g := connectGuestWithCaps(t, p)
 	s := <-got
 	_, err := s.OpenForward(4096, "")
 	require.ErrorIs(t, err, ErrNotSupported)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -21,25 +22,116 @@ type Dir struct {
 
 // Claim creates and locks root/sandboxes/name. It fails with an error
 // wrapping provider.ErrExists when another process holds it.
+//
+// A new directory is built under a temporary name with its lock already
+// held and renamed into place, so a named directory never exists without a
+// lock a Sweep could mistake for a dead shim's. An existing directory (a
+// dead shim's) is taken over once its lock is ours and still the one at
+// the path (a Sweep may have removed it meanwhile: then Claim starts over).
 func Claim(root, name string) (*Dir, error) {
-	dir := filepath.Join(root, "sandboxes", name)
-	if err := os.MkdirAll(filepath.Dir(dir), 0o711); err != nil {
-		return nil, fmt.Errorf("create state directory %s: %w", filepath.Dir(dir), err)
+	Sweep(root, name)
+	base := filepath.Join(root, "sandboxes")
+	if err := os.MkdirAll(base, 0o711); err != nil {
+		return nil, fmt.Errorf("create state directory %s: %w", base, err)
 	}
-	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("create state directory %s: %w", dir, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|openFlags, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock in %s: %w", dir, err)
-	}
-	if err := tryLock(lock); err != nil {
+	dir := filepath.Join(base, name)
+	for range 8 {
+		tmp, err := os.MkdirTemp(base, claimPrefix)
+		if err != nil {
+			return nil, fmt.Errorf("create state directory in %s: %w", base, err)
+		}
+		lock, err := os.OpenFile(filepath.Join(tmp, "lock"), os.O_RDWR|os.O_CREATE|os.O_EXCL|openFlags, 0o600)
+		if err == nil {
+			err = tryLock(lock)
+		}
+		if err != nil {
+			if lock != nil {
+				lock.Close()
+			}
+			os.RemoveAll(tmp)
+			return nil, fmt.Errorf("create lock in %s: %w", tmp, err)
+		}
+		if err := os.Chmod(tmp, 0o700); err == nil {
+			if err := os.Rename(tmp, dir); err == nil {
+				return &Dir{Path: dir, lock: lock}, nil
+			}
+		}
 		lock.Close()
-		return nil, fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, name, lock.Name())
+		os.RemoveAll(tmp)
+		// The name exists: a running sandbox, or a dead shim's leftovers.
+		// (On Windows a directory with an open file cannot be renamed:
+		// there it is made in place.)
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create state directory %s: %w", dir, err)
+		}
+		lock, err = os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|openFlags, 0o600)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // removed meanwhile
+			}
+			return nil, fmt.Errorf("open lock in %s: %w", dir, err)
+		}
+		if err := tryLock(lock); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, name, lock.Name())
+		}
+		if !stillAt(lock, filepath.Join(dir, "lock")) {
+			lock.Close()
+			continue
+		}
+		d := &Dir{Path: dir, lock: lock}
+		d.clear() // stale content from a sandbox that died without cleaning up
+		return d, nil
 	}
-	d := &Dir{Path: dir, lock: lock}
-	d.clear() // stale content from a sandbox that died without cleaning up
-	return d, nil
+	return nil, fmt.Errorf("claim state directory %s: it kept changing under us; retry", dir)
+}
+
+// claimPrefix names directories a Claim is still building.
+const claimPrefix = ".claim-"
+
+// stillAt reports whether f is the file at path (not one unlinked since
+// f was opened).
+func stillAt(f *os.File, path string) bool {
+	a, err1 := f.Stat()
+	b, err2 := os.Stat(path)
+	return err1 == nil && err2 == nil && os.SameFile(a, b)
+}
+
+// Sweep removes the state directories under root/sandboxes (but skip)
+// whose lock is free: what a shim killed with SIGKILL left behind (its
+// transport socket, runtime files, the lock). Every Claim sweeps, so a
+// leftover lasts until the next sandbox starts on the host. A directory
+// whose lock is held belongs to a running shim and is not touched, nor is
+// one a Claim is still building.
+func Sweep(root, skip string) {
+	base := filepath.Join(root, "sandboxes")
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.IsDir() || e.Name() == skip || strings.HasPrefix(e.Name(), claimPrefix) {
+			continue
+		}
+		dir := filepath.Join(base, e.Name())
+		lockPath := filepath.Join(dir, "lock")
+		lock, err := os.OpenFile(lockPath, os.O_RDWR|openFlags, 0)
+		if err != nil {
+			continue // no lock: nothing of ours to judge
+		}
+		if tryLock(lock) != nil || !stillAt(lock, lockPath) {
+			lock.Close() // held (a running sandbox) or already gone
+			continue
+		}
+		// Ours while the lock is held: a Claim of this name fails with
+		// ErrExists or starts over, so only the empty directory is
+		// removed last.
+		d := &Dir{Path: dir, lock: lock}
+		d.clear()
+		os.Remove(lockPath)
+		os.Remove(dir)
+		lock.Close()
+	}
 }
 
 func (d *Dir) clear() {

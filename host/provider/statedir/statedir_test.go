@@ -53,3 +53,22 @@ func TestClaimSlotTakesTheLowestFreeSlot(t *testing.T) {
 	f.Close()
 	f1.Close()
 }
+
+func TestSweepRemovesLeftoversOfKilledShimsButNotRunningOnes(t *testing.T) {
+	root := t.TempDir()
+	// A shim killed with SIGKILL: its socket and lock file stay, unlocked.
+	stale := filepath.Join(root, "sandboxes", "killed")
+	require.NoError(t, os.MkdirAll(filepath.Join(stale, "etc"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(stale, "agent.sock"), nil, 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(stale, "lock"), nil, 0o600))
+	running, err := Claim(root, "running")
+	require.NoError(t, err)
+	defer running.Release()
+	require.NoError(t, os.WriteFile(filepath.Join(running.Path, "agent.sock"), nil, 0o600))
+
+	next, err := Claim(root, "next") // every Claim sweeps
+	require.NoError(t, err)
+	defer next.Release()
+	assert.NoDirExists(t, stale, "the killed shim's directory is removed")
+	assert.FileExists(t, filepath.Join(running.Path, "agent.sock"), "a running sandbox's directory is untouched")
+}
