@@ -497,7 +497,9 @@ func TestHostileLogFlood(t *testing.T) {
 		}
 		return dropped+logBytes.Load() >= streams*perStream
 	}, 10*time.Second, 20*time.Millisecond, "every byte is either an event or counted as dropped")
-	m.within(t, 8*mib, 40)
+	// Each of the 8 streams may hold its receive window (up to 1 MiB, in a
+	// buffer that may double while growing) while the reader catches up.
+	m.within(t, 16*mib, 40)
 	emitted := logBytes.Load()
 	budget := int64(LogBurst) + int64(elapsed.Seconds()*LogRate) + LogRate // a second of slack for the ticker
 	t.Logf("log flood: %d MiB sent in %s, %d KiB emitted (budget %d KiB), %d KiB dropped", streams*perStream/mib, elapsed.Round(time.Millisecond), emitted/kib, budget/kib, dropped/kib)
