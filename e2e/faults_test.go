@@ -203,6 +203,8 @@ func TestTransportCutStopsTheGuestsChildrenAndTheGuestExits(t *testing.T) {
 	sess.Close() // the transport is cut
 	assert.NotEqual(t, 0, exitCode(t, cmd, 15*time.Second), "the guest exits and says it failed")
 	assert.Empty(t, hostProcs(marker), "its children are gone")
-	assert.Contains(t, stderr.String(), "host connection lost: stopped all processes")
+	// Which the guest notices first, the closed control stream or a failed
+	// State write, depends on timing; both end it the same way.
+	assert.Regexp(t, `host connection lost: stopped all processes|report state: session shutdown`, stderr.String())
 	_ = transport.StreamConn // the stdio transport is what the WSL provider uses
 }
