@@ -49,7 +49,7 @@ func (r DNSReply) OK() bool { return r.Code == EgressOK }
 
 // Validate checks a reply received from the host.
 func (r DNSReply) Validate() error {
-	return EgressReply{Code: r.Code, Error: r.Error, Effect: r.Effect, Reason: r.Reason, Rule: r.Rule}.Validate()
+	return EgressReply(r).Validate()
 }
 
 // validateDNS checks the fields of a dns stream header: host is the name
@@ -70,27 +70,12 @@ func (h StreamHeader) validateDNS() error {
 
 // ReadDNSReply reads and validates the host's answer on a dns stream.
 func ReadDNSReply(c net.Conn, timeout time.Duration) (DNSReply, error) {
-	_ = c.SetReadDeadline(time.Now().Add(timeout))
-	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
-	var r DNSReply
-	if err := ReadMessage(c, MaxHeaderFrame, TypeDNSReply, &r); err != nil {
-		return r, fmt.Errorf("dns reply: %w", err)
-	}
-	return r, r.Validate()
+	r, err := readReply(c, timeout, TypeDNSReply, "dns reply")
+	return DNSReply(r), err
 }
 
 // WriteDNSReply writes the host's answer; Error and Effect are filled in
 // from Code when empty.
 func WriteDNSReply(w io.Writer, r DNSReply) error {
-	if r.Code != EgressOK {
-		if r.Error == "" {
-			r.Error = r.Code.String()
-		}
-		if r.Effect == "" {
-			r.Effect = EffectNone
-		}
-	}
-	r.Reason = truncate(r.Reason, MaxEgressText-3)
-	r.Rule = truncate(r.Rule, MaxEgressText-3)
-	return WriteMessage(w, TypeDNSReply, r)
+	return writeReply(w, TypeDNSReply, EgressReply(r))
 }

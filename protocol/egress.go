@@ -159,18 +159,30 @@ func hasControl(s string) bool {
 // ReadEgressReply reads and validates the host's answer on an egress stream;
 // it must arrive within timeout. An Error frame is returned as *PeerError.
 func ReadEgressReply(c net.Conn, timeout time.Duration) (EgressReply, error) {
-	_ = c.SetReadDeadline(time.Now().Add(timeout))
-	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
-	var r EgressReply
-	if err := ReadMessage(c, MaxHeaderFrame, TypeEgressReply, &r); err != nil {
-		return r, fmt.Errorf("egress reply: %w", err)
-	}
-	return r, r.Validate()
+	return readReply(c, timeout, TypeEgressReply, "egress reply")
 }
 
 // WriteEgressReply writes the host's answer; Error and Effect are filled in
 // from Code when empty.
 func WriteEgressReply(w io.Writer, r EgressReply) error {
+	return writeReply(w, TypeEgressReply, r)
+}
+
+// readReply reads one reply frame of type t (EgressReply or DNSReply: the
+// same fields) within timeout and validates it.
+func readReply(c net.Conn, timeout time.Duration, t Type, what string) (EgressReply, error) {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	var r EgressReply
+	if err := ReadMessage(c, MaxHeaderFrame, t, &r); err != nil {
+		return r, fmt.Errorf("%s: %w", what, err)
+	}
+	return r, r.Validate()
+}
+
+// writeReply writes a reply frame of type t, filling Error and Effect in
+// from Code when empty and bounding the texts.
+func writeReply(w io.Writer, t Type, r EgressReply) error {
 	if r.Code != EgressOK {
 		if r.Error == "" {
 			r.Error = r.Code.String()
@@ -181,5 +193,5 @@ func WriteEgressReply(w io.Writer, r EgressReply) error {
 	}
 	r.Reason = truncate(r.Reason, MaxEgressText-3)
 	r.Rule = truncate(r.Rule, MaxEgressText-3)
-	return WriteMessage(w, TypeEgressReply, r)
+	return WriteMessage(w, t, r)
 }
