@@ -51,6 +51,12 @@ func (r *recorder) emit(e events.Event) {
 	r.evs = append(r.evs, e)
 }
 
+func (r *recorder) all() []events.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]events.Event(nil), r.evs...)
+}
+
 func (r *recorder) find(kind string) (events.Event, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -240,8 +246,15 @@ func TestBrokerRefusesInvalidHeaders(t *testing.T) {
 		assert.Equal(t, protocol.EgressInvalidArgument, r.Code)
 		guest.Close()
 	}
-	e, _ := rec.find(events.KindEgress)
-	assert.Equal(t, "a?b:443", e.Target, "guest text is escaped in events")
+	// Each Serve emits its event on its own goroutine, in any order.
+	assert.Eventually(t, func() bool {
+		for _, e := range rec.all() {
+			if e.Event == events.KindEgress && e.Target == "a?b:443" {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond, "guest text is escaped in events")
 }
 
 func TestPolicySwapWhileServing(t *testing.T) {
