@@ -113,6 +113,30 @@ func (p *Process) Kill() error {
 	})
 }
 
+// KillAsking first asks the runtime to stop what it runs (a container
+// runtime's kill, which takes the container's pid namespace down), gives
+// the process up to grace to exit on its own, then kills it as Kill does.
+// It returns nil when the runtime was never started or has exited.
+func (p *Process) KillAsking(ask func(), grace time.Duration) error {
+	if !p.Started() {
+		return nil
+	}
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	ask()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return nil
+	case <-t.C:
+	}
+	return p.Kill()
+}
+
 // KillWith is Kill with the caller's way of ending the runtime, started
 // or not: unless the runtime has exited, it calls kill; an error from kill
 // is returned at once, else it waits up to KillWait for the exit.

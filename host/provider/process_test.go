@@ -213,3 +213,32 @@ func TestProcessWatchesOneRuntime(t *testing.T) {
 	f.end(nil)
 	waitDone(t, p)
 }
+
+func TestProcessKillAskingLetsTheRuntimeExitFirst(t *testing.T) {
+	p := NewProcess(phrase, errStuck)
+	f := newFake()
+	p.Watch(f)
+	asked := 0
+	require.NoError(t, p.KillAsking(func() { asked++; f.end(nil) }, 5*time.Second))
+	assert.Equal(t, 1, asked)
+	assert.Equal(t, int32(0), f.kills.Load(), "the runtime exited when asked: no kill")
+	waitDone(t, p)
+	assert.NoError(t, p.KillAsking(func() { asked++ }, time.Second), "after the exit nothing is asked")
+	assert.Equal(t, 1, asked)
+}
+
+func TestProcessKillAskingKillsAfterTheGrace(t *testing.T) {
+	p := NewProcess(phrase, errStuck)
+	f := newFake()
+	p.Watch(f)
+	asked := 0
+	require.NoError(t, p.KillAsking(func() { asked++ }, 50*time.Millisecond))
+	assert.Equal(t, 1, asked)
+	assert.Equal(t, int32(1), f.kills.Load(), "ignored: killed after the grace")
+	waitDone(t, p)
+}
+
+func TestProcessKillAskingBeforeStartAsksNothing(t *testing.T) {
+	p := NewProcess(phrase, errStuck)
+	require.NoError(t, p.KillAsking(func() { t.Fatal("asked an unstarted runtime") }, time.Second))
+}

@@ -238,21 +238,9 @@ func (in *Instance) Err() error { return in.proc.Err() }
 
 // Kill implements provider.Instance: docker kill, then the client.
 func (in *Instance) Kill() error {
-	if !in.proc.Started() {
-		return nil
-	}
-	select {
-	case <-in.proc.Done():
-		return nil
-	default:
-	}
-	_, _ = output(context.Background(), in.docker, killArgs(in.cfg.Name)...)
-	select {
-	case <-in.proc.Done():
-		return nil
-	case <-time.After(5 * time.Second):
-	}
-	return in.proc.Kill()
+	return in.proc.KillAsking(func() {
+		_, _ = output(context.Background(), in.docker, killArgs(in.cfg.Name)...)
+	}, 5*time.Second)
 }
 
 // Destroy implements provider.Instance: kill, remove the container (--rm

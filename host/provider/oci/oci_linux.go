@@ -436,21 +436,7 @@ func (in *Instance) Err() error { return in.proc.Err() }
 // through the runtime (its pid namespace dies with it), then to the
 // runtime process if it has not exited.
 func (in *Instance) Kill() error {
-	if !in.proc.Started() {
-		return nil
-	}
-	select {
-	case <-in.proc.Done():
-		return nil
-	default:
-	}
-	_ = in.runtimeCmd(killArgs(in.id)...).Run()
-	select {
-	case <-in.proc.Done():
-		return nil
-	case <-time.After(3 * time.Second):
-	}
-	return in.proc.Kill()
+	return in.proc.KillAsking(func() { _ = in.runtimeCmd(killArgs(in.id)...).Run() }, 3*time.Second)
 }
 
 // Destroy implements provider.Instance: kill, delete the container from
