@@ -1,6 +1,12 @@
 package provider
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"os/exec"
 	"sync"
 	"time"
@@ -22,17 +28,25 @@ type Waiter interface {
 	Pid() int
 }
 
-// Process is the runtime of an Instance: it watches the runtime until it
-// exits and implements Done, Err, Kill and HostPID for it.
+// Process is the lifecycle every Instance embeds: it watches the runtime
+// until it exits, hands out the guest's connection from the listener the
+// provider made, kills the runtime, and on Destroy releases what Create
+// claimed. An Instance that embeds it implements Accept, Done, Err, Kill
+// and Destroy through it and writes only Start.
 type Process struct {
 	exit     func(error) error
 	stuck    error
 	killWait time.Duration
 
-	mu   sync.Mutex
-	w    Waiter
-	done chan struct{}
-	err  error
+	startMu sync.Mutex // serializes Start (see Starting)
+
+	mu       sync.Mutex
+	w        Waiter
+	done     chan struct{}
+	err      error
+	ln       net.Listener
+	kill     func() error
+	releases []func() error
 }
 
 // NewProcess returns a Process not started yet. exit phrases the runtime's
@@ -41,6 +55,18 @@ type Process struct {
 // KillWait after it was killed.
 func NewProcess(exit func(error) error, stuck error) *Process {
 	return &Process{exit: exit, stuck: stuck, killWait: KillWait, done: make(chan struct{})}
+}
+
+// Starting serializes an Instance's Start: it fails when the runtime was
+// started already (what names the provider in the error), else it returns
+// the function that ends the Start.
+func (p *Process) Starting(what string) (end func(), err error) {
+	p.startMu.Lock()
+	if p.Started() {
+		p.startMu.Unlock()
+		return nil, fmt.Errorf("%s: already started", what)
+	}
+	return p.startMu.Unlock, nil
 }
 
 // Start starts cmd and watches it. Its error is cmd.Start's.
@@ -52,6 +78,37 @@ func (p *Process) Start(cmd *exec.Cmd) error {
 	return nil
 }
 
+// StartPiped starts cmd with its stdout and stderr on a pipe of the
+// Process's own, copied to w (nothing when w is nil). A runtime's
+// container inherits them: with a pipe the runtime's exit is seen when it
+// exits (os/exec would otherwise wait for the container to close them).
+func (p *Process) StartPiped(cmd *exec.Cmd, w io.Writer) error {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("output pipe: %w", err)
+	}
+	defer pw.Close()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	out := Output(w)
+	go func() {
+		defer pr.Close()
+		_, _ = io.Copy(out, pr)
+	}()
+	if err := p.Start(cmd); err != nil {
+		pr.Close()
+		return err
+	}
+	return nil
+}
+
+// Output is w, or io.Discard when w is nil (Spec.Stderr is optional).
+func Output(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
 // Watch watches a started runtime: when its Wait returns, Err says why and
 // Done is closed. A Process watches one runtime.
 func (p *Process) Watch(w Waiter) {
@@ -61,13 +118,14 @@ func (p *Process) Watch(w Waiter) {
 		panic("provider: Process started twice")
 	}
 	p.w = w
+	done := p.done
 	p.mu.Unlock()
 	go func() {
 		err := p.exit(w.Wait())
 		p.mu.Lock()
 		p.err = err
 		p.mu.Unlock()
-		close(p.done)
+		close(done)
 	}()
 }
 
@@ -79,7 +137,11 @@ func (p *Process) Started() bool {
 }
 
 // Done is closed when the runtime has exited.
-func (p *Process) Done() <-chan struct{} { return p.done }
+func (p *Process) Done() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
 
 // Err says why the runtime exited; nil while it runs.
 func (p *Process) Err() error {
@@ -98,9 +160,53 @@ func (p *Process) HostPID() int {
 	return p.w.Pid()
 }
 
-// Kill kills a running runtime and waits up to KillWait for it to exit.
-// It returns nil when the runtime was never started or has exited.
+// Listen sets the listener Accept takes the guest's connection from.
+// Until it is set, Accept fails with ErrNotStarted.
+func (p *Process) Listen(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+}
+
+// Accept returns the guest's connection, giving up when ctx ends or the
+// runtime exits (then with Err). An interrupted Accept leaves a listener
+// with deadlines usable and closes any other (a sandbox accepts one
+// connection).
+func (p *Process) Accept(ctx context.Context) (net.Conn, error) {
+	p.mu.Lock()
+	ln, done := p.ln, p.done
+	p.mu.Unlock()
+	if ln == nil {
+		return nil, ErrNotStarted
+	}
+	return accept(ctx, ln, done, p.Err)
+}
+
+// KillBy makes Kill end the runtime with kill instead of killing its
+// process at once (a container runtime asked first, a machine stopped).
+func (p *Process) KillBy(kill func() error) {
+	p.mu.Lock()
+	p.kill = kill
+	p.mu.Unlock()
+}
+
+// Kill ends a running runtime and waits up to KillWait for it to exit:
+// with the function given to KillBy, else by killing its process. It
+// returns nil when the runtime was never started or has exited.
 func (p *Process) Kill() error {
+	p.mu.Lock()
+	kill := p.kill
+	p.mu.Unlock()
+	if kill != nil {
+		return kill()
+	}
+	return p.KillProcess()
+}
+
+// KillProcess kills the runtime's process at once, whatever KillBy says,
+// and waits up to KillWait for it to exit. It returns nil when the
+// runtime was never started or has exited.
+func (p *Process) KillProcess() error {
 	p.mu.Lock()
 	w := p.w
 	p.mu.Unlock()
@@ -115,14 +221,15 @@ func (p *Process) Kill() error {
 
 // KillAsking first asks the runtime to stop what it runs (a container
 // runtime's kill, which takes the container's pid namespace down), gives
-// the process up to grace to exit on its own, then kills it as Kill does.
+// the process up to grace to exit on its own, then kills its process.
 // It returns nil when the runtime was never started or has exited.
 func (p *Process) KillAsking(ask func(), grace time.Duration) error {
 	if !p.Started() {
 		return nil
 	}
+	done := p.Done()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	default:
 	}
@@ -130,19 +237,20 @@ func (p *Process) KillAsking(ask func(), grace time.Duration) error {
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	case <-t.C:
 	}
-	return p.Kill()
+	return p.KillProcess()
 }
 
 // KillWith is Kill with the caller's way of ending the runtime, started
 // or not: unless the runtime has exited, it calls kill; an error from kill
 // is returned at once, else it waits up to KillWait for the exit.
 func (p *Process) KillWith(kill func() error) error {
+	done := p.Done()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	default:
 	}
@@ -152,11 +260,43 @@ func (p *Process) KillWith(kill func() error) error {
 	t := time.NewTimer(p.killWait)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	case <-t.C:
 		return p.stuck
 	}
+}
+
+// OnDestroy adds a step to Destroy: what Create claimed, released after
+// the runtime was killed. Steps run last added first.
+func (p *Process) OnDestroy(release func() error) {
+	p.mu.Lock()
+	p.releases = append(p.releases, release)
+	p.mu.Unlock()
+}
+
+// Own makes Destroy close c (a listener, a descriptor, a lock); its
+// error is not reported.
+func (p *Process) Own(c io.Closer) {
+	p.OnDestroy(func() error {
+		_ = c.Close()
+		return nil
+	})
+}
+
+// Destroy kills the runtime and then releases what OnDestroy and Own were
+// given, each once, and returns the errors joined. It is safe to call more
+// than once, and to call on a Create that failed half-way.
+func (p *Process) Destroy() error {
+	err := p.Kill()
+	p.mu.Lock()
+	steps := p.releases
+	p.releases = nil
+	p.mu.Unlock()
+	for i := len(steps) - 1; i >= 0; i-- {
+		err = errors.Join(err, steps[i]())
+	}
+	return err
 }
 
 // cmdWaiter is a started *exec.Cmd.

@@ -34,11 +34,15 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 			return nil, errors.New("the shim is stopping")
 		}
 		// Nothing of a sandbox persists in the shim (volumes are the
-		// caller's): a reset is a fresh start with a new password.
+		// caller's): a reset is a fresh start with a new password, which
+		// first removes what the provider left of the sandbox (resetFirst).
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		a, err := s.ctrl.Start()
 		if err != nil {
 			return nil, err
 		}
+		s.resets[a] = true
 		return control.StartResult{Attempt: a}, nil
 	case control.CmdSetPolicy:
 		pol, err := egress.ParsePolicy(c.Allow, c.Upstreams)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,6 +19,7 @@ import (
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/sandbox"
 )
 
 func TestRunUsageErrorsForControlAndForwardFlags(t *testing.T) {
@@ -46,9 +48,17 @@ func (failingProvider) Create(context.Context, provider.Spec) (provider.Instance
 	return nil, errors.New("no runtime here")
 }
 
+// registerFailing registers failingProvider as provider failing-test for
+// the test.
+func registerFailing(t *testing.T) {
+	provider.Register(provider.Driver{Name: "failing-test", Flags: func(*provider.FlagSet) func() provider.Provider {
+		return func() provider.Provider { return failingProvider{} }
+	}})
+	t.Cleanup(func() { provider.Unregister("failing-test") })
+}
+
 func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
-	Providers["failing-test"] = func(ProviderFlags) provider.Provider { return failingProvider{} }
-	defer delete(Providers, "failing-test")
+	registerFailing(t)
 	var stdout, stderr bytes.Buffer
 	code := Main([]string{"run", "--provider", "failing-test", "--name", "x", "--agent", "/nonexistent"}, nil, &stdout, &stderr)
 	assert.Equal(t, 1, code)
@@ -73,8 +83,7 @@ func TestControlStdinAnswersShareTheEventStreamAndEndWithTheShim(t *testing.T) {
 	// The provider never creates anything: the shim fails at once while
 	// the stdin reader is still running; nothing is written after Main
 	// returned (the race detector watches the buffer).
-	Providers["failing-test"] = func(ProviderFlags) provider.Provider { return failingProvider{} }
-	defer delete(Providers, "failing-test")
+	registerFailing(t)
 	var stdout, stderr bytes.Buffer
 	r, w := io.Pipe()
 	defer w.Close()
@@ -151,4 +160,35 @@ func TestHandlerStatusPolicyForwardsAndTime(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdStart})
 	assert.EqualError(t, err, "the shim is stopping", "no start once a stop was asked for")
+}
+
+// resettingProvider fails every Create and records its resets.
+type resettingProvider struct {
+	failingProvider
+	mu     sync.Mutex
+	resets []string
+}
+
+func (p *resettingProvider) Reset(_ context.Context, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resets = append(p.resets, name)
+	return nil
+}
+
+func TestResetRemovesWhatTheProviderLeftBeforeTheFreshStart(t *testing.T) {
+	s, _ := newTestShim(t)
+	p := &resettingProvider{}
+	s.base = sandbox.Config{Name: "unit", Provider: p, AgentPath: "/nonexistent", Log: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+	res, err := s.Handle(ctx, control.Command{Cmd: control.CmdStart})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), res.(control.StartResult).Attempt)
+	res, err = s.Handle(ctx, control.Command{Cmd: control.CmdReset})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), res.(control.StartResult).Attempt)
+	s.ctrl.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	assert.Equal(t, []string{"unit"}, p.resets, "a start does not reset; a reset does, once")
 }

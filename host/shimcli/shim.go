@@ -14,6 +14,7 @@ import (
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/sockfile"
 	"github.com/oac/sandbox-agent/internal/systemd"
@@ -36,6 +37,7 @@ type shim struct {
 	mu      sync.Mutex
 	sess    *sandbox.Session
 	results map[uint64]error // each attempt's error (nil: stopped)
+	resets  map[uint64]bool  // attempts a reset command started
 	stopReq chan error       // the first stop request (signal, command, timeout)
 	stopped bool
 
@@ -59,7 +61,7 @@ func (s *shim) answerOut(a control.Answer) error {
 
 func newShim(f *runFlags, sink *events.JSONLines, log *slog.Logger, broker *egress.Broker) *shim {
 	s := &shim{f: f, name: f.name, sink: sink, log: log, broker: broker,
-		notify: systemd.NewNotifier(log), results: map[uint64]error{}, stopReq: make(chan error, 1)}
+		notify: systemd.NewNotifier(log), results: map[uint64]error{}, resets: map[uint64]bool{}, stopReq: make(chan error, 1)}
 	s.fwd = forward.New(forward.Config{MaxStreams: f.forwardMaxStreams, Log: log.With("part", "forward"), Emit: s.emit})
 	s.ctrl = controller.New(controller.Config{Name: f.name, Job: s.job, OnChange: s.onChange})
 	return s
@@ -101,6 +103,9 @@ func (s *shim) onChange(st controller.Status) {
 // the controller (which drops those of a stale attempt) and its session
 // handed to the forwards and the control API.
 func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) error {
+	if err := s.resetFirst(ctx, attempt); err != nil {
+		return err
+	}
 	cfg := s.base
 	cfg.Events = events.Func(func(e events.Event) {
 		e.Attempt = attempt
@@ -126,6 +131,24 @@ func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) e
 	s.results[attempt] = err
 	s.mu.Unlock()
 	return err
+}
+
+// resetFirst runs before an attempt a reset command started: the previous
+// attempt has ended (the controller runs one job at a time), so what the
+// provider left of the sandbox can be removed (provider.Resetter).
+func (s *shim) resetFirst(ctx context.Context, attempt uint64) error {
+	s.mu.Lock()
+	reset := s.resets[attempt]
+	delete(s.resets, attempt)
+	s.mu.Unlock()
+	r, ok := s.base.Provider.(provider.Resetter)
+	if !reset || !ok {
+		return nil
+	}
+	if err := r.Reset(ctx, s.name); err != nil {
+		return fmt.Errorf("reset %s sandbox: %w", s.base.Provider.Name(), err)
+	}
+	return nil
 }
 
 // requestStop asks for an orderly stop, after which the shim exits.

@@ -113,7 +113,7 @@ func TestKillStopsQemuAndTheNameIsFreeAgain(t *testing.T) {
 	_, err = p.Create(context.Background(), provider.Spec{Name: "k", AgentPath: "/a"})
 	assert.ErrorIs(t, err, provider.ErrExists)
 	require.NoError(t, in.Start(context.Background()))
-	assert.NotZero(t, in.(provider.HostPIDer).HostPID())
+	assert.NotZero(t, in.(*Instance).HostPID())
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err = in.Accept(ctx)

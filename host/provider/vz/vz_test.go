@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
 )
 
@@ -228,13 +227,9 @@ func (l *chanListener) Accept() (net.Conn, error) {
 func (l *chanListener) Close() error   { l.m.once.Do(func() { close(l.m.closed) }); return nil }
 func (l *chanListener) Addr() net.Addr { return &net.UnixAddr{Name: "vsock", Net: "vsock"} }
 
-func macOS(v string) func() ospolicy.OS {
-	return func() ospolicy.OS { return ospolicy.OS{GOOS: "darwin", Version: v} }
-}
-
 func newTestProvider(t *testing.T, hv *fakeHV) *Provider {
 	k, i := images(t)
-	return &Provider{Settings: Settings{Kernel: k, Initramfs: i, HostCPUs: 4}, Hypervisor: hv, OS: macOS("14.4")}
+	return &Provider{Settings: Settings{Kernel: k, Initramfs: i, HostCPUs: 4}, Hypervisor: hv}
 }
 
 func TestLifecycleOverAFakeHypervisor(t *testing.T) {
@@ -312,22 +307,16 @@ func TestStartFailureIsMapped(t *testing.T) {
 	require.NoError(t, inst.Destroy())
 }
 
-func TestCheckBlocksOldMacOSAndMissingImages(t *testing.T) {
+func TestCheckRefusesMissingImages(t *testing.T) {
 	hv := &fakeHV{}
 	p := newTestProvider(t, hv)
-	p.OS = macOS("11.7.10")
+	p.Kernel = filepath.Join(t.TempDir(), "missing")
 	err := p.Check(context.Background())
 	assert.ErrorIs(t, err, provider.ErrUnavailable)
-	assert.ErrorContains(t, err, "macOS 11.7.10 is not supported")
+	assert.ErrorContains(t, err, "make initramfs")
 	_, err = p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x"})
 	assert.ErrorIs(t, err, provider.ErrUnavailable)
 	assert.Nil(t, hv.m, "nothing created")
-
-	p.OS = macOS("12.0")
-	p.Kernel = filepath.Join(t.TempDir(), "missing")
-	err = p.Check(context.Background())
-	assert.ErrorIs(t, err, provider.ErrUnavailable)
-	assert.ErrorContains(t, err, "make initramfs")
 
 	hv.unavailable = ErrUnsupportedOS
 	assert.ErrorIs(t, p.Check(context.Background()), provider.ErrUnavailable)
@@ -352,14 +341,4 @@ func TestPlatformHypervisorOffMacOS(t *testing.T) {
 	assert.ErrorIs(t, err, provider.ErrUnavailable)
 	p := &Provider{}
 	assert.ErrorIs(t, p.Check(context.Background()), provider.ErrUnavailable)
-}
-
-func TestConsoleWriterIsBounded(t *testing.T) {
-	var out bytes.Buffer
-	w := &consoleWriter{w: &out, limit: 5}
-	n, err := w.Write([]byte("ab\r\ncdef"))
-	require.NoError(t, err)
-	assert.Equal(t, 8, n)
-	_, _ = w.Write([]byte("more"))
-	assert.Equal(t, "ab\ncd\nconsole output limit of 5 bytes reached; further console output dropped\n", out.String())
 }

@@ -183,22 +183,25 @@ func TestCreateUnregistersAStaleDistribution(t *testing.T) {
 	assert.True(t, r.distros["oac-demo"])
 }
 
-func TestResetIsUnregisterAndImport(t *testing.T) {
+func TestResetUnregistersWhatASandboxLeftAndAFreshStartImportsAgain(t *testing.T) {
 	r := newFakeRunner()
 	p := newTestProvider(t, r)
+	var rs provider.Resetter = p
+	require.NoError(t, rs.Reset(context.Background(), "demo"), "nothing left: nothing to do")
+	assert.Equal(t, []string{"--list --quiet"}, r.commands())
+
+	r.distros["oac-demo"] = true // an unregister that failed
+	require.NoError(t, rs.Reset(context.Background(), "demo"))
+	cmds := r.commands()
+	assert.Equal(t, "--unregister oac-demo", cmds[len(cmds)-1])
+	assert.Empty(t, r.distros)
+
 	inst, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "unused"})
 	require.NoError(t, err)
 	defer inst.Destroy()
-	require.NoError(t, inst.Start(context.Background()))
-	rs, ok := inst.(provider.Resetter)
-	require.True(t, ok, "the WSL instance can reset")
-	require.NoError(t, rs.Reset(context.Background()))
-	cmds := r.commands()
-	tail := cmds[len(cmds)-3:]
-	assert.Equal(t, "--terminate oac-demo", tail[0])
-	assert.Equal(t, "--unregister oac-demo", tail[1])
-	assert.True(t, strings.HasPrefix(tail[2], "--import oac-demo "))
-	require.NoError(t, inst.Start(context.Background()), "startable again after a reset")
+	cmds = r.commands()
+	assert.True(t, strings.HasPrefix(cmds[len(cmds)-1], "--import oac-demo "))
+	require.NoError(t, inst.Start(context.Background()), "startable after a reset")
 	select {
 	case <-inst.Done():
 		t.Fatal("a fresh start has a fresh Done")

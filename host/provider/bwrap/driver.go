@@ -1,0 +1,34 @@
+package bwrap
+
+import (
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Provider runs guests under bubblewrap (Linux only; elsewhere the
+// registered driver is unavailable).
+type Provider struct {
+	// Bwrap is the bwrap binary; default: found in PATH.
+	Bwrap string
+	// StateRoot holds per-sandbox state; default kit.UserStateRoot's.
+	StateRoot string
+	// IDBase is the first host id of the id slots; default
+	// kit.DefaultIDBase.
+	IDBase int
+	// SingleUID allows the rootless fallback without subordinate ids (see
+	// SingleUIDLoss); it is never chosen silently.
+	SingleUID bool
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "bwrap" }
+
+func init() {
+	provider.Register(provider.Driver{
+		Name:  "bwrap",
+		Usage: "[--single-uid]",
+		Flags: func(fs *provider.FlagSet) func() provider.Provider {
+			singleUID := fs.Bool("single-uid", false, "without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
+			return func() provider.Provider { return (&Provider{SingleUID: *singleUID}).driver() }
+		},
+	})
+}
