@@ -15,6 +15,28 @@ type DeadlineListener interface {
 	SetDeadline(time.Time) error
 }
 
+// Listen sets the listener Accept takes the guest's connection from.
+// Until it is set, Accept fails with ErrNotStarted.
+func (p *Process) Listen(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+}
+
+// Accept returns the guest's connection, giving up when ctx ends or the
+// runtime exits (then with Err). An interrupted Accept leaves a listener
+// with deadlines usable and closes any other (a sandbox accepts one
+// connection).
+func (p *Process) Accept(ctx context.Context) (net.Conn, error) {
+	p.mu.Lock()
+	ln, done := p.ln, p.done
+	p.mu.Unlock()
+	if ln == nil {
+		return nil, ErrNotStarted
+	}
+	return accept(ctx, ln, done, p.Err)
+}
+
 // accept returns the next connection on ln, giving up when ctx ends or
 // runtimeDone is closed (then it returns runtimeErr()). An interrupted
 // Accept leaves a DeadlineListener usable; any other listener is closed.

@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +37,7 @@ type Process struct {
 	stuck    error
 	killWait time.Duration
 
-	startMu sync.Mutex // serializes Start (see Starting)
+	startMu sync.Mutex // serializes StartOnce
 
 	mu       sync.Mutex
 	w        Waiter
@@ -57,16 +56,27 @@ func NewProcess(exit func(error) error, stuck error) *Process {
 	return &Process{exit: exit, stuck: stuck, killWait: KillWait, done: make(chan struct{})}
 }
 
-// Starting serializes an Instance's Start: it fails when the runtime was
-// started already (what names the provider in the error), else it returns
-// the function that ends the Start.
-func (p *Process) Starting(what string) (end func(), err error) {
-	p.startMu.Lock()
-	if p.Started() {
-		p.startMu.Unlock()
-		return nil, fmt.Errorf("%s: already started", what)
+// Exits phrases a runtime's exit for NewProcess: clean for a clean exit,
+// "what: Wait's error" otherwise.
+func Exits(clean, what string) func(error) error {
+	return func(err error) error {
+		if err == nil {
+			return errors.New(clean)
+		}
+		return fmt.Errorf("%s: %w", what, err)
 	}
-	return p.startMu.Unlock, nil
+}
+
+// StartOnce runs an Instance's start, which starts the runtime, once:
+// it fails when the runtime was started already (what names the provider
+// in the error), and one StartOnce runs at a time.
+func (p *Process) StartOnce(what string, start func() error) error {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	if p.Started() {
+		return fmt.Errorf("%s: already started", what)
+	}
+	return start()
 }
 
 // Start starts cmd and watches it. Its error is cmd.Start's.
@@ -158,28 +168,6 @@ func (p *Process) HostPID() int {
 		return 0
 	}
 	return p.w.Pid()
-}
-
-// Listen sets the listener Accept takes the guest's connection from.
-// Until it is set, Accept fails with ErrNotStarted.
-func (p *Process) Listen(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-}
-
-// Accept returns the guest's connection, giving up when ctx ends or the
-// runtime exits (then with Err). An interrupted Accept leaves a listener
-// with deadlines usable and closes any other (a sandbox accepts one
-// connection).
-func (p *Process) Accept(ctx context.Context) (net.Conn, error) {
-	p.mu.Lock()
-	ln, done := p.ln, p.done
-	p.mu.Unlock()
-	if ln == nil {
-		return nil, ErrNotStarted
-	}
-	return accept(ctx, ln, done, p.Err)
 }
 
 // KillBy makes Kill end the runtime with kill instead of killing its
@@ -282,6 +270,14 @@ func (p *Process) Own(c io.Closer) {
 		_ = c.Close()
 		return nil
 	})
+}
+
+// DestroyOnError is deferred by a Create with a named error result: when
+// *err is set, it releases what the Create had claimed.
+func (p *Process) DestroyOnError(err *error) {
+	if *err != nil {
+		_ = p.Destroy()
+	}
 }
 
 // Destroy kills the runtime and then releases what OnDestroy and Own were

@@ -1,5 +1,7 @@
-// Package shimcli is the command line of oac-shim: flag parsing, the
-// provider registry, signal handling, exit codes, and the wiring of one
+// Package shimcli is the command line of oac-shim: flag parsing (each
+// provider's own flags come from its registered driver, drivers.go lists
+// the providers built in), the OS policy (evaluated once, for run and
+// check), signal handling, exit codes, and the wiring of one
 // running shim (shim.go): the lifecycle controller (package controller)
 // runs the sandbox's attempts (package sandbox), whose state events pass
 // through it so a stale attempt's are dropped; the forwards (package
@@ -8,7 +10,8 @@
 // control.go; systemd hears about every state (package internal/systemd).
 // cmd/oac-shim only calls Main.
 //
-// It must not contain sandbox logic (package sandbox), parse control
+// It must not know a provider's settings, contain sandbox logic (package
+// sandbox), parse control
 // commands itself (package control), or keep running after the sandbox
 // ended: the shim exits when its current attempt has stopped or failed.
 package shimcli

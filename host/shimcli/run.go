@@ -60,7 +60,7 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	fs.Var(f.volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
 	fs.StringVar(&f.passwordFile, "password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
 	fs.BoolVar(&f.debug, "debug", false, "log debug messages")
-	f.providers = provider.NewFlagSet(fs).Declare()
+	f.providers = provider.Declare(fs)
 	fs.Var(&f.allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (ports LO-HI allowed); repeatable")
 	fs.Var(&f.upstreams, "upstream", "named egress upstream NAME:PORT=ADDR (e.g. llm-gateway:443=127.0.0.1:8443); repeatable")
 	fs.StringVar(&f.policyFile, "policy", "", "egress policy JSON file, re-read on SIGHUP (rules and upstreams add to --allow and --upstream)")

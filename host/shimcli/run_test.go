@@ -51,9 +51,7 @@ func (failingProvider) Create(context.Context, provider.Spec) (provider.Instance
 // registerFailing registers failingProvider as provider failing-test for
 // the test.
 func registerFailing(t *testing.T) {
-	provider.Register(provider.Driver{Name: "failing-test", Flags: func(*provider.FlagSet) func() provider.Provider {
-		return func() provider.Provider { return failingProvider{} }
-	}})
+	provider.Register(provider.Driver[struct{}]{Name: "failing-test", New: func(*struct{}) provider.Provider { return failingProvider{} }})
 	t.Cleanup(func() { provider.Unregister("failing-test") })
 }
 

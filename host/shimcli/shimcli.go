@@ -40,12 +40,18 @@ const usageTail = `  oac-shim check [--json] [provider flags]
 func usage() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, usageHead, strings.Join(provider.Names(), "|"))
-	for _, d := range provider.Drivers() {
-		lines := strings.Split(d.Usage, "\n")
-		fmt.Fprintf(&b, "               %-7s %s\n", d.Name+":", lines[0])
-		for _, l := range lines[1:] {
-			fmt.Fprintf(&b, "                       %s\n", l)
+	flags := provider.Usage()
+	for _, name := range provider.Names() {
+		indent := fmt.Sprintf("               %-7s ", name+":")
+		line := indent
+		for _, part := range strings.SplitAfter(flags[name], "] ") {
+			if len(line)+len(part) > 90 && line != indent {
+				b.WriteString(strings.TrimRight(line, " ") + "\n")
+				line = strings.Repeat(" ", len(indent))
+			}
+			line += part
 		}
+		b.WriteString(line + "\n")
 	}
 	b.WriteString(usageTail)
 	return b.String()
@@ -129,7 +135,7 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("oac-shim check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
-	providers := provider.NewFlagSet(fs).Declare()
+	providers := provider.Declare(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 func (p *Provider) driver() provider.Provider { return p }
@@ -144,25 +143,19 @@ func apparmorAllowsUserns(bwrap string) bool {
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	mode, err := p.mode()
 	if err != nil {
 		return nil, err
 	}
 	bw, _ := p.bwrap()
-	in := &Instance{Process: newProcess(), spec: spec, bwrap: bw, mode: mode}
-	ok := false
-	defer func() {
-		if !ok {
-			in.Destroy()
-		}
-	}()
+	in := &Instance{Process: provider.NewProcess(provider.Exits("sandbox runtime exited with status 0", "sandbox runtime exited"), errors.New("bwrap did not exit within 10s of SIGKILL")), spec: spec, bwrap: bw, mode: mode}
+	defer in.DestroyOnError(&err)
 	root := kit.UserStateRoot(p.StateRoot)
-	state, err := statedir.Claim(root, spec.Name)
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.Own(state)
 	in.dir = state.Path
 	switch mode {
 	case ModeRoot:
@@ -181,7 +174,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := in.prepare(); err != nil {
 		return nil, err
 	}
-	ok = true
 	return in, nil
 }
 
@@ -211,16 +203,6 @@ type Instance struct {
 	tmpfs    []string
 	volumes  []namedFile // name: the guest directory
 	installs []namedFile
-}
-
-// newProcess returns the bwrap process of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("sandbox runtime exited with status 0")
-		}
-		return fmt.Errorf("sandbox runtime exited: %w", err)
-	}, errors.New("bwrap did not exit within 10s of SIGKILL"))
 }
 
 // HostID returns the host uid and gid guest id maps to; -1 when id is not
@@ -369,11 +351,10 @@ func openBinary(what, path string) (*os.File, error) {
 
 // Start implements provider.Instance.
 func (in *Instance) Start(ctx context.Context) error {
-	end, err := in.Starting("bwrap")
-	if err != nil {
-		return err
-	}
-	defer end()
+	return in.StartOnce("bwrap", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	// ExtraFiles become fds 3, 4, ... in bwrap.
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
@@ -395,6 +376,7 @@ func (in *Instance) Start(ctx context.Context) error {
 	var childEnds []*os.File
 	if in.mode == ModeSubIDs {
 		var infoW, blockR *os.File
+		var err error
 		if infoR, infoW, err = os.Pipe(); err != nil {
 			return fmt.Errorf("bwrap: info pipe: %w", err)
 		}

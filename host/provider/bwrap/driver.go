@@ -16,19 +16,12 @@ type Provider struct {
 	IDBase int
 	// SingleUID allows the rootless fallback without subordinate ids (see
 	// SingleUIDLoss); it is never chosen silently.
-	SingleUID bool
+	SingleUID bool `flag:"single-uid" usage:"without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)"`
 }
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return "bwrap" }
 
 func init() {
-	provider.Register(provider.Driver{
-		Name:  "bwrap",
-		Usage: "[--single-uid]",
-		Flags: func(fs *provider.FlagSet) func() provider.Provider {
-			singleUID := fs.Bool("single-uid", false, "without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
-			return func() provider.Provider { return (&Provider{SingleUID: *singleUID}).driver() }
-		},
-	})
+	provider.Register(provider.Driver[Provider]{Name: "bwrap", New: (*Provider).driver})
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 const quickTimeout = 30 * time.Second
@@ -70,7 +69,7 @@ func (p *Provider) Detail(ctx context.Context) string {
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: docker runs an image (--docker-image), not a --rootfs directory", provider.ErrInvalidSpec)
 	}
@@ -84,18 +83,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if out, err := output(ctx, d, imageArgs(p.Image)...); err != nil {
 		return nil, classify("image "+p.Image, out, err)
 	}
-	in := &Instance{Process: newProcess(), spec: spec, docker: d}
-	ok := false
-	defer func() {
-		if !ok {
-			in.Destroy()
-		}
-	}()
-	state, err := statedir.Claim(kit.StateRoot(p.StateRoot), spec.Name)
+	in := &Instance{Process: provider.NewProcess(provider.Exits("container exited (docker run returned status 0)", "sandbox runtime exited: docker run"), errors.New("docker run did not exit within 10s of SIGKILL")), spec: spec, docker: d}
+	defer in.DestroyOnError(&err)
+	state, err := kit.ClaimState(in.Process, kit.StateRoot(p.StateRoot), spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.Own(state)
 	// We hold the name's lock: a container of that name is a leftover.
 	if out, err := output(ctx, d, removeArgs(spec.Name)...); err != nil {
 		if cerr := classify("remove stale container", out, err); !errors.Is(cerr, ErrNoContainer) {
@@ -123,7 +116,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	in.KillBy(func() error {
 		return in.KillAsking(func() { _, _ = output(context.Background(), in.docker, killArgs(in.cfg.Name)...) }, 5*time.Second)
 	})
-	ok = true
 	return in, nil
 }
 
@@ -136,27 +128,16 @@ type Instance struct {
 	cfg    runConfig
 }
 
-// newProcess returns the `docker run` client of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("container exited (docker run returned status 0)")
-		}
-		return fmt.Errorf("sandbox runtime exited: docker run: %w", err)
-	}, errors.New("docker run did not exit within 10s of SIGKILL"))
-}
-
 // Args returns the docker client's arguments for the container.
 func (in *Instance) Args() []string { return runArgs(in.cfg) }
 
 // Start implements provider.Instance: `docker run` attached, so the
 // client lives as long as the container and relays its output.
 func (in *Instance) Start(ctx context.Context) error {
-	end, err := in.Starting("docker")
-	if err != nil {
-		return err
-	}
-	defer end()
+	return in.StartOnce("docker", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	cmd := exec.Command(in.docker, runArgs(in.cfg)...)
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}

@@ -9,9 +9,9 @@ import (
 // unavailable).
 type Provider struct {
 	// Docker is the docker client; default: found in PATH.
-	Docker string
+	Docker string `flag:"docker" meta:"PATH" usage:"the docker client (default: docker in PATH)"`
 	// Image is the guest image (required); it is never pulled.
-	Image string
+	Image string `flag:"docker-image" meta:"!IMAGE" usage:"the guest image to run (never pulled)"`
 	// StateRoot holds per-sandbox state; default kit.DefaultStateRoot.
 	StateRoot string
 	Debug     bool
@@ -21,13 +21,5 @@ type Provider struct {
 func (p *Provider) Name() string { return "docker" }
 
 func init() {
-	provider.Register(provider.Driver{
-		Name:  "docker",
-		Usage: "--docker-image IMAGE [--docker PATH]",
-		Flags: func(fs *provider.FlagSet) func() provider.Provider {
-			docker := fs.String("docker", "", "the docker client (default: docker in PATH)")
-			image := fs.String("docker-image", "", "the guest image to run (never pulled)")
-			return func() provider.Provider { return (&Provider{Docker: *docker, Image: *image}).driver() }
-		},
-	})
+	provider.Register(provider.Driver[Provider]{Name: "docker", New: (*Provider).driver})
 }

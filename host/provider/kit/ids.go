@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
@@ -50,3 +51,14 @@ func (ids *IDs) HostID(id int) (int, int) {
 
 // Close frees the slot.
 func (ids *IDs) Close() error { return ids.lock.Close() }
+
+// ClaimState claims the sandbox's state directory under root (see
+// statedir.Claim) for an instance, whose Destroy releases it.
+func ClaimState(in *provider.Process, root, name string) (*statedir.Dir, error) {
+	d, err := statedir.Claim(root, name)
+	if err != nil {
+		return nil, err
+	}
+	in.Own(d)
+	return d, nil
+}

@@ -105,3 +105,15 @@ const (
 	TmpSizeMiB = 128
 	RunSizeMiB = 16
 )
+
+// BootImages returns kernel and initramfs, each defaulting to the image
+// make initramfs puts beside oac-shim (vmlinuz, initramfs.img).
+func BootImages(kernel, initramfs string) (string, string) {
+	if kernel == "" {
+		kernel = BesideShim("vmlinuz")
+	}
+	if initramfs == "" {
+		initramfs = BesideShim("initramfs.img")
+	}
+	return kernel, initramfs
+}

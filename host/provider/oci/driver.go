@@ -9,7 +9,7 @@ import (
 type Provider struct {
 	// Runtime is runc, crun or a path to one of them; "" picks runc, then
 	// crun, from PATH.
-	Runtime string
+	Runtime string `flag:"runtime" meta:"runc|crun|PATH" usage:"runc, crun or the path of one (default: runc, else crun)"`
 	// StateRoot holds per-sandbox state; default kit.DefaultStateRoot.
 	StateRoot string
 	// IDBase is the first host id of the id slots; default
@@ -17,7 +17,7 @@ type Provider struct {
 	IDBase int
 	// NoNewPrivileges sets no_new_privs on the agent (the container
 	// process); the agent sets it on the daemon either way.
-	NoNewPrivileges bool
+	NoNewPrivileges bool `flag:"oci-no-new-privs" usage:"set no-new-privileges on the agent itself (the daemon always gets it)"`
 	// Debug runs the agent with --debug.
 	Debug bool
 }
@@ -26,15 +26,5 @@ type Provider struct {
 func (p *Provider) Name() string { return "oci" }
 
 func init() {
-	provider.Register(provider.Driver{
-		Name:  "oci",
-		Usage: "[--runtime runc|crun|PATH] [--oci-no-new-privs=false]",
-		Flags: func(fs *provider.FlagSet) func() provider.Provider {
-			runtime := fs.String("runtime", "", "runc, crun or the path of one (default: runc, else crun)")
-			noNewPrivs := fs.Bool("oci-no-new-privs", true, "set no-new-privileges on the agent itself (the daemon always gets it)")
-			return func() provider.Provider {
-				return (&Provider{Runtime: *runtime, NoNewPrivileges: *noNewPrivs}).driver()
-			}
-		},
-	})
+	provider.Register(provider.Driver[Provider]{Name: "oci", Defaults: &Provider{NoNewPrivileges: true}, New: (*Provider).driver})
 }

@@ -74,34 +74,29 @@ func (p *Provider) Check(ctx context.Context) error {
 	return err
 }
 
-// Detail describes how sandboxes would run here (after a nil Check).
+// Detail implements provider.Detailer.
 func (p *Provider) Detail(ctx context.Context) string {
-	rt, err := p.runtime()
-	if err != nil {
-		return ""
+	if rt, err := p.runtime(); err == nil {
+		return rt.Detail()
 	}
-	return rt.Detail()
+	return ""
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	rt, err := p.runtime()
 	if err != nil {
 		return nil, err
 	}
-	in := &Instance{Process: newProcess(rt.Kind), spec: spec, rt: rt, id: ContainerID(spec.Name)}
-	ok := false
-	defer func() {
-		if !ok {
-			in.Destroy()
-		}
-	}()
+	in := &Instance{Process: provider.NewProcess(provider.Exits(fmt.Sprintf("container exited (%s run returned status 0)", rt.Kind), "sandbox runtime exited: "+rt.Kind),
+		fmt.Errorf("%s did not exit within 10s of SIGKILL", rt.Kind)),
+		spec: spec, rt: rt, id: ContainerID(spec.Name)}
+	defer in.DestroyOnError(&err)
 	root := kit.StateRoot(p.StateRoot)
-	state, err := statedir.Claim(root, spec.Name)
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.Own(state)
 	in.state = state
 	ids, err := kit.ClaimIDs(root, p.IDBase)
 	if err != nil {
@@ -128,7 +123,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	in.KillBy(func() error {
 		return in.KillAsking(func() { _ = in.runtimeCmd(killArgs(in.id)...).Run() }, 3*time.Second)
 	})
-	ok = true
 	return in, nil
 }
 
@@ -157,17 +151,6 @@ type Instance struct {
 	bundle string
 	state  *statedir.Dir
 	ids    *kit.IDs
-}
-
-// newProcess returns the runtime process (runc run / crun run) of an
-// Instance, not started.
-func newProcess(kind string) *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return fmt.Errorf("container exited (%s run returned status 0)", kind)
-		}
-		return fmt.Errorf("sandbox runtime exited: %s: %w", kind, err)
-	}, fmt.Errorf("%s did not exit within 10s of SIGKILL", kind))
 }
 
 // ContainerID returns the runtime's id of the container.
@@ -294,11 +277,10 @@ func (in *Instance) skeleton(dir string) (string, []kit.HostEntry, [][2]string, 
 // Start implements provider.Instance: `runc run` (or crun) in the
 // foreground; the runtime process lives as long as the container.
 func (in *Instance) Start(ctx context.Context) error {
-	end, err := in.Starting("oci")
-	if err != nil {
-		return err
-	}
-	defer end()
+	return in.StartOnce("oci", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	cmd := in.runtimeCmd(runArgs(in.bundle, in.id)...)
 	// The runtime dies with the shim; the guest then loses its
 	// connection and stops, and Create of the same name deletes the

@@ -105,7 +105,7 @@ func (p *Provider) Check(ctx context.Context) error {
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: qemu guests run from their initramfs; --rootfs is a bwrap option (switch_root into a disk is not built yet)", provider.ErrInvalidSpec)
 	}
@@ -121,7 +121,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	accel, _ := p.accel()
 	tr, _ := p.transport()
 	in := &Instance{
-		Process: newProcess(), spec: spec, qemu: qemuBin,
+		Process: provider.NewProcess(provider.Exits("virtual machine powered off", "qemu exited"), errors.New("qemu did not exit within 10s of SIGKILL")), spec: spec, qemu: qemuBin,
 		cfg: vmConfig{
 			Name: spec.Name, Kernel: provider.AbsPath(p.Kernel), Initramfs: provider.AbsPath(p.Initramfs), Disk: provider.AbsPath(p.Disk), Accel: accel,
 			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
@@ -129,18 +129,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		},
 		consoleLimit: p.ConsoleLimit,
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			in.Destroy()
-		}
-	}()
+	defer in.DestroyOnError(&err)
 	root := kit.StateRoot(p.StateRoot)
-	state, err := statedir.Claim(root, spec.Name)
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.Own(state)
 	if tr == TransportVsock {
 		if err := in.listenVsock(filepath.Join(root, "vsock")); err != nil {
 			return nil, err
@@ -154,7 +148,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		in.Own(ln)
 		in.Listen(ln)
 	}
-	ok = true
 	return in, nil
 }
 
@@ -172,16 +165,6 @@ type Instance struct {
 	qemu         string
 	cfg          vmConfig
 	consoleLimit int64
-}
-
-// newProcess returns the qemu process of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("virtual machine powered off")
-		}
-		return fmt.Errorf("qemu exited: %w", err)
-	}, errors.New("qemu did not exit within 10s of SIGKILL"))
 }
 
 // listenVsock claims a CID/port slot and listens for the guest on the
@@ -231,11 +214,10 @@ func (in *Instance) Args() []string { return buildArgs(in.cfg) }
 
 // Start implements provider.Instance.
 func (in *Instance) Start(ctx context.Context) error {
-	end, err := in.Starting("qemu")
-	if err != nil {
-		return err
-	}
-	defer end()
+	return in.StartOnce("qemu", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"

@@ -3,11 +3,9 @@
 package qemu
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +14,6 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // fakeProvider returns a provider whose "qemu" is a shell script.
 func fakeProvider(t *testing.T, script string) *Provider {

@@ -28,30 +28,10 @@ type Provider struct {
 func (p *Provider) Name() string { return "vz" }
 
 func init() {
-	provider.Register(provider.Driver{
-		Name: "vz",
-		Usage: "[--kernel FILE] [--initramfs FILE] [--memory MIB] [--cpus N]\n" +
-			"[--disk FILE] [--share DIR] [--host-grace DUR]",
-		Flags: func(fs *provider.FlagSet) func() provider.Provider {
-			kernel := fs.Path("kernel", "kernel image (default: vmlinuz beside oac-shim)")
-			initramfs := fs.Path("initramfs", "initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
-			disk := fs.Path("disk", "raw disk image attached read-only as virtio-blk")
-			memory := fs.Int("memory", 0, "guest memory in MiB (default 512)")
-			cpus := fs.Int("cpus", 0, "virtual CPUs (default 2, at most the host's)")
-			share := fs.Path("share", "host directory shared with the guest over virtio-fs (tag workspace)")
-			grace := fs.Duration("host-grace", 0, "the guest powers off after the host is gone this long (0: the guest's default, 30s)")
-			return func() provider.Provider {
-				s := Settings{Kernel: *kernel, Initramfs: *initramfs, Disk: *disk, Share: *share, MemoryMiB: *memory, CPUs: *cpus, HostGrace: *grace}
-				if s.Kernel == "" {
-					s.Kernel = kit.BesideShim("vmlinuz")
-				}
-				if s.Initramfs == "" {
-					s.Initramfs = kit.BesideShim("initramfs.img")
-				}
-				return &Provider{Settings: s}
-			}
-		},
-	})
+	provider.Register(provider.Driver[Provider]{Name: "vz", New: func(p *Provider) provider.Provider {
+		p.Kernel, p.Initramfs = kit.BootImages(p.Kernel, p.Initramfs)
+		return p
+	}})
 }
 
 func (p *Provider) hv() Hypervisor {
@@ -139,11 +119,10 @@ func (in *Instance) Config() VMConfig { return in.cfg }
 // Start implements provider.Instance. The guest's connection is accepted
 // from the machine's virtio socket from now on.
 func (in *Instance) Start(ctx context.Context) error {
-	end, err := in.Starting("vz")
-	if err != nil {
-		return err
-	}
-	defer end()
+	return in.StartOnce("vz", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	in.Listen(in.ln)
 	run := machineRun{m: in.m, changes: in.m.StateChanged()}
 	if err := in.m.Start(ctx); err != nil {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
@@ -31,13 +30,13 @@ const (
 type Provider struct {
 	// WSL is wsl.exe; default: %SystemRoot%\System32\wsl.exe, else PATH
 	// (on other OSes there is none unless given).
-	WSL string
+	WSL string `flag:"wsl" meta:"PATH" usage:"wsl.exe to run (default: %SystemRoot%\\System32\\wsl.exe)"`
 	// Rootfs is the root filesystem tarball (the image build's output)
 	// imported for each sandbox; Spec.Rootfs overrides it.
 	Rootfs string
 	// InstallerURL is the mirrored WSL installer named when WSL is
 	// missing or too old.
-	InstallerURL string
+	InstallerURL string `flag:"wsl-installer" meta:"URL" usage:"URL of the mirrored WSL installer named when WSL is missing or too old"`
 	// StateRoot holds per-sandbox state and the distributions' disks;
 	// default %LOCALAPPDATA%\oac.
 	StateRoot string
@@ -51,17 +50,10 @@ type Provider struct {
 func (p *Provider) Name() string { return "wsl" }
 
 func init() {
-	provider.Register(provider.Driver{
-		Name:  "wsl",
-		Usage: "[--wsl PATH] [--wsl-installer URL] (--rootfs is the tarball)",
-		Flags: func(fs *provider.FlagSet) func() provider.Provider {
-			wsl := fs.String("wsl", "", `wsl.exe to run (default: %SystemRoot%\System32\wsl.exe)`)
-			installer := fs.String("wsl-installer", "", "URL of the mirrored WSL installer named when WSL is missing or too old")
-			return func() provider.Provider {
-				return &Provider{WSL: *wsl, InstallerURL: *installer, Rootfs: kit.BesideShim("oac-rootfs.tar.gz")}
-			}
-		},
-	})
+	provider.Register(provider.Driver[Provider]{Name: "wsl", Note: "(--rootfs is the tarball)", New: func(p *Provider) provider.Provider {
+		p.Rootfs = kit.BesideShim("oac-rootfs.tar.gz")
+		return p
+	}})
 }
 
 func (p *Provider) wslPath() string {
@@ -167,7 +159,7 @@ func (p *Provider) Detail(ctx context.Context) string {
 
 // Create implements provider.Provider: it imports the sandbox's
 // distribution (removing a stale one of the same name first).
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if _, err := p.Version(ctx); err != nil {
 		return nil, err
 	}
@@ -175,18 +167,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, fmt.Errorf("%w: wsl: %v", provider.ErrInvalidSpec, err)
 	}
-	in := &Instance{Process: newProcess(), p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar}
-	ok := false
-	defer func() {
-		if !ok {
-			in.Destroy()
-		}
-	}()
-	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	in := &Instance{Process: provider.NewProcess(provider.Exits("the agent's wsl.exe exited with status 0", "sandbox runtime exited: wsl.exe"), errors.New("wsl.exe did not exit within 10s of being killed")), p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar}
+	defer in.DestroyOnError(&err)
+	state, err := kit.ClaimState(in.Process, p.stateRoot(), spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.Own(state)
 	in.dir = filepath.Join(state.Path, "distro")
 	// Destroy unregisters the distribution (which deletes its disk).
 	in.OnDestroy(func() error { return in.unregister(context.Background()) })
@@ -206,7 +192,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := in.importDistro(ctx); err != nil {
 		return nil, err
 	}
-	ok = true
 	return in, nil
 }
 
@@ -223,16 +208,6 @@ type Instance struct {
 
 	mu       sync.Mutex
 	imported bool
-}
-
-// newProcess returns the agent's wsl.exe of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("the agent's wsl.exe exited with status 0")
-		}
-		return fmt.Errorf("sandbox runtime exited: wsl.exe: %w", err)
-	}, errors.New("wsl.exe did not exit within 10s of being killed"))
 }
 
 // Distro returns the WSL distribution's name.
@@ -282,11 +257,10 @@ func (in *Instance) importDistro(ctx context.Context) error {
 // the distribution, speaking the session over the process's stdin and
 // stdout, which Accept hands out once.
 func (in *Instance) Start(ctx context.Context) error {
-	end, err := in.Starting("wsl")
-	if err != nil {
-		return err
-	}
-	defer end()
+	return in.StartOnce("wsl", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	in.mu.Lock()
 	imported := in.imported
 	in.mu.Unlock()
