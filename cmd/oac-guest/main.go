@@ -1,7 +1,7 @@
 //go:build linux
 
 // Command oac-guest is the agent baked into every guest image. See package
-// guest/agent for what it does and README.md for how it is started.
+// guest/agent for what it does and docs/cli.md for how it is started.
 package main
 
 import (

@@ -1,5 +1,5 @@
-// Command oac-image builds guest images. See package initramfs and
-// README.md.
+// Command oac-image builds guest images. See package initramfs/imagecli and
+// docs/images.md.
 package main
 
 import (
