@@ -118,14 +118,16 @@ func mkdirOwned(parent int, name string, o Options) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	// Chmod as well as chown: the umask may have narrowed the mode.
-	if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("chown: %w", err)
-	}
+	// Chmod as well as chown: the umask may have narrowed the mode. Chmod
+	// first, while the directory is still ours: a container's root has no
+	// CAP_FOWNER.
 	if err := unix.Fchmod(fd, DirMode); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("chmod: %w", err)
+	}
+	if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("chown: %w", err)
 	}
 	_ = unix.Fsync(parent)
 	return fd, nil
@@ -193,11 +195,12 @@ func Write(p string, data []byte, o Options) error {
 	if _, err := f.Write(data); err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
-	if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
-		return fmt.Errorf("write %s: chown: %w", p, err)
-	}
+	// Chmod before chown, while the file is still ours (no CAP_FOWNER).
 	if err := unix.Fchmod(fd, FileMode); err != nil {
 		return fmt.Errorf("write %s: chmod: %w", p, err)
+	}
+	if err := unix.Fchown(fd, o.UID, o.GID); err != nil {
+		return fmt.Errorf("write %s: chown: %w", p, err)
 	}
 	if err := unix.Fsync(fd); err != nil {
 		return fmt.Errorf("write %s: fsync: %w", p, err)

@@ -218,6 +218,9 @@ func (s *run) run(ctx context.Context) error {
 	if err := spec.Validate(); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
 	}
+	if err := provider.Refuse(s.cfg.Provider, spec); err != nil {
+		return s.fail(fmt.Errorf("nothing created: %w", err))
+	}
 	if c := b.Credentials; c != nil {
 		// Never the caller's struct: the password is this start's own.
 		cc := *c

@@ -95,6 +95,10 @@ type ProviderStatus struct {
 	Reason string `json:"reason,omitempty"`
 	// Detail says how sandboxes would run (available only).
 	Detail string `json:"detail,omitempty"`
+	// Honours lists the optional run flags the provider carries into
+	// its guests (--rootfs, --sandbox-io, --install, --volume); run
+	// refuses the others before anything is created.
+	Honours []string `json:"honours"`
 }
 
 // detectOS is replaced in tests.
@@ -113,8 +117,11 @@ func Check(ctx context.Context, providers map[string]func() provider.Provider) C
 	o, v := osVerdict()
 	r := CheckReport{OS: o, Policy: v}
 	for _, n := range provider.Names() {
-		st := ProviderStatus{Name: n}
 		p := providers[n]()
+		st := ProviderStatus{Name: n, Honours: []string{}}
+		for _, f := range provider.Honours(p) {
+			st.Honours = append(st.Honours, string(f))
+		}
 		switch err := p.Check(ctx); {
 		case v.Level == ospolicy.Block:
 			st.Reason = v.Message
@@ -166,9 +173,16 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 		if p.Detail != "" {
 			detail = " (" + p.Detail + ")"
 		}
-		fmt.Fprintf(stdout, "%s: available%s\n", p.Name, detail)
+		fmt.Fprintf(stdout, "%s: available%s; honours %s\n", p.Name, detail, honoursList(p.Honours))
 	}
 	return code
+}
+
+func honoursList(fs []string) string {
+	if len(fs) == 0 {
+		return "none of --rootfs, --sandbox-io, --install, --volume"
+	}
+	return strings.Join(fs, ", ")
 }
 
 // stringList is a repeatable string flag.

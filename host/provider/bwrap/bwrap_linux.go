@@ -240,7 +240,7 @@ func (in *Instance) prepare() error {
 		if err := os.Mkdir(etcDir, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", etcDir, err)
 		}
-		etc, err := kit.EtcFiles(etcDir, in.spec.Hostname, map[string]string{"resolv.conf": resolvConf})
+		etc, err := kit.EtcFiles(etcDir, in.spec.Hostname, map[string]string{"resolv.conf": kit.ResolvConf})
 		if err != nil {
 			return err
 		}

@@ -25,3 +25,9 @@ func (p *Provider) Name() string { return "bwrap" }
 func init() {
 	provider.Register(provider.Driver[Provider]{Name: "bwrap", New: (*Provider).driver})
 }
+
+// Honours implements provider.Honourer: every optional feature.
+func (p *Provider) Honours() []provider.Feature { return provider.AllFeatures }
+
+// Instead implements provider.Honourer.
+func (p *Provider) Instead(provider.Feature) string { return "" }

@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"encoding/csv"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,9 +11,8 @@ import (
 )
 
 // AgentCaps are the capabilities added back after --cap-drop ALL: the
-// ones the OCI provider measured the agent needs (setuid/setgid to start
-// the daemon as 1000:1000, kill to stop it).
-var AgentCaps = []string{"KILL", "SETGID", "SETUID"}
+// hosted contract's (kit.AgentCaps, which says why each is needed).
+var AgentCaps = kit.AgentCaps
 
 // ContainerName is the engine's name of a sandbox's container.
 func ContainerName(name string) string { return "oac-" + name }
@@ -25,7 +25,27 @@ type runConfig struct {
 	// RunDir is the host directory mounted at /run/oac (the transport
 	// socket); AgentPath the host's oac-guest, mounted read-only.
 	RunDir, AgentPath string
-	Debug             bool
+	// ResolvConf is a host file mounted read-only at /etc/resolv.conf:
+	// the agent's resolver (docker's own would name the host's).
+	ResolvConf string
+	// Volumes are host directories bound read-write at /home or
+	// /environment (provider.VolumeDirs); the others get a tmpfs.
+	Volumes map[string]string
+	// Installs are host binaries bound read-only at /usr/local/bin/NAME,
+	// as name -> host path pairs in name order.
+	Installs [][2]string
+	Debug    bool
+}
+
+// mountArg is the value of --mount for the fields given as key=value,
+// quoted the way the docker client's CSV parser reads it (a path with a
+// comma or a quote stays one field).
+func mountArg(fields ...string) string {
+	var b strings.Builder
+	w := csv.NewWriter(&b)
+	_ = w.Write(fields)
+	w.Flush()
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // runArgs returns the arguments of `docker run` (without "docker").
@@ -47,9 +67,24 @@ func runArgs(c runConfig) []string {
 		"--pids-limit", fmt.Sprint(kit.PidsLimit),
 		"--tmpfs", fmt.Sprintf("/tmp:rw,nosuid,nodev,size=%dm,mode=1777", kit.TmpSizeMiB),
 		"--tmpfs", fmt.Sprintf("/run:rw,nosuid,nodev,size=%dm,mode=755", kit.RunSizeMiB),
-		"--mount", "type=bind,src="+c.RunDir+",dst="+kit.GuestRunDir,
-		"--mount", "type=bind,src="+c.AgentPath+",dst="+kit.GuestAgentPath+",readonly",
+		"--mount", mountArg("type=bind", "src="+c.RunDir, "dst="+kit.GuestRunDir),
+		"--mount", mountArg("type=bind", "src="+c.AgentPath, "dst="+kit.GuestAgentPath, "readonly"),
 	)
+	if c.ResolvConf != "" {
+		a = append(a, "--mount", mountArg("type=bind", "src="+c.ResolvConf, "dst=/etc/resolv.conf", "readonly"))
+	}
+	// /home and /environment: writable, owned by guest root, which makes
+	// /home/runtime and /environment/workspace for uid 1000 itself.
+	for _, d := range provider.VolumeDirs {
+		if host, ok := c.Volumes[d]; ok {
+			a = append(a, "--mount", mountArg("type=bind", "src="+host, "dst="+d))
+		} else {
+			a = append(a, "--tmpfs", d+":rw,nosuid,nodev,mode=755")
+		}
+	}
+	for _, in := range c.Installs {
+		a = append(a, "--mount", mountArg("type=bind", "src="+in[1], "dst="+kit.GuestInstallDir+"/"+in[0], "readonly"))
+	}
 	if c.Hostname != "" {
 		a = append(a, "--hostname", c.Hostname)
 	}
@@ -87,7 +122,7 @@ func classify(what, out string, err error) error {
 		strings.Contains(lower, "error during connect"), strings.Contains(lower, "permission denied while trying to connect"):
 		return fmt.Errorf("%w: docker: no Docker engine reachable: %s", provider.ErrUnavailable, msg)
 	case strings.Contains(lower, "no such image"), strings.Contains(lower, "unable to find image"):
-		return fmt.Errorf("%w: docker: %s: %s (docker pull it first; the provider never pulls)", provider.ErrInvalidSpec, what, msg)
+		return fmt.Errorf("%w: docker: %s: %s (docker import the image build's rootfs.tar.gz, or docker load an archive, first; the provider never pulls)", provider.ErrInvalidSpec, what, msg)
 	case strings.Contains(lower, "no such container"), strings.Contains(lower, "is not running"):
 		return fmt.Errorf("%w: docker: %s: %s", ErrNoContainer, what, msg)
 	case strings.Contains(lower, "is already in use by container"):

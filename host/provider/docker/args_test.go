@@ -10,19 +10,32 @@ import (
 )
 
 func TestRunArgsAreExact(t *testing.T) {
-	got := runArgs(runConfig{Name: "demo", Image: "oac/guest:1", Hostname: "box", RunDir: "/run/oac/sandboxes/demo/run", AgentPath: "/opt/oac/oac-guest"})
+	got := runArgs(runConfig{Name: "demo", Image: "oac/guest:1", Hostname: "box", RunDir: "/run/oac/sandboxes/demo/run", AgentPath: "/opt/oac/oac-guest",
+		ResolvConf: "/run/oac/sandboxes/demo/resolv.conf", Volumes: map[string]string{"/environment": "/srv/env"},
+		Installs: [][2]string{{"oac-daemon", "/opt/oac/daemon"}, {"oac-sandbox-io", "/opt/oac/sandbox-io"}}})
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", "oac-demo", "--label", "oac.sandbox=demo", "--pull", "never", "--user", "0:0",
 		"--network", "none", "--read-only",
-		"--cap-drop", "ALL", "--cap-add", "KILL", "--cap-add", "SETGID", "--cap-add", "SETUID",
+		"--cap-drop", "ALL", "--cap-add", "CHOWN", "--cap-add", "DAC_OVERRIDE", "--cap-add", "KILL", "--cap-add", "NET_ADMIN",
+		"--cap-add", "NET_BIND_SERVICE", "--cap-add", "SETGID", "--cap-add", "SETUID",
 		"--security-opt", "no-new-privileges", "--pids-limit", "128",
 		"--tmpfs", "/tmp:rw,nosuid,nodev,size=128m,mode=1777",
 		"--tmpfs", "/run:rw,nosuid,nodev,size=16m,mode=755",
 		"--mount", "type=bind,src=/run/oac/sandboxes/demo/run,dst=/run/oac",
 		"--mount", "type=bind,src=/opt/oac/oac-guest,dst=/run/oac/oac-guest,readonly",
+		"--mount", "type=bind,src=/run/oac/sandboxes/demo/resolv.conf,dst=/etc/resolv.conf,readonly",
+		"--tmpfs", "/home:rw,nosuid,nodev,mode=755",
+		"--mount", "type=bind,src=/srv/env,dst=/environment",
+		"--mount", "type=bind,src=/opt/oac/daemon,dst=/usr/local/bin/oac-daemon,readonly",
+		"--mount", "type=bind,src=/opt/oac/sandbox-io,dst=/usr/local/bin/oac-sandbox-io,readonly",
 		"--hostname", "box",
 		"--entrypoint", "/run/oac/oac-guest", "oac/guest:1", "--transport", "unix:///run/oac/agent.sock",
 	}, got)
+}
+
+func TestMountArgQuotesWhatTheClientWouldSplit(t *testing.T) {
+	assert.Equal(t, `type=bind,"src=/srv/a,b",dst=/home`, mountArg("type=bind", "src=/srv/a,b", "dst=/home"))
+	assert.Equal(t, `type=bind,"src=/srv/""q""",dst=/home`, mountArg("type=bind", `src=/srv/"q"`, "dst=/home"))
 }
 
 func TestRunArgsWithoutHostnameWithDebug(t *testing.T) {

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -21,7 +23,7 @@ const quickTimeout = 30 * time.Second
 func (p *Provider) driver() provider.Provider { return p }
 
 func (p *Provider) docker() (string, error) {
-	return kit.Binary("docker", p.Docker, "docker", "the docker client is not installed (install Docker Engine: https://docs.docker.com/engine/install/)")
+	return kit.Binary("docker", p.Docker, "docker", "the docker client is not installed (apt-get install docker.io, or Docker Engine: https://docs.docker.com/engine/install/)")
 }
 
 // output runs the docker client to completion.
@@ -36,36 +38,81 @@ func output(ctx context.Context, docker string, args ...string) (string, error) 
 	return out.String(), err
 }
 
-// Check implements provider.Provider: a client, a reachable engine and an
-// image to run.
-func (p *Provider) Check(ctx context.Context) error {
-	d, err := p.docker()
-	if err != nil {
-		return err
-	}
-	if out, err := output(ctx, d, versionArgs()...); err != nil {
-		if cerr := classify("version", out, err); errors.Is(cerr, provider.ErrUnavailable) {
-			return cerr
-		}
-		return fmt.Errorf("%w: docker: no Docker engine reachable: %s", provider.ErrUnavailable, strings.TrimSpace(out))
-	}
-	if p.Image == "" {
-		return fmt.Errorf("%w: docker: no guest image given (--docker-image IMAGE)", provider.ErrUnavailable)
-	}
-	return nil
+// engine is what Check found: the client, the engine's version and the
+// image's id.
+type engine struct {
+	client, version, imageID string
+	// noImage is the engine's refusal of the image, as an ErrInvalidSpec
+	// for Create (Check reports it as ErrUnavailable).
+	noImage error
 }
 
-// Detail says whether the engine maps container root away from host root.
-func (p *Provider) Detail(ctx context.Context) string {
+// check finds what the provider needs, in order: a client, a reachable
+// engine, an image given and present. The error wraps ErrUnavailable and
+// names the first missing piece and how to get it.
+func (p *Provider) check(ctx context.Context) (engine, error) {
+	var e engine
 	d, err := p.docker()
+	if err != nil {
+		return e, err
+	}
+	e.client = d
+	out, err := output(ctx, d, versionArgs()...)
+	if err != nil {
+		if cerr := classify("version", out, err); errors.Is(cerr, provider.ErrUnavailable) {
+			return e, fmt.Errorf("%w (client %s)", cerr, d)
+		}
+		return e, fmt.Errorf("%w: docker: no Docker engine reachable: %s (client %s)", provider.ErrUnavailable, strings.TrimSpace(out), d)
+	}
+	e.version = strings.TrimSpace(out)
+	if p.Image == "" {
+		return e, fmt.Errorf("%w: docker: no guest image given (--docker-image IMAGE; docker import the image build's rootfs.tar.gz IMAGE) (client %s, engine %s)", provider.ErrUnavailable, d, e.version)
+	}
+	out, err = output(ctx, d, imageArgs(p.Image)...)
+	if err != nil {
+		cerr := classify("image "+p.Image, out, err)
+		if errors.Is(cerr, provider.ErrInvalidSpec) {
+			e.noImage = cerr
+			return e, fmt.Errorf("%w: docker: image %s is not in the engine (docker import the image build's rootfs.tar.gz %s; the provider never pulls) (client %s, engine %s)",
+				provider.ErrUnavailable, p.Image, p.Image, d, e.version)
+		}
+		return e, cerr
+	}
+	e.imageID = strings.TrimSpace(out)
+	return e, nil
+}
+
+// Check implements provider.Provider: a client, a reachable engine and
+// the image to run.
+func (p *Provider) Check(ctx context.Context) error {
+	_, err := p.check(ctx)
+	return err
+}
+
+// Detail says what was found and whether the engine maps container root
+// away from host root.
+func (p *Provider) Detail(ctx context.Context) string {
+	e, err := p.check(ctx)
 	if err != nil {
 		return ""
 	}
-	out, err := output(ctx, d, securityArgs()...)
-	if err == nil && usernsRemapped(out) {
-		return "image " + p.Image + "; the engine remaps user namespaces: guest root is an unprivileged host id"
+	host := os.Getenv("DOCKER_HOST")
+	if host == "" {
+		host = "the default socket"
 	}
-	return "image " + p.Image + "; the engine runs without userns-remap: guest root is host root with capabilities KILL, SETGID and SETUID only"
+	s := fmt.Sprintf("client %s, engine %s at %s, image %s (%s); ", e.client, e.version, host, p.Image, shortID(e.imageID))
+	out, err := output(ctx, e.client, securityArgs()...)
+	if err == nil && usernsRemapped(out) {
+		return s + "the engine remaps user namespaces: guest root is an unprivileged host id"
+	}
+	return s + "the engine runs without userns-remap: guest root is host root with capabilities " + strings.Join(AgentCaps, ", ") + " only"
+}
+
+func shortID(id string) string {
+	if len(id) > 19 {
+		return id[:19]
+	}
+	return id
 }
 
 // Create implements provider.Provider.
@@ -73,15 +120,41 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: docker runs an image (--docker-image), not a --rootfs directory", provider.ErrInvalidSpec)
 	}
-	if err := p.Check(ctx); err != nil {
+	e, err := p.check(ctx)
+	if e.noImage != nil {
+		return nil, e.noImage
+	}
+	if err != nil {
 		return nil, err
 	}
-	d, _ := p.docker()
+	d := e.client
 	if st, err := os.Stat(spec.AgentPath); err != nil || !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("%w: agent binary %s is not a regular file (build it with make build)", provider.ErrInvalidSpec, spec.AgentPath)
 	}
-	if out, err := output(ctx, d, imageArgs(p.Image)...); err != nil {
-		return nil, classify("image "+p.Image, out, err)
+	cfg := runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, Volumes: map[string]string{}, Debug: p.Debug}
+	if cfg.AgentPath, err = filepath.Abs(spec.AgentPath); err != nil {
+		return nil, err
+	}
+	for dir, host := range spec.Volumes {
+		abs, err := filepath.Abs(host)
+		if err != nil {
+			return nil, fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, dir, err)
+		}
+		if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("%w: volume %s: %s is not a directory", provider.ErrInvalidSpec, dir, abs)
+		}
+		cfg.Volumes[dir] = abs
+	}
+	installs := spec.Installs()
+	for _, n := range slices.Sorted(maps.Keys(installs)) {
+		abs, err := filepath.Abs(installs[n])
+		if err != nil {
+			return nil, fmt.Errorf("%w: install %s: %v", provider.ErrInvalidSpec, n, err)
+		}
+		if st, err := os.Stat(abs); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
+			return nil, fmt.Errorf("%w: install %s: %s must be a regular file readable and executable by others (uid 1000 runs it)", provider.ErrInvalidSpec, n, abs)
+		}
+		cfg.Installs = append(cfg.Installs, [2]string{n, abs})
 	}
 	in := &Instance{Process: provider.NewProcess(provider.Exits("container exited (docker run returned status 0)", "sandbox runtime exited: docker run"), errors.New("docker run did not exit within 10s of SIGKILL")), spec: spec, docker: d}
 	defer in.DestroyOnError(&err)
@@ -98,11 +171,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	// Destroy removes the container (--rm does not run when the client
 	// was killed).
 	in.OnDestroy(in.remove)
-	agent, err := filepath.Abs(spec.AgentPath)
-	if err != nil {
-		return nil, err
+	in.cfg = cfg
+	in.cfg.ResolvConf = filepath.Join(state.Path, "resolv.conf")
+	if err := os.WriteFile(in.cfg.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
+		return nil, fmt.Errorf("write %s: %w", in.cfg.ResolvConf, err)
 	}
-	in.cfg = runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, AgentPath: agent, Debug: p.Debug}
 	run, ln, err := kit.RunDir(state.Path)
 	if ln != nil {
 		in.Own(ln)

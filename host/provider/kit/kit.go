@@ -19,7 +19,30 @@ const (
 	GuestRunDir     = "/run/oac"
 	GuestAgentPath  = "/run/oac/oac-guest"
 	GuestSocketPath = "/run/oac/agent.sock"
+	// GuestInstallDir holds oac-sandbox-io and the --install binaries.
+	GuestInstallDir = "/usr/local/bin"
 )
+
+// AgentCaps are the capabilities a container's agent (guest root) keeps,
+// by their names without CAP_, each for one part of the hosted contract
+// (measured: without any one of them a hosted bootstrap fails in an OCI
+// or docker container):
+//
+//   - CHOWN: /home/runtime, /environment/workspace and the private file
+//     are handed to 1000:1000;
+//   - DAC_OVERRIDE: the private file is written into /home/runtime, which
+//     is 0700 and already uid 1000's;
+//   - KILL: the processes of uid 1000 are signalled on stop;
+//   - NET_ADMIN: the transparent capture (the fake range on lo, the route,
+//     the nftables table) in the container's own network namespace;
+//   - NET_BIND_SERVICE: the resolver on 127.0.0.1:53;
+//   - SETGID, SETUID: oac-sandbox-io and the daemon start as 1000:1000
+//     without supplementary groups.
+//
+// The processes it starts run as uid 1000 with none: no inheritable or
+// ambient set, no_new_privs. The runtime mounts everything and sets the
+// hostname, so the agent needs no SYS_ADMIN.
+var AgentCaps = []string{"CHOWN", "DAC_OVERRIDE", "KILL", "NET_ADMIN", "NET_BIND_SERVICE", "SETGID", "SETUID"}
 
 // StateRoot returns root, or DefaultStateRoot when root is "".
 func StateRoot(root string) string {

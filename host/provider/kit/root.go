@@ -63,6 +63,14 @@ func Hosts(hostname string) string {
 	return s
 }
 
+// ResolvConf is the guest's /etc/resolv.conf where the provider supplies
+// one: the agent's resolver on loopback (package guest/transparent). It
+// is the same text as initsys.ResolvConf, which the agent finds present
+// and then leaves alone (it could not bind its own without
+// CAP_SYS_ADMIN).
+const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
+	"nameserver 127.0.0.1\noptions edns0\n"
+
 // EtcFiles writes the guest's passwd, group and hosts (and the extra
 // files, name -> content) into dir and returns what the default root
 // binds read-only under /etc, as guest path -> host path: those files

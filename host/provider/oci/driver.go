@@ -28,3 +28,9 @@ func (p *Provider) Name() string { return "oci" }
 func init() {
 	provider.Register(provider.Driver[Provider]{Name: "oci", Defaults: &Provider{NoNewPrivileges: true}, New: (*Provider).driver})
 }
+
+// Honours implements provider.Honourer: every optional feature.
+func (p *Provider) Honours() []provider.Feature { return provider.AllFeatures }
+
+// Instead implements provider.Honourer.
+func (p *Provider) Instead(provider.Feature) string { return "" }

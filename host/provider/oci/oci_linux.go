@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"syscall"
 	"time"
 
@@ -206,6 +207,9 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 			return c, err
 		}
 	}
+	if err := in.contract(&c, dir); err != nil {
+		return c, err
+	}
 	run, ln, err := kit.RunDir(dir)
 	if ln != nil {
 		in.Own(ln)
@@ -223,6 +227,86 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 	return c, nil
 }
 
+// contract lays out what the hosted contract needs besides the root: the
+// writable /home and /environment (tmpfs, or volumes), the installed
+// binaries and, in a --rootfs that has one, the resolver's
+// /etc/resolv.conf. A --rootfs cannot get new mount points (the runtime,
+// as guest root, cannot create them in a host directory it does not own):
+// what it lacks is refused here, before anything runs.
+func (in *Instance) contract(c *bundleConfig, dir string) error {
+	rootfs := c.RootPath
+	has := func(p string, dir bool) bool {
+		if in.spec.Rootfs == "" {
+			return true
+		}
+		st, err := os.Lstat(filepath.Join(rootfs, p))
+		if err != nil {
+			return false
+		}
+		if dir {
+			return st.IsDir()
+		}
+		return st.Mode().IsRegular()
+	}
+	for _, d := range provider.VolumeDirs {
+		host, isVolume := in.spec.Volumes[d]
+		switch {
+		case !has(d, true) && isVolume:
+			return fmt.Errorf("%w: volume %s: the rootfs has no directory %s to mount it on", provider.ErrInvalidSpec, d, d)
+		case !has(d, true):
+			continue
+		case isVolume:
+			abs, err := filepath.Abs(host)
+			if err != nil {
+				return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
+			}
+			if st, err := os.Stat(abs); err != nil || !st.IsDir() {
+				return fmt.Errorf("%w: volume %s: %s is not a directory", provider.ErrInvalidSpec, d, abs)
+			}
+			host = abs
+		}
+		c.Writable = append(c.Writable, writableDir{Dir: d, Host: host})
+	}
+	installs := in.spec.Installs()
+	names := make([]string, 0, len(installs))
+	for n := range installs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if st, err := os.Stat(installs[n]); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
+			return fmt.Errorf("%w: install %s: %s must be a regular file readable and executable by others (uid 1000 runs it)", provider.ErrInvalidSpec, n, installs[n])
+		}
+		if !has(filepath.Join(kit.GuestInstallDir, n), false) {
+			return fmt.Errorf("%w: install %s: the rootfs has no regular file %s/%s to bind it over (a read-only root cannot get new mount points; oac-image build puts oac-sandbox-io there, --file others)",
+				provider.ErrInvalidSpec, n, kit.GuestInstallDir, n)
+		}
+		c.Installs = append(c.Installs, [2]string{n, installs[n]})
+	}
+	if in.spec.Rootfs == "" && len(names) > 0 {
+		c.LocalDir = filepath.Join(dir, "usrlocal")
+		bin := filepath.Join(c.LocalDir, "bin")
+		if err := os.MkdirAll(bin, 0o755); err != nil {
+			return fmt.Errorf("create %s: %w", bin, err)
+		}
+		for _, n := range names {
+			if err := os.WriteFile(filepath.Join(bin, n), nil, 0o644); err != nil {
+				return fmt.Errorf("create install mount point: %w", err)
+			}
+		}
+		if err := os.Chmod(c.LocalDir, 0o755); err != nil {
+			return err
+		}
+	}
+	if in.spec.Rootfs != "" && has("etc/resolv.conf", false) {
+		c.ResolvConf = filepath.Join(dir, "resolv.conf")
+		if err := os.WriteFile(c.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", c.ResolvConf, err)
+		}
+	}
+	return nil
+}
+
 // skeleton makes the default root: an empty directory tree with the mount
 // points of the host's /usr, /bin, /lib* (or symlinks to them), /etc with
 // the guest's own passwd, group and hosts and the host's TLS, linker and
@@ -236,7 +320,7 @@ func (in *Instance) skeleton(dir string) (string, []kit.HostEntry, [][2]string, 
 		}
 		return nil
 	}
-	for _, d := range []string{"proc", "dev", "sys", "tmp", "run", "etc", "home", "root"} {
+	for _, d := range []string{"proc", "dev", "sys", "tmp", "run", "etc", "home", "environment", "root"} {
 		if err := mk(filepath.Join(rootfs, d), 0o755); err != nil {
 			return "", nil, nil, err
 		}
@@ -251,7 +335,7 @@ func (in *Instance) skeleton(dir string) (string, []kit.HostEntry, [][2]string, 
 			return "", nil, nil, err
 		}
 	}
-	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, nil)
+	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, map[string]string{"resolv.conf": kit.ResolvConf})
 	if err != nil {
 		return "", nil, nil, err
 	}

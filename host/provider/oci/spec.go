@@ -13,14 +13,18 @@ import (
 // one runc 1.1 and crun 1.8 implement.
 const specVersion = "1.0.2"
 
-// AgentCaps are the only capabilities the agent keeps (bounding, effective,
-// permitted; none inheritable or ambient, so the daemon it starts as uid
-// 1000 has none). Measured with the e2e tests: CAP_SETUID and CAP_SETGID
-// switch the daemon to 1000:1000 and drop its supplementary groups,
-// CAP_KILL lets guest root signal the daemon's process group on stop. The
-// runtime mounts everything and sets the hostname and lo up, so the agent
-// needs no CAP_SYS_ADMIN or CAP_NET_ADMIN.
-var AgentCaps = []string{"CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+// AgentCaps are the only capabilities the agent keeps (bounding,
+// effective, permitted; none inheritable or ambient, so the processes it
+// starts as uid 1000 have none): kit.AgentCaps, the hosted contract's.
+var AgentCaps = capNames(kit.AgentCaps)
+
+func capNames(names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = "CAP_" + n
+	}
+	return out
+}
 
 // deniedSyscalls fail with EPERM in the guest: kernel interfaces a sandboxed
 // daemon has no use for and that have a history of privilege escalations
@@ -44,7 +48,21 @@ type bundleConfig struct {
 	EtcFiles [][2]string
 	// RunDir is the host directory bound at /run/oac: it holds the
 	// transport socket and the agent binary's mount point.
-	RunDir    string
+	RunDir string
+	// Writable are the guest's /home and /environment (those the root
+	// has): a fresh tmpfs each, or a volume's host directory bound
+	// read-write.
+	Writable []writableDir
+	// LocalDir, in the default root with installs, is a host directory
+	// bound read-only at /usr/local: its bin/ holds a mount point for
+	// each install (the host's /usr/local is not shown).
+	LocalDir string
+	// Installs are host binaries bound read-only at
+	// /usr/local/bin/NAME, as name -> host path pairs in name order.
+	Installs [][2]string
+	// ResolvConf, when set, is bound read-only at /etc/resolv.conf over
+	// the one a --rootfs has (the default root has it in EtcFiles).
+	ResolvConf string
 	AgentPath string
 	Hostname  string
 	// IDBase is the host id guest id 0 maps to; IDSize ids are mapped.
@@ -55,6 +73,10 @@ type bundleConfig struct {
 	NoNewPrivileges bool
 	Debug           bool
 }
+
+// writableDir is one of provider.VolumeDirs: Host is a volume's host
+// directory, "" for a tmpfs.
+type writableDir struct{ Dir, Host string }
 
 // buildSpec returns the container's config.json.
 func buildSpec(c bundleConfig) *specs.Spec {
@@ -151,6 +173,25 @@ func mounts(c bundleConfig) []specs.Mount {
 		specs.Mount{Destination: kit.GuestRunDir, Type: "bind", Source: c.RunDir, Options: []string{"bind", "nosuid", "nodev", "noexec"}},
 		specs.Mount{Destination: kit.GuestAgentPath, Type: "bind", Source: c.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
+	if c.ResolvConf != "" {
+		ms = append(ms, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: c.ResolvConf, Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	}
+	for _, w := range c.Writable {
+		if w.Host == "" {
+			// Owned by guest root (the runtime mounts it inside the
+			// user namespace): the agent creates /home/runtime and
+			// /environment/workspace for uid 1000 itself.
+			ms = append(ms, specs.Mount{Destination: w.Dir, Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=755")})
+		} else {
+			ms = append(ms, specs.Mount{Destination: w.Dir, Type: "bind", Source: w.Host, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+		}
+	}
+	if c.LocalDir != "" {
+		ms = append(ms, specs.Mount{Destination: "/usr/local", Type: "bind", Source: c.LocalDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	for _, in := range c.Installs {
+		ms = append(ms, specs.Mount{Destination: kit.GuestInstallDir + "/" + in[0], Type: "bind", Source: in[1], Options: []string{"bind", "ro", "nosuid", "nodev"}})
+	}
 	return ms
 }
 

@@ -47,7 +47,7 @@ func TestSpecIsHardened(t *testing.T) {
 	assert.Equal(t, specs.User{UID: 0, GID: 0}, s.Process.User, "the agent is guest root; it switches the daemon to 1000")
 	assert.True(t, s.Process.NoNewPrivileges)
 	assert.False(t, s.Process.Terminal)
-	want := []string{"CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+	want := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETGID", "CAP_SETUID"}
 	assert.Equal(t, want, s.Process.Capabilities.Bounding)
 	assert.Equal(t, want, s.Process.Capabilities.Effective)
 	assert.Equal(t, want, s.Process.Capabilities.Permitted)
@@ -109,6 +109,44 @@ func TestSpecMountsTmpfsAndTheTransport(t *testing.T) {
 	assert.Less(t, idx["/run"], idx["/run/oac"])
 	assert.Less(t, idx["/run/oac"], idx["/run/oac/oac-guest"])
 	assert.Less(t, idx["/dev"], idx["/dev/pts"])
+}
+
+func TestSpecMountsTheHostedContract(t *testing.T) {
+	c := testConfig()
+	c.Writable = []writableDir{{Dir: "/home"}, {Dir: "/environment", Host: "/srv/vol/env"}}
+	c.LocalDir = "/run/oac/sandboxes/a/usrlocal"
+	c.Installs = [][2]string{{"oac-daemon", "/opt/d"}, {"oac-sandbox-io", "/opt/s"}}
+	s := buildSpec(c)
+
+	home := mountByDest(s, "/home")
+	require.NotNil(t, home)
+	assert.Equal(t, "tmpfs", home.Type, "a fresh tmpfs by default")
+	assert.Equal(t, []string{"nosuid", "nodev", "mode=755"}, home.Options)
+	env := mountByDest(s, "/environment")
+	require.NotNil(t, env)
+	assert.Equal(t, "bind", env.Type, "a volume")
+	assert.Equal(t, "/srv/vol/env", env.Source)
+	assert.Contains(t, env.Options, "rw")
+	local := mountByDest(s, "/usr/local")
+	require.NotNil(t, local)
+	assert.Contains(t, local.Options, "ro")
+	io := mountByDest(s, "/usr/local/bin/oac-sandbox-io")
+	require.NotNil(t, io)
+	assert.Equal(t, "/opt/s", io.Source)
+	assert.Contains(t, io.Options, "ro")
+	assert.Nil(t, mountByDest(s, "/etc/resolv.conf"), "the default root has it among its /etc files")
+
+	idx := map[string]int{}
+	for i, m := range s.Mounts {
+		idx[m.Destination] = i
+	}
+	assert.Less(t, idx["/usr"], idx["/usr/local"])
+	assert.Less(t, idx["/usr/local"], idx["/usr/local/bin/oac-daemon"])
+
+	c.ResolvConf = "/run/oac/sandboxes/a/resolv.conf"
+	rc := mountByDest(buildSpec(c), "/etc/resolv.conf")
+	require.NotNil(t, rc)
+	assert.Equal(t, c.ResolvConf, rc.Source)
 }
 
 func TestSpecWithARootfsDirectoryBindsNoHostDirectories(t *testing.T) {

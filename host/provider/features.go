@@ -1,0 +1,113 @@
+package provider
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Feature is an optional part of a Spec, named by the oac-shim flag that
+// asks for it. A provider honours it or the sandbox refuses it before
+// anything is created: nothing a caller asks for is silently ignored.
+type Feature string
+
+// Features a Spec may ask for.
+const (
+	// FeatureRootfs: Spec.Rootfs, a root other than the provider's
+	// default.
+	FeatureRootfs Feature = "--rootfs"
+	// FeatureSandboxIO: Spec.SandboxIOPath installed as
+	// /usr/local/bin/oac-sandbox-io.
+	FeatureSandboxIO Feature = "--sandbox-io"
+	// FeatureInstall: Spec.Install, host binaries in /usr/local/bin.
+	FeatureInstall Feature = "--install"
+	// FeatureVolume: Spec.Volumes, host directories as /home or
+	// /environment.
+	FeatureVolume Feature = "--volume"
+)
+
+// AllFeatures lists every Feature in the order refusals are checked.
+var AllFeatures = []Feature{FeatureRootfs, FeatureSandboxIO, FeatureInstall, FeatureVolume}
+
+// ErrUnsupported wraps a refusal of a Feature the provider does not
+// honour; it is an ErrInvalidSpec too.
+var ErrUnsupported = errors.New("not supported by this provider")
+
+// Features returns the optional features s asks for.
+func (s Spec) Features() []Feature {
+	var out []Feature
+	if s.Rootfs != "" {
+		out = append(out, FeatureRootfs)
+	}
+	if s.SandboxIOPath != "" {
+		out = append(out, FeatureSandboxIO)
+	}
+	if len(s.Install) > 0 {
+		out = append(out, FeatureInstall)
+	}
+	if len(s.Volumes) > 0 {
+		out = append(out, FeatureVolume)
+	}
+	return out
+}
+
+// Honourer is implemented by providers that honour optional features of
+// a Spec. A provider that does not implement it honours none of them.
+type Honourer interface {
+	// Honours lists the features the provider carries into its guests.
+	Honours() []Feature
+	// Instead says, for a feature it does not honour, what to do instead
+	// ("" for the generic advice).
+	Instead(Feature) string
+}
+
+// Honours returns the features p honours.
+func Honours(p Provider) []Feature {
+	if h, ok := p.(Honourer); ok {
+		return h.Honours()
+	}
+	return nil
+}
+
+// Refuse returns nil when p honours every feature spec asks for, else an
+// error wrapping ErrInvalidSpec and ErrUnsupported that names the first
+// flag p would ignore, the provider, and what to do instead. The sandbox
+// calls it before anything is created.
+func Refuse(p Provider, spec Spec) error {
+	honoured := Honours(p)
+	for _, f := range spec.Features() {
+		if slices.Contains(honoured, f) {
+			continue
+		}
+		instead := ""
+		if h, ok := p.(Honourer); ok {
+			instead = h.Instead(f)
+		}
+		if instead == "" {
+			instead = defaultInstead[f]
+		}
+		return fmt.Errorf("%w: %s: %w: the %s provider does not honour %s; %s", ErrInvalidSpec, f, ErrUnsupported, p.Name(), f, instead)
+	}
+	return nil
+}
+
+var defaultInstead = map[Feature]string{
+	FeatureRootfs:    "it boots its own image (see its flags)",
+	FeatureSandboxIO: "put oac-sandbox-io into the guest image instead (oac-image build --sandbox-io)",
+	FeatureInstall:   "put the binary into the guest image instead (oac-image build --file)",
+	FeatureVolume:    "it has no persistent volumes: the guest's /home and /environment come from its image",
+}
+
+// FeatureList is features as their flags, comma-separated ("none" when
+// empty): what oac-shim check prints.
+func FeatureList(fs []Feature) string {
+	if len(fs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(fs))
+	for i, f := range fs {
+		s[i] = string(f)
+	}
+	return strings.Join(s, ", ")
+}
