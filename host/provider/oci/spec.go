@@ -63,8 +63,8 @@ type bundleConfig struct {
 	// ResolvConf, when set, is bound read-only at /etc/resolv.conf over
 	// the one a --rootfs has (the default root has it in EtcFiles).
 	ResolvConf string
-	AgentPath string
-	Hostname  string
+	AgentPath  string
+	Hostname   string
 	// IDBase is the host id guest id 0 maps to; IDSize ids are mapped.
 	IDBase, IDSize int
 	// CgroupsPath is the container's cgroup.
