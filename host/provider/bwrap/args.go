@@ -30,6 +30,21 @@ type volumeFD struct {
 type installFD struct {
 	Name string
 	FD   int
+	// Copy: FD is readable and bwrap copies the binary in (see
+	// bindBinary).
+	Copy bool
+}
+
+// bindBinary binds the binary at fd read-only at dest. With copy, bwrap
+// copies it into the sandbox instead (0755, owned by guest root): a
+// binary the guest's root cannot reach on the host (a parent directory
+// not searchable by others, such as /root/go/bin) or a file not readable
+// and executable by others, which a bind would show to uid 1000 as it is.
+func bindBinary(fd int, copy bool, dest string) []string {
+	if copy {
+		return []string{"--perms", "0755", "--ro-bind-data", strconv.Itoa(fd), dest}
+	}
+	return []string{"--ro-bind-fd", strconv.Itoa(fd), dest}
 }
 
 // argsConfig is everything the bwrap command line depends on.
@@ -43,7 +58,9 @@ type argsConfig struct {
 	// root, as guest path -> host path.
 	EtcFiles [][2]string
 	AgentFD  int
-	SocketFD int
+	// AgentCopy: AgentFD is readable and copied in (see bindBinary).
+	AgentCopy bool
+	SocketFD  int
 	// Mode decides who builds the user namespace: the shim (ModeRoot),
 	// bwrap blocked on BlockFD while newuidmap/newgidmap map it
 	// (ModeSubIDs, bwrap reports its child's pid on InfoFD), or bwrap
@@ -99,9 +116,9 @@ func buildArgs(c argsConfig) []string {
 		"--perms", "1777", "--tmpfs", "/tmp",
 		"--tmpfs", "/run",
 		"--dir", "/run/oac",
-		"--ro-bind-fd", strconv.Itoa(c.AgentFD), GuestAgentPath,
-		"--bind-fd", strconv.Itoa(c.SocketFD), GuestSocketPath,
 	)
+	a = append(a, bindBinary(c.AgentFD, c.AgentCopy, GuestAgentPath)...)
+	a = append(a, "--bind-fd", strconv.Itoa(c.SocketFD), GuestSocketPath)
 	for _, d := range c.Tmpfs {
 		a = append(a, "--perms", "0755", "--tmpfs", d)
 	}
@@ -113,7 +130,7 @@ func buildArgs(c argsConfig) []string {
 			a = append(a, "--perms", "0755", "--tmpfs", "/usr/local", "--perms", "0755", "--dir", GuestInstallDir)
 		}
 		for _, in := range c.Installs {
-			a = append(a, "--ro-bind-fd", strconv.Itoa(in.FD), GuestInstallDir+"/"+in.Name)
+			a = append(a, bindBinary(in.FD, in.Copy, GuestInstallDir+"/"+in.Name)...)
 		}
 		if c.RootFD < 0 {
 			a = append(a, "--remount-ro", "/usr/local")

@@ -65,3 +65,12 @@ func TestNoInstallsLeaveUsrLocalAlone(t *testing.T) {
 	assert.NotContains(t, a, "--tmpfs /usr/local")
 	assert.NotContains(t, a, "/usr/local/bin/")
 }
+
+func TestBinariesTheGuestCannotReachAreCopiedIn(t *testing.T) {
+	a := strings.Join(buildArgs(argsConfig{
+		RootFD: -1, AgentFD: 3, AgentCopy: true, SocketFD: 4,
+		Installs: []installFD{{Name: "reachable", FD: 5}, {Name: "private", FD: 6, Copy: true}},
+	}), " ")
+	assert.Contains(t, a, "--dir /run/oac --perms 0755 --ro-bind-data 3 /run/oac/oac-guest --bind-fd 4 /run/oac/agent.sock")
+	assert.Contains(t, a, "--ro-bind-fd 5 /usr/local/bin/reachable --perms 0755 --ro-bind-data 6 /usr/local/bin/private")
+}

@@ -177,10 +177,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	return in, nil
 }
 
-// namedFile is an O_PATH descriptor of a binary to install.
+// namedFile is a descriptor of a binary to install (or of a volume).
 type namedFile struct {
 	name string
 	f    *os.File
+	// copy: f is readable and bwrap copies the binary in.
+	copy bool
 }
 
 // Instance is one bwrap sandbox; the embedded Process is bwrap's.
@@ -196,8 +198,9 @@ type Instance struct {
 	subUID, subGID       IDRangeEntry
 	newuidmap, newgidmap string
 
-	agentFD  *os.File
-	sockFD   *os.File
+	agentFD   *os.File
+	agentCopy bool
+	sockFD    *os.File
 	rootFile *os.File
 	etc      [][2]string
 	tmpfs    []string
@@ -280,7 +283,12 @@ func (in *Instance) prepare() error {
 			return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
 		}
 		in.Own(f)
-		in.volumes = append(in.volumes, namedFile{d, f})
+		if in.mode == ModeRoot {
+			if err := searchableByOthers(host); err != nil {
+				return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
+			}
+		}
+		in.volumes = append(in.volumes, namedFile{name: d, f: f})
 	}
 	in.tmpfs = tmpfs
 	for d := range in.spec.Volumes {
@@ -292,12 +300,12 @@ func (in *Instance) prepare() error {
 			return fmt.Errorf("%w: volume %s: the rootfs has no directory %s to mount it on", provider.ErrInvalidSpec, d, d)
 		}
 	}
-	agent, err := openBinary("agent binary", in.spec.AgentPath)
+	agent, agentCopy, err := in.openBinary("agent binary", in.spec.AgentPath)
 	if err != nil {
 		return err
 	}
 	in.Own(agent)
-	in.agentFD = agent
+	in.agentFD, in.agentCopy = agent, agentCopy
 	installs := in.spec.Installs()
 	names := make([]string, 0, len(installs))
 	for n := range installs {
@@ -305,12 +313,12 @@ func (in *Instance) prepare() error {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		f, err := openBinary("install "+n, installs[n])
+		f, copy, err := in.openBinary("install "+n, installs[n])
 		if err != nil {
 			return err
 		}
 		in.Own(f)
-		in.installs = append(in.installs, namedFile{n, f})
+		in.installs = append(in.installs, namedFile{n, f, copy})
 	}
 	sockPath := filepath.Join(in.dir, "agent.sock")
 	ln, err := kit.ListenUnix(sockPath)
@@ -333,20 +341,30 @@ func (in *Instance) prepare() error {
 	return nil
 }
 
-// openBinary opens a host binary for bwrap to bind (O_PATH, so no guest id
-// ever traverses the host path). The guest's ids are not the host's, so it
-// must be readable and executable by others.
-func openBinary(what, path string) (*os.File, error) {
+// openBinary opens a host binary for bwrap. A binary the guest's root can
+// reach and uid 1000 can run is bound (O_PATH, zero copies); any other
+// (see bindBinary) is opened for reading and copied in by bwrap, so
+// binaries installed anywhere work (a copy of a few MiB per sandbox).
+func (in *Instance) openBinary(what, path string) (*os.File, bool, error) {
 	f, err := os.OpenFile(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s %s: %v (build it with make build)", provider.ErrInvalidSpec, what, path, err)
+		return nil, false, fmt.Errorf("%w: %s %s: %v (build it with make build)", provider.ErrInvalidSpec, what, path, err)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o005 != 0o005 {
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		f.Close()
-		return nil, fmt.Errorf("%w: %s %s must be a regular file readable and executable by others", provider.ErrInvalidSpec, what, path)
+		return nil, false, fmt.Errorf("%w: %s %s is not a regular file", provider.ErrInvalidSpec, what, path)
 	}
-	return f, nil
+	reachable := in.mode != ModeRoot || searchableByOthers(filepath.Dir(path)) == nil
+	if reachable && st.Mode&0o005 == 0o005 {
+		return f, false, nil
+	}
+	f.Close()
+	rf, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: %s %s: %v", provider.ErrInvalidSpec, what, path, err)
+	}
+	return rf, true, nil
 }
 
 // Start implements provider.Instance.
@@ -359,7 +377,7 @@ func (in *Instance) start(ctx context.Context) error {
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
 	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
-	cfg.AgentFD = fd(in.agentFD)
+	cfg.AgentFD, cfg.AgentCopy = fd(in.agentFD), in.agentCopy
 	cfg.SocketFD = fd(in.sockFD)
 	if in.rootFile != nil {
 		cfg.RootFD = fd(in.rootFile)
@@ -367,7 +385,7 @@ func (in *Instance) start(ctx context.Context) error {
 		cfg.HostEntries = kit.HostRoot()
 	}
 	for _, nf := range in.installs {
-		cfg.Installs = append(cfg.Installs, installFD{Name: nf.name, FD: fd(nf.f)})
+		cfg.Installs = append(cfg.Installs, installFD{Name: nf.name, FD: fd(nf.f), Copy: nf.copy})
 	}
 	for _, nf := range in.volumes {
 		cfg.Volumes = append(cfg.Volumes, volumeFD{Dir: nf.name, FD: fd(nf.f)})
@@ -468,7 +486,7 @@ func searchableByOthers(dir string) error {
 			return err
 		}
 		if st.Mode().Perm()&0o001 == 0 {
-			return fmt.Errorf("%s (mode %#o) is not searchable by others; the guest's root is not host root, so the rootfs and every parent need o+x", p, st.Mode().Perm())
+			return fmt.Errorf("%s (mode %#o) is not searchable by others; the guest's root is not host root, so the directory and every parent need o+x (chmod o+x %s, or move it)", p, st.Mode().Perm(), p)
 		}
 		if p == filepath.Dir(p) {
 			return nil
