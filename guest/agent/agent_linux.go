@@ -90,15 +90,18 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnWelcome != nil {
 		cfg.OnWelcome(welcome)
 	}
-	// Forward streams from the host (ingress to guest loopback ports).
+	// Forward streams from the host (ingress to the workload's loopback
+	// ports).
+	wl := &workloadNet{}
+	defer wl.close()
 	hostStreams := make(chan struct{})
 	go func() {
-		serveHostStreams(ctx, sess, dialLoopback, protocol.MaxStreams, cfg.Log)
+		serveHostStreams(ctx, sess, wl.dialLoopback, protocol.MaxStreams, cfg.Log)
 		close(hostStreams)
 	}()
 	defer func() { sess.Close(); <-hostStreams }()
 	a := &agent{
-		cfg: cfg, sess: sess, ctl: ctl, welcome: welcome,
+		cfg: cfg, sess: sess, ctl: ctl, welcome: welcome, wl: wl,
 		procMsgs:   protocol.HasCapability(welcome.Capabilities, protocol.CapProcess),
 		daemonExit: make(chan reaper.Exit, 1),
 		superErr:   make(chan error, 1),
@@ -166,6 +169,10 @@ type agent struct {
 	// transparent is the resolver and TCP capture, nil when the host does
 	// not answer dns streams or the guest cannot set them up.
 	transparent *transparent.Transparent
+	// wl is the workload's network namespace: the proxies, the resolver
+	// and the capture serve there, the health check and forwards dial
+	// there, and the workload starts there.
+	wl *workloadNet
 
 	mu    sync.Mutex
 	procs []*proc
@@ -209,8 +216,12 @@ func (a *agent) serve(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := a.isolate(); err != nil {
+		a.fail(protocol.CodeInternal, err)
+		return err
+	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		p, err := egress.Start(egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		p, err := egress.StartWith(a.wl.get().Listen, egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
@@ -238,9 +249,10 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open: egress.SessionOpener(a.sess),
-		Ask:  transparent.SessionAsker(a.sess),
-		Log:  a.cfg.Log,
+		Open:  egress.SessionOpener(a.sess),
+		Ask:   transparent.SessionAsker(a.sess),
+		Log:   a.cfg.Log,
+		NetNS: a.wl.get(),
 		OnUDPDropped: func(n uint64) {
 			udpLog.report(n)
 		},
@@ -334,6 +346,7 @@ func (a *agent) startAll(ctx context.Context) error {
 			URL:      h.BaseURL() + h.URLPath(),
 			Username: b.Credentials.User(), Password: b.Credentials.Password,
 			Interval: h.Every(), Timeout: h.PerRequest(), Deadline: h.GiveUpAfter(),
+			Dial: a.wl.get().DialContext,
 		}
 		go func() {
 			res, err := health.Wait(hctx, c)
@@ -621,7 +634,7 @@ func (a *agent) start(name string, argv, env []string, dir string, restarts int,
 		closeAfterStart = append(closeAfterStart, w)
 		closeOnError = append(closeOnError, r)
 	}
-	exitc, err := a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true})
+	exitc, err := a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true, NetNS: a.wl.get().File()})
 	if err != nil {
 		for _, f := range closeOnError {
 			f.Close()

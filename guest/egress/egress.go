@@ -103,20 +103,29 @@ type Proxies struct {
 	conns               map[net.Conn]struct{}
 }
 
+// ListenFunc listens like net.Listen (in the workload's network
+// namespace: netns.NS.Listen).
+type ListenFunc func(network, address string) (net.Listener, error)
+
 // Start listens on httpAddr and socksAddr (loopback addresses; use
 // HTTPAddr and SOCKSAddr) and serves until Close.
 func Start(open Opener, httpAddr, socksAddr string, log *slog.Logger) (*Proxies, error) {
+	return StartWith(net.Listen, open, httpAddr, socksAddr, log)
+}
+
+// StartWith is Start with the listeners made by listen.
+func StartWith(listen ListenFunc, open Opener, httpAddr, socksAddr string, log *slog.Logger) (*Proxies, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxies{open: open, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
-	hl, err := net.Listen("tcp", httpAddr)
+	hl, err := listen("tcp", httpAddr)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("egress: HTTP proxy: listen on %s: %w (is another process using the port?)", httpAddr, err)
 	}
-	sl, err := net.Listen("tcp", socksAddr)
+	sl, err := listen("tcp", socksAddr)
 	if err != nil {
 		hl.Close()
 		cancel()

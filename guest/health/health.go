@@ -25,6 +25,10 @@ type Check struct {
 	// Client overrides the default client (no proxy, no redirects, no
 	// keep-alive).
 	Client *http.Client
+	// Dial, for the default client, dials the daemon (from the workload's
+	// network namespace: netns.NS.DialContext); nil dials from the
+	// agent's own.
+	Dial func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
 // Result says how a successful wait went.
@@ -33,11 +37,14 @@ type Result struct {
 	Took     time.Duration
 }
 
-func defaultClient() *http.Client {
+func defaultClient(dial func(ctx context.Context, network, address string) (net.Conn, error)) *http.Client {
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
 	return &http.Client{
 		Transport: &http.Transport{
 			Proxy:             nil,
-			DialContext:       (&net.Dialer{}).DialContext,
+			DialContext:       dial,
 			DisableKeepAlives: true,
 		},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -54,7 +61,7 @@ func Wait(ctx context.Context, c Check) (Result, error) {
 	}
 	client := c.Client
 	if client == nil {
-		client = defaultClient()
+		client = defaultClient(c.Dial)
 		defer client.CloseIdleConnections()
 	}
 	start := time.Now()

@@ -118,6 +118,10 @@ type Options struct {
 	// child): it can never gain privileges through execve of a setuid or
 	// file-capability binary.
 	NoNewPrivs bool
+	// NetNS, when set, is a network namespace (an open nsfs file) the
+	// child starts in: the starting thread enters it (setns) before the
+	// fork, so the child is in it from its first instruction.
+	NetNS *os.File
 }
 
 // Start starts cmd and returns a channel that receives its exit exactly
@@ -136,8 +140,8 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var err error
-	if opts.NoNewPrivs {
-		err = startNoNewPrivs(cmd)
+	if opts.NoNewPrivs || opts.NetNS != nil {
+		err = startOnThread(cmd, opts)
 	} else {
 		err = cmd.Start()
 	}
@@ -155,28 +159,36 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 	return ch, nil
 }
 
-// startNoNewPrivs forks from a dedicated OS thread that has
-// PR_SET_NO_NEW_PRIVS set. The attribute is per thread and inherited by the
-// child; the thread is never returned to the Go scheduler (the goroutine
-// exits while locked, so the runtime destroys it), so no other code of the
-// agent runs with it. The main thread is never used: the runtime cannot
-// destroy it, so the attribute would stay with the agent (and with threads
-// cloned from it).
-func startNoNewPrivs(cmd *exec.Cmd) error {
+// startOnThread forks from a dedicated OS thread that has
+// PR_SET_NO_NEW_PRIVS set and has entered opts.NetNS (as asked). Both are
+// per thread and inherited by the child; the thread is never returned to
+// the Go scheduler (the goroutine exits while locked, so the runtime
+// destroys it), so no other code of the agent runs with them. The main
+// thread is never used: the runtime cannot destroy it, so they would stay
+// with the agent (and with threads cloned from it).
+func startOnThread(cmd *exec.Cmd, opts Options) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		if unix.Gettid() == unix.Getpid() {
 			// Holding the main thread, try again: the new goroutine
 			// cannot be scheduled on a thread locked to this one.
-			errc <- startNoNewPrivs(cmd)
+			errc <- startOnThread(cmd, opts)
 			runtime.UnlockOSThread()
 			return
 		}
 		// no UnlockOSThread: the thread dies with this goroutine.
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			errc <- fmt.Errorf("set no_new_privs: %w", err)
-			return
+		if opts.NetNS != nil {
+			if err := unix.Setns(int(opts.NetNS.Fd()), unix.CLONE_NEWNET); err != nil {
+				errc <- fmt.Errorf("enter the network namespace: %w", err)
+				return
+			}
+		}
+		if opts.NoNewPrivs {
+			if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+				errc <- fmt.Errorf("set no_new_privs: %w", err)
+				return
+			}
 		}
 		errc <- cmd.Start()
 	}()

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -68,6 +69,9 @@ type Config struct {
 	// OnUDPDropped receives the number of UDP datagrams dropped since the
 	// last call (polled; only when non-zero).
 	OnUDPDropped func(n uint64)
+	// NetNS is the workload's network namespace, where the resolver and
+	// the capture serve and the rules go; nil is the agent's own.
+	NetNS *netns.NS
 }
 
 // Transparent is the running resolver and capture of a guest.
@@ -97,8 +101,10 @@ func Start(cfg Config) (*Transparent, error) {
 	if cfg.Pool == nil {
 		cfg.Pool = NewPool(DefaultPrefix)
 	}
+	ns := cfg.NetNS
 	if !cfg.NoInstall {
-		only, err := OnlyLoopback()
+		var only bool
+		err := ns.Do(func() (err error) { only, err = OnlyLoopback(); return err })
 		if err != nil {
 			return nil, fmt.Errorf("capture: list interfaces: %w", err)
 		}
@@ -108,13 +114,13 @@ func Start(cfg Config) (*Transparent, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &Transparent{pool: cfg.Pool, cfg: cfg, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
-	dns, err := ServeDNS(NewResolver(cfg.Ask, cfg.Pool), cfg.DNSAddr, cfg.Log)
+	dns, err := ServeDNSIn(ns, NewResolver(cfg.Ask, cfg.Pool), cfg.DNSAddr, cfg.Log)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("resolver: listen on %s: %w", cfg.DNSAddr, err)
 	}
 	t.DNS = dns
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	ln, err := ns.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		dns.Close()
 		cancel()
@@ -124,7 +130,8 @@ func Start(cfg Config) (*Transparent, error) {
 	if !cfg.NoInstall {
 		_, dp, _ := net.SplitHostPort(dns.Addr)
 		dnsPort, _ := strconv.Atoi(dp)
-		if err := Install(Rules{Pool: cfg.Pool, CapturePort: uint16(ln.Addr().(*net.TCPAddr).Port), DNSPort: uint16(dnsPort)}); err != nil {
+		rules := Rules{Pool: cfg.Pool, CapturePort: uint16(ln.Addr().(*net.TCPAddr).Port), DNSPort: uint16(dnsPort)}
+		if err := ns.Do(func() error { return Install(rules) }); err != nil {
 			ln.Close()
 			dns.Close()
 			cancel()
@@ -146,7 +153,7 @@ func Start(cfg Config) (*Transparent, error) {
 func (t *Transparent) Close() error {
 	t.cancel()
 	if t.installed {
-		_ = Uninstall()
+		_ = t.cfg.NetNS.Do(Uninstall)
 	}
 	t.ln.Close()
 	t.DNS.Close()
@@ -168,7 +175,9 @@ func (t *Transparent) pollUDP() {
 		case <-t.ctx.Done():
 			return
 		case <-tk.C:
-			if n, err := UDPDropped(); err == nil && n > 0 {
+			var n uint64
+			err := t.cfg.NetNS.Do(func() (err error) { n, err = UDPDropped(); return err })
+			if err == nil && n > 0 {
 				t.cfg.OnUDPDropped(n)
 			}
 		}

@@ -31,17 +31,42 @@ type DNSServer struct {
 	wg   sync.WaitGroup
 }
 
+// Net makes the resolver's and the capture's sockets: in the agent's own
+// network namespace (HostNet) or in the workload's (a *netns.NS).
+type Net interface {
+	Listen(network, address string) (net.Listener, error)
+	ListenPacket(network, address string) (net.PacketConn, error)
+}
+
+// HostNet is the agent's own network namespace.
+type HostNet struct{}
+
+// Listen is net.Listen.
+func (HostNet) Listen(network, address string) (net.Listener, error) {
+	return net.Listen(network, address)
+}
+
+// ListenPacket is net.ListenPacket.
+func (HostNet) ListenPacket(network, address string) (net.PacketConn, error) {
+	return net.ListenPacket(network, address)
+}
+
 // ServeDNS listens on addr (UDP and TCP; "127.0.0.1:53" in a guest) and
 // answers with res until Close.
 func ServeDNS(res *Resolver, addr string, log *slog.Logger) (*DNSServer, error) {
+	return ServeDNSIn(HostNet{}, res, addr, log)
+}
+
+// ServeDNSIn is ServeDNS with the sockets made by n.
+func ServeDNSIn(n Net, res *Resolver, addr string, log *slog.Logger) (*DNSServer, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	pc, err := net.ListenPacket("udp", addr)
+	pc, err := n.ListenPacket("udp", addr)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", pc.LocalAddr().String())
+	ln, err := n.Listen("tcp", pc.LocalAddr().String())
 	if err != nil {
 		pc.Close()
 		return nil, err
