@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -18,29 +19,29 @@ import (
 	"github.com/oac/sandbox-agent/host/events"
 )
 
-// No Docker engine runs on the build machines: the docker provider runs
-// here against a fake docker client (internal/fakedocker) that records its
-// argv and runs the real oac-guest from the agent bind mount, dialing the
-// bound socket. The argv, the provider's error handling and the session are
-// real; the container isolation is not (see the unit tests of the argv).
+// The docker provider runs against a real Docker engine (needDocker: the
+// one that answers, else a private dockerd with vfs storage) and the
+// run's image, imported from oac-image's rootfs tarball. Its client is
+// the real one behind internal/dockerrec, which records every argv, so
+// the tests assert the exact command lines as well as what the engine did.
 
-type fakeDocker struct {
-	state string
-	env   []string
+type dockerRecorder struct {
+	log string
+	env []string
 }
 
-func newFakeDocker(t *testing.T, mode string) *fakeDocker {
-	state := t.TempDir()
-	return &fakeDocker{state: state, env: []string{"OAC_FAKE_DOCKER_STATE=" + state, "OAC_FAKE_DOCKER_MODE=" + mode}}
-}
-
-func (d *fakeDocker) args() []string {
-	return []string{"--docker", bins.fakeDocker, "--docker-image", "registry.example/oac/guest:1"}
-}
-
-func (d *fakeDocker) calls(t *testing.T) [][]string {
+// newDockerRecorder records the provider's docker commands and runs them
+// with the real client against the engine.
+func newDockerRecorder(t *testing.T) *dockerRecorder {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(d.state, "argv.log"))
+	e := needDocker(t)
+	log := filepath.Join(t.TempDir(), "argv.log")
+	return &dockerRecorder{log: log, env: append(e.Env(), "OAC_DOCKER_REC_LOG="+log, "OAC_DOCKER_REC_REAL="+e.Client)}
+}
+
+func (d *dockerRecorder) calls(t *testing.T) [][]string {
+	t.Helper()
+	b, err := os.ReadFile(d.log)
 	require.NoError(t, err)
 	var out [][]string
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
@@ -51,55 +52,81 @@ func (d *fakeDocker) calls(t *testing.T) [][]string {
 	return out
 }
 
-func needRootForState(t *testing.T) {
+// dockerContainers lists the engine's containers (running or not) named
+// like the sandbox's.
+func dockerContainers(t *testing.T, name string) []string {
 	t.Helper()
-	need(t, os.Geteuid() == 0, "the docker and wsl e2e tests keep state in /run/oac: run them as root (sudo make test)")
+	out, err := needDocker(t).Docker(context.Background(), "ps", "--all", "--quiet", "--filter", "name=^oac-"+name+"$")
+	require.NoError(t, err)
+	return strings.Fields(out)
+}
+
+// standinDaemon is a bootstrap whose daemon is the daemon stand-in (the
+// run's image has no shell), with a marker to find it on the host.
+func standinDaemon(marker string) string {
+	argv, _ := json.Marshal([]string{daemonBin, "serve", "--hostname", "127.0.0.1", "--port", "4096", "--marker", marker})
+	return `{"version":1,"hostname":"dock","stop_grace":"2s","daemon":{"argv":` + string(argv) + `},` +
+		`"credentials":{"username_env":"OAC_SERVER_USERNAME","password_env":"OAC_SERVER_PASSWORD"},"health":{"port":4096}}`
 }
 
 func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
-	needRootForState(t)
-	d := newFakeDocker(t, "")
-	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args(),
-		bootstrap: daemon(`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u)"; sleep 1000 & wait`, `"hostname":"dock"`)})
-	s.waitState(events.StateReady, bootTimeout)
-	assert.Equal(t, "1000", s.waitLog("uid=", bootTimeout))
+	d := newDockerRecorder(t)
+	image := dockerImage(t)
+	name := uniqueName("dock")
+	s := startShim(t, sandboxSpec{provider: "docker", name: name, env: d.env,
+		args:      []string{"--docker", bins.dockerRec, "--docker-image", image, "--install", "oac-daemon-standin=" + bins.daemon},
+		bootstrap: standinDaemon(name)})
+	ready := s.waitState(events.StateReady, bootTimeout)
+	t.Logf("docker: %s", ready.Message)
+	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("daemon: ids=", bootTimeout))
+	assert.Equal(t, "inh=0000000000000000 prm=0000000000000000 eff=0000000000000000 amb=0000000000000000", s.waitLog("daemon: caps=", bootTimeout))
+	assert.Equal(t, "1", s.waitLog("daemon: nnp=", bootTimeout))
+	assert.Equal(t, "lo", s.waitLog("daemon: interfaces=", bootTimeout), "--network none: only lo")
+	assert.Len(t, dockerContainers(t, name), 1, "a real container runs")
 	s.signal(syscall.SIGTERM)
-	s.waitLog("daemon got TERM", 10*time.Second)
+	s.waitLog("daemon: got terminated", 10*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
+	assert.Empty(t, dockerContainers(t, name), "the container is removed")
 
-	name := "oac-" + s.name
-	runDir := filepath.Join("/run/oac/sandboxes", s.name, "run")
+	cname := "oac-" + name
+	stateDir := filepath.Join("/run/oac/sandboxes", name)
 	calls := d.calls(t)
 	var verbs []string
 	for _, c := range calls {
 		verbs = append(verbs, c[0])
 	}
 	assert.Equal(t, []string{"version", "image", "rm", "run", "rm"}, verbs)
-	assert.Equal(t, []string{"image", "inspect", "--format", "{{.Id}}", "registry.example/oac/guest:1"}, calls[1])
-	assert.Equal(t, []string{"rm", "--force", name}, calls[2], "a stale container of the name is removed first")
+	assert.Equal(t, []string{"image", "inspect", "--format", "{{.Id}}", image}, calls[1])
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[2], "a stale container of the name is removed first")
 	assert.Equal(t, []string{
-		"run", "--rm", "--name", name, "--label", "oac.sandbox=" + s.name, "--pull", "never", "--user", "0:0",
-		"--network", "none", "--read-only", "--cap-drop", "ALL", "--cap-add", "KILL", "--cap-add", "SETGID", "--cap-add", "SETUID",
+		"run", "--rm", "--name", cname, "--label", "oac.sandbox=" + name, "--pull", "never", "--user", "0:0",
+		"--network", "none", "--read-only",
+		"--cap-drop", "ALL", "--cap-add", "CHOWN", "--cap-add", "DAC_OVERRIDE", "--cap-add", "KILL", "--cap-add", "NET_ADMIN",
+		"--cap-add", "NET_BIND_SERVICE", "--cap-add", "SETGID", "--cap-add", "SETUID",
 		"--security-opt", "no-new-privileges", "--pids-limit", "128",
 		"--tmpfs", "/tmp:rw,nosuid,nodev,size=128m,mode=1777", "--tmpfs", "/run:rw,nosuid,nodev,size=16m,mode=755",
-		"--mount", "type=bind,src=" + runDir + ",dst=/run/oac",
+		"--mount", "type=bind,src=" + stateDir + "/run,dst=/run/oac",
 		"--mount", "type=bind,src=" + bins.guest + ",dst=/run/oac/oac-guest,readonly",
+		"--mount", "type=bind,src=" + stateDir + "/resolv.conf,dst=/etc/resolv.conf,readonly",
+		"--tmpfs", "/home:rw,nosuid,nodev,mode=755", "--tmpfs", "/environment:rw,nosuid,nodev,mode=755",
+		"--mount", "type=bind,src=" + bins.daemon + ",dst=/usr/local/bin/oac-daemon-standin,readonly",
 		"--hostname", "dock",
-		"--entrypoint", "/run/oac/oac-guest", "registry.example/oac/guest:1", "--transport", "unix:///run/oac/agent.sock",
+		"--entrypoint", "/run/oac/oac-guest", image, "--transport", "unix:///run/oac/agent.sock",
 	}, calls[3])
-	assert.Equal(t, []string{"rm", "--force", name}, calls[4])
-	assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[4])
+	assert.NoDirExists(t, stateDir)
 }
 
 func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
-	needRootForState(t)
-	d := newFakeDocker(t, "")
-	marker := sleepMarker()
-	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args(), bootstrap: daemon("exec " + marker)})
+	d := newDockerRecorder(t)
+	image := dockerImage(t)
+	name := uniqueName("dock")
+	s := startShim(t, sandboxSpec{provider: "docker", name: name, env: d.env,
+		args: []string{"--docker", bins.dockerRec, "--docker-image", image}, bootstrap: standinDaemon(name)})
 	s.waitState(events.StateReady, bootTimeout)
 	var clients []int
 	require.Eventually(t, func() bool {
-		clients = filterCmdline(hostProcs("oac.sandbox="+s.name), bins.fakeDocker+" run")
+		clients = hostProcs("oac.sandbox=" + name)
 		return len(clients) == 1
 	}, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, syscall.Kill(clients[0], syscall.SIGKILL))
@@ -108,32 +135,42 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 	assert.Contains(t, failed.Message, "sandbox runtime exited: docker run")
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	calls := d.calls(t)
-	assert.Equal(t, []string{"rm", "--force", "oac-" + s.name}, calls[len(calls)-1], "the container outlives its client: it is removed")
-	assert.Eventually(t, func() bool { return len(hostProcs(marker)) == 0 }, 5*time.Second, 20*time.Millisecond)
+	assert.Equal(t, []string{"rm", "--force", "oac-" + name}, calls[len(calls)-1], "the container outlives its client: it is removed")
+	assert.Empty(t, dockerContainers(t, name))
+	assert.Eventually(t, func() bool { return len(hostProcs("--marker "+name)) == 0 }, 5*time.Second, 20*time.Millisecond)
 }
 
 func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
-	needRootForState(t)
-	d := newFakeDocker(t, "noengine")
-	cmd := exec.Command(bins.shim, append([]string{"check"}, d.args()...)...)
-	cmd.Env = append(os.Environ(), d.env...)
+	needDocker(t)
+	noEngine := []string{"DOCKER_HOST=unix://" + filepath.Join(t.TempDir(), "no-engine.sock")}
+	cmd := exec.Command(bins.shim, "check", "--docker-image", "oac-e2e/none:1")
+	cmd.Env = append(os.Environ(), noEngine...)
 	out, _ := cmd.Output()
 	assert.Contains(t, string(out), "docker: unavailable: provider unavailable: docker: no Docker engine reachable: ")
 	assert.Contains(t, string(out), "Is the docker daemon running?")
 
-	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args()})
+	s := startShim(t, sandboxSpec{provider: "docker", env: noEngine, args: []string{"--docker-image", "oac-e2e/none:1"}})
 	failed := s.waitState(events.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "no Docker engine reachable")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 
-	d = newFakeDocker(t, "noimage")
-	s = startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args()})
+	d := newDockerRecorder(t)
+	name := uniqueName("dock")
+	s = startShim(t, sandboxSpec{provider: "docker", name: name, env: d.env, args: []string{"--docker", bins.dockerRec, "--docker-image", "oac-e2e/absent:1"}})
 	failed = s.waitState(events.StateFailed, 10*time.Second)
-	assert.Contains(t, failed.Message, "invalid sandbox spec: docker: image registry.example/oac/guest:1: Error: No such image")
+	assert.Contains(t, failed.Message, "invalid sandbox spec: docker: image oac-e2e/absent:1: ")
+	assert.Contains(t, failed.Message, "No such image")
 	assert.Contains(t, failed.Message, "the provider never pulls")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	for _, c := range d.calls(t) {
 		assert.NotEqual(t, "run", c[0], "nothing was run")
 	}
-	assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
+	assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", name))
+
+	// oac-shim check names what the provider needs and whether it is
+	// there: the client, the engine, the image.
+	cmd = exec.Command(bins.shim, "check", "--docker-image", dockerImage(t))
+	cmd.Env = append(os.Environ(), needDocker(t).Env()...)
+	out, _ = cmd.Output()
+	assert.Regexp(t, `docker: available \(client \S+docker, engine \S+ at unix://\S+, image oac-e2e/guest:\S+ \(sha256:[0-9a-f]{12}\); the engine runs without userns-remap: guest root is host root with capabilities CHOWN, DAC_OVERRIDE, KILL, NET_ADMIN, NET_BIND_SERVICE, SETGID, SETUID only\); honours --sandbox-io, --install, --volume`, string(out))
 }

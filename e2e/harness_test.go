@@ -28,8 +28,9 @@ import (
 // bins are the binaries under test, built once per run.
 var bins struct {
 	dir, shim, guest, image, vmdaemon string
-	// fakeWSL stands in for wsl.exe, fakeDocker for docker.
-	fakeWSL, fakeDocker string
+	// fakeWSL stands in for wsl.exe; dockerRec records the docker
+	// client's argv and runs the real one.
+	fakeWSL, dockerRec string
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
@@ -61,7 +62,7 @@ func TestMain(m *testing.M) {
 	bins.sandboxIO = filepath.Join(dir, "sandbox-io-standin")
 	bins.daemon = filepath.Join(dir, "daemon-standin")
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
-	bins.fakeDocker = filepath.Join(dir, "docker")
+	bins.dockerRec = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
@@ -73,7 +74,7 @@ func TestMain(m *testing.M) {
 		{bins.sandboxIO, "./internal/standin/sandboxio", ""},
 		{bins.daemon, "./internal/standin/daemon", ""},
 		{bins.fakeWSL, "./internal/fakewsl", ""},
-		{bins.fakeDocker, "./internal/fakedocker", ""},
+		{bins.dockerRec, "./internal/dockerrec", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
 	} {
 		out, pkg := b.out, b.pkg
@@ -86,6 +87,12 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if err := stopEngine(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: stop the Docker engine the tests started:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -179,6 +186,8 @@ type sandboxSpec struct {
 	args      []string
 	// user runs the shim as this unprivileged user (setpriv), not root.
 	user string
+	// shim is the oac-shim binary (default: bins.shim).
+	shim string
 	// hosts, when set, is the host's /etc/hosts as oac-shim sees it: the
 	// shim runs in a private mount namespace with this content bound over
 	// /etc/hosts (names for the broker to resolve, no real DNS needed).
@@ -222,7 +231,11 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		args = append(args, "--bootstrap", f)
 	}
 	args = append(args, spec.args...)
-	argv := append([]string{bins.shim}, args...)
+	shimBin := spec.shim
+	if shimBin == "" {
+		shimBin = bins.shim
+	}
+	argv := append([]string{shimBin}, args...)
 	if spec.user != "" {
 		// setpriv execs the shim itself, so signals reach it directly.
 		argv = append([]string{"setpriv", "--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env"}, argv...)

@@ -25,6 +25,11 @@ import (
 // from a real rootfs tarball, over its stdio: the stdio transport and the
 // provider's command handling are real; Windows and WSL are not.
 
+func needRootForState(t *testing.T) {
+	t.Helper()
+	need(t, os.Geteuid() == 0, "the wsl e2e tests keep state in /run/oac: run them as root (sudo make test)")
+}
+
 // wslRootfs writes a gzip'd tarball holding the real oac-guest at
 // sbin/oac-guest, as the image build lays it out.
 func wslRootfs(t *testing.T) string {

@@ -7,12 +7,21 @@
 //	--version                      prints a WSL version (UTF-16LE unless WSL_UTF8=1)
 //	--list --quiet                 lists imported distributions
 //	--import NAME DIR TAR --version 2
-//	                               unpacks sbin/oac-guest from the gzip'd tarball,
+//	                               unpacks the gzip'd tarball (owners, modes and
+//	                               symlinks kept) as the distribution's root,
 //	                               creates DIR/ext4.vhdx
 //	-d NAME -u root --exec PATH ARGS...
-//	                               execs PATH of the distribution (its stdio is the
-//	                               caller's pipes: the real oac-guest over stdio://)
-//	--terminate NAME               kills what -d started
+//	                               execs PATH inside the distribution, in place of
+//	                               this process (its stdio is the caller's pipes:
+//	                               the real oac-guest over stdio://): as root,
+//	                               chrooted into the distribution's root, in a mount
+//	                               namespace of its own with /proc, the host's /dev
+//	                               and tmpfs /run and /tmp, and in the network
+//	                               namespace $OAC_FAKE_WSL_NETNS when set (a WSL2
+//	                               distribution shares the utility VM's network,
+//	                               which has a real interface)
+//	--terminate NAME               kills every process of the distribution (those
+//	                               whose root is its root directory)
 //	--unregister NAME              terminates and deletes the distribution
 //
 // Every argv is appended to $OAC_FAKE_WSL_STATE/argv.log. $OAC_FAKE_WSL_MODE
@@ -30,12 +39,20 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unicode/utf16"
+
+	"golang.org/x/sys/unix"
 )
+
+// The distribution is entered on the main thread, which then execs the
+// agent: namespaces and the root are per thread until exec.
+func init() { runtime.LockOSThread() }
 
 var state = os.Getenv("OAC_FAKE_WSL_STATE")
 
@@ -146,8 +163,8 @@ func importDistro(name, dir, tarball, mode string) {
 	say("Import in progress, this may take a few minutes.\nThe operation completed successfully.\n")
 }
 
-// unpack extracts the regular files of a gzip'd tarball (enough for the
-// agent binary).
+// unpack extracts a gzip'd tarball as root would: directories, regular
+// files and symlinks with their modes and numeric owners.
 func unpack(tarball, root string) error {
 	f, err := os.Open(tarball)
 	if err != nil {
@@ -159,7 +176,15 @@ func unpack(tarball, root string) error {
 		return err
 	}
 	tr := tar.NewReader(zr)
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
 	n := 0
+	type dirMode struct {
+		path string
+		mode os.FileMode
+	}
+	var dirs []dirMode
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -170,16 +195,21 @@ func unpack(tarball, root string) error {
 		}
 		name := filepath.Clean("/" + h.Name)
 		dst := filepath.Join(root, name)
+		mode := h.FileInfo().Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky)
 		switch h.Typeflag {
 		case tar.TypeDir:
+			if name == "/" {
+				continue
+			}
 			if err := os.MkdirAll(dst, 0o755); err != nil {
 				return err
 			}
+			dirs = append(dirs, dirMode{dst, mode})
 		case tar.TypeReg:
 			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 				return err
 			}
-			out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, os.FileMode(h.Mode).Perm())
+			out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 			if err != nil {
 				return err
 			}
@@ -189,6 +219,30 @@ func unpack(tarball, root string) error {
 			}
 			out.Close()
 			n++
+		case tar.TypeSymlink:
+			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+				return err
+			}
+			if err := os.Symlink(h.Linkname, dst); err != nil {
+				return err
+			}
+		default:
+			continue
+		}
+		if err := os.Lchown(dst, h.Uid, h.Gid); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if err := os.Chmod(dst, mode); err != nil {
+				return err
+			}
+		}
+	}
+	// Directory modes last: a 0700 directory must stay enterable while
+	// its entries are written.
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := os.Chmod(dirs[i].path, dirs[i].mode); err != nil {
+			return err
 		}
 	}
 	if n == 0 {
@@ -204,26 +258,82 @@ func run(name, path string, argv []string) {
 		say("There is no distribution with the supplied name.\nError code: Wsl/Service/WSL_E_DISTRO_NOT_FOUND\n")
 		os.Exit(1)
 	}
-	bin := filepath.Join(state, "distros", name, "rootfs", filepath.Clean("/"+path))
+	root := filepath.Join(state, "distros", name, "rootfs")
 	os.WriteFile(filepath.Join(state, "distros", name, "pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
-	err := syscall.Exec(bin, argv, os.Environ())
+	if err := enter(root); err != nil {
+		fmt.Fprintf(os.Stderr, "<3>WSL (1) ERROR: fake distribution %s: %v\n", name, err)
+		os.Exit(1)
+	}
+	err := syscall.Exec(filepath.Clean("/"+path), argv, os.Environ())
 	fmt.Fprintf(os.Stderr, "<3>WSL (1) ERROR: CreateProcessEntryCommon:370: execvpe %s failed 2: %v\n", path, err)
 	os.Exit(1)
 }
 
-func terminate(name string) {
-	b, err := os.ReadFile(filepath.Join(state, "distros", name, "pid"))
-	if err != nil {
-		return
-	}
-	// Only the process this fake started: its command line is the
-	// distribution's binary (a recycled pid is someone else's).
-	if pid, err := strconv.Atoi(string(b)); err == nil && pid > 0 {
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if len(cmdline) > 0 && strings.HasPrefix(exe, filepath.Join(state, "distros", name)) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+// enter puts the calling thread into the distribution: its network (when
+// the test gave one), a mount namespace of its own and its root.
+func enter(root string) error {
+	if p := os.Getenv("OAC_FAKE_WSL_NETNS"); p != "" {
+		f, err := os.Open(p)
+		if err != nil {
+			return err
 		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("enter network namespace %s: %w", p, err)
+		}
+	}
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	for _, m := range []struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+	}{
+		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"/dev", "dev", "", unix.MS_BIND | unix.MS_REC, ""},
+		{"tmpfs", "run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=755"},
+		{"tmpfs", "tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	} {
+		dst := filepath.Join(root, m.dst)
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.src, dst, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.src, dst, err)
+		}
+	}
+	if err := unix.Chroot(root); err != nil {
+		return fmt.Errorf("chroot %s: %w", root, err)
+	}
+	return unix.Chdir("/")
+}
+
+// terminate kills every process of the distribution: those whose root
+// directory is its root (a recycled pid is someone else's and has
+// another root).
+func terminate(name string) {
+	root := filepath.Join(state, "distros", name, "rootfs")
+	for range 50 {
+		found := false
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			if r, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && r == root {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				found = true
+			}
+		}
+		if !found {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	os.Remove(filepath.Join(state, "distros", name, "pid"))
 }

@@ -165,7 +165,9 @@ func mounts(c bundleConfig) []specs.Mount {
 		}
 	}
 	for _, f := range c.EtcFiles {
-		ms = append(ms, specs.Mount{Destination: f[0], Type: "bind", Source: f[1], Options: []string{"bind", "ro", "nosuid", "nodev"}})
+		// rbind: what is mounted below a shared /etc entry (a CA bundle
+		// bound over the host's) shows too.
+		ms = append(ms, specs.Mount{Destination: f[0], Type: "bind", Source: f[1], Options: []string{"rbind", "ro", "nosuid", "nodev"}})
 	}
 	ms = append(ms,
 		specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=1777", fmt.Sprintf("size=%dm", kit.TmpSizeMiB))},

@@ -6,17 +6,27 @@
 // only its SHA-256).
 //
 //	daemon serve --hostname 127.0.0.1 --port 4096 [--healthy-after-requests N] [--never-healthy] [--marker X]
+//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT]...
 //
 // Until N authenticated health requests arrived it answers 503 (so a test
 // can see that ready waits for health); with --never-healthy always 503.
 // SIGTERM or SIGINT: it exits 0.
+//
+// It also prints its capabilities, no-new-privileges and the network
+// interfaces it sees, and, once listening, runs each probe: a GET of URL
+// through the proxy its environment names (proxy:), a GET with no proxy
+// at all (direct:, so only the transparent capture can carry it), or a TCP
+// connection that sends a line and reads one back (dial:). Each prints
+// "daemon: probe NAME=ok STATUS BODY" or "daemon: probe NAME=error ERROR".
 package main
 
 import (
+	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -25,6 +35,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
+
+	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
 )
 
 func say(format string, args ...any) { fmt.Printf("daemon: "+format+"\n", args...) }
@@ -40,6 +53,8 @@ func main() {
 	after := fs.Int64("healthy-after-requests", 1, "answer 200 from this authenticated request on")
 	never := fs.Bool("never-healthy", false, "always answer 503")
 	_ = fs.String("marker", "", "ignored: lets tests find this process on the host")
+	var probes probeList
+	fs.Var(&probes, "probe", "NAME=proxy:URL, NAME=direct:URL or NAME=dial:HOST:PORT (repeatable)")
 	_ = fs.Parse(os.Args[2:])
 
 	user, pass := os.Getenv("OAC_SERVER_USERNAME"), os.Getenv("OAC_SERVER_PASSWORD")
@@ -59,6 +74,9 @@ func main() {
 	}
 	sort.Strings(keys)
 	say("env-names=%s", strings.Join(keys, ","))
+	say("nnp=%s", selfreport.StatusField("NoNewPrivs"))
+	say("caps=%s", selfreport.Caps())
+	say("interfaces=%s", selfreport.Interfaces())
 
 	var n atomic.Int64
 	var denied atomic.Bool
@@ -91,7 +109,63 @@ func main() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() { _ = http.Serve(ln, mux) }()
+	for _, p := range probes {
+		go p.run()
+	}
 	sig := <-sigs
 	say("got %s, exiting", sig)
 	os.Exit(0)
+}
+
+// probe is one --probe.
+type probe struct{ name, mode, target string }
+
+type probeList []probe
+
+func (l *probeList) String() string { return "" }
+
+func (l *probeList) Set(v string) error {
+	name, rest, ok := strings.Cut(v, "=")
+	mode, target, ok2 := strings.Cut(rest, ":")
+	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial") {
+		return fmt.Errorf("--probe %q: want NAME=proxy:URL, NAME=direct:URL or NAME=dial:HOST:PORT", v)
+	}
+	*l = append(*l, probe{name, mode, target})
+	return nil
+}
+
+const probeTimeout = 10 * time.Second
+
+func (p probe) run() {
+	result := func(format string, args ...any) { say("probe %s="+format, append([]any{p.name}, args...)...) }
+	if p.mode == "dial" {
+		c, err := net.DialTimeout("tcp", p.target, probeTimeout)
+		if err != nil {
+			result("error %v", err)
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(probeTimeout))
+		_, _ = c.Write([]byte("probe\n"))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			result("error %v", err)
+			return
+		}
+		result("ok %s", strings.TrimSpace(line))
+		return
+	}
+	tr := &http.Transport{Proxy: nil, DisableKeepAlives: true}
+	if p.mode == "proxy" {
+		tr.Proxy = http.ProxyFromEnvironment
+	}
+	c := &http.Client{Transport: tr, Timeout: probeTimeout}
+	resp, err := c.Get(p.target)
+	if err != nil {
+		result("error %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+	result("ok %d %s", resp.StatusCode, strings.TrimSpace(string(b)))
 }

@@ -35,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -57,7 +58,9 @@ func main() {
 	say("ids=uid=%d gid=%d groups=%v", os.Getuid(), os.Getgid(), groups)
 	sid, _ := unix.Getsid(0)
 	say("session-leader=%v", sid == os.Getpid())
-	say("nnp=%s", statusField("NoNewPrivs"))
+	say("nnp=%s", selfreport.StatusField("NoNewPrivs"))
+	say("caps=%s", selfreport.Caps())
+	say("interfaces=%s", selfreport.Interfaces())
 	wd, _ := os.Getwd()
 	say("cwd=%s", wd)
 	var st syscall.Stat_t
@@ -165,14 +168,4 @@ func fileType(m uint32) string {
 		return "symlink"
 	}
 	return "other"
-}
-
-func statusField(name string) string {
-	b, _ := os.ReadFile("/proc/self/status")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "?"
 }
