@@ -104,7 +104,7 @@ func runRelay(t *testing.T) (*linkrelay.Relay, *httptest.Server) {
 
 // runImage is the guest image oac-image builds once per run from an empty
 // base: oac-guest, the oac-sandbox-io stand-in, the daemon stand-in at
-// daemonBin and the run's CA bundle.
+// daemonBin and the run's CA bundle, as a rootfs tarball and directory.
 var runImage struct {
 	once sync.Once
 	dir  string
@@ -121,11 +121,19 @@ func guestImage(t *testing.T) string {
 		runImage.dir = filepath.Join(bins.dir, "image")
 		cmd := exec.Command(bins.image, "build", "--agent", bins.guest, "--sandbox-io", bins.sandboxIO,
 			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
-			"--output", "tar", "--epoch", "1", "-o", runImage.dir)
+			"--output", "tar,dir", "--epoch", "1", "-o", runImage.dir)
 		runImage.out, runImage.err = cmd.CombinedOutput()
 	})
 	require.NoError(t, runImage.err, "oac-image build: %s", runImage.out)
 	return filepath.Join(runImage.dir, "rootfs.tar.gz")
+}
+
+// guestRootfs returns the run's image as a directory (oac-image's rootfs/
+// output, what bwrap and the OCI runtimes take as --rootfs).
+func guestRootfs(t *testing.T) string {
+	t.Helper()
+	guestImage(t)
+	return filepath.Join(runImage.dir, "rootfs")
 }
 
 func needImageBuild(t *testing.T) {

@@ -389,6 +389,16 @@ func (s *shim) exit(timeout time.Duration) int {
 	return s.cmd.ProcessState.ExitCode()
 }
 
+// exited reports whether oac-shim has exited.
+func (s *shim) exited() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
 func (s *shim) signal(sig syscall.Signal) {
 	s.t.Helper()
 	require.NoError(s.t, s.cmd.Process.Signal(sig))

@@ -56,9 +56,19 @@ type fakeWSL struct {
 	env           []string
 }
 
+// newFakeWSL is a fake wsl.exe whose distributions are imported from a
+// tarball holding only the agent (enough for tests that never run it).
 func newFakeWSL(t *testing.T, mode string) *fakeWSL {
 	state := t.TempDir()
 	return &fakeWSL{state: state, rootfs: wslRootfs(t), env: []string{"OAC_FAKE_WSL_STATE=" + state, "OAC_FAKE_WSL_MODE=" + mode}}
+}
+
+// newWSLDistro is a fake wsl.exe whose distributions are the run's guest
+// image (oac-image's rootfs tarball: the agent, the stand-ins, the CA).
+func newWSLDistro(t *testing.T) *fakeWSL {
+	w := newFakeWSL(t, "")
+	w.rootfs = guestImage(t)
+	return w
 }
 
 func (w *fakeWSL) args() []string { return []string{"--wsl", bins.fakeWSL, "--rootfs", w.rootfs} }
@@ -88,18 +98,18 @@ func (w *fakeWSL) distros() []string {
 
 func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 	needRootForState(t)
-	w := newFakeWSL(t, "")
-	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon(
-		`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; sleep 1000 & wait`)})
+	w := newWSLDistro(t)
+	name := uniqueName("e2e")
+	s := startShim(t, sandboxSpec{provider: "wsl", name: name, env: w.env, args: w.args(), bootstrap: standinDaemon(name)})
 	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
 	assert.Equal(t, 1, agent.Protocol)
 	ready := s.waitState(events.StateReady, bootTimeout)
 	t.Logf("wsl (fake): %s", ready.Message)
-	assert.Equal(t, "1000 gid=1000 groups=1000", s.waitLog("uid=", bootTimeout), "the agent runs as root in the distro and starts the daemon as 1000")
+	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("daemon: ids=", bootTimeout), "the agent runs as root in the distro and starts the daemon as 1000")
 	assert.Equal(t, []string{"oac-" + s.name}, w.distros())
 
 	s.signal(syscall.SIGTERM)
-	s.waitLog("daemon got TERM", 10*time.Second)
+	s.waitLog("daemon: got terminated", 10*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
 	assert.Equal(t, events.StateStopped, s.lastEvent().State)
 	distro := "oac-" + s.name
@@ -118,8 +128,9 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 
 func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 	needRootForState(t)
-	w := newFakeWSL(t, "")
-	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon("exec sleep 1000")})
+	w := newWSLDistro(t)
+	name := uniqueName("e2e")
+	s := startShim(t, sandboxSpec{provider: "wsl", name: name, env: w.env, args: w.args(), bootstrap: standinDaemon(name)})
 	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
 	s.waitState(events.StateReady, bootTimeout)
 	// The fake wsl.exe became the agent (exec), so Hello's pid is a host pid.
@@ -131,6 +142,25 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	assert.Contains(t, w.calls(t), "--unregister oac-"+s.name)
 	assert.Empty(t, w.distros())
+	assert.Empty(t, hostProcs("--marker "+name), "terminating the distribution ended its processes")
+}
+
+func TestWSLRefusesWhatItCannotCarryBeforeImporting(t *testing.T) {
+	needRootForState(t)
+	w := newFakeWSL(t, "")
+	for _, args := range [][]string{
+		{"--sandbox-io", bins.sandboxIO},
+		{"--install", "tool=" + bins.daemon},
+		{"--volume", "/home=" + t.TempDir()},
+	} {
+		s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), args...)})
+		failed := s.waitState(events.StateFailed, 10*time.Second)
+		assert.Contains(t, failed.Message, "nothing created: invalid sandbox spec: "+args[0]+": not supported by this provider: the wsl provider does not honour "+args[0]+"; ")
+		assert.Equal(t, 1, s.exit(10*time.Second))
+		assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
+	}
+	_, err := os.Stat(filepath.Join(w.state, "argv.log"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "wsl.exe never ran")
 }
 
 func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {

@@ -634,7 +634,7 @@ func (a *agent) start(name string, argv, env []string, dir string, restarts int,
 		closeAfterStart = append(closeAfterStart, w)
 		closeOnError = append(closeOnError, r)
 	}
-	exitc, err := a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true, NetNS: a.wl.get().File()})
+	exitc, err := a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true, NoInheritedCaps: true, NetNS: a.wl.get().File()})
 	if err != nil {
 		for _, f := range closeOnError {
 			f.Close()

@@ -159,3 +159,18 @@ func (n *NS) Close() error {
 	}
 	return n.f.Close()
 }
+
+// Open returns the network namespace at path (an nsfs file: a process's
+// /proc/PID/ns/net, or a bind mount of one such as /run/netns/NAME).
+func Open(path string) (*NS, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil || st.Type != unix.NSFS_MAGIC {
+		f.Close()
+		return nil, fmt.Errorf("open network namespace: %s is not a namespace file", path)
+	}
+	return &NS{f: f}, nil
+}

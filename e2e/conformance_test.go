@@ -1,0 +1,647 @@
+//go:build linux
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
+	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+)
+
+// TestConformance is one table: each row is a provider that runs on these
+// machines, each column a promise every provider keeps. A row boots the
+// same hosted bootstrap (identity, sandbox_io with a wss Link on the relay
+// stand-in, the daemon stand-in with credentials, health and egress
+// probes) and each promise checks what it promises against it. With
+// CI=true every row runs and a provider that cannot run fails its row.
+// The table is printed (and written to $OAC_CONFORMANCE_TABLE when set).
+//
+// A column is one function: append a confPromise to confPromises (c.live
+// returns the row's running sandbox, booting it if needed; c.start boots
+// one of the promise's own). A row is one function too: append a confRow
+// whose setup returns how to run that provider.
+func TestConformance(t *testing.T) {
+	fix := newConfFixtures(t)
+	res := newConfResults()
+	t.Run("rows", func(t *testing.T) {
+		for _, row := range confRows {
+			t.Run(row.name, func(t *testing.T) {
+				t.Parallel()
+				runConfRow(t, row, fix, res)
+			})
+		}
+	})
+	table := res.table()
+	fmt.Printf("\nconformance (%s):\n%s\n", time.Now().UTC().Format("2006-01-02"), table)
+	if p := os.Getenv("OAC_CONFORMANCE_TABLE"); p != "" {
+		require.NoError(t, os.WriteFile(p, []byte(table), 0o644))
+	}
+}
+
+// confPromise is one column.
+type confPromise struct {
+	name  string
+	check func(t *testing.T, c *confCase)
+}
+
+// confPromises are the columns, in order. Promises that need the row's
+// running sandbox come before the one that stops it.
+var confPromises = []confPromise{
+	{"hosted bootstrap ready", promiseHostedReady},
+	{"private file, ids, no caps, health", promiseContract},
+	{"egress: proxies and capture", promiseEgress},
+	{"workload sees only lo", promiseOnlyLoopback},
+	{"SIGTERM: stopped, nothing left", promiseStopLeavesNothing},
+	{"kill -9 of the shim, restart: nothing left", promiseKillLeavesNothing},
+}
+
+// confRow is one provider.
+type confRow struct {
+	name string
+	// setup checks what the provider needs (need: fails with CI=true) and
+	// says how to run it.
+	setup func(t *testing.T, f *confFixtures) confEnv
+}
+
+// confRows are the rows, in order.
+var confRows = []confRow{
+	{"bwrap (root)", rowBwrap},
+	{"bwrap (unprivileged user)", rowBwrapRootless},
+	{"oci runc (default root)", rowOCI("runc")},
+	{"oci crun (oac-image rootfs)", rowOCI("crun")},
+	{"docker (real engine)", rowDocker},
+	{"qemu (TCG)", rowQemu},
+	{"wsl (fake wsl.exe)", rowWSL},
+}
+
+// confEnv is how a row runs a sandbox.
+type confEnv struct {
+	spec sandboxSpec // provider, args, env, user, shim, files; name and bootstrap are set per sandbox
+	// bootTimeout bounds boot to ready (default bootTimeout).
+	bootTimeout time.Duration
+	// stateDir is the sandbox's state directory on the host.
+	stateDir func(name string) string
+	// leftovers lists what the provider itself left of a sandbox that
+	// ended (a container, a cgroup, an image layer, a distribution), on
+	// top of the checks every row gets: processes, mounts, the state
+	// directory, network interfaces.
+	leftovers func(name string) []string
+	// peer, when set, is an address the guest's own network reaches that
+	// the workload must not (a WSL distribution's interface).
+	peer *confPeer
+}
+
+// confPeer is a server on a network the guest's namespace has.
+type confPeer struct {
+	addr string
+	// reach dials addr from the guest's namespace: the proof the
+	// interface is real.
+	reach func() (string, error)
+}
+
+// confFixtures are shared by every row: the Link relay, a web server the
+// egress rules allow, the upstream flags, the CA bundle and a copy of
+// the binaries in a directory only root can reach.
+type confFixtures struct {
+	relay    *linkrelay.Relay
+	upstream []string // --upstream flags
+	identity []string // --tenant, --environment, --allocation
+	caBundle string   // content: the host's bundle and the run's CA
+	private  privateBins
+}
+
+// privateBins are the binaries a sandbox runs, installed somewhere.
+type privateBins struct{ shim, guest, sandboxIO, daemon string }
+
+func newConfFixtures(t *testing.T) *confFixtures {
+	testCA(t)
+	relay, relaySrv := runRelay(t)
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "conformance web: %s", r.URL.Path)
+	}))
+	t.Cleanup(web.Close)
+	bundle, err := os.ReadFile(runCA.bundle)
+	require.NoError(t, err)
+	return &confFixtures{
+		relay: relay,
+		upstream: []string{
+			"--upstream", "relay.test:443=" + relaySrv.Listener.Addr().String(),
+			"--upstream", "web.test:80=" + web.Listener.Addr().String(),
+		},
+		identity: []string{"--tenant", tenantID, "--environment", environmentID, "--allocation", allocationID},
+		caBundle: string(bundle),
+		// Installed inside a directory only root can traverse, as go
+		// install puts binaries in /root/go/bin: the guest's root (an
+		// unprivileged host id) cannot reach them there.
+		private: installBins(t, filepath.Join(bins.dir, "root-only"), 0, 0),
+	}
+}
+
+// installBins copies the binaries a sandbox runs into dir/go/bin, dir
+// being mode 0700 and owned by uid:gid.
+func installBins(t *testing.T, dir string, uid, gid int) privateBins {
+	t.Helper()
+	bin := filepath.Join(dir, "go", "bin")
+	require.NoError(t, os.MkdirAll(bin, 0o755))
+	require.NoError(t, os.Chmod(dir, 0o700))
+	var p privateBins
+	for _, b := range []struct {
+		dst *string
+		src string
+	}{{&p.shim, bins.shim}, {&p.guest, bins.guest}, {&p.sandboxIO, bins.sandboxIO}, {&p.daemon, bins.daemon}} {
+		data, err := os.ReadFile(b.src)
+		require.NoError(t, err)
+		*b.dst = filepath.Join(bin, filepath.Base(b.src))
+		require.NoError(t, os.WriteFile(*b.dst, data, 0o755))
+		require.NoError(t, os.Chown(*b.dst, uid, gid))
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "go"), bin} {
+		require.NoError(t, os.Chown(d, uid, gid))
+	}
+	return p
+}
+
+// installs are the flags that install the stand-ins from p.
+func (p privateBins) installs() []string {
+	return []string{"--sandbox-io", p.sandboxIO, "--install", "oac-daemon-standin=" + p.daemon}
+}
+
+// confBootstrap is the hosted bootstrap every row boots: oac-sandbox-io
+// with a wss Link on the relay, the daemon stand-in with credentials and
+// health, its probes (through the proxies, and direct: only the capture
+// can carry those) and a marker to find it on the host.
+func confBootstrap(name string, peer *confPeer) string {
+	grace := bootstrap.Duration(3 * time.Second)
+	argv := []string{daemonBin, "serve", "--hostname", "127.0.0.1", "--port", strconv.Itoa(daemonPort), "--marker", name,
+		"--probe", "proxy-allowed=proxy:http://web.test/proxy",
+		"--probe", "proxy-denied=proxy:http://denied.test/",
+		"--probe", "direct-allowed=direct:http://web.test/direct",
+		"--probe", "direct-denied=direct:http://denied.test/",
+	}
+	if peer != nil {
+		argv = append(argv, "--probe", "peer=dial:"+peer.addr)
+	}
+	b := &bootstrap.Bootstrap{
+		Version: 1, Hostname: "conformance",
+		SandboxIO: &bootstrap.SandboxIOSpec{Bootstrap: &bootstrap.SandboxIO{
+			Version: 1, LinkURL: "wss://relay.test" + linkrelay.Path, Credential: linkCredential,
+			Resource: bootstrap.Resource{TenantID: tenantID, EnvironmentID: environmentID, Kind: "allocation", ID: allocationID, Generation: 1},
+		}},
+		Daemon:      &bootstrap.Process{Argv: argv},
+		Credentials: &bootstrap.Credentials{UsernameEnv: "OAC_SERVER_USERNAME", PasswordEnv: "OAC_SERVER_PASSWORD"},
+		Health:      &bootstrap.Health{Port: daemonPort},
+		StopGrace:   &grace,
+	}
+	data, _ := json.Marshal(b)
+	return string(data)
+}
+
+// confCase is one row's run: its environment and its running sandbox.
+type confCase struct {
+	row     confRow
+	env     confEnv
+	fix     *confFixtures
+	rowT    *testing.T
+	name    string
+	s       *shim
+	bootErr string
+	procs   []procID
+	ifaces  []string
+	mu      sync.Mutex
+}
+
+// live returns the row's running sandbox, booting it on first use (or
+// again after a promise stopped it); the shim reports to t.
+func (c *confCase) live(t *testing.T) *shim {
+	t.Helper()
+	if c.bootErr != "" {
+		t.Fatalf("the row's sandbox did not boot: %s", c.bootErr)
+	}
+	if c.s != nil && !c.s.exited() {
+		c.s.t = t
+		return c.s
+	}
+	c.name = uniqueName("conf")
+	s := c.start(t, c.name)
+	ok := false
+	defer func() {
+		if !ok {
+			c.bootErr = "no ready event (see the first promise's log)"
+		}
+	}()
+	s.waitState(events.StateReady, c.env.bootTimeout)
+	ok = true
+	c.s = s
+	c.procs = sandboxProcs(s, c.name)
+	require.NotEmpty(t, c.procs, "the sandbox's processes are found on the host")
+	t.Logf("%s: %d host processes: %v", c.name, len(c.procs), c.procs)
+	return s
+}
+
+// start starts a sandbox called name with the row's environment and the
+// hosted bootstrap; it lives until the row ends.
+func (c *confCase) start(t *testing.T, name string) *shim {
+	t.Helper()
+	spec := c.env.spec
+	spec.name = name
+	spec.bootstrap = confBootstrap(name, c.env.peer)
+	s := startShim(c.rowT, spec)
+	s.t = t
+	return s
+}
+
+// nothingLeft asserts that a sandbox called name that ended left nothing
+// on the host: none of the processes it had (procs), no process naming it,
+// no mount naming it, no state directory, no new network interface, and
+// nothing of the provider's own (a container, a cgroup, a layer).
+func (c *confCase) nothingLeft(t *testing.T, name string, procs []procID) {
+	t.Helper()
+	var left []string
+	check := func() bool {
+		left = nil
+		for _, p := range procs {
+			if p.alive() {
+				left = append(left, fmt.Sprintf("process %d (%s)", p.pid, p.comm))
+			}
+		}
+		for _, pid := range append(hostProcs(name), hostProcs("--marker "+name)...) {
+			if pid != os.Getpid() {
+				left = append(left, fmt.Sprintf("process %d naming the sandbox: %q", pid, strings.ReplaceAll(readCmdline(pid), "\x00", " ")))
+			}
+		}
+		if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.Contains(line, name) {
+					left = append(left, "mount "+line)
+				}
+			}
+		}
+		if d := c.env.stateDir(name); d != "" {
+			if _, err := os.Stat(d); err == nil {
+				left = append(left, "state directory "+d)
+			}
+		}
+		for _, i := range hostInterfaces() {
+			if !contains(c.ifaces, i) {
+				left = append(left, "network interface "+i)
+			}
+		}
+		if c.env.leftovers != nil {
+			left = append(left, c.env.leftovers(name)...)
+		}
+		return len(left) == 0
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !check() && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Empty(t, left, "what sandbox %s left behind", name)
+}
+
+func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) {
+	c := &confCase{row: row, fix: fix, rowT: t, ifaces: hostInterfaces()}
+	setupOK := false
+	t.Cleanup(func() {
+		if !setupOK {
+			for _, p := range confPromises {
+				res.set(row.name, p.name, rowOutcome(t))
+			}
+		}
+	})
+	c.env = row.setup(t, fix)
+	if c.env.bootTimeout == 0 {
+		c.env.bootTimeout = bootTimeout
+	}
+	setupOK = true
+	for _, p := range confPromises {
+		ok := t.Run(p.name, func(t *testing.T) { p.check(t, c) })
+		res.set(row.name, p.name, map[bool]string{true: "pass", false: "FAIL"}[ok])
+	}
+	if c.s != nil {
+		if ready := c.s.find(func(e events.Event) bool { return e.Event == events.KindState && e.State == events.StateReady }); len(ready) > 0 {
+			res.note(row.name, ready[0].Message)
+		}
+	}
+}
+
+// rowOutcome is the cell of a row that could not run: a failure, or a
+// skip outside CI.
+func rowOutcome(t *testing.T) string {
+	if t.Skipped() && !inCI() {
+		return "skipped"
+	}
+	return "FAIL"
+}
+
+// The promises.
+
+func promiseHostedReady(t *testing.T, c *confCase) {
+	s := c.live(t)
+	ready := s.waitState(events.StateReady, time.Second)
+	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
+	assert.Equal(t, "runtime", ready.Username)
+	complete := s.waitFor(func(e events.Event) bool {
+		return e.Event == events.KindState && strings.Contains(e.Message, "bootstrap complete")
+	}, time.Second, "bootstrap complete")
+	assert.Equal(t, "guest: bootstrap complete: oac-sandbox-io and the daemon started", complete.Message)
+	// oac-sandbox-io, with an empty environment, reached the wss Link by
+	// its name through the resolver and the capture.
+	assert.Equal(t, "0", s.waitLog("sandbox-io: env=", bootTimeout), "oac-sandbox-io has an empty environment")
+	assert.Contains(t, s.waitLog("sandbox-io: link=connected ", 30*time.Second), "status=101")
+	assert.NotEmpty(t, s.find(func(e events.Event) bool {
+		return e.Event == events.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
+	}), "the Link connection went out through the broker")
+	_, raw := s.allEvents()
+	for _, line := range append(raw, s.stderr.String()) {
+		assert.NotContains(t, line, linkCredential, "the credential never leaves the guest")
+	}
+}
+
+func promiseContract(t *testing.T, c *confCase) {
+	s := c.live(t)
+	assert.Equal(t, "mode=0600 type=regular uid=1000 gid=1000", s.waitLog("sandbox-io: file=", bootTimeout))
+	assert.Equal(t, "mode=0700 uid=1000 gid=1000", s.waitLog("sandbox-io: dir=", bootTimeout))
+	const noCaps = "inh=0000000000000000 prm=0000000000000000 eff=0000000000000000 amb=0000000000000000"
+	for _, p := range []string{"sandbox-io", "daemon"} {
+		assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog(p+": ids=", bootTimeout), p)
+		assert.Equal(t, noCaps, s.waitLog(p+": caps=", bootTimeout), p)
+		assert.Equal(t, "1", s.waitLog(p+": nnp=", bootTimeout), p)
+	}
+	ready := s.waitState(events.StateReady, time.Second)
+	assert.Contains(t, ready.Message, "daemon healthy after", "ready only once the daemon answered its health check")
+}
+
+func promiseEgress(t *testing.T, c *confCase) {
+	s := c.live(t)
+	// Through the proxies (the daemon's environment names them).
+	assert.Equal(t, "ok 200 conformance web: /proxy", s.waitLog("daemon: probe proxy-allowed=", 30*time.Second))
+	assert.Regexp(t, `^ok 403 `, s.waitLog("daemon: probe proxy-denied=", 30*time.Second))
+	// With no proxy: only the resolver and the capture carry these.
+	assert.Equal(t, "ok 200 conformance web: /direct", s.waitLog("daemon: probe direct-allowed=", 30*time.Second))
+	assert.Regexp(t, `^error .*no such host`, s.waitLog("daemon: probe direct-denied=", 30*time.Second))
+	has := func(via, target, decision string) {
+		assert.NotEmpty(t, s.find(func(e events.Event) bool {
+			return e.Event == events.KindEgress && e.Via == via && e.Target == target && e.Decision == decision
+		}), "egress event %s %s %s", via, target, decision)
+	}
+	has("http", "web.test:80", "allowed")
+	has("http", "denied.test:80", "denied")
+	has("transparent", "web.test:80", "allowed")
+	has("dns", "denied.test", "denied")
+}
+
+func promiseOnlyLoopback(t *testing.T, c *confCase) {
+	s := c.live(t)
+	assert.Equal(t, "lo", s.waitLog("daemon: interfaces=", bootTimeout))
+	assert.Equal(t, "lo", s.waitLog("sandbox-io: interfaces=", bootTimeout))
+	if c.env.peer == nil {
+		return
+	}
+	// The guest's own network reaches the peer; the workload does not:
+	// its connection is captured, goes to the broker and is refused.
+	got, err := c.env.peer.reach()
+	require.NoError(t, err, "the peer is reachable from the guest's namespace")
+	assert.Equal(t, "echo: control", got)
+	assert.Regexp(t, `^error `, s.waitLog("daemon: probe peer=", 30*time.Second))
+	assert.NotEmpty(t, s.find(func(e events.Event) bool {
+		return e.Event == events.KindEgress && e.Target == c.env.peer.addr && e.Decision == "denied"
+	}), "the workload's attempt reached only the broker, which refused it")
+}
+
+func promiseStopLeavesNothing(t *testing.T, c *confCase) {
+	s := c.live(t)
+	name, procs := c.name, c.procs
+	s.signal(syscall.SIGTERM)
+	s.waitState(events.StateStopped, 30*time.Second)
+	assert.Equal(t, 0, s.exit(30*time.Second))
+	for _, p := range []string{"oac-sandbox-io", "daemon"} {
+		exited := s.waitFor(isProcess(p, "exited"), time.Second, p+" exited")
+		if assert.NotNil(t, exited.ExitCode, p) {
+			assert.Equal(t, 0, *exited.ExitCode, "%s exits 0 on SIGTERM", p)
+		}
+	}
+	c.nothingLeft(t, name, procs)
+}
+
+func promiseKillLeavesNothing(t *testing.T, c *confCase) {
+	name := uniqueName("conf-kill")
+	first := c.start(t, name)
+	first.waitState(events.StateReady, c.env.bootTimeout)
+	procs := sandboxProcs(first, name)
+	require.NotEmpty(t, procs, "the sandbox's processes are found on the host")
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGKILL))
+	first.exit(10 * time.Second)
+
+	again := c.start(t, name)
+	again.waitState(events.StateReady, c.env.bootTimeout)
+	procs = append(procs, sandboxProcs(again, name)...)
+	again.signal(syscall.SIGTERM)
+	again.waitState(events.StateStopped, 30*time.Second)
+	assert.Equal(t, 0, again.exit(30*time.Second))
+	c.nothingLeft(t, name, procs)
+}
+
+// Processes of a sandbox, as the host sees them.
+
+// procID is a process, told from a later one with the same pid by its
+// start time.
+type procID struct {
+	pid   int
+	start string
+	comm  string
+}
+
+func (p procID) alive() bool {
+	st, comm := procStat(p.pid)
+	return st != "" && st == p.start && comm == p.comm
+}
+
+// procStat returns a process's start time and command name ("" when it
+// does not exist).
+func procStat(pid int) (start, comm string) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", ""
+	}
+	s := string(b)
+	open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || closing < open {
+		return "", ""
+	}
+	f := strings.Fields(s[closing+1:])
+	if len(f) < 20 {
+		return "", ""
+	}
+	return f[19], s[open+1 : closing]
+}
+
+func ppidOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
+}
+
+// sandboxProcs returns the host processes of a running sandbox: the
+// shim's descendants (the runtime), and every process in the pid
+// namespace or under the root directory of its daemon (the guest's), when
+// those are not the host's.
+func sandboxProcs(s *shim, name string) []procID {
+	selfPidNS, _ := os.Readlink("/proc/self/ns/pid")
+	pids := map[int]bool{}
+	all := allPids()
+	parent := map[int]int{}
+	for _, p := range all {
+		parent[p] = ppidOf(p)
+	}
+	shimPid := s.cmd.Process.Pid
+	for _, p := range all {
+		for q := p; q > 1; q = parent[q] {
+			if q == shimPid {
+				pids[p] = true
+				break
+			}
+		}
+	}
+	for _, d := range hostProcs("--marker " + name) {
+		pids[d] = true
+		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", d))
+		root, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", d))
+		for _, p := range all {
+			if pns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p)); ns != "" && ns != selfPidNS && pns == ns {
+				pids[p] = true
+			}
+			if r, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", p)); root != "" && root != "/" && r == root {
+				pids[p] = true
+			}
+		}
+	}
+	delete(pids, shimPid)
+	var out []procID
+	for p := range pids {
+		if st, comm := procStat(p); st != "" {
+			out = append(out, procID{p, st, comm})
+		}
+	}
+	return out
+}
+
+func allPids() []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func hostInterfaces() []string {
+	ents, _ := os.ReadDir("/sys/class/net")
+	var out []string
+	for _, e := range ents {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// The table.
+
+type confResults struct {
+	mu    sync.Mutex
+	cells map[string]map[string]string
+	notes map[string]string
+}
+
+func newConfResults() *confResults {
+	return &confResults{cells: map[string]map[string]string{}, notes: map[string]string{}}
+}
+
+func (r *confResults) set(row, promise, outcome string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cells[row] == nil {
+		r.cells[row] = map[string]string{}
+	}
+	r.cells[row][promise] = outcome
+}
+
+func (r *confResults) note(row, ready string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.notes[row] = ready
+}
+
+// table renders provider x promise as a Markdown table, with each row's
+// ready message below it.
+func (r *confResults) table() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	b.WriteString("| provider |")
+	for _, p := range confPromises {
+		b.WriteString(" " + p.name + " |")
+	}
+	b.WriteString("\n|---|")
+	for range confPromises {
+		b.WriteString("---|")
+	}
+	b.WriteString("\n")
+	for _, row := range confRows {
+		b.WriteString("| " + row.name + " |")
+		for _, p := range confPromises {
+			cell := r.cells[row.name][p.name]
+			if cell == "" {
+				cell = "not run"
+			}
+			b.WriteString(" " + cell + " |")
+		}
+		b.WriteString("\n")
+	}
+	var names []string
+	for n := range r.notes {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	if len(names) > 0 {
+		b.WriteString("\nready (the shim's own measure, one boot each):\n")
+		for _, n := range names {
+			b.WriteString("- " + n + ": " + r.notes[n] + "\n")
+		}
+	}
+	return b.String()
+}
