@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -632,15 +631,12 @@ func (r *confResults) table() string {
 		}
 		b.WriteString("\n")
 	}
-	var names []string
-	for n := range r.notes {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	if len(names) > 0 {
+	if len(r.notes) > 0 {
 		b.WriteString("\nready (the shim's own measure, one boot each):\n")
-		for _, n := range names {
-			b.WriteString("- " + n + ": " + r.notes[n] + "\n")
+		for _, row := range confRows {
+			if n, ok := r.notes[row.name]; ok {
+				b.WriteString("- " + row.name + ": " + n + "\n")
+			}
 		}
 	}
 	return b.String()

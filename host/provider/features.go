@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 )
 
 // Feature is an optional part of a Spec, named by the oac-shim flag that
@@ -97,17 +96,4 @@ var defaultInstead = map[Feature]string{
 	FeatureSandboxIO: "put oac-sandbox-io into the guest image instead (oac-image build --sandbox-io)",
 	FeatureInstall:   "put the binary into the guest image instead (oac-image build --file)",
 	FeatureVolume:    "it has no persistent volumes: the guest's /home and /environment come from its image",
-}
-
-// FeatureList is features as their flags, comma-separated ("none" when
-// empty): what oac-shim check prints.
-func FeatureList(fs []Feature) string {
-	if len(fs) == 0 {
-		return "none"
-	}
-	s := make([]string, len(fs))
-	for i, f := range fs {
-		s[i] = string(f)
-	}
-	return strings.Join(s, ", ")
 }

@@ -197,6 +197,17 @@ func TestInvalidNameFailsBeforeTheProviderCreatesAnything(t *testing.T) {
 	assert.Equal(t, 0, p.created)
 }
 
+func TestAFlagTheProviderWouldIgnoreIsRefusedBeforeItCreatesAnything(t *testing.T) {
+	p, rec := newFakeProvider(), newRecorder()
+	_, done := runSandbox(t, Config{Provider: p, Events: rec, Install: map[string]string{"tool": "/bin/true"}})
+	err := wait(t, done)
+	require.ErrorIs(t, err, provider.ErrUnsupported)
+	assert.ErrorContains(t, err, "nothing created: invalid sandbox spec: --install: not supported by this provider: the fake provider does not honour --install")
+	assert.Equal(t, 0, p.created)
+	require.Len(t, rec.ev, 1)
+	assert.Equal(t, events.StateFailed, rec.ev[0].State)
+}
+
 func TestGuestReportingFailureFailsTheSandboxAndIsAskedToStop(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	_, done := runSandbox(t, Config{Provider: p, Events: rec})

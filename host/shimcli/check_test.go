@@ -3,6 +3,7 @@ package shimcli
 import (
 	"bytes"
 	"encoding/json"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -27,13 +28,23 @@ func TestCheckJSONReportsPolicyAndEveryProvider(t *testing.T) {
 	assert.Equal(t, ospolicy.Warn, r.Policy.Level, "Windows 10 22H2 warns")
 	assert.Contains(t, r.Policy.Message, "Windows 10 22H2")
 	var names []string
+	honours := map[string][]string{}
 	for _, p := range r.Providers {
 		names = append(names, p.Name)
+		honours[p.Name] = p.Honours
 		if !p.Available {
 			assert.NotEmpty(t, p.Reason, p.Name)
 		}
 	}
 	assert.Equal(t, []string{"bwrap", "docker", "oci", "qemu", "vz", "wsl"}, names)
+	// What run refuses, before anything is created, is in the report.
+	assert.Contains(t, out.String(), `"honours": []`, "a provider that honours none says so")
+	if runtime.GOOS != "linux" {
+		return
+	}
+	assert.Equal(t, []string{"--rootfs", "--sandbox-io", "--install", "--volume"}, honours["oci"])
+	assert.Equal(t, []string{"--sandbox-io", "--install", "--volume"}, honours["docker"])
+	assert.Equal(t, []string{"--rootfs"}, honours["wsl"])
 }
 
 func TestCheckTextAndABlockedOS(t *testing.T) {

@@ -1,0 +1,56 @@
+package provider
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// honouring is a provider that honours some features.
+type honouring struct {
+	name string
+	fs   []Feature
+}
+
+func (h honouring) Name() string                                 { return h.name }
+func (honouring) Check(context.Context) error                    { return nil }
+func (honouring) Create(context.Context, Spec) (Instance, error) { return nil, ErrUnavailable }
+func (h honouring) Honours() []Feature                           { return h.fs }
+func (h honouring) Instead(f Feature) string {
+	if f == FeatureVolume {
+		return "its distribution's disk holds /home"
+	}
+	return ""
+}
+
+// plain implements no optional capability.
+type plain struct{}
+
+func (plain) Name() string                                   { return "plain" }
+func (plain) Check(context.Context) error                    { return nil }
+func (plain) Create(context.Context, Spec) (Instance, error) { return nil, ErrUnavailable }
+
+func TestSpecFeaturesAreTheOptionalFlagsItSets(t *testing.T) {
+	assert.Empty(t, Spec{Name: "a", AgentPath: "/g"}.Features())
+	s := Spec{Rootfs: "/r", SandboxIOPath: "/s", Install: map[string]string{"x": "/x"}, Volumes: map[string]string{"/home": "/h"}}
+	assert.Equal(t, AllFeatures, s.Features())
+}
+
+func TestRefuseNamesTheFlagTheProviderAndWhatToDo(t *testing.T) {
+	s := Spec{Name: "a", AgentPath: "/g", Install: map[string]string{"tool": "/t"}, Volumes: map[string]string{"/home": "/h"}}
+	assert.NoError(t, Refuse(honouring{"all", AllFeatures}, s))
+
+	err := Refuse(honouring{"wsl", []Feature{FeatureRootfs}}, s)
+	assert.ErrorIs(t, err, ErrInvalidSpec)
+	assert.ErrorIs(t, err, ErrUnsupported)
+	assert.EqualError(t, err, "invalid sandbox spec: --install: not supported by this provider: the wsl provider does not honour --install; put the binary into the guest image instead (oac-image build --file)")
+
+	err = Refuse(honouring{"wsl", []Feature{FeatureRootfs, FeatureInstall}}, s)
+	assert.EqualError(t, err, "invalid sandbox spec: --volume: not supported by this provider: the wsl provider does not honour --volume; its distribution's disk holds /home")
+
+	err = Refuse(plain{}, Spec{Name: "a", AgentPath: "/g", SandboxIOPath: "/s"})
+	assert.ErrorContains(t, err, "the plain provider does not honour --sandbox-io; put oac-sandbox-io into the guest image instead")
+	assert.NoError(t, Refuse(plain{}, Spec{Name: "a", AgentPath: "/g"}), "a spec without optional features suits every provider")
+	assert.Empty(t, Honours(plain{}), "a provider that says nothing honours nothing")
+}
