@@ -4,7 +4,7 @@ BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun docker.io iproute2
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 KERNEL_CACHE ?= .cache/kernel
@@ -64,8 +64,12 @@ unit:
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
 # e2e builds its own binaries once per run and boots real guests.
+# TestConformance writes its provider x promise table to .cache/conformance.md.
 e2e: kernel
-	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) $(GO) test -count=1 -timeout 15m ./e2e/...
+	@mkdir -p .cache
+	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) OAC_CONFORMANCE_TABLE=$(abspath .cache/conformance.md) \
+	  $(GO) test -count=1 -timeout 20m ./e2e/...
+	@echo; echo "conformance:"; cat .cache/conformance.md
 
 demo: deps build fixtures
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
@@ -106,7 +110,7 @@ distclean: clean
 # Speed and memory figures beside their baselines; writes bench/results.md and .json.
 BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
-bench: deps build initramfs
+bench: deps build fixtures initramfs
 	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
 	$(MAKE) bench-load
 

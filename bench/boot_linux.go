@@ -20,8 +20,9 @@ import (
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
-// Bins locates the binaries under test.
-type Bins struct{ Shim, Guest string }
+// Bins locates the binaries under test, and the stand-in fixtures for
+// oac-sandbox-io and the daemon ("" when make fixtures has not run).
+type Bins struct{ Shim, Guest, SandboxIO, Daemon string }
 
 // sandboxProc is a running oac-shim with one bwrap sandbox.
 type sandboxProc struct {
@@ -328,5 +329,18 @@ func FindBins(dir string) (Bins, error) {
 			return b, fmt.Errorf("%s: %w (run make build)", p, err)
 		}
 	}
+	for _, f := range []struct {
+		dst  *string
+		name string
+	}{{&b.SandboxIO, "sandbox-io-standin"}, {&b.Daemon, "daemon-standin"}} {
+		if p := filepath.Join(dir, "fixtures", f.name); fileExists(p) {
+			*f.dst, _ = filepath.Abs(p)
+		}
+	}
 	return b, nil
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
 }

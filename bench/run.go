@@ -15,7 +15,7 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, boot, footprint, density, oci, qemu); results are then
+	// transparent, boot, footprint, density, oci, hosted, qemu); results are then
 	// printed but not written.
 	Only []string
 }
@@ -84,6 +84,13 @@ func Run(o Options) error {
 		if !root {
 			r.Skip("oci boot figures", "need root")
 		} else if err := OCIFigures(r, b, o.Runs); err != nil {
+			return err
+		}
+	}
+	if o.want("hosted") {
+		if !root {
+			r.Skip("hosted boot figures", "need root")
+		} else if err := HostedFigures(r, b, min(o.Runs, 11)); err != nil {
 			return err
 		}
 	}

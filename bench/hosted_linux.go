@@ -1,0 +1,227 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/oac/sandbox-agent/imagebuild"
+	"github.com/oac/sandbox-agent/internal/dockerd"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+)
+
+// Hosted boot: oac-shim start to the ready event with the hosted
+// bootstrap (identity, sandbox_io, the daemon with credentials and a
+// health check; oac-sandbox-io and the daemon are the stand-in fixtures,
+// installed with --sandbox-io and --install), per provider, beside the
+// provider's bare runtime running /bin/true from the same image.
+
+// hostedIdentity is the sandbox's identity; hostedBootstrap names it.
+var hostedIdentity = []string{
+	"--tenant", "0b5e7f5a-3c1d-4e2f-9a8b-7c6d5e4f3a21",
+	"--environment", "1c6f8a6b-4d2e-4f30-8b9c-8d7e6f5a4b32",
+	"--allocation", "2d7a9b7c-5e3f-4a41-9cad-9e8f7a6b5c43",
+}
+
+const hostedDaemon = "/usr/local/bin/oac-daemon-standin"
+
+// hostedBootstrap writes the hosted bootstrap into dir.
+func hostedBootstrap(dir string) (string, error) {
+	b := bootstrap.Bootstrap{
+		Version: 1, Hostname: "bench",
+		SandboxIO: &bootstrap.SandboxIOSpec{Bootstrap: &bootstrap.SandboxIO{
+			Version: 1, LinkURL: "wss://link.example.com/api/v1/sandbox-link", Credential: "bench-credential",
+			Resource: bootstrap.Resource{TenantID: hostedIdentity[1], EnvironmentID: hostedIdentity[3], Kind: "allocation", ID: hostedIdentity[5], Generation: 1},
+		}},
+		Daemon:      &bootstrap.Process{Argv: []string{hostedDaemon, "serve", "--hostname", "127.0.0.1", "--port", "4096"}},
+		Credentials: &bootstrap.Credentials{UsernameEnv: "OAC_SERVER_USERNAME", PasswordEnv: "OAC_SERVER_PASSWORD"},
+		Health:      &bootstrap.Health{Port: 4096},
+	}
+	data, err := json.Marshal(b)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "hosted-bootstrap.json")
+	return p, os.WriteFile(p, data, 0o600)
+}
+
+// HostedFigures measures hosted boot to ready with bwrap, runc, crun and
+// a Docker engine (the one that answers, else a private dockerd this run
+// starts and stops), each beside its bare runtime.
+func HostedFigures(r *Report, b Bins, runs int) error {
+	if b.SandboxIO == "" || b.Daemon == "" {
+		r.Skip("hosted boot figures", "need the stand-in fixtures (make fixtures: bin/fixtures/)")
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "oac-bench-hosted-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
+	}
+	boot, err := hostedBootstrap(dir)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"--bootstrap", boot, "--sandbox-io", b.SandboxIO, "--install", "oac-daemon-standin=" + b.Daemon}, hostedIdentity...)
+	hosted := func(provider ...string) func() (float64, error) {
+		return func() (float64, error) {
+			s, err := startSandboxWith(b, 60*time.Second, append(provider, args...)...)
+			if err != nil {
+				return 0, err
+			}
+			d := s.ready
+			if err := s.stop(); err != nil {
+				return 0, fmt.Errorf("stop: %w", err)
+			}
+			return ms(d), nil
+		}
+	}
+	add := func(name, baseName string, bare, shim func() (float64, error)) error {
+		base, subj, err := Pair(runs, bare, shim)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		r.Add(NewResult(name, "ms", subj, baseName, base))
+		return nil
+	}
+
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		r.Skip("hosted boot with bwrap", "bubblewrap is not installed")
+	} else if err := add("hosted boot, bwrap: oac-shim start to ready", "bare bwrap running /bin/true", bareBwrap, hosted("--provider", "bwrap")); err != nil {
+		return err
+	}
+	for _, rt := range []string{"runc", "crun"} {
+		if _, err := exec.LookPath(rt); err != nil {
+			r.Skip("hosted boot with "+rt, rt+" is not installed")
+			continue
+		}
+		rtDir := filepath.Join(dir, rt)
+		if err := os.Mkdir(rtDir, 0o755); err != nil {
+			return err
+		}
+		bare, err := bareRuntime(rt, rtDir)
+		if err != nil {
+			return err
+		}
+		if err := add("hosted boot, oci "+rt+": oac-shim start to ready", rt+" running /bin/true", bare, hosted("--provider", "oci", "--runtime", rt)); err != nil {
+			return err
+		}
+	}
+	if missing := dockerd.Missing(); missing != "" {
+		r.Skip("hosted boot with docker", missing)
+		return nil
+	}
+	return dockerHosted(r, b, dir, runs, add, hosted)
+}
+
+// dockerHosted measures the docker provider on an image oac-image builds
+// from a base holding only /bin/true and the libraries it loads.
+func dockerHosted(r *Report, b Bins, dir string, runs int, add func(string, string, func() (float64, error), func() (float64, error)) error,
+	hosted func(...string) func() (float64, error)) error {
+	ctx := context.Background()
+	e, err := dockerd.Start(ctx)
+	if err != nil {
+		r.Skip("hosted boot with docker", err.Error())
+		return nil
+	}
+	defer e.Stop()
+	base := filepath.Join(dir, "base")
+	if err := trueBase(base); err != nil {
+		return fmt.Errorf("docker image base: %w", err)
+	}
+	out := filepath.Join(dir, "image")
+	if _, err := imagebuild.Build(imagebuild.Spec{Base: base, Injection: imagebuild.Injection{Agent: b.Guest, SandboxIO: b.SandboxIO,
+		Files: []imagebuild.ExtraFile{{Src: b.Daemon, Dst: hostedDaemon, Mode: 0o755}}},
+		Outputs: []string{imagebuild.OutTar}, Out: out, Epoch: 1}); err != nil {
+		return fmt.Errorf("docker image: %w", err)
+	}
+	ref := fmt.Sprintf("oac-bench/guest:%d", os.Getpid())
+	if _, err := e.Import(ctx, filepath.Join(out, imagebuild.TarName), ref); err != nil {
+		return err
+	}
+	defer func() { _, _ = e.Docker(ctx, "image", "rm", "--force", ref) }()
+	for _, kv := range e.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		old, had := os.LookupEnv(k)
+		os.Setenv(k, v)
+		if had {
+			defer os.Setenv(k, old)
+		} else {
+			defer os.Unsetenv(k)
+		}
+	}
+	bare := func() (float64, error) {
+		t := time.Now()
+		if out, err := exec.Command(e.Client, "run", "--rm", "--network", "none", ref, "/bin/true").CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("docker run /bin/true: %v: %s", err, out)
+		}
+		return ms(time.Since(t)), nil
+	}
+	return add("hosted boot, docker: oac-shim start to ready", "docker run --rm --network none IMAGE /bin/true", bare,
+		hosted("--provider", "docker", "--docker-image", ref))
+}
+
+// trueBase makes a base root filesystem with /bin/true and the shared
+// libraries it loads (its ELF interpreter and DT_NEEDED entries, found
+// with the interpreter's --list).
+func trueBase(dir string) error {
+	src, err := filepath.EvalSymlinks("/bin/true")
+	if err != nil {
+		return err
+	}
+	files := []string{src}
+	f, err := elf.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return err
+			}
+			interp := strings.TrimRight(string(b), "\x00")
+			files = append(files, interp)
+			out, err := exec.Command(interp, "--list", src).Output()
+			if err != nil {
+				return fmt.Errorf("%s --list %s: %w", interp, src, err)
+			}
+			sc := bufio.NewScanner(strings.NewReader(string(out)))
+			for sc.Scan() {
+				for _, field := range strings.Fields(sc.Text()) {
+					if strings.HasPrefix(field, "/") {
+						files = append(files, field)
+					}
+				}
+			}
+		}
+	}
+	for _, p := range files {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, p)
+		if p == src {
+			dst = filepath.Join(dir, "bin", "true")
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, data, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
