@@ -201,11 +201,11 @@ type Instance struct {
 	agentFD   *os.File
 	agentCopy bool
 	sockFD    *os.File
-	rootFile *os.File
-	etc      [][2]string
-	tmpfs    []string
-	volumes  []namedFile // name: the guest directory
-	installs []namedFile
+	rootFile  *os.File
+	etc       [][2]string
+	tmpfs     []string
+	volumes   []namedFile // name: the guest directory
+	installs  []namedFile
 }
 
 // HostID returns the host uid and gid guest id maps to; -1 when id is not
