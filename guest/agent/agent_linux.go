@@ -216,9 +216,11 @@ func (a *agent) serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := a.isolate(); err != nil {
-		a.fail(protocol.CodeInternal, err)
-		return err
+	if b.SandboxIO != nil || b.Daemon != nil {
+		if err := a.isolate(); err != nil {
+			a.fail(protocol.CodeInternal, err)
+			return err
+		}
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
 		p, err := egress.StartWith(a.wl.get().Listen, egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)

@@ -32,7 +32,9 @@ func (w *workloadNet) close() { _ = w.get().Close() }
 
 // isolate gives the workload a network namespace of its own with only lo
 // when the guest's has any other interface; the workload must never see
-// one. Without the privilege to make it, the bootstrap fails.
+// one. Without the privilege to make it, the bootstrap fails. (A bootstrap
+// without a workload needs none: forwards then reach the agent's own
+// loopback.)
 func (a *agent) isolate() error {
 	others, err := netns.Others()
 	if err != nil {

@@ -31,8 +31,9 @@
 //
 // # Capture
 //
-// The agent sets up the guest's network namespace over netlink (only when
-// lo is its only interface: it never takes over a real network): the fake
+// The agent sets up the workload's network namespace over netlink (the
+// guest's own, or one of its own that package netns made; only when lo is
+// its only interface: it never takes over a real network): the fake
 // range as an address of lo (on lo a prefix is local as a whole), a
 // default route through lo from 198.18.0.1, and an nftables table
 // (github.com/google/nftables) "oac_egress" whose nat output chain
@@ -75,9 +76,11 @@
 //
 // Its cost: the kernel completes the client's handshake before the host
 // decides, so a refused port is a reset rather than ECONNREFUSED; netstack
-// could have refused the SYN. Capture needs CAP_NET_ADMIN in the guest's
-// network namespace (bwrap's guest root has it; a --single-uid sandbox
-// does not: it keeps the proxies only, and says so in a starting event).
+// could have refused the SYN. Capture needs CAP_NET_ADMIN in the
+// workload's network namespace and the resolver CAP_NET_BIND_SERVICE
+// (bwrap's guest root has them, and so does the agent of an OCI or docker
+// container; a --single-uid sandbox does not: it keeps the proxies only,
+// and says so in a starting event).
 //
 // It must not decide policy (the host does), resolve names itself, let a
 // name or payload reach anything but the host's egress and dns streams,

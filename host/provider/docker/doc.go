@@ -1,15 +1,20 @@
 // Package docker is the provider for hosts with a Docker engine: each
 // sandbox is a container started by the docker client, attached, with
-// `docker run --rm --network none --read-only --cap-drop ALL --cap-add KILL
-// --cap-add SETGID --cap-add SETUID --security-opt no-new-privileges
-// --pids-limit 128`, tmpfs on /run and a 128 MiB tmpfs on /tmp (the engine's
-// default seccomp profile stays on), the sandbox's socket directory bound at
-// /run/oac, the host's oac-guest bound read-only as the entrypoint, a name
-// per sandbox (oac-NAME) and --pull never: the image must be present.
+// `docker run --rm --network none --read-only --cap-drop ALL` plus the
+// hosted contract's capabilities (kit.AgentCaps), --security-opt
+// no-new-privileges, --pids-limit 128, tmpfs on /run, a 128 MiB tmpfs on
+// /tmp and tmpfs /home and /environment (or --volume bind mounts), the
+// engine's default seccomp profile, the sandbox's socket directory bound at
+// /run/oac, the host's oac-guest bound read-only as the entrypoint,
+// --sandbox-io and --install binaries bound read-only in /usr/local/bin, a
+// resolv.conf naming the guest's resolver, a name per sandbox (oac-NAME)
+// and --pull never: the image (docker import of the image build's rootfs
+// tarball) must be present. Check names what is missing: the client, the
+// engine, the image.
 //
 // Guest ids are not remapped per container: unless the engine runs with
-// userns-remap, guest root is host root with only the three capabilities
-// above (Detail says which). The OCI provider maps a private id range per
+// userns-remap, guest root is host root with only the capabilities above
+// (Detail says which). The OCI provider maps a private id range per
 // sandbox instead.
 //
 // It owns the docker command lines and the mapping of the client's error

@@ -4,15 +4,21 @@
 //
 // The container has a read-only root (a --rootfs directory, or a skeleton
 // into which the host's /usr, /bin, /lib* and a few /etc files are bound
-// read-only, like the bwrap provider's default), tmpfs on /run and a
-// 128 MiB tmpfs on /tmp, new user, pid, network (lo only), ipc, uts, mount
-// and cgroup namespaces, guest ids 0..65535 mapped to a host id range of its
-// own (package kit's host-wide id slots, which the bwrap provider draws
-// from too), a pids limit of 128, a seccomp deny list, and only the capabilities the agent needs:
-// CAP_SETUID and CAP_SETGID (to start the daemon as 1000:1000 without
-// supplementary groups) and CAP_KILL (to signal it on stop). Its process is
+// read-only, like the bwrap provider's default), the hosted contract's
+// writable /home and /environment (tmpfs, or --volume host directories),
+// --sandbox-io and --install binaries bound read-only in /usr/local/bin,
+// tmpfs on /run and a 128 MiB tmpfs on /tmp, new user, pid, network (lo
+// only), ipc, uts, mount and cgroup namespaces, guest ids 0..65535 mapped to
+// a host id range of its own (package kit's host-wide id slots, which the
+// bwrap provider draws from too), a pids limit of 128, a seccomp deny list,
+// and only the capabilities the agent needs for the contract
+// (kit.AgentCaps: the private directory's chown, the private file, the
+// workload's ids and signals, the resolver on port 53 and the nftables
+// capture in the container's own network namespace). Its process is
 // oac-guest, bound read-only at /run/oac/oac-guest, dialing the transport
-// socket the shim listens on, bound in at /run/oac/agent.sock.
+// socket the shim listens on, bound in at /run/oac/agent.sock. A --rootfs
+// gets no new mount point: what the contract would mount where the image
+// has nothing is refused before the runtime runs.
 //
 // crun 1.8 refuses a hybrid cgroup v1/v2 layout; on such a host the
 // provider runs crun in a private mount namespace in which the cgroup2
