@@ -106,6 +106,9 @@ func removeArgs(name string) []string { return []string{"rm", "--force", Contain
 // ErrNoContainer: the engine has no container of that name.
 var ErrNoContainer = errors.New("no such container")
 
+// errRemoving: the engine is already removing the container (its --rm).
+var errRemoving = errors.New("container removal in progress")
+
 // classify maps a failed docker command to the provider's errors by the
 // messages the docker client prints.
 func classify(what, out string, err error) error {
@@ -123,6 +126,8 @@ func classify(what, out string, err error) error {
 		return fmt.Errorf("%w: docker: no Docker engine reachable: %s", provider.ErrUnavailable, msg)
 	case strings.Contains(lower, "no such image"), strings.Contains(lower, "unable to find image"):
 		return fmt.Errorf("%w: docker: %s: %s (docker import the image build's rootfs.tar.gz, or docker load an archive, first; the provider never pulls)", provider.ErrInvalidSpec, what, msg)
+	case strings.Contains(lower, "removal of container") && strings.Contains(lower, "already in progress"):
+		return fmt.Errorf("%w: docker: %s: %s", errRemoving, what, msg)
 	case strings.Contains(lower, "no such container"), strings.Contains(lower, "is not running"):
 		return fmt.Errorf("%w: docker: %s: %s", ErrNoContainer, what, msg)
 	case strings.Contains(lower, "is already in use by container"):

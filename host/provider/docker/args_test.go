@@ -66,6 +66,7 @@ func TestClassify(t *testing.T) {
 		{"Error response from daemon: No such container: oac-a", ErrNoContainer},
 		{"Error response from daemon: Cannot kill container: oac-a: Container 0123 is not running", ErrNoContainer},
 		{`docker: Error response from daemon: Conflict. The container name "/oac-a" is already in use by container "0123".`, provider.ErrExists},
+		{"Error response from daemon: removal of container oac-a is already in progress", errRemoving},
 	}
 	for _, tt := range tests {
 		assert.ErrorIs(t, classify("x", tt.out, exit), tt.want, tt.out)

@@ -163,10 +163,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	// We hold the name's lock: a container of that name is a leftover.
-	if out, err := output(ctx, d, removeArgs(spec.Name)...); err != nil {
-		if cerr := classify("remove stale container", out, err); !errors.Is(cerr, ErrNoContainer) {
-			return nil, cerr
-		}
+	if err := removeContainer(ctx, d, spec.Name, "remove stale container"); err != nil {
+		return nil, err
 	}
 	// Destroy removes the container (--rm does not run when the client
 	// was killed).
@@ -225,10 +223,31 @@ func (in *Instance) remove() error {
 	if !in.Started() {
 		return nil
 	}
-	if out, err := output(context.Background(), in.docker, removeArgs(in.cfg.Name)...); err != nil {
-		if cerr := classify("remove container", out, err); !errors.Is(cerr, ErrNoContainer) {
+	return removeContainer(context.Background(), in.docker, in.cfg.Name, "remove container")
+}
+
+// removeContainer removes sandbox name's container, if any, and returns
+// once the engine has none: a container whose own removal is under way
+// (--rm after its guest stopped, when its shim was killed) is waited for.
+func removeContainer(ctx context.Context, docker, name, what string) error {
+	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
+	defer cancel()
+	for {
+		out, err := output(ctx, docker, removeArgs(name)...)
+		if err == nil {
+			return nil
+		}
+		cerr := classify(what, out, err)
+		switch {
+		case errors.Is(cerr, ErrNoContainer):
+			return nil
+		case !errors.Is(cerr, errRemoving):
 			return cerr
 		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (the engine did not finish removing it within %s)", cerr, quickTimeout)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return nil
 }
