@@ -1,4 +1,4 @@
-package control
+package api
 
 import (
 	"bytes"
@@ -56,6 +56,12 @@ var keys = map[string]map[string]bool{
 	CmdSetPolicy:     {"allow": false, "upstreams": false},
 	CmdAddForward:    {"listen": true, "guest_port": true},
 	CmdRemoveForward: {"listen": true},
+}
+
+// IsCommand reports whether name is a known command.
+func IsCommand(name string) bool {
+	_, ok := keys[name]
+	return ok
 }
 
 // Commands returns the command names, for usage texts.
