@@ -98,8 +98,9 @@ func RunDir(dir string) (run string, ln *net.UnixListener, err error) {
 	return run, ln, err
 }
 
-// Limits every container sandbox gets (docker and OCI), as hosted
-// containers are hardened: a pids limit and small tmpfs mounts.
+// Limits every container sandbox gets (docker and OCI): those hosted
+// containers already run with (docs/contract.md, "Hardening of hosted
+// containers").
 const (
 	PidsLimit  = 128
 	TmpSizeMiB = 128
