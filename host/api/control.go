@@ -7,6 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
@@ -117,14 +118,14 @@ func Decode(line []byte) (Command, error) {
 	}
 	allowed, ok := keys[c.Cmd]
 	if !ok {
-		return c, bad("unknown command %q (known: %s)", printable(c.Cmd), strings.Join(Commands(), ", "))
+		return c, bad("unknown command %q (known: %s)", safetext.Clean(c.Cmd, 32, '?'), strings.Join(Commands(), ", "))
 	}
 	for k := range raw {
 		if k == "id" || k == "cmd" {
 			continue
 		}
 		if _, ok := allowed[k]; !ok {
-			return c, bad("%s takes no key %q", c.Cmd, printable(k))
+			return c, bad("%s takes no key %q", c.Cmd, safetext.Clean(k, 32, '?'))
 		}
 	}
 	for k, req := range allowed {
@@ -164,7 +165,7 @@ func lineError(err error) error {
 	case errors.Is(err, strictjson.ErrTrailing):
 		return bad("trailing data after the command object")
 	case errors.Is(err, strictjson.ErrDuplicate):
-		return bad("key %q given twice", printable(e.Key))
+		return bad("key %q given twice", safetext.Clean(e.Key, 32, '?'))
 	case errors.Is(err, strictjson.ErrTooMany):
 		return bad("%q has more than %d items", key, maxList)
 	case errors.Is(err, strictjson.ErrType) && key == "guest_port":
@@ -177,16 +178,4 @@ func lineError(err error) error {
 		return bad("nested too deeply")
 	}
 	return bad("malformed JSON")
-}
-
-func printable(s string) string {
-	if len(s) > 32 {
-		s = s[:32] + "..."
-	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return '?'
-		}
-		return r
-	}, strings.ToValidUTF8(s, "?"))
 }

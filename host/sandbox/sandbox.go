@@ -8,10 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 
@@ -19,6 +17,7 @@ import (
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -708,20 +707,5 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 }
 
 // guestText makes a guest-supplied string safe to put in an event: valid
-// UTF-8, no control characters, at most n bytes.
-func guestText(s string, n int) string {
-	if len(s) > n {
-		s = s[:n]
-		for !utf8.ValidString(s) && len(s) > 0 {
-			s = s[:len(s)-1]
-		}
-		s += "..."
-	}
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-}
+// UTF-8, no control characters, at most n bytes (and "...").
+func guestText(s string, n int) string { return safetext.Clean(s, n, ' ') }
