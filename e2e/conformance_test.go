@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -245,7 +245,7 @@ func (c *confCase) live(t *testing.T) *shim {
 			c.bootErr = "no ready event (see the first promise's log)"
 		}
 	}()
-	s.waitState(events.StateReady, c.env.bootTimeout)
+	s.waitState(api.StateReady, c.env.bootTimeout)
 	ok = true
 	c.s = s
 	c.procs = sandboxProcs(s, c.name)
@@ -334,7 +334,7 @@ func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) 
 		res.set(row.name, p.name, map[bool]string{true: "pass", false: "FAIL"}[ok])
 	}
 	if c.s != nil {
-		if ready := c.s.find(func(e events.Event) bool { return e.Event == events.KindState && e.State == events.StateReady }); len(ready) > 0 {
+		if ready := c.s.find(func(e api.Event) bool { return e.Event == api.KindState && e.State == api.StateReady }); len(ready) > 0 {
 			res.note(row.name, ready[0].Message)
 		}
 	}
@@ -353,19 +353,19 @@ func rowOutcome(t *testing.T) string {
 
 func promiseHostedReady(t *testing.T, c *confCase) {
 	s := c.live(t)
-	ready := s.waitState(events.StateReady, time.Second)
+	ready := s.waitState(api.StateReady, time.Second)
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
 	assert.Equal(t, "runtime", ready.Username)
-	complete := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && strings.Contains(e.Message, "bootstrap complete")
+	complete := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && strings.Contains(e.Message, "bootstrap complete")
 	}, time.Second, "bootstrap complete")
 	assert.Equal(t, "guest: bootstrap complete: oac-sandbox-io and the daemon started", complete.Message)
 	// oac-sandbox-io, with an empty environment, reached the wss Link by
 	// its name through the resolver and the capture.
 	assert.Equal(t, "0", s.waitLog("sandbox-io: env=", bootTimeout), "oac-sandbox-io has an empty environment")
 	assert.Contains(t, s.waitLog("sandbox-io: link=connected ", 30*time.Second), "status=101")
-	assert.NotEmpty(t, s.find(func(e events.Event) bool {
-		return e.Event == events.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
+	assert.NotEmpty(t, s.find(func(e api.Event) bool {
+		return e.Event == api.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
 	}), "the Link connection went out through the broker")
 	_, raw := s.allEvents()
 	for _, line := range append(raw, s.stderr.String()) {
@@ -383,7 +383,7 @@ func promiseContract(t *testing.T, c *confCase) {
 		assert.Equal(t, noCaps, s.waitLog(p+": caps=", bootTimeout), p)
 		assert.Equal(t, "1", s.waitLog(p+": nnp=", bootTimeout), p)
 	}
-	ready := s.waitState(events.StateReady, time.Second)
+	ready := s.waitState(api.StateReady, time.Second)
 	assert.Contains(t, ready.Message, "daemon healthy after", "ready only once the daemon answered its health check")
 }
 
@@ -396,8 +396,8 @@ func promiseEgress(t *testing.T, c *confCase) {
 	assert.Equal(t, "ok 200 conformance web: /direct", s.waitLog("daemon: probe direct-allowed=", 30*time.Second))
 	assert.Regexp(t, `^error .*no such host`, s.waitLog("daemon: probe direct-denied=", 30*time.Second))
 	has := func(via, target, decision string) {
-		assert.NotEmpty(t, s.find(func(e events.Event) bool {
-			return e.Event == events.KindEgress && e.Via == via && e.Target == target && e.Decision == decision
+		assert.NotEmpty(t, s.find(func(e api.Event) bool {
+			return e.Event == api.KindEgress && e.Via == via && e.Target == target && e.Decision == decision
 		}), "egress event %s %s %s", via, target, decision)
 	}
 	has("http", "web.test:80", "allowed")
@@ -419,8 +419,8 @@ func promiseOnlyLoopback(t *testing.T, c *confCase) {
 	require.NoError(t, err, "the peer is reachable from the guest's namespace")
 	assert.Equal(t, "echo: control", got)
 	assert.Regexp(t, `^error `, s.waitLog("daemon: probe peer=", 30*time.Second))
-	assert.NotEmpty(t, s.find(func(e events.Event) bool {
-		return e.Event == events.KindEgress && e.Target == c.env.peer.addr && e.Decision == "denied"
+	assert.NotEmpty(t, s.find(func(e api.Event) bool {
+		return e.Event == api.KindEgress && e.Target == c.env.peer.addr && e.Decision == "denied"
 	}), "the workload's attempt reached only the broker, which refused it")
 }
 
@@ -428,7 +428,7 @@ func promiseStopLeavesNothing(t *testing.T, c *confCase) {
 	s := c.live(t)
 	name, procs := c.name, c.procs
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 30*time.Second)
+	s.waitState(api.StateStopped, 30*time.Second)
 	assert.Equal(t, 0, s.exit(30*time.Second))
 	for _, p := range []string{"oac-sandbox-io", "daemon"} {
 		exited := s.waitFor(isProcess(p, "exited"), time.Second, p+" exited")
@@ -442,17 +442,17 @@ func promiseStopLeavesNothing(t *testing.T, c *confCase) {
 func promiseKillLeavesNothing(t *testing.T, c *confCase) {
 	name := uniqueName("conf-kill")
 	first := c.start(t, name)
-	first.waitState(events.StateReady, c.env.bootTimeout)
+	first.waitState(api.StateReady, c.env.bootTimeout)
 	procs := sandboxProcs(first, name)
 	require.NotEmpty(t, procs, "the sandbox's processes are found on the host")
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGKILL))
 	first.exit(10 * time.Second)
 
 	again := c.start(t, name)
-	again.waitState(events.StateReady, c.env.bootTimeout)
+	again.waitState(api.StateReady, c.env.bootTimeout)
 	procs = append(procs, sandboxProcs(again, name)...)
 	again.signal(syscall.SIGTERM)
-	again.waitState(events.StateStopped, 30*time.Second)
+	again.waitState(api.StateStopped, 30*time.Second)
 	assert.Equal(t, 0, again.exit(30*time.Second))
 	c.nothingLeft(t, name, procs)
 }

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // The docker provider runs against a real Docker engine (needDocker: the
@@ -76,7 +76,7 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	s := startShim(t, sandboxSpec{provider: "docker", name: name, env: d.env,
 		args:      []string{"--docker", bins.dockerRec, "--docker-image", image, "--install", "oac-daemon-standin=" + bins.daemon},
 		bootstrap: standinDaemon(name)})
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	t.Logf("docker: %s", ready.Message)
 	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("daemon: ids=", bootTimeout))
 	assert.Equal(t, "inh=0000000000000000 prm=0000000000000000 eff=0000000000000000 amb=0000000000000000", s.waitLog("daemon: caps=", bootTimeout))
@@ -123,7 +123,7 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 	name := uniqueName("dock")
 	s := startShim(t, sandboxSpec{provider: "docker", name: name, env: d.env,
 		args: []string{"--docker", bins.dockerRec, "--docker-image", image}, bootstrap: standinDaemon(name)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	var clients []int
 	require.Eventually(t, func() bool {
 		clients = hostProcs("oac.sandbox=" + name)
@@ -131,7 +131,7 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, syscall.Kill(clients[0], syscall.SIGKILL))
 
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "sandbox runtime exited: docker run")
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	calls := d.calls(t)
@@ -150,14 +150,14 @@ func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
 	assert.Contains(t, string(out), "Is the docker daemon running?")
 
 	s := startShim(t, sandboxSpec{provider: "docker", env: noEngine, args: []string{"--docker-image", "oac-e2e/none:1"}})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "no Docker engine reachable")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 
 	d := newDockerRecorder(t)
 	name := uniqueName("dock")
 	s = startShim(t, sandboxSpec{provider: "docker", name: name, env: d.env, args: []string{"--docker", bins.dockerRec, "--docker-image", "oac-e2e/absent:1"}})
-	failed = s.waitState(events.StateFailed, 10*time.Second)
+	failed = s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "invalid sandbox spec: docker: image oac-e2e/absent:1: ")
 	assert.Contains(t, failed.Message, "No such image")
 	assert.Contains(t, failed.Message, "the provider never pulls")

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // Hosted containers: what the oci and docker providers do with --volume,
@@ -42,7 +42,7 @@ func TestAVolumeCarriesTheHostedContractInContainers(t *testing.T) {
 			b := contract("link.example.com")
 			s := startShim(t, sandboxSpec{provider: args[1], env: env, bootstrap: encode(t, b),
 				args: append(append(args[2:], identityArgs()...), "--volume", "/home="+home)})
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			assert.Equal(t, "mode=0600 type=regular uid=1000 gid=1000", s.waitLog("sandbox-io: file=", bootTimeout))
 
 			file := filepath.Join(home, "runtime", "sandbox-io-bootstrap.json")
@@ -78,7 +78,7 @@ func TestARootfsThatLacksAMountPointIsRefusedBeforeAnythingRuns(t *testing.T) {
 	name := uniqueName("oci")
 	s := startShim(t, sandboxSpec{provider: "oci", name: name, bootstrap: encode(t, contract("link.example.com")),
 		args: append(identityArgs(), "--runtime", "runc", "--rootfs", rootfs, "--install", "not-in-the-image="+bins.daemon)})
-	failed := s.waitState(events.StateFailed, bootTimeout)
+	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "install not-in-the-image: the rootfs has no regular file /usr/local/bin/not-in-the-image to bind it over")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", name))

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // The WSL provider runs here against a fake wsl.exe (internal/fakewsl)
@@ -101,9 +101,9 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 	w := newWSLDistro(t)
 	name := uniqueName("e2e")
 	s := startShim(t, sandboxSpec{provider: "wsl", name: name, env: w.env, args: w.args(), bootstrap: standinDaemon(name)})
-	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
+	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, bootTimeout, "agent event")
 	assert.Equal(t, 1, agent.Protocol)
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	t.Logf("wsl (fake): %s", ready.Message)
 	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("daemon: ids=", bootTimeout), "the agent runs as root in the distro and starts the daemon as 1000")
 	assert.Equal(t, []string{"oac-" + s.name}, w.distros())
@@ -111,7 +111,7 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 	s.signal(syscall.SIGTERM)
 	s.waitLog("daemon: got terminated", 10*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
-	assert.Equal(t, events.StateStopped, s.lastEvent().State)
+	assert.Equal(t, api.StateStopped, s.lastEvent().State)
 	distro := "oac-" + s.name
 	dir := filepath.Join("/run/oac/sandboxes", s.name, "distro")
 	assert.Equal(t, []string{
@@ -131,13 +131,13 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 	w := newWSLDistro(t)
 	name := uniqueName("e2e")
 	s := startShim(t, sandboxSpec{provider: "wsl", name: name, env: w.env, args: w.args(), bootstrap: standinDaemon(name)})
-	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
-	s.waitState(events.StateReady, bootTimeout)
+	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, bootTimeout, "agent event")
+	s.waitState(api.StateReady, bootTimeout)
 	// The fake wsl.exe became the agent (exec), so Hello's pid is a host pid.
 	require.Contains(t, readCmdline(agent.PID), "--transport")
 	require.NoError(t, syscall.Kill(agent.PID, syscall.SIGKILL))
 
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	assert.Contains(t, w.calls(t), "--unregister oac-"+s.name)
@@ -154,7 +154,7 @@ func TestWSLRefusesWhatItCannotCarryBeforeImporting(t *testing.T) {
 		{"--volume", "/home=" + t.TempDir()},
 	} {
 		s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), args...)})
-		failed := s.waitState(events.StateFailed, 10*time.Second)
+		failed := s.waitState(api.StateFailed, 10*time.Second)
 		assert.Contains(t, failed.Message, "nothing created: invalid sandbox spec: "+args[0]+": not supported by this provider: the wsl provider does not honour "+args[0]+"; ")
 		assert.Equal(t, 1, s.exit(10*time.Second))
 		assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
@@ -190,7 +190,7 @@ func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 	assert.True(t, found, "check lists the wsl provider")
 
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), "--wsl-installer", url)})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, url)
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.Contains(t, s.stderr.String(), "run 'oac-shim check'")
@@ -201,7 +201,7 @@ func TestWSLImportFailureCreatesNothing(t *testing.T) {
 	needRootForState(t)
 	w := newFakeWSL(t, "nohyperv")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args()})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "HCS_E_HYPERV_NOT_INSTALLED")
 	assert.Contains(t, failed.Message, "enable the Virtual Machine Platform")
 	assert.Equal(t, 1, s.exit(10*time.Second))

@@ -13,9 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -145,11 +144,11 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		defer ef.Close()
 		out = ef
 	}
-	sink := events.NewJSONLines(out)
+	sink := api.NewJSONLines(out)
 	// Input errors are reported like every other failure: one failed
 	// event (the last event is always failed or stopped) and a reason.
 	failedEvent := func(err error) int {
-		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+		sink.Emit(api.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: api.KindState, State: api.StateFailed, Message: err.Error()})
 		return fail(err)
 	}
 	inputFail := func(err error) int {
@@ -300,8 +299,8 @@ func (s *shim) watchSignals(ctx context.Context) {
 }
 
 // state, for the systemd status line.
-func statusLine(st controller.Status) string {
-	line := st.State
+func statusLine(st api.Status) string {
+	line := string(st.State)
 	if st.URL != "" {
 		line += " " + st.URL
 	}

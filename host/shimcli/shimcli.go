@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
@@ -193,7 +193,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // reloadOnHUP re-reads the policy (file plus flags) on SIGHUP and swaps it
 // in; a policy that fails to load leaves the old one in force.
-func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, allow, ups []string, b *egress.Broker, sink events.Sink, log *slog.Logger) {
+func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, allow, ups []string, b *egress.Broker, sink api.Sink, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -201,7 +201,7 @@ func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, 
 		case <-hups:
 		}
 		pol, err := egress.LoadPolicy(file, allow, ups)
-		var e events.Event
+		var e api.Event
 		if err != nil {
 			log.Warn("egress policy reload failed; the previous policy stays in force", "err", err)
 			e = b.PolicyEvent("policy reload failed, previous policy kept (" + err.Error() + ")")
