@@ -109,10 +109,11 @@ func bareBwrap() (float64, error) {
 	return ms(time.Since(t)), nil
 }
 
-// BootFigures measures bwrap boot to ready and agent start.
-func BootFigures(r *Report, b Bins, runs int) error {
-	shim := func() (float64, error) {
-		s, err := startSandbox(b, 30*time.Second)
+// shimToReady returns a measurement: oac-shim run with args started, its
+// time to the ready event, then stopped.
+func shimToReady(b Bins, timeout time.Duration, args ...string) func() (float64, error) {
+	return func() (float64, error) {
+		s, err := startSandboxWith(b, timeout, args...)
 		if err != nil {
 			return 0, err
 		}
@@ -122,7 +123,11 @@ func BootFigures(r *Report, b Bins, runs int) error {
 		}
 		return ms(d), nil
 	}
-	base, subj, err := Pair(runs, bareBwrap, shim)
+}
+
+// BootFigures measures bwrap boot to ready and agent start.
+func BootFigures(r *Report, b Bins, runs int) error {
+	base, subj, err := Pair(runs, bareBwrap, shimToReady(b, 30*time.Second, "--provider", "bwrap"))
 	if err != nil {
 		return fmt.Errorf("bwrap boot: %w", err)
 	}

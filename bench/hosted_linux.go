@@ -74,17 +74,7 @@ func HostedFigures(r *Report, b Bins, runs int) error {
 	}
 	args := append([]string{"--bootstrap", boot, "--sandbox-io", b.SandboxIO, "--install", "oac-daemon-standin=" + b.Daemon}, hostedIdentity...)
 	hosted := func(provider ...string) func() (float64, error) {
-		return func() (float64, error) {
-			s, err := startSandboxWith(b, 60*time.Second, append(provider, args...)...)
-			if err != nil {
-				return 0, err
-			}
-			d := s.ready
-			if err := s.stop(); err != nil {
-				return 0, fmt.Errorf("stop: %w", err)
-			}
-			return ms(d), nil
-		}
+		return shimToReady(b, 60*time.Second, append(provider, args...)...)
 	}
 	add := func(name, baseName string, bare, shim func() (float64, error)) error {
 		base, subj, err := Pair(runs, bare, shim)

@@ -99,18 +99,7 @@ func OCIFigures(r *Report, b Bins, runs int) error {
 			os.RemoveAll(dir)
 			return err
 		}
-		shim := func() (float64, error) {
-			s, err := startSandboxWith(b, 30*time.Second, "--provider", "oci", "--runtime", rt)
-			if err != nil {
-				return 0, err
-			}
-			d := s.ready
-			if err := s.stop(); err != nil {
-				return 0, fmt.Errorf("stop: %w", err)
-			}
-			return ms(d), nil
-		}
-		base, subj, err := Pair(runs, bare, shim)
+		base, subj, err := Pair(runs, bare, shimToReady(b, 30*time.Second, "--provider", "oci", "--runtime", rt))
 		os.RemoveAll(dir)
 		if err != nil {
 			return fmt.Errorf("oci boot with %s: %w", rt, err)

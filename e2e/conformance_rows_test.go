@@ -229,22 +229,7 @@ func wslNetwork(t *testing.T) (string, *confPeer) {
 	addr := prefix + "2:7007"
 	ln, err := nsOut.Listen("tcp", addr)
 	require.NoError(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					fmt.Fprintf(c, "echo: %s\n", sc.Text())
-				}
-			}()
-		}
-	}()
+	serveEcho(t, ln)
 	path := "/run/netns/" + distro
 	nsDistro, err := netns.Open(path)
 	require.NoError(t, err)

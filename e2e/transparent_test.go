@@ -98,6 +98,13 @@ func echoServer(t *testing.T, addr string) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
+	serveEcho(t, ln)
+	return ln
+}
+
+// serveEcho answers each line on ln's connections with "echo: LINE" until
+// the test ends.
+func serveEcho(t *testing.T, ln net.Listener) {
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -114,7 +121,6 @@ func echoServer(t *testing.T, addr string) net.Listener {
 			}()
 		}
 	}()
-	return ln
 }
 
 // hostIPv4 returns a non-loopback IPv4 address of this host, if any.

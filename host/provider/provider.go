@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"regexp"
+	"slices"
 )
 
 // Sentinel errors; providers wrap them with context.
@@ -68,6 +70,12 @@ func (s Spec) Installs() map[string]string {
 		m[SandboxIOName] = s.SandboxIOPath
 	}
 	return m
+}
+
+// InstallNames returns the names of Installs, sorted: the order
+// providers mount them in.
+func (s Spec) InstallNames() []string {
+	return slices.Sorted(maps.Keys(s.Installs()))
 }
 
 var installNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)

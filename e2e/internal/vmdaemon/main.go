@@ -12,17 +12,9 @@ import (
 	"strings"
 	"syscall"
 	"time"
-)
 
-func status(field string) string {
-	b, _ := os.ReadFile("/proc/self/status")
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "?"
-}
+	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
+)
 
 func main() {
 	term := make(chan os.Signal, 1)
@@ -33,8 +25,8 @@ func main() {
 		gs = append(gs, fmt.Sprint(g))
 	}
 	fmt.Printf("ids=uid=%d gid=%d groups=%s\n", os.Getuid(), os.Getgid(), strings.Join(gs, ","))
-	fmt.Printf("nonewprivs=%s\n", status("NoNewPrivs"))
-	fmt.Printf("capeff=%s\n", status("CapEff"))
+	fmt.Printf("nonewprivs=%s\n", selfreport.StatusField("NoNewPrivs"))
+	fmt.Printf("capeff=%s\n", selfreport.StatusField("CapEff"))
 	comm, _ := os.ReadFile("/proc/1/comm")
 	fmt.Printf("pid1=%s\n", strings.TrimSpace(string(comm)))
 	var ifaces []string

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -307,12 +306,7 @@ func (in *Instance) prepare() error {
 	in.Own(agent)
 	in.agentFD, in.agentCopy = agent, agentCopy
 	installs := in.spec.Installs()
-	names := make([]string, 0, len(installs))
-	for n := range installs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range in.spec.InstallNames() {
 		f, copy, err := in.openBinary("install "+n, installs[n])
 		if err != nil {
 			return err

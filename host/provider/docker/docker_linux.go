@@ -5,11 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -146,7 +144,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		cfg.Volumes[dir] = abs
 	}
 	installs := spec.Installs()
-	for _, n := range slices.Sorted(maps.Keys(installs)) {
+	for _, n := range spec.InstallNames() {
 		abs, err := filepath.Abs(installs[n])
 		if err != nil {
 			return nil, fmt.Errorf("%w: install %s: %v", provider.ErrInvalidSpec, n, err)

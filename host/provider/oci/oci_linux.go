@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"syscall"
 	"time"
 
@@ -268,11 +267,7 @@ func (in *Instance) contract(c *bundleConfig, dir string) error {
 		c.Writable = append(c.Writable, writableDir{Dir: d, Host: host})
 	}
 	installs := in.spec.Installs()
-	names := make([]string, 0, len(installs))
-	for n := range installs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	names := in.spec.InstallNames()
 	for _, n := range names {
 		if st, err := os.Stat(installs[n]); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
 			return fmt.Errorf("%w: install %s: %s must be a regular file readable and executable by others (uid 1000 runs it)", provider.ErrInvalidSpec, n, installs[n])
