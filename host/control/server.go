@@ -10,6 +10,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/oac/sandbox-agent/host/events"
 )
 
 // MaxConns bounds the control socket's concurrent connections; the next
@@ -22,10 +24,12 @@ type Answer struct {
 	Time    time.Time `json:"time"`
 	Sandbox string    `json:"sandbox"`
 	Event   string    `json:"event"`
-	ID      string    `json:"id,omitempty"`
-	Command string    `json:"command,omitempty"`
-	OK      bool      `json:"ok"`
-	Error   string    `json:"error,omitempty"`
+	// SchemaVersion is events.SchemaVersion, as on every event.
+	SchemaVersion int    `json:"schema_version"`
+	ID            string `json:"id,omitempty"`
+	Command       string `json:"command,omitempty"`
+	OK            bool   `json:"ok"`
+	Error         string `json:"error,omitempty"`
 	// Result is the command's result (status, the forward added, the
 	// policy in force, the time pushed); absent on error.
 	Result any `json:"result,omitempty"`
@@ -60,7 +64,7 @@ func (s *Server) log() *slog.Logger {
 
 // answer runs one line and returns its answer.
 func (s *Server) answer(ctx context.Context, line []byte, lineErr error) Answer {
-	a := Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer"}
+	a := Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: events.KindAnswer, SchemaVersion: events.SchemaVersion}
 	if lineErr != nil {
 		a.Error = lineErr.Error()
 		return a
@@ -195,7 +199,7 @@ func (s *Server) ServeSocket(ctx context.Context, ln net.Listener) {
 		case sem <- struct{}{}:
 		default:
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = json.NewEncoder(c).Encode(Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer",
+			_ = json.NewEncoder(c).Encode(Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: events.KindAnswer, SchemaVersion: events.SchemaVersion,
 				Error: "too many control connections"})
 			c.Close()
 			continue

@@ -26,8 +26,10 @@ func ServerID(name string) string { return "sandbox:" + name }
 
 // Update is what a job reports: a state and its details.
 type Update struct {
-	State    string
-	Message  string
+	State   string
+	Message string
+	// Code is the failure code of a failed state.
+	Code     string
 	URL      string
 	GuestURL string
 	Username string
@@ -40,6 +42,8 @@ type Status struct {
 	ServerID string `json:"server_id"`
 	State    string `json:"state"`
 	Message  string `json:"message,omitempty"`
+	// Code is the failure code when State is failed (events.Failures).
+	Code     string `json:"code,omitempty"`
 	URL      string `json:"url,omitempty"`
 	GuestURL string `json:"guest_url,omitempty"`
 	Username string `json:"username,omitempty"`
@@ -71,6 +75,9 @@ type Config struct {
 	// OnChange sees every accepted change, in order. It must not call back
 	// into the controller's Start, Stop, Reset or Destroy.
 	OnChange func(Status)
+	// Classify gives the failure code of a job's error when the job did
+	// not report its failure itself; nil leaves the code empty.
+	Classify func(error) string
 }
 
 // Controller runs the jobs of one sandbox.
@@ -172,7 +179,11 @@ func (c *Controller) run(ctx context.Context, cancel context.CancelCauseFunc, at
 	err := c.cfg.Job(ctx, attempt, r)
 	switch {
 	case err != nil:
-		r.Report(Update{State: StateFailed, Message: err.Error()})
+		u := Update{State: StateFailed, Message: err.Error()}
+		if c.cfg.Classify != nil {
+			u.Code = c.cfg.Classify(err)
+		}
+		r.Report(u)
 	case ctx.Err() != nil:
 		r.Report(Update{State: StateStopped, Message: "stopped: " + cause(ctx)})
 	default:
@@ -214,6 +225,9 @@ func (c *Controller) report(attempt uint64, u Update) bool {
 		return false
 	}
 	st := Status{ServerID: c.status.ServerID, State: u.State, Message: u.Message, Attempt: attempt}
+	if u.State == StateFailed {
+		st.Code = u.Code
+	}
 	if u.State == StateReady {
 		st.URL, st.GuestURL, st.Username, st.Password = u.URL, u.GuestURL, u.Username, u.Password
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
@@ -111,8 +113,9 @@ type Config struct {
 }
 
 // ErrHostileGuest is wrapped by the error of a sandbox ended because its
-// guest exceeded a bound no correct guest reaches.
-var ErrHostileGuest = errors.New("guest exceeded a protocol bound")
+// guest exceeded a bound no correct guest reaches (the failure kind of
+// package failure, code hostile_guest).
+var ErrHostileGuest = failure.ErrHostileGuest
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
 // order and returns nil) or the sandbox fails (it returns the reason). The
@@ -190,7 +193,10 @@ func (s *run) emit(e events.Event) {
 }
 
 // setState emits a state event; terminal states are final.
-func (s *run) setState(state, msg string) {
+func (s *run) setState(state, msg string) { s.setStateCode(state, msg, "") }
+
+// setStateCode is setState with the failure code of a failed state.
+func (s *run) setStateCode(state, msg, code string) {
 	s.mu.Lock()
 	if s.state == events.StateFailed || s.state == events.StateStopped || s.state == state && state != events.StateStarting {
 		s.mu.Unlock()
@@ -198,11 +204,12 @@ func (s *run) setState(state, msg string) {
 	}
 	s.state = state
 	s.mu.Unlock()
-	s.emit(events.Event{Event: events.KindState, State: state, Message: msg})
+	s.emit(events.Event{Event: events.KindState, State: state, Message: msg, Code: code})
 }
 
+// fail reports err as the failed state, with its failure code.
 func (s *run) fail(err error) error {
-	s.setState(events.StateFailed, err.Error())
+	s.setStateCode(events.StateFailed, err.Error(), failure.Code(err))
 	return err
 }
 
@@ -234,14 +241,14 @@ func (s *run) run(ctx context.Context) error {
 		s.cfg.Bootstrap = b
 		if s.cfg.PasswordFile != "" {
 			if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
-				return s.fail(fmt.Errorf("nothing created: %w", err))
+				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
 			}
 		}
 	}
 	s.setState(events.StateStarting, "creating sandbox")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
 	if err != nil {
-		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
+		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	s.inst = inst
 	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
@@ -261,7 +268,7 @@ func (s *run) run(ctx context.Context) error {
 	}()
 	start := time.Now()
 	if err := inst.Start(ctx); err != nil {
-		return s.fail(fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err))
+		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	bootCtx, cancelBoot := context.WithTimeout(ctx, s.cfg.BootTimeout)
 	defer cancelBoot()
@@ -272,7 +279,11 @@ func (s *run) run(ctx context.Context) error {
 			s.setState(events.StateStopped, "stopped before the guest connected")
 			return nil
 		}
-		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
+		kind := failure.ErrRuntimeFailed
+		if bootCtx.Err() != nil {
+			kind = failure.ErrBootTimeout
+		}
+		return s.fail(failure.With(kind, s.withDiag(fmt.Errorf("guest did not connect: %w", err))))
 	}
 	helloWait := s.cfg.HelloTimeout
 	if s.helloUntilBoot {
@@ -289,7 +300,11 @@ func (s *run) run(ctx context.Context) error {
 		case <-s.inst.Done():
 		case <-time.After(handshakeExitWait):
 		}
-		return s.fail(s.withDiag(err))
+		kind := failure.ErrRuntimeFailed
+		if isTimeout(err) {
+			kind = failure.ErrBootTimeout
+		}
+		return s.fail(failure.With(kind, s.withDiag(err)))
 	}
 	s.wg.Add(1)
 	go s.acceptStreams()
@@ -298,7 +313,7 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(fmt.Errorf("encode bootstrap: %w", err))
 	}
 	if err := s.ctl.Send(protocol.TypeBootstrap, json.RawMessage(body)); err != nil {
-		return s.fail(fmt.Errorf("send bootstrap: %w", err))
+		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("send bootstrap: %w", err)))
 	}
 	s.wg.Add(1)
 	go s.readControl()
@@ -406,7 +421,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			return nil
 		case <-bootDone:
 			if !ready {
-				return fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout)
+				return failure.With(failure.ErrBootTimeout, fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout))
 			}
 			bootDone = nil
 		case <-s.inst.Done():
@@ -414,7 +429,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				continue
 			}
 			s.guestDone = true
-			return s.withDiag(s.inst.Err())
+			return failure.With(failure.ErrRuntimeFailed, s.withDiag(s.inst.Err()))
 		case err := <-s.hostile:
 			return err
 		case err := <-s.recvErr:
@@ -426,7 +441,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			if isViolation(err) {
 				return fmt.Errorf("guest broke the protocol on the control stream: %w", err)
 			}
-			return s.withDiag(fmt.Errorf("guest connection lost: %w", err))
+			return failure.With(failure.ErrRuntimeFailed, s.withDiag(fmt.Errorf("guest connection lost: %w", err)))
 		case f := <-s.frames:
 			switch f.Type {
 			case protocol.TypeState:
@@ -452,19 +467,19 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					}
 					s.setReady(m, guestText(st.URL, 256), guestText(st.Username, 64))
 				case protocol.StateFailed:
-					return fmt.Errorf("guest: %s", msg)
+					return failure.With(failure.GuestReason(st.Reason), fmt.Errorf("guest: %s", msg))
 				case protocol.StateStopped:
 					s.guestDone = true
-					return fmt.Errorf("guest stopped on its own: %s", msg)
+					return failure.With(failure.ErrGuestFailed, fmt.Errorf("guest stopped on its own: %s", msg))
 				default:
-					return fmt.Errorf("guest sent an unknown state %q", guestText(st.State, 32))
+					return failure.With(protocol.ErrBadBody, fmt.Errorf("guest sent an unknown state %q", guestText(st.State, 32)))
 				}
 			case protocol.TypeError:
 				var e protocol.Error
 				if err := f.Decode(&e); err != nil {
 					return fmt.Errorf("guest sent a bad Error: %w", err)
 				}
-				return fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText))
+				return failure.With(guestErrorKind(e.Code), fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText)))
 			case protocol.TypeProcess:
 				var ps protocol.ProcessStatus
 				if err := f.Decode(&ps); err != nil {
@@ -476,6 +491,24 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			}
 		}
 	}
+}
+
+// guestErrorKind is the failure kind of an Error frame the guest sent.
+func guestErrorKind(code string) error {
+	switch code {
+	case protocol.CodeBootstrap:
+		return failure.ErrGuestBootstrap
+	case protocol.CodeVersionMismatch:
+		return protocol.ErrVersionMismatch
+	}
+	return failure.ErrGuestFailed
+}
+
+// isTimeout reports whether a handshake failed because time ran out.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, protocol.ErrHandshakeTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // isViolation reports whether a control-stream read failed because the

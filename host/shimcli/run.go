@@ -16,6 +16,7 @@ import (
 	"github.com/oac/sandbox-agent/host/controller"
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -132,15 +133,16 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return code
 	}
 	log := newLogger(stderr, f.debug)
+	// Every failure exits with its code's status (events.Failures).
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "oac-shim: %v\n", err)
-		return 1
+		return failure.Exit(err)
 	}
 	out := stdout
 	if f.eventsFile != "" {
 		ef, err := os.OpenFile(f.eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 		if err != nil {
-			return fail(fmt.Errorf("open events file: %w", err))
+			return fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("open events file: %w", err)))
 		}
 		defer ef.Close()
 		out = ef
@@ -149,7 +151,8 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// Input errors are reported like every other failure: one failed
 	// event (the last event is always failed or stopped) and a reason.
 	failedEvent := func(err error) int {
-		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: events.KindState, State: events.StateFailed,
+			Message: err.Error(), Code: failure.Code(err)})
 		return fail(err)
 	}
 	inputFail := func(err error) int {
@@ -189,14 +192,14 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if f.agentPath == "" {
 		p, err := defaultAgentPath()
 		if err != nil {
-			return fail(err)
+			return failedEvent(failure.With(failure.ErrInvalidConfig, err))
 		}
 		f.agentPath = p
 	}
 	verdict := ospolicy.Evaluate(detectOS())
 	switch verdict.Level {
 	case ospolicy.Block:
-		return fail(errors.New(verdict.Message))
+		return failedEvent(failure.With(failure.ErrOSUnsupported, errors.New(verdict.Message)))
 	case ospolicy.Warn:
 		log.Warn(verdict.Message)
 	}
@@ -207,7 +210,7 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	defer s.fwd.Close()
 	for _, sp := range specs {
 		if _, err := s.fwd.Add(sp); err != nil {
-			return failedEvent(fmt.Errorf("nothing created: %w", err))
+			return failedEvent(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
 		}
 	}
 	s.base = sandbox.Config{
@@ -247,7 +250,7 @@ func loadBootstrap(f *runFlags) (*bootstrap.Bootstrap, error) {
 	if f.bootFile != "" {
 		bf, err := os.Open(f.bootFile)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", f.bootFile, err)
+			return nil, failure.With(bootstrap.ErrInvalid, fmt.Errorf("read %s: %w", f.bootFile, err))
 		}
 		boot, err = bootstrap.Decode(bf)
 		bf.Close()
@@ -265,7 +268,7 @@ func loadBootstrap(f *runFlags) (*bootstrap.Bootstrap, error) {
 		id := &bootstrap.Identity{TenantID: f.tenant, EnvironmentID: f.environment, AllocationID: f.allocation, AllowLoopbackLink: f.allowLoopback}
 		if b := boot.Sandbox; b != nil {
 			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
-				return nil, errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation")
+				return nil, bootstrap.ErrIdentityMismatch
 			}
 			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
 		}

@@ -46,12 +46,12 @@ func (failingProvider) Create(context.Context, provider.Spec) (provider.Instance
 	return nil, errors.New("no runtime here")
 }
 
-func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
+func TestAFailedStartExitsWithItsCodesStatusAndAttemptedEvents(t *testing.T) {
 	Providers["failing-test"] = func(ProviderFlags) provider.Provider { return failingProvider{} }
 	defer delete(Providers, "failing-test")
 	var stdout, stderr bytes.Buffer
 	code := Main([]string{"run", "--provider", "failing-test", "--name", "x", "--agent", "/nonexistent"}, nil, &stdout, &stderr)
-	assert.Equal(t, 1, code)
+	assert.Equal(t, events.FailureOf(events.CodeRuntimeFailed).Exit, code)
 	assert.Contains(t, stderr.String(), "oac-shim: create failing sandbox: no runtime here")
 	var states []events.Event
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
@@ -64,6 +64,7 @@ func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
 	require.Len(t, states, 2)
 	assert.Equal(t, "creating sandbox", states[0].Message, "the first start is reported by the sandbox")
 	assert.Equal(t, events.StateFailed, states[1].State)
+	assert.Equal(t, events.CodeRuntimeFailed, states[1].Code)
 	for _, e := range states {
 		assert.Equal(t, uint64(1), e.Attempt)
 	}
@@ -86,7 +87,7 @@ func TestControlStdinAnswersShareTheEventStreamAndEndWithTheShim(t *testing.T) {
 		}
 	}()
 	code := Main([]string{"run", "--provider", "failing-test", "--name", "x", "--agent", "/nonexistent", "--control", "stdin"}, r, &stdout, &stderr)
-	assert.Equal(t, 1, code)
+	assert.Equal(t, events.FailureOf(events.CodeRuntimeFailed).Exit, code)
 	r.Close()
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
 		assert.True(t, json.Valid([]byte(l)), l)
@@ -129,7 +130,7 @@ func TestHandlerStatusPolicyForwardsAndTime(t *testing.T) {
 	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}})
 	assert.Error(t, err)
 	assert.Equal(t, []string{"a.example.com:443"}, s.broker.Policy().Rules(), "a refused policy keeps the old one")
-	assert.Contains(t, out.String(), `"event":"egress_policy","message":"egress policy replaced by a control command`)
+	assert.Contains(t, out.String(), `"event":"egress_policy","schema_version":1,"message":"egress policy replaced by a control command`)
 	assert.Contains(t, out.String(), "policy replacement refused, previous policy kept")
 
 	res, err = s.Handle(ctx, control.Command{Cmd: control.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})

@@ -13,6 +13,7 @@ import (
 	"github.com/oac/sandbox-agent/host/controller"
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/sockfile"
@@ -61,7 +62,7 @@ func newShim(f *runFlags, sink *events.JSONLines, log *slog.Logger, broker *egre
 	s := &shim{f: f, name: f.name, sink: sink, log: log, broker: broker,
 		notify: systemd.NewNotifier(log), results: map[uint64]error{}, stopReq: make(chan error, 1)}
 	s.fwd = forward.New(forward.Config{MaxStreams: f.forwardMaxStreams, Log: log.With("part", "forward"), Emit: s.emit})
-	s.ctrl = controller.New(controller.Config{Name: f.name, Job: s.job, OnChange: s.onChange})
+	s.ctrl = controller.New(controller.Config{Name: f.name, Job: s.job, OnChange: s.onChange, Classify: failure.Code})
 	return s
 }
 
@@ -87,7 +88,7 @@ func (s *shim) onChange(st controller.Status) {
 		s.notify.Status(statusLine(st))
 		return
 	}
-	s.emit(events.Event{Event: events.KindState, State: st.State, Message: st.Message, URL: st.URL,
+	s.emit(events.Event{Event: events.KindState, State: st.State, Message: st.Message, Code: st.Code, URL: st.URL,
 		GuestURL: st.GuestURL, Username: st.Username, Attempt: st.Attempt})
 	switch st.State {
 	case controller.StateReady:
@@ -105,7 +106,7 @@ func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) e
 	cfg.Events = events.Func(func(e events.Event) {
 		e.Attempt = attempt
 		if e.Event == events.KindState {
-			r.Report(controller.Update{State: e.State, Message: e.Message, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
+			r.Report(controller.Update{State: e.State, Message: e.Message, Code: e.Code, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
 			return
 		}
 		s.sink.Emit(e)
@@ -161,8 +162,8 @@ func (s *shim) run(stdin io.Reader) error {
 	if s.f.controlSocket != "" {
 		ln, err := sockfile.Listen(s.f.controlSocket)
 		if err != nil {
-			err = fmt.Errorf("nothing created: control socket: %w", err)
-			s.emit(events.Event{Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+			err = failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: control socket: %w", err))
+			s.emit(events.Event{Event: events.KindState, State: events.StateFailed, Message: err.Error(), Code: failure.Code(err)})
 			return err
 		}
 		bg.Add(1)
@@ -220,7 +221,7 @@ func (s *shim) result() error {
 		return err
 	}
 	if st.State == controller.StateFailed {
-		return errors.New(st.Message)
+		return failure.WithCode(st.Code, errors.New(st.Message))
 	}
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -42,34 +41,34 @@ func SandboxIOArgv(path string) []string {
 // Errors of the private bootstrap file, one per rule; test with errors.Is.
 // Messages name the rule and never echo the submitted value.
 var (
-	ErrSandboxIOTooLarge     = errors.New("sandbox_io bootstrap: larger than 16 KiB")
-	ErrSandboxIOSyntax       = errors.New("sandbox_io bootstrap: not a single well-formed JSON object in UTF-8")
-	ErrSandboxIOTrailing     = errors.New("sandbox_io bootstrap: trailing data after the JSON object")
-	ErrSandboxIODuplicateKey = errors.New("sandbox_io bootstrap: a key appears more than once in one object")
-	ErrSandboxIOKeyCase      = errors.New("sandbox_io bootstrap: a key differs from the contract only in letter case (keys are lowercase)")
-	ErrSandboxIOUnknownKey   = errors.New("sandbox_io bootstrap: unknown key (allowed: version, link_url, credential, resource{tenant_id, environment_id, kind, id, generation})")
-	ErrSandboxIOMissingKey   = errors.New("sandbox_io bootstrap: a required key is missing (every key of the contract is required)")
-	ErrSandboxIOType         = errors.New("sandbox_io bootstrap: a value has the wrong JSON type (version and generation are integers, resource an object, the rest strings)")
-	ErrSandboxIOVersion      = errors.New("sandbox_io bootstrap: version must be 1")
+	ErrSandboxIOTooLarge     = rule("sandbox_io bootstrap: larger than 16 KiB")
+	ErrSandboxIOSyntax       = rule("sandbox_io bootstrap: not a single well-formed JSON object in UTF-8")
+	ErrSandboxIOTrailing     = rule("sandbox_io bootstrap: trailing data after the JSON object")
+	ErrSandboxIODuplicateKey = rule("sandbox_io bootstrap: a key appears more than once in one object")
+	ErrSandboxIOKeyCase      = rule("sandbox_io bootstrap: a key differs from the contract only in letter case (keys are lowercase)")
+	ErrSandboxIOUnknownKey   = rule("sandbox_io bootstrap: unknown key (allowed: version, link_url, credential, resource{tenant_id, environment_id, kind, id, generation})")
+	ErrSandboxIOMissingKey   = rule("sandbox_io bootstrap: a required key is missing (every key of the contract is required)")
+	ErrSandboxIOType         = rule("sandbox_io bootstrap: a value has the wrong JSON type (version and generation are integers, resource an object, the rest strings)")
+	ErrSandboxIOVersion      = rule("sandbox_io bootstrap: version must be 1")
 
-	ErrNoLink               = errors.New("sandbox_io: a hosted sandbox needs a link_url and there is none")
-	ErrPublicURLUnreachable = errors.New("sandbox_io: link_url must be TLS (wss) and not a loopback host for a hosted sandbox")
-	ErrLinkURL              = errors.New("sandbox_io: link_url must be an absolute URL with a host, at most 2048 bytes")
-	ErrLinkURLScheme        = errors.New("sandbox_io: link_url scheme must be wss (plain ws only for a loopback host)")
-	ErrLinkURLUserInfo      = errors.New("sandbox_io: link_url must not carry user info")
-	ErrLinkURLQuery         = errors.New("sandbox_io: link_url must not have a query")
-	ErrLinkURLFragment      = errors.New("sandbox_io: link_url must not have a fragment")
-	ErrLinkURLWhitespace    = errors.New("sandbox_io: link_url must not contain whitespace or control characters")
-	ErrCredentialLength     = errors.New("sandbox_io: credential must be 1 to 4096 bytes")
-	ErrCredentialChars      = errors.New("sandbox_io: credential must not contain whitespace or NUL")
-	ErrTenantID             = errors.New("sandbox_io: resource.tenant_id must be a canonical lowercase non-zero UUID")
-	ErrEnvironmentID        = errors.New("sandbox_io: resource.environment_id must be a canonical lowercase non-zero UUID")
-	ErrAllocationID         = errors.New("sandbox_io: resource.id must be a canonical lowercase non-zero UUID")
-	ErrResourceKind         = errors.New("sandbox_io: resource.kind must be \"allocation\" for a hosted sandbox")
-	ErrGeneration           = errors.New("sandbox_io: resource.generation must be an integer of at least 1")
-	ErrWrongTenant          = errors.New("sandbox_io: resource.tenant_id does not name this sandbox's tenant")
-	ErrWrongEnvironment     = errors.New("sandbox_io: resource.environment_id does not name this sandbox's environment")
-	ErrWrongAllocation      = errors.New("sandbox_io: resource.id does not name this sandbox's allocation")
+	ErrNoLink               = rule("sandbox_io: a hosted sandbox needs a link_url and there is none")
+	ErrPublicURLUnreachable = rule("sandbox_io: link_url must be TLS (wss) and not a loopback host for a hosted sandbox")
+	ErrLinkURL              = rule("sandbox_io: link_url must be an absolute URL with a host, at most 2048 bytes")
+	ErrLinkURLScheme        = rule("sandbox_io: link_url scheme must be wss (plain ws only for a loopback host)")
+	ErrLinkURLUserInfo      = rule("sandbox_io: link_url must not carry user info")
+	ErrLinkURLQuery         = rule("sandbox_io: link_url must not have a query")
+	ErrLinkURLFragment      = rule("sandbox_io: link_url must not have a fragment")
+	ErrLinkURLWhitespace    = rule("sandbox_io: link_url must not contain whitespace or control characters")
+	ErrCredentialLength     = rule("sandbox_io: credential must be 1 to 4096 bytes")
+	ErrCredentialChars      = rule("sandbox_io: credential must not contain whitespace or NUL")
+	ErrTenantID             = rule("sandbox_io: resource.tenant_id must be a canonical lowercase non-zero UUID")
+	ErrEnvironmentID        = rule("sandbox_io: resource.environment_id must be a canonical lowercase non-zero UUID")
+	ErrAllocationID         = rule("sandbox_io: resource.id must be a canonical lowercase non-zero UUID")
+	ErrResourceKind         = rule("sandbox_io: resource.kind must be \"allocation\" for a hosted sandbox")
+	ErrGeneration           = rule("sandbox_io: resource.generation must be an integer of at least 1")
+	ErrWrongTenant          = rule("sandbox_io: resource.tenant_id does not name this sandbox's tenant")
+	ErrWrongEnvironment     = rule("sandbox_io: resource.environment_id does not name this sandbox's environment")
+	ErrWrongAllocation      = rule("sandbox_io: resource.id does not name this sandbox's allocation")
 )
 
 // Resource names what oac-sandbox-io serves.
