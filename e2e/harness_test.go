@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/events"
@@ -374,6 +375,23 @@ func (s *shim) exit(timeout time.Duration) int {
 		s.t.Fatalf("oac-shim did not exit within %s", timeout)
 	}
 	return s.cmd.ProcessState.ExitCode()
+}
+
+// exitFailed waits for oac-shim to exit after a failure and checks the
+// promise to callers: the last state event is failed with code, and the
+// exit status is the one documented for code.
+func (s *shim) exitFailed(code string, timeout time.Duration) events.Event {
+	s.t.Helper()
+	status := s.exit(timeout)
+	states := s.find(func(e events.Event) bool { return e.Event == events.KindState })
+	if !assert.NotEmpty(s.t, states, "no state event") {
+		return events.Event{}
+	}
+	last := states[len(states)-1]
+	assert.Equal(s.t, events.StateFailed, last.State, "the last state")
+	assert.Equal(s.t, code, last.Code, "the failure code of %q", last.Message)
+	assert.Equal(s.t, events.FailureOf(code).Exit, status, "the exit status for %s", code)
+	return last
 }
 
 func (s *shim) signal(sig syscall.Signal) {
