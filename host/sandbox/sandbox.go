@@ -370,7 +370,7 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 		s.cfg.Attach(&Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
 	}
 	s.emit(events.Event{
-		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
+		Event: events.KindAgent, PID: max(hello.PID, 0), Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
 	})
 	if s.cfg.Egress != nil {
@@ -544,7 +544,7 @@ func (s *run) setReady(msg, url, username string) {
 func (s *run) emitProcess(p *protocol.ProcessStatus) {
 	running := p.Running
 	e := events.Event{
-		Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
+		Event: events.KindProcess, Process: orUnnamed(guestText(p.Name, 64)), PID: max(p.PID, 0), Running: &running,
 		ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32),
 		Restarts: max(p.Restarts, 0), RestartInMS: max(p.RestartInMS, 0),
 	}
@@ -714,7 +714,7 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	case protocol.KindLog:
 		_ = readLines(st, func(line string) {
 			if budget.take(len(line) + 1) {
-				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
+				s.emit(events.Event{Event: events.KindLog, Stream: orUnnamed(h.Name), Line: line})
 			}
 		})
 	case protocol.KindEgress:
@@ -738,6 +738,15 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	default:
 		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}
+}
+
+// orUnnamed names what the guest left unnamed: the event schema requires
+// a process's and a log stream's name.
+func orUnnamed(s string) string {
+	if s == "" {
+		return "unnamed"
+	}
+	return s
 }
 
 // guestText makes a guest-supplied string safe to put in an event: valid

@@ -20,10 +20,13 @@ var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 
 // checkKeys checks data against the Bootstrap schema's keys. Syntax errors
 // are reported as ErrDecode; value types are left to encoding/json.
-func checkKeys(data []byte) error {
+func checkKeys(data []byte) error { return checkKeysOf(data, reflect.TypeFor[Bootstrap]()) }
+
+// checkKeysOf checks data against the keys of type t.
+func checkKeysOf(data []byte, t reflect.Type) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
-	return walkKeys(dec, reflect.TypeFor[Bootstrap](), "")
+	return walkKeys(dec, t, "")
 }
 
 func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
@@ -60,6 +63,27 @@ func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
 			}
 			seen[key] = true
 			if err := walkKeys(dec, ft, join(where, key)); err != nil {
+				return err
+			}
+		}
+		_, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
+		}
+		return nil
+	case d == '{' && t.Kind() == reflect.Map:
+		seen := map[string]bool{}
+		for dec.More() {
+			tok, err := dec.Token()
+			if err != nil {
+				return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
+			}
+			key, _ := tok.(string)
+			if seen[key] {
+				return fmt.Errorf("%w %s", ErrDuplicateKey, at(where))
+			}
+			seen[key] = true
+			if err := walkKeys(dec, t.Elem(), where+"{}"); err != nil {
 				return err
 			}
 		}
