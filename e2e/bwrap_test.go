@@ -265,6 +265,9 @@ func TestEventsCanGoToAFile(t *testing.T) {
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	require.GreaterOrEqual(t, len(lines), 3)
+	for _, l := range lines {
+		validLine(t, []byte(l))
+	}
 	assert.Contains(t, lines[len(lines)-1], `"state":"stopped"`)
 	assert.Contains(t, lines[len(lines)-1], `run time limit of 300ms reached`)
 	assert.Empty(t, s.all, "nothing on stdout")

@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/schema"
 )
 
 // bins are the binaries under test, built once per run.
@@ -279,6 +280,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
+			validLine(t, sc.Bytes())
 			var e events.Event
 			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 				t.Errorf("oac-shim printed a line that is not a JSON event: %q", sc.Text())
@@ -313,6 +315,15 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		}
 	})
 	return s
+}
+
+// validLine checks one line oac-shim printed against the published event
+// schema: every event every e2e test sees is validated.
+func validLine(t *testing.T, line []byte) {
+	t.Helper()
+	if err := schema.Validate(schema.Event, line); err != nil {
+		t.Errorf("oac-shim printed a line the event schema refuses: %s\n%v", line, err)
+	}
 }
 
 // waitFor returns the first event matching pred since the shim started,
