@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -190,6 +191,10 @@ type sandboxSpec struct {
 	// /etc/resolv.conf for a stand-in DNS server, a CA bundle the guest
 	// sees through the default root's /etc/ssl.
 	files map[string]string
+	// stdin is the shim's standard input; extraFiles its descriptors 3,
+	// 4, ... (a bootstrap or password handed over without a file).
+	stdin      io.Reader
+	extraFiles []*os.File
 }
 
 // startShim starts `oac-shim run` for a sandbox and collects its events.
@@ -252,6 +257,8 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), spec.env...)
+	cmd.Stdin = spec.stdin
+	cmd.ExtraFiles = spec.extraFiles
 	if spec.user != "" {
 		cmd.Dir = "/"
 	}

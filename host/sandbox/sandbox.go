@@ -76,6 +76,10 @@ type Config struct {
 	// created exclusively) once the bootstrap is valid: the way a caller
 	// learns a password the shim generated. Events never carry it.
 	PasswordFile string
+	// PasswordOut, when set, is handed the daemon's password the same way
+	// (a descriptor the caller reads: no file on disk). An error fails the
+	// start before anything is created.
+	PasswordOut func(password string) error
 	// Attach, when set, is called with the live session once the guest
 	// has connected and negotiated, and with nil when the session ends
 	// (before the runtime is destroyed). Forwards and the control API use
@@ -242,6 +246,11 @@ func (s *run) run(ctx context.Context) error {
 		if s.cfg.PasswordFile != "" {
 			if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
 				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
+			}
+		}
+		if s.cfg.PasswordOut != nil {
+			if err := s.cfg.PasswordOut(cc.Password); err != nil {
+				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: password output: %w", err)))
 			}
 		}
 	}

@@ -33,6 +33,9 @@ type shim struct {
 	notify *systemd.Notifier
 	// base is the sandbox configuration each attempt starts from.
 	base sandbox.Config
+	// passwordOut, when set, receives each attempt's password as a line
+	// "ATTEMPT PASSWORD" (--password-fd).
+	passwordOut io.Writer
 
 	mu      sync.Mutex
 	sess    *sandbox.Session
@@ -122,6 +125,12 @@ func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) e
 		}
 	}
 	cfg.MapURL = s.fwd.URLFor
+	if s.passwordOut != nil {
+		cfg.PasswordOut = func(password string) error {
+			_, err := fmt.Fprintf(s.passwordOut, "%d %s\n", attempt, password)
+			return err
+		}
+	}
 	err := sandbox.Run(ctx, cfg)
 	s.mu.Lock()
 	s.results[attempt] = err
