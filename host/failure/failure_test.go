@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -97,4 +100,32 @@ func TestExitStatusesAreDistinctPerClass(t *testing.T) {
 		assert.Equal(t, "sandbox_configuration_error", events.FailureOf(c).HTTPError)
 	}
 	assert.Equal(t, events.CodeInternal, events.FailureOf("no such code").Code)
+}
+
+// docs/schema.md lists every code with the exit status, HTTP status, retry
+// and action of events.Failures, in the same order.
+func TestTheDocsListEveryCodeAsTheCodeDoes(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/schema.md")
+	require.NoError(t, err)
+	var rows []string
+	for _, l := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(l, "| `") && strings.Count(l, "|") == 6 {
+			rows = append(rows, l)
+		}
+	}
+	var want []string
+	for _, f := range events.Failures {
+		retry := "no"
+		if f.Retry {
+			retry = "yes"
+		}
+		action := f.Action
+		action = strings.ReplaceAll(action, "--boot-timeout", "`--boot-timeout`")
+		action = strings.ReplaceAll(action, "a start command", "a `start` command")
+		want = append(want, fmt.Sprintf("| `%s` | %d | %d | %s | %s |", f.Code, f.Exit, f.HTTPStatus, retry, action))
+	}
+	require.Len(t, rows, len(want), "one row per code")
+	for i, r := range rows {
+		assert.Equal(t, want[i], r, "row %d", i)
+	}
 }
