@@ -233,7 +233,9 @@ type FailedError struct {
 	Event   events.Event
 }
 
-func (e *FailedError) Error() string { return fmt.Sprintf("sandbox failed (%s): %s", e.Code, e.Message) }
+func (e *FailedError) Error() string {
+	return fmt.Sprintf("sandbox failed (%s): %s", e.Code, e.Message)
+}
 
 // Do sends one command and waits for its answer; result, when non-nil,
 // receives the answer's result. The id is set here.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -246,29 +247,39 @@ func (b *Bootstrap) Grace() time.Duration {
 // no trailing data; the sandbox_io bootstrap by DecodeSandboxIO's rules. It
 // does not validate; call Validate.
 func Decode(r io.Reader) (*Bootstrap, error) {
+	var b Bootstrap
+	if err := decodeStrict(r, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// decodeStrict reads one JSON object into v (a pointer to a struct) by
+// Decode's rules: at most MaxSize bytes, the exact keys of v's type at
+// every level, none twice, no trailing data.
+func decodeStrict(r io.Reader, v any) error {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDecode, err)
+		return fmt.Errorf("%w: %v", ErrDecode, err)
 	}
 	if len(data) > MaxSize {
-		return nil, ErrTooLarge
+		return ErrTooLarge
 	}
-	if err := checkKeys(data); err != nil {
-		return nil, err
+	if err := checkKeysOf(data, reflect.TypeOf(v).Elem()); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var b Bootstrap
-	if err := dec.Decode(&b); err != nil {
+	if err := dec.Decode(v); err != nil {
 		if isSandboxIOError(err) {
-			return nil, err
+			return err
 		}
-		return nil, fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
+		return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: trailing data after the object", ErrDecode)
+		return fmt.Errorf("%w: trailing data after the object", ErrDecode)
 	}
-	return &b, nil
+	return nil
 }
 
 // safeJSONError describes a decode error without echoing input values.

@@ -1,8 +1,6 @@
 package bootstrap
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
@@ -55,27 +53,9 @@ var ErrNotCore = rule("bootstrap: Core's shape cannot carry this bootstrap")
 // (at most MaxSize, exact keys, none twice, no trailing data) and maps it
 // with FromCore. It does not validate; call Validate.
 func DecodeCore(r io.Reader) (*Bootstrap, error) {
-	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDecode, err)
-	}
-	if len(data) > MaxSize {
-		return nil, ErrTooLarge
-	}
-	if err := checkKeysOf(data, reflect.TypeFor[Core]()); err != nil {
-		return nil, err
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var c Core
-	if err := dec.Decode(&c); err != nil {
-		if isSandboxIOError(err) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: trailing data after the object", ErrDecode)
+	if err := decodeStrict(r, &c); err != nil {
+		return nil, err
 	}
 	return FromCore(&c)
 }

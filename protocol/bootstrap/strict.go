@@ -45,8 +45,12 @@ func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
 		return skipValue(dec, d)
 	}
 	switch {
-	case d == '{' && t.Kind() == reflect.Struct:
-		fields := jsonFields(t)
+	case d == '{' && (t.Kind() == reflect.Struct || t.Kind() == reflect.Map):
+		// A struct takes exactly its fields' names; a map any key once.
+		var fields map[string]reflect.Type
+		if t.Kind() == reflect.Struct {
+			fields = jsonFields(t)
+		}
 		seen := map[string]bool{}
 		for dec.More() {
 			tok, err := dec.Token()
@@ -55,6 +59,11 @@ func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
 			}
 			key, _ := tok.(string)
 			ft, ok := fields[key]
+			name := key
+			if fields == nil {
+				// A map's keys are input: never echoed in an error.
+				ft, ok, name = t.Elem(), true, "{}"
+			}
 			if !ok {
 				return fmt.Errorf("%w %s", ErrUnknownKey, at(where))
 			}
@@ -62,28 +71,7 @@ func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
 				return fmt.Errorf("%w %s", ErrDuplicateKey, at(where))
 			}
 			seen[key] = true
-			if err := walkKeys(dec, ft, join(where, key)); err != nil {
-				return err
-			}
-		}
-		_, err := dec.Token()
-		if err != nil {
-			return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-		}
-		return nil
-	case d == '{' && t.Kind() == reflect.Map:
-		seen := map[string]bool{}
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-			}
-			key, _ := tok.(string)
-			if seen[key] {
-				return fmt.Errorf("%w %s", ErrDuplicateKey, at(where))
-			}
-			seen[key] = true
-			if err := walkKeys(dec, t.Elem(), where+"{}"); err != nil {
+			if err := walkKeys(dec, ft, join(where, name)); err != nil {
 				return err
 			}
 		}
