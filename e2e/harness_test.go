@@ -24,7 +24,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/schema"
 )
 
@@ -145,7 +145,7 @@ type shim struct {
 	name string
 	cmd  *exec.Cmd
 	mu   sync.Mutex
-	all  []events.Event
+	all  []api.Event
 	raw  []string // the lines as printed
 	// notify is closed and replaced whenever an event arrives or the
 	// output ends (then eof is set).
@@ -288,7 +288,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
 			validLine(t, sc.Bytes())
-			var e events.Event
+			var e api.Event
 			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 				t.Errorf("oac-shim printed a line that is not a JSON event: %q", sc.Text())
 				continue
@@ -335,7 +335,7 @@ func validLine(t *testing.T, line []byte) {
 
 // waitFor returns the first event matching pred since the shim started,
 // waiting up to timeout for it to arrive.
-func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what string) events.Event {
+func (s *shim) waitFor(pred func(api.Event) bool, timeout time.Duration, what string) api.Event {
 	s.t.Helper()
 	deadline := time.After(timeout)
 	i := 0
@@ -362,24 +362,24 @@ func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what
 }
 
 // allEvents returns the events so far and the lines as printed.
-func (s *shim) allEvents() ([]events.Event, []string) {
+func (s *shim) allEvents() ([]api.Event, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]events.Event(nil), s.all...), append([]string(nil), s.raw...)
+	return append([]api.Event(nil), s.all...), append([]string(nil), s.raw...)
 }
 
-func (s *shim) waitState(state string, timeout time.Duration) events.Event {
+func (s *shim) waitState(state api.State, timeout time.Duration) api.Event {
 	s.t.Helper()
-	return s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && e.State == state
-	}, timeout, "state "+state)
+	return s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && e.State == state
+	}, timeout, "state "+string(state))
 }
 
 // waitLog returns the first log line with the given prefix.
 func (s *shim) waitLog(prefix string, timeout time.Duration) string {
 	s.t.Helper()
-	e := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindLog && strings.HasPrefix(e.Line, prefix)
+	e := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindLog && strings.HasPrefix(e.Line, prefix)
 	}, timeout, "log line "+prefix)
 	return strings.TrimPrefix(e.Line, prefix)
 }
@@ -398,17 +398,17 @@ func (s *shim) exit(timeout time.Duration) int {
 // exitFailed waits for oac-shim to exit after a failure and checks the
 // promise to callers: the last state event is failed with code, and the
 // exit status is the one documented for code.
-func (s *shim) exitFailed(code string, timeout time.Duration) events.Event {
+func (s *shim) exitFailed(code string, timeout time.Duration) api.Event {
 	s.t.Helper()
 	status := s.exit(timeout)
-	states := s.find(func(e events.Event) bool { return e.Event == events.KindState })
+	states := s.find(func(e api.Event) bool { return e.Event == api.KindState })
 	if !assert.NotEmpty(s.t, states, "no state event") {
-		return events.Event{}
+		return api.Event{}
 	}
 	last := states[len(states)-1]
-	assert.Equal(s.t, events.StateFailed, last.State, "the last state")
+	assert.Equal(s.t, api.StateFailed, last.State, "the last state")
 	assert.Equal(s.t, code, last.Code, "the failure code of %q", last.Message)
-	assert.Equal(s.t, events.FailureOf(code).Exit, status, "the exit status for %s", code)
+	assert.Equal(s.t, api.FailureOf(code).Exit, status, "the exit status for %s", code)
 	return last
 }
 
@@ -418,10 +418,10 @@ func (s *shim) signal(sig syscall.Signal) {
 }
 
 // find returns every event printed so far that matches pred.
-func (s *shim) find(pred func(events.Event) bool) []events.Event {
+func (s *shim) find(pred func(api.Event) bool) []api.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []events.Event
+	var out []api.Event
 	for _, e := range s.all {
 		if pred(e) {
 			out = append(out, e)
@@ -433,18 +433,18 @@ func (s *shim) find(pred func(events.Event) bool) []events.Event {
 // logLine returns the text after prefix of the first log line printed so
 // far that starts with it, or "" (use after waiting for a later line).
 func (s *shim) logLine(prefix string) string {
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, prefix) }) {
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindLog && strings.HasPrefix(e.Line, prefix) }) {
 		return strings.TrimPrefix(e.Line, prefix)
 	}
 	return ""
 }
 
 // lastEvent returns the last event printed.
-func (s *shim) lastEvent() events.Event {
+func (s *shim) lastEvent() api.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.all) == 0 {
-		return events.Event{}
+		return api.Event{}
 	}
 	return s.all[len(s.all)-1]
 }

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -45,7 +45,7 @@ func TestBootstrapOnADescriptorAndThePasswordOnAnother(t *testing.T) {
 		args:       append(identityArgs(), "--bootstrap", "fd:3", "--password-fd", "4"),
 	})
 	pwW.Close() // the shim holds its own copy
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	line, err := bufio.NewReader(pwR).ReadString('\n')
 	require.NoError(t, err)
 	attempt, password, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " ")
@@ -60,7 +60,7 @@ func TestBootstrapOnADescriptorAndThePasswordOnAnother(t *testing.T) {
 		assert.NotContains(t, l, linkCredential)
 	}
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }
 
@@ -83,7 +83,7 @@ func TestCoresBootstrapOnStdinBeforeTheCommands(t *testing.T) {
 	in.Close()
 	_, err = stdin.Write(append(doc, '\n'))
 	require.NoError(t, err)
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
 	want, err := b.SandboxIO.Bootstrap.Encode()
 	require.NoError(t, err)
@@ -92,8 +92,8 @@ func TestCoresBootstrapOnStdinBeforeTheCommands(t *testing.T) {
 		s.waitLog("daemon: env-names=", bootTimeout))
 	_, err = io.WriteString(stdin, `{"id":"s","cmd":"stop"}`+"\n")
 	require.NoError(t, err)
-	answer := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAnswer }, 10*time.Second, "the stop answer")
-	assert.Equal(t, events.KindAnswer, answer.Event)
-	s.waitState(events.StateStopped, 15*time.Second)
+	answer := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAnswer }, 10*time.Second, "the stop answer")
+	assert.Equal(t, api.KindAnswer, answer.Event)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }

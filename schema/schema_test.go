@@ -16,11 +16,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/control"
-	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
-	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/schema"
@@ -118,19 +116,19 @@ func eventConsts(d docs) (kinds, states []string) {
 func TestEveryEventKindHasASchema(t *testing.T) {
 	d := loadDocs(t)
 	kinds, states := eventConsts(d)
-	assert.Equal(t, values(goConsts(t, "../host/events", "Kind")), kinds)
-	assert.Equal(t, values(goConsts(t, "../host/events", "State")), states)
+	assert.Equal(t, values(goConsts(t, "../host/api", "Kind")), kinds)
+	assert.Equal(t, values(goConsts(t, "../protocol", "State")), states, "the one lifecycle State type's values")
 }
 
 func TestEnumsAgreeWithGo(t *testing.T) {
 	d := loadDocs(t)
 	var codes []string
-	for _, f := range events.Failures {
+	for _, f := range api.Failures {
 		codes = append(codes, f.Code)
 	}
 	sort.Strings(codes)
 	assert.Equal(t, codes, enum(t, d.def(schema.Event, "FailureCode")), "failure codes")
-	assert.Equal(t, values(goConsts(t, "../host/events", "Code")), codes, "every Code* constant is a listed failure")
+	assert.Equal(t, values(goConsts(t, "../host/api", "Code")), codes, "every Code* constant is a listed failure")
 
 	var egressCodes []string
 	for c := protocol.EgressInvalidArgument; c.Valid(); c++ {
@@ -143,11 +141,11 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	decision := d.def(schema.Event, "EgressEvent").n["properties"].(node)["decision"].(node)
 	assert.Equal(t, values(goConsts(t, "../host/egress", "Decision")), enum(t, at{schema.Event, decision}))
 
-	names := append([]string(nil), control.Commands()...)
+	names := append([]string(nil), api.Commands()...)
 	sort.Strings(names)
 	assert.Equal(t, names, enum(t, d.def(schema.Command, "CommandName")))
 	state := d.def(schema.Answer, "StatusResult").n["properties"].(node)["state"].(node)
-	assert.Equal(t, values(goConsts(t, "../host/controller", "State")), enum(t, at{schema.Answer, state}))
+	assert.Equal(t, values(goConsts(t, "../protocol", "State")), enum(t, at{schema.Answer, state}))
 }
 
 // The Go types and the schema describe the same JSON.
@@ -160,24 +158,23 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 			evs["oneOf"] = append(evs["oneOf"].([]any), x)
 		}
 	}
-	d.agree(t, "Event", reflect.TypeFor[events.Event](), at{schema.Event, evs}, true)
-	d.agree(t, "Answer", reflect.TypeFor[control.Answer](), at{schema.Answer, d[schema.Answer]}, true)
+	d.agree(t, "Event", reflect.TypeFor[api.Event](), at{schema.Event, evs}, true)
+	d.agree(t, "Answer", reflect.TypeFor[api.Answer](), at{schema.Answer, d[schema.Answer]}, true)
 	for def, typ := range map[string]reflect.Type{
-		"StatusResult":  reflect.TypeFor[control.StatusResult](),
-		"ForwardResult": reflect.TypeFor[control.ForwardResult](),
-		"ForwardInfo":   reflect.TypeFor[forward.Info](),
-		"StartResult":   reflect.TypeFor[control.StartResult](),
-		"PolicyResult":  reflect.TypeFor[control.PolicyResult](),
-		"TimeResult":    reflect.TypeFor[control.TimeResult](),
+		"StatusResult":  reflect.TypeFor[api.StatusResult](),
+		"ForwardResult": reflect.TypeFor[api.ForwardResult](),
+		"ForwardInfo":   reflect.TypeFor[api.ForwardInfo](),
+		"StartResult":   reflect.TypeFor[api.StartResult](),
+		"PolicyResult":  reflect.TypeFor[api.PolicyResult](),
+		"TimeResult":    reflect.TypeFor[api.TimeResult](),
 	} {
 		d.agree(t, def, typ, d.def(schema.Answer, def), true)
 	}
-	d.agree(t, "Command", reflect.TypeFor[control.Command](), at{schema.Command, d[schema.Command]}, false)
+	d.agree(t, "Command", reflect.TypeFor[api.Command](), at{schema.Command, d[schema.Command]}, false)
 	d.agree(t, "Bootstrap", reflect.TypeFor[bootstrap.Bootstrap](), at{schema.Bootstrap, d[schema.Bootstrap]}, false)
 	d.agree(t, "SandboxIO", reflect.TypeFor[bootstrap.SandboxIO](), at{schema.SandboxIO, d[schema.SandboxIO]}, false)
 	d.agree(t, "Core", reflect.TypeFor[bootstrap.Core](), at{schema.CoreBootstrap, d[schema.CoreBootstrap]}, false)
 	d.agree(t, "PolicyFile", reflect.TypeFor[egress.File](), at{schema.Policy, d[schema.Policy]}, false)
-	_ = controller.Status{}
 }
 
 // sample is a valid value for a command key, from its schema.
@@ -195,12 +192,12 @@ func sample(key string) any {
 	panic("no sample for " + key)
 }
 
-// Each command's schema takes exactly the keys control.Decode takes: a
+// Each command's schema takes exactly the keys api.Decode takes: a
 // command with all its keys decodes, and any other key of the Command type
 // is refused by both.
 func TestCommandSchemasTakeTheKeysTheDecoderTakes(t *testing.T) {
 	d := loadDocs(t)
-	all := fieldsOf(reflect.TypeFor[control.Command]())
+	all := fieldsOf(reflect.TypeFor[api.Command]())
 	for _, alt := range d.alternatives(at{schema.Command, d[schema.Command]}) {
 		props := alt.n["properties"].(node)
 		cmd := props["cmd"].(node)["const"].(string)
@@ -211,7 +208,7 @@ func TestCommandSchemasTakeTheKeysTheDecoderTakes(t *testing.T) {
 			}
 		}
 		line, _ := json.Marshal(doc)
-		_, err := control.Decode(line)
+		_, err := api.Decode(line)
 		assert.NoError(t, err, "%s", line)
 		assert.NoError(t, schema.Validate(schema.Command, line), "%s", line)
 		for _, f := range all {
@@ -225,7 +222,7 @@ func TestCommandSchemasTakeTheKeysTheDecoderTakes(t *testing.T) {
 				}
 			}
 			line, _ := json.Marshal(extra)
-			_, err := control.Decode(line)
+			_, err := api.Decode(line)
 			assert.Error(t, err, "the decoder refuses %s", line)
 			assert.Error(t, schema.Validate(schema.Command, line), "the schema refuses %s", line)
 		}
@@ -306,79 +303,79 @@ func TestSchemaAndDecodersAgreeOnDocuments(t *testing.T) {
 func TestEventsOfEveryKindValidate(t *testing.T) {
 	yes, zero := true, 0
 	n := int64(5)
-	for _, e := range []events.Event{
-		{Event: events.KindState, State: events.StateStarting, Message: "creating sandbox", Attempt: 1},
-		{Event: events.KindState, State: events.StateReady, Message: "guest ready", URL: "http://127.0.0.1:41123", GuestURL: "http://127.0.0.1:4096", Username: "runtime", Attempt: 1},
-		{Event: events.KindState, State: events.StateFailed, Message: "invalid bootstrap", Code: events.CodeInvalidBootstrap},
-		{Event: events.KindState, State: events.StateStopped, Message: "stopped: stop command", Attempt: 2},
-		{Event: events.KindAgent, PID: 1, Protocol: 1, AgentVersion: "e6a45d4", Message: "guest agent connected", Attempt: 1},
-		{Event: events.KindProcess, Process: "daemon", PID: 10, Running: &yes, Message: "started", Attempt: 1},
-		{Event: events.KindProcess, Process: "daemon", PID: 10, Running: new(bool), ExitCode: &zero, Message: "exited", Attempt: 1},
-		{Event: events.KindLog, Stream: "daemon/stdout", Line: "hello", Attempt: 1},
-		{Event: events.KindDropped, Dropped: 1 << 20, Message: "dropped", Attempt: 1},
-		{Event: events.KindEgressPolicy, Rules: []string{"a.example.com:443"}, Message: "egress policy in force"},
-		{Event: events.KindEgress, Conn: 2, Via: protocol.ViaHTTP, Target: "blocked.example.com:80", Decision: egress.DecisionDenied,
+	for _, e := range []api.Event{
+		{Event: api.KindState, State: api.StateStarting, Message: "creating sandbox", Attempt: 1},
+		{Event: api.KindState, State: api.StateReady, Message: "guest ready", URL: "http://127.0.0.1:41123", GuestURL: "http://127.0.0.1:4096", Username: "runtime", Attempt: 1},
+		{Event: api.KindState, State: api.StateFailed, Message: "invalid bootstrap", Code: api.CodeInvalidBootstrap},
+		{Event: api.KindState, State: api.StateStopped, Message: "stopped: stop command", Attempt: 2},
+		{Event: api.KindAgent, PID: 1, Protocol: 1, AgentVersion: "e6a45d4", Message: "guest agent connected", Attempt: 1},
+		{Event: api.KindProcess, Process: "daemon", PID: 10, Running: &yes, Message: "started", Attempt: 1},
+		{Event: api.KindProcess, Process: "daemon", PID: 10, Running: new(bool), ExitCode: &zero, Message: "exited", Attempt: 1},
+		{Event: api.KindLog, Stream: "daemon/stdout", Line: "hello", Attempt: 1},
+		{Event: api.KindDropped, Dropped: 1 << 20, Message: "dropped", Attempt: 1},
+		{Event: api.KindEgressPolicy, Rules: []string{"a.example.com:443"}, Message: "egress policy in force"},
+		{Event: api.KindEgress, Conn: 2, Via: protocol.ViaHTTP, Target: "blocked.example.com:80", Decision: egress.DecisionDenied,
 			Rule: "*.example.com:443", Reason: "port 80 is not allowed", Code: protocol.EgressDenied.String(), Effect: protocol.EffectNone, Message: "egress denied", Attempt: 1},
-		{Event: events.KindEgressClosed, Conn: 1, Via: protocol.ViaConnect, Target: "a.example.com:443", Address: "203.0.113.5:443",
+		{Event: api.KindEgressClosed, Conn: 1, Via: protocol.ViaConnect, Target: "a.example.com:443", Address: "203.0.113.5:443",
 			BytesOut: &n, BytesIn: &n, DurationMS: &n, Message: "egress closed", Attempt: 1},
-		{Event: events.KindForward, Listen: "127.0.0.1:41123", GuestPort: 4096, Message: "listening"},
+		{Event: api.KindForward, Listen: "127.0.0.1:41123", GuestPort: 4096, Message: "listening"},
 	} {
 		line := encodeEvent(t, e)
 		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)
 	}
-	for name, e := range map[string]events.Event{
-		"failed without a code":        {Event: events.KindState, State: events.StateFailed, Message: "x"},
-		"an unknown failure code":      {Event: events.KindState, State: events.StateFailed, Code: "oops"},
-		"a state with an egress field": {Event: events.KindState, State: events.StateStopped, Attempt: 1, Conn: 3},
+	for name, e := range map[string]api.Event{
+		"failed without a code":        {Event: api.KindState, State: api.StateFailed, Message: "x"},
+		"an unknown failure code":      {Event: api.KindState, State: api.StateFailed, Code: "oops"},
+		"a state with an egress field": {Event: api.KindState, State: api.StateStopped, Attempt: 1, Conn: 3},
 		"an unknown kind":              {Event: "mystery"},
-		"a code on a ready state":      {Event: events.KindState, State: events.StateReady, Attempt: 1, Code: events.CodeInternal},
+		"a code on a ready state":      {Event: api.KindState, State: api.StateReady, Attempt: 1, Code: api.CodeInternal},
 	} {
 		line := encodeEvent(t, e)
 		assert.Error(t, schema.Validate(schema.Event, line), "%s: %s", name, line)
 	}
 }
 
-func encodeEvent(t *testing.T, e events.Event) []byte {
+func encodeEvent(t *testing.T, e api.Event) []byte {
 	t.Helper()
 	var b strings.Builder
 	e.Sandbox = "demo"
-	events.NewJSONLines(&b).Emit(e)
+	api.NewJSONLines(&b).Emit(e)
 	return []byte(strings.TrimSpace(b.String()))
 }
 
 // Answers as the control server writes them validate against the answer
 // schema, inside the event schema.
 func TestAnswersValidate(t *testing.T) {
-	st := control.StatusResult{Status: controller.Status{ServerID: "sandbox:demo", State: "ready", Attempt: 1},
-		Forwards: []forward.Info{{Listen: "127.0.0.1:1", GuestPort: 4096}}, Egress: []string{}}
+	st := api.StatusResult{Status: api.Status{ServerID: "sandbox:demo", State: "ready", Attempt: 1},
+		Forwards: []api.ForwardInfo{{Listen: "127.0.0.1:1", GuestPort: 4096}}, Egress: []string{}}
 	for cmd, result := range map[string]any{
-		control.CmdStatus:        st,
-		control.CmdStop:          st,
-		control.CmdStart:         control.StartResult{Attempt: 2},
-		control.CmdReset:         control.StartResult{Attempt: 3},
-		control.CmdSetPolicy:     control.PolicyResult{Egress: []string{"a.example.com:443"}},
-		control.CmdAddForward:    control.ForwardResult{Info: forward.Info{Listen: "127.0.0.1:2", GuestPort: 4096}, URL: "http://127.0.0.1:2"},
-		control.CmdRemoveForward: struct{}{},
-		control.CmdPushTime:      control.TimeResult{TimeUnixNano: 1},
+		api.CmdStatus:        st,
+		api.CmdStop:          st,
+		api.CmdStart:         api.StartResult{Attempt: 2},
+		api.CmdReset:         api.StartResult{Attempt: 3},
+		api.CmdSetPolicy:     api.PolicyResult{Egress: []string{"a.example.com:443"}},
+		api.CmdAddForward:    api.ForwardResult{ForwardInfo: api.ForwardInfo{Listen: "127.0.0.1:2", GuestPort: 4096}, URL: "http://127.0.0.1:2"},
+		api.CmdRemoveForward: struct{}{},
+		api.CmdPushTime:      api.TimeResult{TimeUnixNano: 1},
 	} {
-		line := answerLine(t, control.HandlerFunc(func(ctx context.Context, c control.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"`+cmd+`"}`)
-		if cmd == control.CmdAddForward {
-			line = answerLine(t, control.HandlerFunc(func(ctx context.Context, c control.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`)
+		line := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"`+cmd+`"}`)
+		if cmd == api.CmdAddForward {
+			line = answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`)
 		}
 		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)
 		assert.NoError(t, schema.Validate(schema.Answer, line), "%s", line)
 	}
-	bad := answerLine(t, control.HandlerFunc(func(ctx context.Context, c control.Command) (any, error) { return nil, nil }), `{"cmd":"status","Cmd":"stop"}`)
+	bad := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return nil, nil }), `{"cmd":"status","Cmd":"stop"}`)
 	assert.NoError(t, schema.Validate(schema.Answer, bad), "%s", bad)
-	wrong := answerLine(t, control.HandlerFunc(func(ctx context.Context, c control.Command) (any, error) { return control.StartResult{Attempt: 1}, nil }), `{"cmd":"status"}`)
+	wrong := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return api.StartResult{Attempt: 1}, nil }), `{"cmd":"status"}`)
 	assert.Error(t, schema.Validate(schema.Answer, wrong), "a status answer with a start's result: %s", wrong)
 }
 
-func answerLine(t *testing.T, h control.Handler, command string) []byte {
+func answerLine(t *testing.T, h apiserver.Handler, command string) []byte {
 	t.Helper()
-	srv := &control.Server{Sandbox: "demo", Handler: h}
+	srv := &apiserver.Server{Sandbox: "demo", Handler: h}
 	var out []byte
-	err := srv.ServeLines(context.Background(), strings.NewReader(command+"\n"), func(a control.Answer) error {
+	err := srv.ServeLines(context.Background(), strings.NewReader(command+"\n"), func(a api.Answer) error {
 		b, err := json.Marshal(a)
 		out = b
 		return err

@@ -5,7 +5,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/errmark"
 	"github.com/oac/sandbox-agent/protocol"
@@ -68,38 +68,38 @@ type rule struct {
 // whatever else its error wraps, and the Link rules are bootstrap rules
 // too.
 var rules = []rule{
-	{ErrHostileGuest, events.CodeHostileGuest},
+	{ErrHostileGuest, api.CodeHostileGuest},
 	// The agent's own protocol violations. A truncated frame is not one:
 	// it is what a connection cut mid-frame looks like.
-	{protocol.ErrFrameTooLarge, events.CodeHostileGuest},
-	{protocol.ErrUnknownType, events.CodeHostileGuest},
-	{protocol.ErrBadFlags, events.CodeHostileGuest},
-	{protocol.ErrBadBody, events.CodeHostileGuest},
-	{protocol.ErrUnexpectedType, events.CodeHostileGuest},
+	{protocol.ErrFrameTooLarge, api.CodeHostileGuest},
+	{protocol.ErrUnknownType, api.CodeHostileGuest},
+	{protocol.ErrBadFlags, api.CodeHostileGuest},
+	{protocol.ErrBadBody, api.CodeHostileGuest},
+	{protocol.ErrUnexpectedType, api.CodeHostileGuest},
 
-	{bootstrap.ErrNoLink, events.CodeNoLink},
-	{bootstrap.ErrPublicURLUnreachable, events.CodePublicURLUnreachable},
-	{bootstrap.ErrInvalid, events.CodeInvalidBootstrap},
-	{ErrGuestBootstrap, events.CodeInvalidBootstrap},
+	{bootstrap.ErrNoLink, api.CodeNoLink},
+	{bootstrap.ErrPublicURLUnreachable, api.CodePublicURLUnreachable},
+	{bootstrap.ErrInvalid, api.CodeInvalidBootstrap},
+	{ErrGuestBootstrap, api.CodeInvalidBootstrap},
 
-	{ErrOSUnsupported, events.CodeOSUnsupported},
-	{provider.ErrUnavailable, events.CodeProviderUnavailable},
-	{provider.ErrInvalidSpec, events.CodeInvalidConfig},
-	{provider.ErrExists, events.CodeInvalidConfig},
-	{ErrInvalidConfig, events.CodeInvalidConfig},
-	{protocol.ErrVersionMismatch, events.CodeGuestIncompatible},
+	{ErrOSUnsupported, api.CodeOSUnsupported},
+	{provider.ErrUnavailable, api.CodeProviderUnavailable},
+	{provider.ErrInvalidSpec, api.CodeInvalidConfig},
+	{provider.ErrExists, api.CodeInvalidConfig},
+	{ErrInvalidConfig, api.CodeInvalidConfig},
+	{protocol.ErrVersionMismatch, api.CodeGuestIncompatible},
 	// Bytes that are not a yamux session: not an oac agent, or a
 	// transport that carries more than the session.
-	{yamux.ErrInvalidVersion, events.CodeGuestIncompatible},
-	{yamux.ErrInvalidMsgType, events.CodeGuestIncompatible},
+	{yamux.ErrInvalidVersion, api.CodeGuestIncompatible},
+	{yamux.ErrInvalidMsgType, api.CodeGuestIncompatible},
 
-	{ErrBootTimeout, events.CodeBootTimeout},
-	{ErrDaemonUnhealthy, events.CodeDaemonUnhealthy},
-	{ErrDaemonFailed, events.CodeDaemonFailed},
-	{ErrSandboxIOFailed, events.CodeSandboxIOFailed},
-	{ErrGuestFailed, events.CodeGuestFailed},
-	{ErrRuntimeFailed, events.CodeRuntimeFailed},
-	{protocol.ErrTruncated, events.CodeRuntimeFailed},
+	{ErrBootTimeout, api.CodeBootTimeout},
+	{ErrDaemonUnhealthy, api.CodeDaemonUnhealthy},
+	{ErrDaemonFailed, api.CodeDaemonFailed},
+	{ErrSandboxIOFailed, api.CodeSandboxIOFailed},
+	{ErrGuestFailed, api.CodeGuestFailed},
+	{ErrRuntimeFailed, api.CodeRuntimeFailed},
+	{protocol.ErrTruncated, api.CodeRuntimeFailed},
 }
 
 // WithCode returns err carrying code itself, for a failure known only by
@@ -119,7 +119,7 @@ type coded struct {
 func (c *coded) Error() string { return c.err.Error() }
 func (c *coded) Unwrap() error { return c.err }
 
-// Code returns the failure code of err: "" for nil, events.CodeInternal
+// Code returns the failure code of err: "" for nil, api.CodeInternal
 // when no rule matches.
 func Code(err error) string {
 	if err == nil {
@@ -134,14 +134,14 @@ func Code(err error) string {
 			return r.code
 		}
 	}
-	return events.CodeInternal
+	return api.CodeInternal
 }
 
 // Exit returns oac-shim's exit status for a run that ended with err
-// (events.ExitOK for nil).
+// (api.ExitOK for nil).
 func Exit(err error) int {
 	if err == nil {
-		return events.ExitOK
+		return api.ExitOK
 	}
-	return events.FailureOf(Code(err)).Exit
+	return api.FailureOf(Code(err)).Exit
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 )
 
@@ -43,16 +43,16 @@ func TestCheckTextAndABlockedOS(t *testing.T) {
 	code := Main([]string{"check"}, nil, &out, &errOut)
 	assert.Equal(t, 1, code, "a blocked OS fails check")
 	assert.Contains(t, out.String(), "os: macOS 11.7.10\npolicy: block: macOS 11.7.10 is not supported")
-	assert.Contains(t, out.String(), "\nvz: unavailable: ")
+	assert.Contains(t, out.String(), "\nvz: unavailable: macOS 11.7.10 is not supported", "no provider runs on a blocked OS")
 
 	out.Reset()
 	code = Main([]string{"run", "--provider", "bwrap", "--name", "x", "--agent", "/nonexistent"}, nil, &out, &errOut)
-	assert.Equal(t, events.FailureOf(events.CodeOSUnsupported).Exit, code)
+	assert.Equal(t, api.FailureOf(api.CodeOSUnsupported).Exit, code)
 	assert.Contains(t, errOut.String(), "oac-shim: macOS 11.7.10 is not supported")
-	var e events.Event
+	var e api.Event
 	require.NoError(t, json.Unmarshal(out.Bytes(), &e), "one failed event: %s", out.String())
-	assert.Equal(t, events.StateFailed, e.State)
-	assert.Equal(t, events.CodeOSUnsupported, e.Code)
+	assert.Equal(t, api.StateFailed, e.State)
+	assert.Equal(t, api.CodeOSUnsupported, e.Code)
 }
 
 func TestUnknownProviderIsAUsageError(t *testing.T) {

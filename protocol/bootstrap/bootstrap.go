@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"io"
 	"path"
-	"reflect"
 	"strings"
 	"time"
+
+	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
 // Version is the Bootstrap schema version this build understands.
@@ -248,7 +249,7 @@ func (b *Bootstrap) Grace() time.Duration {
 // does not validate; call Validate.
 func Decode(r io.Reader) (*Bootstrap, error) {
 	var b Bootstrap
-	if err := decodeStrict(r, &b); err != nil {
+	if err := decodeStrict(r, bootstrapSchema, &b); err != nil {
 		return nil, err
 	}
 	return &b, nil
@@ -257,7 +258,7 @@ func Decode(r io.Reader) (*Bootstrap, error) {
 // decodeStrict reads one JSON object into v (a pointer to a struct) by
 // Decode's rules: at most MaxSize bytes, the exact keys of v's type at
 // every level, none twice, no trailing data.
-func decodeStrict(r io.Reader, v any) error {
+func decodeStrict(r io.Reader, s *strictjson.Schema, v any) error {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrDecode, err)
@@ -265,7 +266,7 @@ func decodeStrict(r io.Reader, v any) error {
 	if len(data) > MaxSize {
 		return ErrTooLarge
 	}
-	if err := checkKeysOf(data, reflect.TypeOf(v).Elem()); err != nil {
+	if err := checkKeys(data, s); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -275,9 +276,6 @@ func decodeStrict(r io.Reader, v any) error {
 			return err
 		}
 		return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: trailing data after the object", ErrDecode)
 	}
 	return nil
 }

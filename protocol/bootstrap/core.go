@@ -54,7 +54,7 @@ var ErrNotCore = rule("bootstrap: Core's shape cannot carry this bootstrap")
 // with FromCore. It does not validate; call Validate.
 func DecodeCore(r io.Reader) (*Bootstrap, error) {
 	var c Core
-	if err := decodeStrict(r, &c); err != nil {
+	if err := decodeStrict(r, coreSchema, &c); err != nil {
 		return nil, err
 	}
 	return FromCore(&c)

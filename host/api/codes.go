@@ -1,4 +1,4 @@
-package events
+package api
 
 // Failure codes: every failed state event carries one in "code". They are
 // stable: a caller branches on them, never on the message. Package
