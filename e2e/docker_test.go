@@ -133,7 +133,7 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "sandbox runtime exited: docker run")
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 	calls := d.calls(t)
 	assert.Equal(t, []string{"rm", "--force", "oac-" + name}, calls[len(calls)-1], "the container outlives its client: it is removed")
 	assert.Empty(t, dockerContainers(t, name))
@@ -152,7 +152,7 @@ func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
 	s := startShim(t, sandboxSpec{provider: "docker", env: noEngine, args: []string{"--docker-image", "oac-e2e/none:1"}})
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "no Docker engine reachable")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 
 	d := newDockerRecorder(t)
 	name := uniqueName("dock")
@@ -161,7 +161,7 @@ func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
 	assert.Contains(t, failed.Message, "invalid sandbox spec: docker: image oac-e2e/absent:1: ")
 	assert.Contains(t, failed.Message, "No such image")
 	assert.Contains(t, failed.Message, "the provider never pulls")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeInvalidConfig, 10*time.Second)
 	for _, c := range d.calls(t) {
 		assert.NotEqual(t, "run", c[0], "nothing was run")
 	}

@@ -80,7 +80,7 @@ func TestARootfsThatLacksAMountPointIsRefusedBeforeAnythingRuns(t *testing.T) {
 		args: append(identityArgs(), "--runtime", "runc", "--rootfs", rootfs, "--install", "not-in-the-image="+bins.daemon)})
 	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "install not-in-the-image: the rootfs has no regular file /usr/local/bin/not-in-the-image to bind it over")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeInvalidConfig, 10*time.Second)
 	assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", name))
 	assert.NoFileExists(t, filepath.Join(rootfs, "usr/local/bin/not-in-the-image"), "nothing was written into the image")
 	assert.Empty(t, hostProcs("oac-"+name))

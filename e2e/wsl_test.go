@@ -139,7 +139,7 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 	assert.Contains(t, w.calls(t), "--unregister oac-"+s.name)
 	assert.Empty(t, w.distros())
 	assert.Empty(t, hostProcs("--marker "+name), "terminating the distribution ended its processes")
@@ -156,7 +156,7 @@ func TestWSLRefusesWhatItCannotCarryBeforeImporting(t *testing.T) {
 		s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), args...)})
 		failed := s.waitState(api.StateFailed, 10*time.Second)
 		assert.Contains(t, failed.Message, "nothing created: invalid sandbox spec: "+args[0]+": not supported by this provider: the wsl provider does not honour "+args[0]+"; ")
-		assert.Equal(t, 1, s.exit(10*time.Second))
+		s.exitFailed(api.CodeInvalidConfig, 10*time.Second)
 		assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
 	}
 	_, err := os.Stat(filepath.Join(w.state, "argv.log"))
@@ -192,7 +192,7 @@ func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), "--wsl-installer", url)})
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, url)
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 	assert.Contains(t, s.stderr.String(), "run 'oac-shim check'")
 	assert.Equal(t, []string{"--version", "--version"}, w.calls(t), "nothing imported")
 }
@@ -204,7 +204,7 @@ func TestWSLImportFailureCreatesNothing(t *testing.T) {
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "HCS_E_HYPERV_NOT_INSTALLED")
 	assert.Contains(t, failed.Message, "enable the Virtual Machine Platform")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 	for _, c := range w.calls(t) {
 		assert.False(t, strings.HasPrefix(c, "-d "), "no agent started: %s", c)
 	}
