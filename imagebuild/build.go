@@ -44,11 +44,6 @@ const (
 	ManifestName  = "manifest.json"
 )
 
-// DefaultVMModules are loaded by a VM guest's initramfs: the virtio
-// transport, the console port and the disk (ext4 is built into Debian's
-// cloud kernel; erofs is added when an erofs disk is built).
-var DefaultVMModules = []string{"virtio_pci", "virtio_console", "virtio_blk"}
-
 // Spec is one build.
 type Spec struct {
 	// Base is a base rootfs: a directory, or a tar or tar.gz file. Empty
@@ -68,8 +63,8 @@ type Spec struct {
 	// to vmlinuz and the modules directory (with modules.dep) the
 	// initramfs's modules come from.
 	Kernel, ModulesDir string
-	// Modules are the initramfs's modules (default DefaultVMModules, plus
-	// erofs with the erofs output).
+	// Modules are the initramfs's modules (default
+	// initramfs.DefaultModules).
 	Modules []string
 	// InitramfsFiles are extra files for the initramfs (a VM guest without
 	// switch_root runs from it).
@@ -285,10 +280,7 @@ func Build(spec Spec) (res *Result, err error) {
 		start = time.Now()
 		mods := spec.Modules
 		if len(mods) == 0 {
-			mods = append([]string(nil), DefaultVMModules...)
-			if want[OutErofs] {
-				mods = append(mods, "erofs")
-			}
+			mods = initramfs.DefaultModules
 		}
 		ip := filepath.Join(spec.Out, InitramfsName)
 		made = append(made, ip)

@@ -33,9 +33,9 @@ type ProviderFlags struct {
 	// SingleUID allows bwrap's rootless fallback without subordinate ids.
 	SingleUID bool
 	// qemu
-	Kernel, Initramfs, Accel, VMTransport string
-	Memory                                int
-	HostGrace                             time.Duration
+	Kernel, Initramfs, Accel, VMTransport, Arch, Firmware string
+	Memory                                                int
+	HostGrace                                             time.Duration
 	// oci
 	Runtime       string
 	OCINoNewPrivs bool
@@ -43,8 +43,9 @@ type ProviderFlags struct {
 	WSL, WSLInstaller string
 	// docker
 	Docker, DockerImage string
-	// qemu and vz: a raw disk attached read-only; vz: a shared directory
-	// (vz also uses Kernel, Initramfs, Memory and HostGrace)
+	// qemu and vz: the image's root disk (attached read-only) and the
+	// workspace shared over virtio-fs (vz also uses Kernel, Initramfs,
+	// Memory and HostGrace)
 	Disk, Share string
 	CPUs        int
 }
@@ -53,7 +54,9 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&pf.SingleUID, "single-uid", false, "bwrap without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
 	fs.StringVar(&pf.Kernel, "kernel", "", "qemu: kernel image (default: vmlinuz beside oac-shim; make initramfs puts it there)")
 	fs.StringVar(&pf.Initramfs, "initramfs", "", "qemu: initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
-	fs.StringVar(&pf.Disk, "disk", "", "qemu, vz: raw disk image attached read-only as virtio-blk (the guest sees /dev/vda; oac-image build makes disk.ext4 and disk.erofs)")
+	fs.StringVar(&pf.Disk, "disk", "", "qemu, vz: the image's root disk (oac-image build's disk.ext4 or disk.erofs), attached read-only: the guest boots from it (without it, from its initramfs)")
+	fs.StringVar(&pf.Arch, "arch", "", "qemu: guest architecture, amd64 or arm64 (default: the kernel image's)")
+	fs.StringVar(&pf.Firmware, "firmware", "", "qemu: UEFI firmware to boot the kernel through (default for arm64: "+qemu.DefaultARM64Firmware+" when installed)")
 	fs.StringVar(&pf.Accel, "accel", qemu.AccelAuto, "qemu: accelerator: auto (kvm when it can run a stock kernel, else tcg), kvm or tcg")
 	fs.IntVar(&pf.Memory, "memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
 	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
@@ -63,13 +66,14 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
 	fs.StringVar(&pf.Docker, "docker", "", "docker: the docker client (default: docker in PATH)")
 	fs.StringVar(&pf.DockerImage, "docker-image", "", "docker: the guest image to run (never pulled)")
-	fs.StringVar(&pf.Share, "share", "", "vz: host directory shared with the guest over virtio-fs (tag workspace)")
+	fs.StringVar(&pf.Share, "share", "", "qemu, vz: host directory shared with the guest over virtio-fs as its workspace, /environment/workspace (tag workspace)")
 	fs.IntVar(&pf.CPUs, "cpus", 0, "vz: virtual CPUs (default 2, at most the host's)")
 	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
 }
 
 func newQemu(f ProviderFlags) provider.Provider {
-	q := &qemu.Provider{Kernel: f.Kernel, Initramfs: f.Initramfs, Disk: f.Disk, Accel: f.Accel, MemoryMiB: f.Memory, Transport: f.VMTransport, HostGrace: f.HostGrace}
+	q := &qemu.Provider{Kernel: f.Kernel, Initramfs: f.Initramfs, Arch: f.Arch, Firmware: f.Firmware, Disk: f.Disk, Share: f.Share,
+		Accel: f.Accel, MemoryMiB: f.Memory, Transport: f.VMTransport, HostGrace: f.HostGrace}
 	if q.Kernel == "" {
 		q.Kernel = besideShim("vmlinuz")
 	}
@@ -118,8 +122,9 @@ const usage = `usage:
                contract: [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
                        [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
                bwrap:  [--single-uid]
-               qemu:   [--kernel FILE] [--initramfs FILE] [--disk FILE] [--accel auto|kvm|tcg]
-                       [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
+               qemu:   [--kernel FILE] [--initramfs FILE] [--disk FILE] [--share DIR] [--arch amd64|arm64]
+                       [--firmware FILE] [--accel auto|kvm|tcg] [--memory MIB]
+                       [--vm-transport serial|vsock] [--host-grace DUR]
                oci:    [--runtime runc|crun|PATH] [--oci-no-new-privs=false]
                docker: --docker-image IMAGE [--docker PATH]
                wsl:    [--wsl PATH] [--wsl-installer URL] (--rootfs is the tarball)

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -17,12 +19,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/bwrap"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
+	"github.com/oac/sandbox-agent/host/provider/vmguest"
 )
 
 // Defaults.
 const (
 	DefaultStateRoot = "/run/oac"
+	// DefaultVirtiofsd is the virtio-fs daemon Debian's qemu ships.
+	DefaultVirtiofsd = "/usr/lib/qemu/virtiofsd"
 	// Vsock guests get CID vsockCIDBase+slot and the host listens on
 	// vsockPortBase+slot for them.
 	vsockCIDBase  = 3
@@ -30,17 +36,37 @@ const (
 	vsockSlots    = 4096
 	devKVM        = "/dev/kvm"
 	devVhostVsock = "/dev/vhost-vsock"
+	// virtiofsdLogLimit bounds what one virtiofsd may write to the
+	// diagnostics.
+	virtiofsdLogLimit = 64 << 10
 )
 
 // Provider boots guests as qemu virtual machines from a kernel and an
-// initramfs that has oac-guest as /init (see package initramfs).
+// initramfs that has oac-guest as /init (see package initramfs), and, with
+// a disk, from the image's root disk.
 type Provider struct {
-	// Qemu is the qemu-system-x86_64 binary; default: found in PATH.
+	// Qemu is the qemu-system binary; default: qemu-system-x86_64 or
+	// qemu-system-aarch64 (by Arch) found in PATH.
 	Qemu string
 	// Kernel and Initramfs are the boot images (required).
 	Kernel, Initramfs string
-	// Disk is an optional raw disk image attached read-only as virtio-blk.
+	// Arch is the guest's architecture, amd64 or arm64; default: the
+	// kernel image's.
+	Arch string
+	// Firmware is UEFI firmware to boot the kernel through; default for
+	// arm64: DefaultARM64Firmware when installed (else the kernel is
+	// loaded directly), none for amd64.
+	Firmware string
+	// Disk is the image's root disk (oac-image build's disk.ext4 or
+	// disk.erofs), attached read-only as virtio-blk: the guest mounts it
+	// as its root. Without it the guest runs from its initramfs.
 	Disk string
+	// Share is a host directory mounted over virtio-fs as the guest's
+	// workspace (/environment/workspace).
+	Share string
+	// Virtiofsd is the virtio-fs daemon for shares and volumes; default
+	// DefaultVirtiofsd, else virtiofsd in PATH.
+	Virtiofsd string
 	// Accel is AccelAuto (default), AccelKVM or AccelTCG.
 	Accel string
 	// Transport is TransportSerial (default) or TransportVsock.
@@ -55,59 +81,111 @@ type Provider struct {
 	// ConsoleLimit bounds forwarded console output (default
 	// DefaultConsoleLimit).
 	ConsoleLimit int64
-	// StateRoot holds per-sandbox state; default DefaultStateRoot.
+	// StateRoot holds per-sandbox state; default DefaultStateRoot as
+	// root, else $XDG_RUNTIME_DIR/oac (or a directory of the user's in
+	// the temporary directory).
 	StateRoot string
+	// IDBase is the first host id of the id ranges virtiofsd maps the
+	// guest's ids to; default bwrap.DefaultIDBase (the same slots as the
+	// bwrap and OCI providers).
+	IDBase int
 }
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return "qemu" }
 
-func (p *Provider) qemu() (string, error) {
+// arch resolves the guest architecture.
+func (p *Provider) arch() (string, error) {
+	switch p.Arch {
+	case vmguest.ArchAMD64, vmguest.ArchARM64:
+		return p.Arch, nil
+	case "":
+		a, err := vmguest.KernelArch(p.Kernel)
+		if err != nil {
+			return "", fmt.Errorf("%w: qemu: %w (or pass --arch)", provider.ErrInvalidSpec, err)
+		}
+		return a, nil
+	}
+	return "", fmt.Errorf("%w: qemu: architecture %q (want amd64 or arm64)", provider.ErrInvalidSpec, p.Arch)
+}
+
+func (p *Provider) qemu(arch string) (string, error) {
 	if p.Qemu != "" {
 		return p.Qemu, nil
 	}
-	path, err := exec.LookPath("qemu-system-x86_64")
+	bin, pkg := "qemu-system-x86_64", "qemu-system-x86"
+	if arch == vmguest.ArchARM64 {
+		bin, pkg = "qemu-system-aarch64", "qemu-system-arm"
+	}
+	path, err := exec.LookPath(bin)
 	if err != nil {
-		return "", fmt.Errorf("%w: qemu: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86, or make deps)", provider.ErrUnavailable)
+		return "", fmt.Errorf("%w: qemu: %s is not installed (apt-get install %s, or make deps)", provider.ErrUnavailable, bin, pkg)
 	}
 	return path, nil
 }
 
-// kvmUsable reports whether hardware-assisted KVM can run a stock kernel:
-// /dev/kvm opens read-write and the CPU lists vmx or svm. /dev/kvm alone is
-// not enough: measured on the build machines, a paravirtual /dev/kvm
-// (kvm-pvm, no vmx/svm flag) accepts qemu but a stock kernel never boots.
-func kvmUsable() bool {
-	f, err := os.OpenFile(devKVM, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
+func (p *Provider) firmware(arch string) (string, error) {
+	if p.Firmware != "" {
+		if st, err := os.Stat(p.Firmware); err != nil || !st.Mode().IsRegular() {
+			return "", fmt.Errorf("%w: qemu: firmware %s is not a readable file", provider.ErrUnavailable, p.Firmware)
+		}
+		return p.Firmware, nil
 	}
-	f.Close()
-	ci, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return false
+	if arch == vmguest.ArchARM64 {
+		if _, err := os.Stat(DefaultARM64Firmware); err == nil {
+			return DefaultARM64Firmware, nil
+		}
 	}
-	defer ci.Close()
-	return cpuHasVirt(ci)
+	return "", nil
 }
 
-// accel resolves p.Accel.
-func (p *Provider) accel() (string, error) {
+// kvmUsable says whether hardware-assisted KVM can run a stock kernel of
+// arch here, and why not: the guest's architecture must be the host's,
+// /dev/kvm must open read-write and, on x86, the CPU must list vmx or svm.
+// /dev/kvm alone is not enough: measured on the build machines, a
+// paravirtual /dev/kvm (kvm-pvm, no vmx/svm flag) accepts qemu but a stock
+// kernel never boots.
+func kvmUsable(arch string) (bool, string) {
+	if arch != runtime.GOARCH {
+		return false, "an " + arch + " guest on an " + runtime.GOARCH + " host"
+	}
+	f, err := os.OpenFile(devKVM, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, "no usable " + devKVM
+	}
+	f.Close()
+	if arch != vmguest.ArchAMD64 {
+		return true, ""
+	}
+	ci, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return false, "cannot read /proc/cpuinfo"
+	}
+	defer ci.Close()
+	if !cpuHasVirt(ci) {
+		return false, devKVM + " exists but the CPU lists neither vmx nor svm (a paravirtual KVM cannot run a stock kernel)"
+	}
+	return true, ""
+}
+
+// accel resolves p.Accel; the reason says why KVM is not used.
+func (p *Provider) accel(arch string) (string, string, error) {
+	ok, why := kvmUsable(arch)
 	switch p.Accel {
 	case "", AccelAuto:
-		if kvmUsable() {
-			return AccelKVM, nil
+		if ok {
+			return AccelKVM, "", nil
 		}
-		return AccelTCG, nil
+		return AccelTCG, why, nil
 	case AccelKVM:
-		if !kvmUsable() {
-			return "", fmt.Errorf("%w: qemu: --accel kvm needs a usable %s and a CPU with vmx or svm (use --accel tcg or auto)", provider.ErrUnavailable, devKVM)
+		if !ok {
+			return "", "", fmt.Errorf("%w: qemu: --accel kvm cannot run here: %s (use --accel tcg or auto)", provider.ErrUnavailable, why)
 		}
-		return AccelKVM, nil
+		return AccelKVM, "", nil
 	case AccelTCG:
-		return AccelTCG, nil
+		return AccelTCG, "asked for", nil
 	}
-	return "", fmt.Errorf("%w: accelerator %q (want auto, kvm or tcg)", provider.ErrInvalidSpec, p.Accel)
+	return "", "", fmt.Errorf("%w: accelerator %q (want auto, kvm or tcg)", provider.ErrInvalidSpec, p.Accel)
 }
 
 func (p *Provider) transport() (string, error) {
@@ -127,27 +205,155 @@ func (p *Provider) stateRoot() string {
 	if p.StateRoot != "" {
 		return p.StateRoot
 	}
-	return DefaultStateRoot
+	if os.Geteuid() == 0 {
+		return DefaultStateRoot
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
+		return filepath.Join(d, "oac")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", os.Geteuid()))
+}
+
+// checkStateRoot makes sure sandboxes can keep their state: the state root
+// or, when it does not exist yet, its nearest existing parent must be
+// writable.
+func (p *Provider) checkStateRoot() error {
+	root := p.stateRoot()
+	for d := root; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			if unix.Access(d, unix.W_OK|unix.X_OK) != nil {
+				return fmt.Errorf("%w: qemu: the state directory %s cannot be created or written by uid %d (run as root, or let it default to $XDG_RUNTIME_DIR/oac)", provider.ErrUnavailable, root, os.Geteuid())
+			}
+			return nil
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
+func (p *Provider) virtiofsd() (string, error) {
+	if p.Virtiofsd != "" {
+		return p.Virtiofsd, nil
+	}
+	if _, err := os.Stat(DefaultVirtiofsd); err == nil {
+		return DefaultVirtiofsd, nil
+	}
+	path, err := exec.LookPath("virtiofsd")
+	if err != nil {
+		return "", fmt.Errorf("%w: qemu: shares and volumes need virtiofsd (%s, from qemu-system-common, or virtiofsd in PATH)", provider.ErrUnavailable, DefaultVirtiofsd)
+	}
+	return path, nil
+}
+
+// checkShares says whether virtio-fs shares can be served here: virtiofsd
+// must exist and the shim must be root, because virtiofsd runs in a user
+// namespace that maps the guest's ids to a private host id range.
+func (p *Provider) checkShares() error {
+	if _, err := p.virtiofsd(); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w: qemu: shares and volumes need root: virtiofsd runs in a user namespace mapping the guest's ids to a private host id range", provider.ErrUnavailable)
+	}
+	return nil
+}
+
+func (p *Provider) idBase() int {
+	if p.IDBase != 0 {
+		return p.IDBase
+	}
+	return bwrap.DefaultIDBase
 }
 
 // Check implements provider.Provider.
 func (p *Provider) Check(ctx context.Context) error {
-	if _, err := p.qemu(); err != nil {
-		return err
-	}
+	_, err := p.resolve()
+	return err
+}
+
+// resolved is what Check decides about this host.
+type resolved struct {
+	arch, qemu, firmware, accel, noKVM, transport string
+}
+
+func (p *Provider) resolve() (resolved, error) {
+	var r resolved
 	for _, f := range []struct{ what, path string }{{"kernel", p.Kernel}, {"initramfs", p.Initramfs}} {
 		if f.path == "" {
-			return fmt.Errorf("%w: qemu: no %s given (make initramfs puts vmlinuz and initramfs.img beside oac-shim)", provider.ErrUnavailable, f.what)
+			return r, fmt.Errorf("%w: qemu: no %s given (make initramfs puts vmlinuz and initramfs.img beside oac-shim)", provider.ErrUnavailable, f.what)
 		}
 		if st, err := os.Stat(f.path); err != nil || !st.Mode().IsRegular() {
-			return fmt.Errorf("%w: qemu: %s %s is not a readable file (make initramfs builds it)", provider.ErrUnavailable, f.what, f.path)
+			return r, fmt.Errorf("%w: qemu: %s %s is not a readable file (make initramfs builds it)", provider.ErrUnavailable, f.what, f.path)
 		}
 	}
-	if _, err := p.accel(); err != nil {
-		return err
+	var err error
+	if r.arch, err = p.arch(); err != nil {
+		return r, err
 	}
-	_, err := p.transport()
-	return err
+	if r.qemu, err = p.qemu(r.arch); err != nil {
+		return r, err
+	}
+	if r.firmware, err = p.firmware(r.arch); err != nil {
+		return r, err
+	}
+	if r.accel, r.noKVM, err = p.accel(r.arch); err != nil {
+		return r, err
+	}
+	if r.transport, err = p.transport(); err != nil {
+		return r, err
+	}
+	if err := p.checkStateRoot(); err != nil {
+		return r, err
+	}
+	if p.Share != "" {
+		if err := p.checkShares(); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// Detail describes how sandboxes would run here (after a nil Check).
+func (p *Provider) Detail(ctx context.Context) string {
+	r, err := p.resolve()
+	if err != nil {
+		return ""
+	}
+	var parts []string
+	machine := r.arch + " " + DefaultMachine
+	if r.arch == vmguest.ArchARM64 {
+		machine = r.arch + " " + ARM64Machine + " (" + ARM64CPU + ")"
+	}
+	if r.accel == AccelKVM {
+		parts = append(parts, machine+" with KVM")
+	} else {
+		parts = append(parts, fmt.Sprintf("%s under TCG software emulation, seconds per boot (%s)", machine, r.noKVM))
+	}
+	if r.transport == TransportSerial {
+		why := "vsock needs " + devVhostVsock + ", which this host lacks"
+		if _, err := os.Stat(devVhostVsock); err == nil {
+			why = "vsock on request"
+		}
+		parts = append(parts, "virtio-serial transport ("+why+")")
+	} else {
+		parts = append(parts, "vsock transport")
+	}
+	if r.firmware != "" {
+		parts = append(parts, "UEFI firmware "+r.firmware)
+	}
+	if p.Disk != "" {
+		parts = append(parts, "root disk "+p.Disk)
+	} else {
+		parts = append(parts, "initramfs only")
+	}
+	if err := p.checkShares(); err != nil {
+		parts = append(parts, "no shares or volumes: "+strings.TrimPrefix(err.Error(), provider.ErrUnavailable.Error()+": qemu: "))
+	} else {
+		parts = append(parts, "shares and volumes over virtio-fs")
+	}
+	parts = append(parts, "state in "+p.stateRoot())
+	return strings.Join(parts, "; ")
 }
 
 // Create implements provider.Provider.
@@ -156,23 +362,40 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return nil, err
 	}
 	if spec.Rootfs != "" {
-		return nil, fmt.Errorf("%w: qemu guests run from their initramfs; --rootfs is a bwrap option (switch_root into a disk is not built yet)", provider.ErrInvalidSpec)
+		return nil, fmt.Errorf("%w: qemu guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs), not --rootfs", provider.ErrInvalidSpec)
 	}
 	if p.Disk != "" {
 		if st, err := os.Stat(p.Disk); err != nil || !st.Mode().IsRegular() {
 			return nil, fmt.Errorf("%w: disk %s is not a readable file (oac-image build makes disk.ext4 and disk.erofs)", provider.ErrInvalidSpec, p.Disk)
 		}
 	}
-	if err := p.Check(ctx); err != nil {
+	r, err := p.resolve()
+	if err != nil {
 		return nil, err
 	}
-	qemuBin, _ := p.qemu()
-	accel, _ := p.accel()
-	tr, _ := p.transport()
+	shares, err := vmguest.Shares(absPath(p.Share), false, spec.Volumes)
+	if err != nil {
+		return nil, err
+	}
+	if len(shares) > 0 {
+		if err := p.checkShares(); err != nil {
+			return nil, err
+		}
+		for _, s := range shares {
+			if err := searchable(s.HostPath); err != nil {
+				return nil, err
+			}
+		}
+	}
+	installs := spec.Installs()
+	if _, err := vmguest.InstallFiles(installs); err != nil {
+		return nil, err
+	}
 	in := &Instance{
-		spec: spec, qemu: qemuBin, proc: newProcess(),
+		spec: spec, qemu: r.qemu, proc: newProcess(),
 		cfg: vmConfig{
-			Name: spec.Name, Kernel: absPath(p.Kernel), Initramfs: absPath(p.Initramfs), Disk: absPath(p.Disk), Accel: accel,
+			Name: spec.Name, Arch: r.arch, Kernel: absPath(p.Kernel), Initramfs: absPath(p.Initramfs), Firmware: r.firmware,
+			Disk: absPath(p.Disk), Accel: r.accel,
 			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
 			HostGrace: p.HostGrace, ExtraAppend: p.ExtraAppend,
 		},
@@ -192,7 +415,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return nil, err
 	}
 	in.state = state
-	if tr == TransportVsock {
+	if r.transport == TransportVsock {
 		if err := in.listenVsock(filepath.Join(p.stateRoot(), "vsock")); err != nil {
 			return nil, err
 		}
@@ -203,6 +426,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 			return nil, fmt.Errorf("listen on %s: %w (paths of unix sockets are limited to 107 bytes: use a shorter state root)", in.cfg.Socket, err)
 		}
 		in.ln = ln
+	}
+	if in.cfg.Initramfs, err = vmguest.ComposeInitramfs(in.cfg.Initramfs, filepath.Join(state.Path, "initramfs.img"), installs); err != nil {
+		return nil, err
+	}
+	if len(shares) > 0 {
+		if err := in.prepareShares(p, shares); err != nil {
+			return nil, err
+		}
 	}
 	ok = true
 	return in, nil
@@ -226,6 +457,16 @@ type Instance struct {
 	ln       provider.DeadlineListener
 	slotLock *os.File
 
+	// virtio-fs: one virtiofsd per share, serving it on a socket the shim
+	// created (handed over as fd 3) with the guest's ids mapped to the
+	// sandbox's host id range.
+	virtiofsd string
+	idLock    *os.File
+	idBase    int
+	fsSocks   []*os.File
+	fsOwners  [][2]int // the share directory's uid and gid
+	fsProcs   []*exec.Cmd
+
 	mu   sync.Mutex // serializes Start
 	proc *provider.Process
 }
@@ -238,6 +479,74 @@ func newProcess() *provider.Process {
 		}
 		return fmt.Errorf("qemu exited: %w", err)
 	}, errors.New("qemu did not exit within 10s of SIGKILL"))
+}
+
+// prepareShares claims a host id range and creates each share's
+// vhost-user socket (virtiofsd gets it as a listening descriptor, qemu
+// connects to its path).
+func (in *Instance) prepareShares(p *Provider, shares []vmguest.Share) error {
+	in.virtiofsd, _ = p.virtiofsd()
+	slot, f, err := statedir.ClaimSlot(filepath.Join(p.stateRoot(), "ids"), bwrap.IDSlots, "id")
+	if err != nil {
+		return err
+	}
+	in.idLock, in.idBase = f, p.idBase()+slot*bwrap.IDRange
+	for i, s := range shares {
+		sock := filepath.Join(in.state.Path, fmt.Sprintf("fs%d.sock", i))
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			return fmt.Errorf("listen on %s: %w", sock, err)
+		}
+		ln.SetUnlinkOnClose(false) // qemu connects after the shim let go
+		lf, err := ln.File()
+		ln.Close()
+		if err != nil {
+			return fmt.Errorf("virtio-fs socket: %w", err)
+		}
+		in.fsSocks = append(in.fsSocks, lf)
+		var st unix.Stat_t
+		if err := unix.Stat(s.HostPath, &st); err != nil {
+			return fmt.Errorf("%w: share %s: %v", provider.ErrInvalidSpec, s.HostPath, err)
+		}
+		in.fsOwners = append(in.fsOwners, [2]int{int(st.Uid), int(st.Gid)})
+		in.cfg.Shares = append(in.cfg.Shares, share{Share: s, Socket: sock})
+	}
+	return nil
+}
+
+// searchable checks that every directory above a share is searchable by
+// others: virtiofsd reaches the share as an unprivileged host id of the
+// sandbox's range.
+func searchable(dir string) error {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("%w: share %s: %v", provider.ErrInvalidSpec, dir, err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%w: share %s: %s is not searchable by others (mode %#o); virtiofsd reaches the share as an unprivileged host id, so every directory above it needs o+x", provider.ErrInvalidSpec, dir, d, st.Mode().Perm())
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}
+
+// idMap maps guest ids 0..IDRange-1 to base+id, except the runtime id
+// 1000, which maps to owner when owner is an ordinary host id (not root,
+// not in the range): the share's owner then owns what uid 1000 writes and
+// uid 1000 can write what the owner can, as on macOS, where the VM
+// writes shares as the user who runs it.
+func idMap(base, owner int) []syscall.SysProcIDMap {
+	const runtimeID = 1000
+	if owner <= 0 || (owner >= base && owner < base+bwrap.IDRange) {
+		return []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: bwrap.IDRange}}
+	}
+	return []syscall.SysProcIDMap{
+		{ContainerID: 0, HostID: base, Size: runtimeID},
+		{ContainerID: runtimeID, HostID: owner, Size: 1},
+		{ContainerID: runtimeID + 1, HostID: base + runtimeID + 1, Size: bwrap.IDRange - runtimeID - 1},
+	}
 }
 
 // listenVsock claims a CID/port slot and listens for the guest on the
@@ -292,13 +601,19 @@ func (in *Instance) Start(ctx context.Context) error {
 	if in.proc.Started() {
 		return errors.New("qemu: already started")
 	}
-	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Dir = "/"
 	var out io.Writer = io.Discard
 	if in.spec.Stderr != nil {
 		out = in.spec.Stderr
 	}
+	for i := range in.cfg.Shares {
+		if err := in.startVirtiofsd(i, out); err != nil {
+			in.killVirtiofsd()
+			return err
+		}
+	}
+	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Dir = "/"
 	console := &consoleWriter{w: out, limit: in.consoleLimit}
 	// One writer for both: os/exec then copies through a single pipe
 	// and goroutine, so lines never interleave.
@@ -309,9 +624,69 @@ func (in *Instance) Start(ctx context.Context) error {
 		Setpgid:   true,
 	}
 	if err := in.proc.Start(cmd); err != nil {
+		in.killVirtiofsd()
 		return fmt.Errorf("start qemu: %w", err)
 	}
 	return nil
+}
+
+// startVirtiofsd serves share i: virtiofsd in a new user namespace (guest
+// ids mapped by idMap, so the guest's root is never the host's), in its
+// own mount, pid and network namespaces (its default sandbox), with the
+// listening socket as fd 3. It exits when qemu disconnects.
+func (in *Instance) startVirtiofsd(i int, out io.Writer) error {
+	s := in.cfg.Shares[i]
+	cmd := exec.Command(in.virtiofsd, "--fd=3", "-o", "source="+s.HostPath, "-o", "cache=auto", "-o", "sandbox=namespace", "-o", "log_level=err")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Dir = "/"
+	cmd.ExtraFiles = []*os.File{in.fsSocks[i]}
+	w := &consoleWriter{w: &prefixWriter{w: out, prefix: "virtiofsd[" + s.Tag + "]: "}, limit: virtiofsdLogLimit}
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: idMap(in.idBase, in.fsOwners[i][0]),
+		GidMappings: idMap(in.idBase, in.fsOwners[i][1]),
+		Credential:  &syscall.Credential{Uid: 0, Gid: 0},
+		Pdeathsig:   syscall.SIGKILL,
+		Setpgid:     true,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start virtiofsd for share %s: %w", s.Tag, err)
+	}
+	in.fsProcs = append(in.fsProcs, cmd)
+	go func() { _ = cmd.Wait() }()
+	return nil
+}
+
+// killVirtiofsd kills the virtiofsd processes (they would exit once qemu
+// is gone; this does not wait for that).
+func (in *Instance) killVirtiofsd() {
+	for _, c := range in.fsProcs {
+		_ = c.Process.Kill()
+	}
+}
+
+// prefixWriter prefixes each line written to w.
+type prefixWriter struct {
+	w      io.Writer
+	prefix string
+	mid    bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	var out []byte
+	for _, c := range b {
+		if !p.mid {
+			out = append(out, p.prefix...)
+			p.mid = true
+		}
+		out = append(out, c)
+		if c == '\n' {
+			p.mid = false
+		}
+	}
+	_, err := p.w.Write(out)
+	return len(b), err
 }
 
 // Accept implements provider.Instance: the guest's connection (qemu's, for
@@ -330,7 +705,11 @@ func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
 func (in *Instance) Err() error { return in.proc.Err() }
 
 // Kill implements provider.Instance.
-func (in *Instance) Kill() error { return in.proc.Kill() }
+func (in *Instance) Kill() error {
+	err := in.proc.Kill()
+	in.killVirtiofsd()
+	return err
+}
 
 // Destroy implements provider.Instance.
 func (in *Instance) Destroy() error {
@@ -344,10 +723,16 @@ func (in *Instance) release() {
 		in.ln.Close()
 		in.ln = nil
 	}
-	if in.slotLock != nil {
-		in.slotLock.Close()
-		in.slotLock = nil
+	for _, f := range []**os.File{&in.slotLock, &in.idLock} {
+		if *f != nil {
+			(*f).Close()
+			*f = nil
+		}
 	}
+	for _, f := range in.fsSocks {
+		f.Close()
+	}
+	in.fsSocks = nil
 	in.state.Release()
 }
 

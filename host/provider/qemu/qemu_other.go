@@ -13,12 +13,13 @@ import (
 // Provider boots qemu VMs; on this OS it is not built (macOS uses the
 // Virtualization.framework provider).
 type Provider struct {
-	Qemu, Kernel, Initramfs, Disk, Accel, Transport string
-	MemoryMiB, CPUs                                 int
-	HostGrace                                       time.Duration
-	ExtraAppend                                     string
-	ConsoleLimit                                    int64
-	StateRoot                                       string
+	Qemu, Kernel, Initramfs, Arch, Firmware, Disk, Share, Virtiofsd, Accel, Transport string
+	MemoryMiB, CPUs                                                                   int
+	HostGrace                                                                         time.Duration
+	ExtraAppend                                                                       string
+	ConsoleLimit                                                                      int64
+	StateRoot                                                                         string
+	IDBase                                                                            int
 }
 
 // Name implements provider.Provider.
