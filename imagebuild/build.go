@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -26,6 +27,9 @@ const (
 	OutErofs = "erofs" // disk.erofs: raw erofs disk image (lz4hc)
 	OutOCI   = "oci"   // oci/: an OCI image layout
 	OutVM    = "vm"    // vmlinuz and initramfs.img for qemu and macOS
+	// OutWSLInstaller is the copied WSL installer (Spec.WSLInstaller); it
+	// is not a kind of image and not in AllOutputs.
+	OutWSLInstaller = "wsl-installer"
 )
 
 // AllOutputs lists every output kind in build order.
@@ -74,6 +78,11 @@ type Spec struct {
 	// BaseURL, when set, makes the build write manifest.json pinning its
 	// file outputs at BaseURL + file name; Release names it.
 	BaseURL, Release string
+	// WSLInstaller, when set, is the mirrored WSL installer (an MSI): it
+	// is copied into the output under its own name, listed in SHA256SUMS
+	// and pinned in the manifest (kind wsl-installer, for windows), where
+	// the WSL provider finds it.
+	WSLInstaller string
 	// WorkDir holds temporary files (default: the system's).
 	WorkDir string
 	// Log gets one line per output (nil: none).
@@ -138,6 +147,14 @@ func Build(spec Spec) (res *Result, err error) {
 	}
 	if spec.BaseURL != "" && spec.Release == "" {
 		return nil, errors.New("a manifest (base URL given) needs a release name")
+	}
+	if w := spec.WSLInstaller; w != "" {
+		if st, err := os.Stat(w); err != nil || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("wsl installer %s is not a readable file", w)
+		}
+		if name := filepath.Base(w); !safeName.MatchString(name) || contains(reservedNames, name) {
+			return nil, fmt.Errorf("wsl installer %s: its file name must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', '-' and not one of the image's own", w)
+		}
 	}
 	if err := emptyDir(spec.Out); err != nil {
 		return nil, err
@@ -291,6 +308,18 @@ func Build(spec Spec) (res *Result, err error) {
 			return nil, err
 		}
 	}
+	if spec.WSLInstaller != "" {
+		start := time.Now()
+		name := filepath.Base(spec.WSLInstaller)
+		p := filepath.Join(spec.Out, name)
+		made = append(made, p)
+		if err := copyFile(spec.WSLInstaller, p); err != nil {
+			return nil, fmt.Errorf("wsl installer: %w", err)
+		}
+		if err := add(OutWSLInstaller, p, start); err != nil {
+			return nil, err
+		}
+	}
 	sums := filepath.Join(spec.Out, SumsName)
 	made = append(made, sums)
 	if err := writeSums(sums, spec.Out, res.Outputs); err != nil {
@@ -305,6 +334,12 @@ func Build(spec Spec) (res *Result, err error) {
 	}
 	return res, nil
 }
+
+// safeName is a file name the output directory and a URL both take as is.
+var safeName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// reservedNames are the output directory's own names.
+var reservedNames = []string{DirName, TarName, Ext4Name, ErofsName, OCIName, KernelName, InitramfsName, SumsName, ManifestName, ".", ".."}
 
 func contains(list []string, s string) bool {
 	for _, v := range list {
@@ -439,16 +474,39 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// writeSums writes "HEX  NAME" lines (directories: their DirDigest, name
-// with a trailing slash), sorted by name.
+// writeSums writes "HEX  NAME" lines, sorted by name, that `sha256sum -c`
+// checks in the output directory: every file output and every file of the
+// OCI layout. The rootfs/ directory is left out (its tree is
+// rootfs.tar.gz's, whose line is there; its DirDigest is in the build's
+// log).
 func writeSums(p, out string, outs []Output) error {
 	var lines []string
 	for _, o := range outs {
-		name := rel(out, o.Path)
-		if st, err := os.Stat(o.Path); err == nil && st.IsDir() {
-			name += "/"
+		st, err := os.Stat(o.Path)
+		if err != nil {
+			return err
 		}
-		lines = append(lines, o.SHA256+"  "+name)
+		if !st.IsDir() {
+			lines = append(lines, o.SHA256+"  "+rel(out, o.Path))
+			continue
+		}
+		if o.Kind != OutOCI {
+			continue
+		}
+		err = filepath.Walk(o.Path, func(p string, fi os.FileInfo, err error) error {
+			if err != nil || !fi.Mode().IsRegular() {
+				return err
+			}
+			sum, err := fileDigest(p)
+			if err != nil {
+				return err
+			}
+			lines = append(lines, sum+"  "+rel(out, p))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 	}
 	sort.Slice(lines, func(i, j int) bool { return lines[i][66:] < lines[j][66:] })
 	return os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
@@ -474,6 +532,8 @@ func writeManifest(p string, spec Spec, outs []Output) error {
 			kind = manifest.KindKernel
 		case "initramfs":
 			kind = manifest.KindInitramfs
+		case OutWSLInstaller:
+			kind, platforms = manifest.KindWSLInstaller, []string{"windows"}
 		default:
 			continue
 		}

@@ -98,7 +98,7 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	// Host paths are resolved here, once: runtimes run in other working
 	// directories (qemu and the OCI runtimes in /), where a relative path
 	// would name something else or nothing.
-	for _, p := range []*string{&f.rootfs, &f.agentPath, &f.sandboxIO, &f.pf.Kernel, &f.pf.Initramfs, &f.pf.Disk, &f.pf.Share, &f.pf.Firmware} {
+	for _, p := range []*string{&f.rootfs, &f.agentPath, &f.sandboxIO, &f.pf.Kernel, &f.pf.Initramfs, &f.pf.Disk, &f.pf.Share, &f.pf.Firmware, &f.pf.Manifest} {
 		*p = absPath(*p)
 	}
 	for _, m := range []installFlag{f.installs, f.volumes} {

@@ -40,7 +40,9 @@ type ProviderFlags struct {
 	Runtime       string
 	OCINoNewPrivs bool
 	// wsl
-	WSL, WSLInstaller string
+	WSL string
+	// Manifest is the pinned manifest (wsl: the WSL installer).
+	Manifest string
 	// docker
 	Docker, DockerImage string
 	// qemu and vz: the image's root disk (attached read-only) and the
@@ -63,7 +65,7 @@ func (pf *ProviderFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&pf.HostGrace, "host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
 	fs.StringVar(&pf.Runtime, "runtime", "", "oci: runc, crun or the path of one (default: runc, else crun)")
 	fs.StringVar(&pf.WSL, "wsl", "", `wsl: wsl.exe to run (default: %SystemRoot%\System32\wsl.exe)`)
-	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
+	fs.StringVar(&pf.Manifest, "manifest", "", "the pinned manifest (oac-image build --base-url); wsl: its wsl-installer is named when WSL is missing or too old (default: manifest.json beside oac-shim, when there)")
 	fs.StringVar(&pf.Docker, "docker", "", "docker: the docker client (default: docker in PATH)")
 	fs.StringVar(&pf.DockerImage, "docker-image", "", "docker: the guest image to run (never pulled)")
 	fs.StringVar(&pf.Share, "share", "", "qemu, vz: host directory shared with the guest over virtio-fs as its workspace, /environment/workspace (tag workspace)")
@@ -106,7 +108,15 @@ var Providers = map[string]func(ProviderFlags) provider.Provider{
 	},
 	"vz": newVZ,
 	"wsl": func(f ProviderFlags) provider.Provider {
-		return &wsl.Provider{WSL: f.WSL, InstallerURL: f.WSLInstaller, Rootfs: besideShim("oac-rootfs.tar.gz")}
+		m := f.Manifest
+		if m == "" {
+			if p := besideShim("manifest.json"); p != "" {
+				if _, err := os.Stat(p); err == nil {
+					m = p
+				}
+			}
+		}
+		return &wsl.Provider{WSL: f.WSL, Manifest: m, Rootfs: besideShim("oac-rootfs.tar.gz")}
 	},
 	"oci": func(f ProviderFlags) provider.Provider {
 		return &oci.Provider{Runtime: f.Runtime, NoNewPrivileges: f.OCINoNewPrivs}
@@ -127,7 +137,7 @@ const usage = `usage:
                        [--vm-transport serial|vsock] [--host-grace DUR]
                oci:    [--runtime runc|crun|PATH] [--oci-no-new-privs=false]
                docker: --docker-image IMAGE [--docker PATH]
-               wsl:    [--wsl PATH] [--wsl-installer URL] (--rootfs is the tarball)
+               wsl:    [--wsl PATH] [--manifest FILE] (--rootfs is the tarball)
                vz:     [--kernel FILE] [--initramfs FILE] [--memory MIB] [--cpus N]
                        [--disk FILE] [--share DIR] [--host-grace DUR]
   oac-shim check [--json] [provider flags]

@@ -16,7 +16,8 @@ import (
 const buildHelp = `usage: oac-image build --agent PATH --sandbox-io PATH -o DIR [options]
 
 Builds a guest image from a base rootfs and writes every requested output
-into DIR (which must be new or empty), then DIR/SHA256SUMS:
+into DIR (which must be new or empty), then DIR/SHA256SUMS (every file output and
+every file of the OCI layout, for sha256sum -c):
 
   dir    DIR/rootfs/        a directory: oac-shim run --provider bwrap --rootfs DIR/rootfs
   tar    DIR/rootfs.tar.gz  for Windows: wsl --import NAME PATH DIR/rootfs.tar.gz
@@ -74,6 +75,7 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	ref := fs.String("ref", "latest", "oci: the image's tag (org.opencontainers.image.ref.name)")
 	baseURL := fs.String("base-url", "", "write DIR/manifest.json pinning the file outputs at URL/NAME (https)")
 	release := fs.String("release", "", "the manifest's release name (required with --base-url)")
+	wslInstaller := fs.String("wsl-installer", "", "the mirrored WSL installer (MSI): copied into DIR, listed in SHA256SUMS and pinned in the manifest (kind wsl-installer) for the WSL provider")
 	out := fs.String("o", "", "output directory, new or empty (required)")
 	if wantsHelp(args, fs, buildHelp, stdout) {
 		return 0
@@ -97,7 +99,7 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 		Injection: imagebuild.Injection{Agent: *agent, SandboxIO: *sio, CABundle: *ca, Files: extra, AllRoot: *allRoot},
 		Epoch:     *epoch, Arch: *arch, Outputs: outputs, Out: *out,
 		Kernel: *kernel, ModulesDir: *modDir, Modules: modules, InitramfsFiles: irdFiles,
-		Ref: *ref, BaseURL: *baseURL, Release: *release, Log: stderr,
+		Ref: *ref, BaseURL: *baseURL, Release: *release, WSLInstaller: *wslInstaller, Log: stderr,
 	}
 	start := time.Now()
 	res, err := imagebuild.Build(spec)
