@@ -26,7 +26,8 @@ the end). Two runs staging the same file share one download.
 
 With --manifest, every artifact matching the filters is staged (default: all).
 Progress goes to stderr: a bar on a terminal, else one JSON event per line
-({"event":"start"|"progress"|"wait"|"verify"|"retry"|"done"|"error",...});
+({"event":"start"|"progress"|"wait"|"verify"|"repair"|"retry"|"done"|"error",...};
+repair: a staged file was damaged and is staged again);
 --quiet prints nothing but errors.
 
 Exit status 0 when everything is staged; 1 on a failure, with one line saying
