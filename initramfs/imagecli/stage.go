@@ -124,6 +124,10 @@ func stageCmd(args []string, stdout, stderr io.Writer) int {
 		if label == "" {
 			label = t.SHA256
 		}
+		if res.Repaired != "" && *quiet {
+			// Progress output said so already; quiet still does.
+			fmt.Fprintf(stderr, "oac-image: %s: the staged file was damaged (%s): removed it and staged it again\n", label, res.Repaired)
+		}
 		fmt.Fprintf(stdout, "%s %s\n", label, res.Path)
 	}
 	return 0
