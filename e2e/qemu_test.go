@@ -36,10 +36,6 @@ const (
 
 var vmSlots = make(chan struct{}, 2)
 
-// vmModules are the Makefile's VM_MODULES: the transport and nftables for
-// transparent egress.
-const vmModules = "virtio_pci,virtio_console,nf_tables,nft_chain_nat,nft_redir,nft_ct,nft_objref"
-
 var vmImage struct {
 	once              sync.Once
 	kernel, initramfs string
@@ -72,7 +68,7 @@ func needVM(t *testing.T) (kernel, initramfs string) {
 		vmImage.kernel = filepath.Join(cache, "vmlinuz")
 		vmImage.initramfs = filepath.Join(bins.dir, "initramfs.img")
 		cmd := exec.Command(bins.image, "initramfs", "--agent", bins.guest,
-			"--kernel-modules", filepath.Join(cache, "modules"), "--module", vmModules,
+			"--kernel-modules", filepath.Join(cache, "modules"),
 			"--file", bins.vmdaemon+":"+vmDaemon, "-o", vmImage.initramfs)
 		vmImage.out, vmImage.err = cmd.CombinedOutput()
 	})
