@@ -139,7 +139,7 @@ const usage = `usage:
                docker: --docker-image IMAGE [--docker PATH]
                wsl:    [--wsl PATH] [--manifest FILE] (--rootfs is the tarball)
                vz:     [--kernel FILE] [--initramfs FILE] [--memory MIB] [--cpus N]
-                       [--disk FILE] [--share DIR] [--host-grace DUR]
+                       [--disk FILE] [--share DIR] [--host-grace DUR] (arm64 images on Apple silicon)
   oac-shim check [--json] [provider flags]
   oac-shim version
 `

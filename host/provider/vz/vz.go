@@ -6,16 +6,20 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
 
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/vmguest"
 )
 
 // Provider boots guests as Virtualization.framework virtual machines from
-// a Linux kernel and an initramfs whose /init is oac-guest, connected over
-// a virtio socket the guest dials.
+// a Linux kernel and an initramfs whose /init is oac-guest and, with a
+// disk, the image's root disk, connected over a virtio socket the guest
+// dials.
 type Provider struct {
 	Settings
 	// Hypervisor creates the machines; default: Virtualization.framework
@@ -42,6 +46,9 @@ func (p *Provider) settings() Settings {
 	s := p.Settings
 	if s.HostCPUs == 0 {
 		s.HostCPUs = runtime.NumCPU()
+	}
+	if s.HostArch == "" {
+		s.HostArch = runtime.GOARCH
 	}
 	return s
 }
@@ -75,12 +82,41 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return nil, err
 	}
 	if spec.Rootfs != "" {
-		return nil, fmt.Errorf("%w: vz guests run from their initramfs (and an optional --disk); --rootfs is not used", provider.ErrInvalidSpec)
+		return nil, fmt.Errorf("%w: vz guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs), not --rootfs", provider.ErrInvalidSpec)
 	}
 	if err := p.Check(ctx); err != nil {
 		return nil, err
 	}
-	cfg, err := Assemble(p.settings())
+	s := p.settings()
+	s.Volumes = spec.Volumes
+	installs := spec.Installs()
+	if _, err := vmguest.InstallFiles(installs); err != nil {
+		return nil, err
+	}
+	if _, err := Assemble(s); err != nil {
+		return nil, err
+	}
+	// The binaries the host installs for this start go in an archive
+	// appended to a copy of the initramfs (the guest lays them over the
+	// root disk's /usr/local/bin).
+	var tmp string
+	if len(installs) > 0 {
+		var err error
+		if tmp, err = os.MkdirTemp("", "oac-vz-"); err != nil {
+			return nil, fmt.Errorf("vz: %w", err)
+		}
+		if s.Initramfs, err = vmguest.ComposeInitramfs(s.Initramfs, filepath.Join(tmp, "initramfs.img"), installs); err != nil {
+			os.RemoveAll(tmp)
+			return nil, err
+		}
+	}
+	ok := false
+	defer func() {
+		if !ok && tmp != "" {
+			os.RemoveAll(tmp)
+		}
+	}()
+	cfg, err := Assemble(s)
 	if err != nil {
 		return nil, err
 	}
@@ -100,7 +136,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, mapError(fmt.Sprintf("listen on vsock port %d", cfg.VsockPort), err)
 	}
-	return &Instance{cfg: cfg, m: m, ln: ln, vm: provider.NewProcess(func(err error) error { return err },
+	ok = true
+	return &Instance{cfg: cfg, m: m, ln: ln, tmp: tmp, vm: provider.NewProcess(func(err error) error { return err },
 		errors.New("vz: the virtual machine did not stop within 10s"))}, nil
 }
 
@@ -109,6 +146,8 @@ type Instance struct {
 	cfg VMConfig
 	m   Machine
 	ln  net.Listener
+	// tmp holds the initramfs with this start's installed binaries.
+	tmp string
 
 	mu      sync.Mutex
 	started bool
@@ -227,6 +266,9 @@ func (in *Instance) Kill() error {
 func (in *Instance) Destroy() error {
 	err := in.Kill()
 	in.closeListener()
+	if in.tmp != "" {
+		os.RemoveAll(in.tmp)
+	}
 	return err
 }
 
