@@ -79,9 +79,9 @@ type Settings struct {
 	Volumes map[string]string
 	// HostArch is the architecture guests must have (the host's; empty:
 	// not checked).
-	HostArch string
-	MemoryMiB     int
-	CPUs          int
+	HostArch  string
+	MemoryMiB int
+	CPUs      int
 	// HostCPUs bounds CPUs (0: not checked).
 	HostCPUs    int
 	HostGrace   time.Duration
