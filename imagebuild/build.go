@@ -145,6 +145,9 @@ func Build(spec Spec) (res *Result, err error) {
 	if want[OutVM] && (spec.Kernel == "" || spec.ModulesDir == "") {
 		return nil, errors.New("the vm output needs a kernel and its modules directory (make kernel caches Debian's in .cache/kernel)")
 	}
+	if err := checkArch(spec, want[OutVM]); err != nil {
+		return nil, err
+	}
 	if spec.BaseURL != "" && spec.Release == "" {
 		return nil, errors.New("a manifest (base URL given) needs a release name")
 	}
@@ -333,6 +336,37 @@ func Build(spec Spec) (res *Result, err error) {
 		}
 	}
 	return res, nil
+}
+
+// checkArch makes sure the binaries (when they are ELF files) and, for the
+// vm output, the kernel are built for spec.Arch: an arm64 image with an
+// amd64 agent would boot and fail at its first exec.
+func checkArch(spec Spec, vm bool) error {
+	for _, b := range []struct{ what, path, how string }{
+		{"agent", spec.Agent, "make image ARCH=" + spec.Arch + " cross-builds it"},
+		{"oac-sandbox-io", spec.SandboxIO, "build it for " + spec.Arch},
+	} {
+		if b.path == "" {
+			continue
+		}
+		arch, err := initramfs.BinaryArch(b.path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.what, err)
+		}
+		if arch != "" && arch != spec.Arch {
+			return fmt.Errorf("%s %s is an %s binary but the image is for %s (%s)", b.what, b.path, arch, spec.Arch, b.how)
+		}
+	}
+	if vm {
+		arch, err := initramfs.KernelArch(spec.Kernel)
+		if err != nil {
+			return err
+		}
+		if arch != spec.Arch {
+			return fmt.Errorf("kernel %s is for %s but the image is for %s (make kernel ARCH=%s fetches Debian's)", spec.Kernel, arch, spec.Arch, spec.Arch)
+		}
+	}
+	return nil
 }
 
 // safeName is a file name the output directory and a URL both take as is.

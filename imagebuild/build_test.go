@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -260,4 +261,23 @@ func TestTheWSLInstallerIsCopiedListedAndPinned(t *testing.T) {
 
 	_, err = Build(Spec{Injection: testInjection(t), Outputs: []string{OutTar}, Out: filepath.Join(t.TempDir(), "o"), WSLInstaller: filepath.Join(t.TempDir(), "none.msi")})
 	assert.ErrorContains(t, err, "is not a readable file")
+}
+
+func TestBuildRefusesBinariesAndKernelsOfAnotherArchitecture(t *testing.T) {
+	exe, err := os.Executable() // an ELF binary of this host's architecture
+	require.NoError(t, err)
+	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
+	inj := testInjection(t)
+	inj.Agent = exe
+	_, err = Build(Spec{Injection: inj, Arch: other, Outputs: []string{OutTar}, Out: filepath.Join(t.TempDir(), "o")})
+	assert.ErrorContains(t, err, "is an "+runtime.GOARCH+" binary but the image is for "+other)
+	assert.ErrorContains(t, err, "make image ARCH="+other+" cross-builds it")
+
+	kernel := filepath.Join(t.TempDir(), "vmlinuz")
+	k := make([]byte, 0x400)
+	copy(k[0x202:], "HdrS")
+	require.NoError(t, os.WriteFile(kernel, k, 0o644))
+	_, err = Build(Spec{Injection: testInjection(t), Arch: "arm64", Outputs: []string{OutVM}, Kernel: kernel, ModulesDir: t.TempDir(),
+		Out: filepath.Join(t.TempDir(), "o")})
+	assert.ErrorContains(t, err, "is for amd64 but the image is for arm64 (make kernel ARCH=arm64 fetches Debian's)")
 }

@@ -1,10 +1,8 @@
 package vmguest
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,30 +14,13 @@ import (
 
 // Architectures a VM guest can be.
 const (
-	ArchAMD64 = "amd64"
-	ArchARM64 = "arm64"
+	ArchAMD64 = initramfs.ArchAMD64
+	ArchARM64 = initramfs.ArchARM64
 )
 
-// KernelArch tells an x86 bzImage (amd64) from an arm64 Image by their
-// boot headers: "HdrS" at 0x202 for x86, "ARM\x64" at 0x38 for arm64.
-func KernelArch(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", fmt.Errorf("kernel: %w", err)
-	}
-	defer f.Close()
-	b := make([]byte, 0x206)
-	if _, err := io.ReadFull(f, b); err != nil {
-		return "", fmt.Errorf("kernel %s: too short to be a kernel image", path)
-	}
-	switch {
-	case bytes.Equal(b[0x38:0x3c], []byte("ARM\x64")):
-		return ArchARM64, nil
-	case bytes.Equal(b[0x202:0x206], []byte("HdrS")):
-		return ArchAMD64, nil
-	}
-	return "", fmt.Errorf("kernel %s: neither an x86 bzImage nor an arm64 Image (an arm64 kernel must be uncompressed)", path)
-}
+// KernelArch tells an x86 bzImage (amd64) from an arm64 Image; see
+// initramfs.KernelArch.
+func KernelArch(path string) (string, error) { return initramfs.KernelArch(path) }
 
 // Share tags and guest paths. The workspace is the contract's; volumes
 // replace a runtime directory.
