@@ -135,7 +135,7 @@ distclean: clean
 # Speed and memory figures beside their baselines; writes bench/results.md and .json.
 BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
-bench: deps build initramfs kernels
+bench: deps build kernels
 	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
 	  $(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
 	$(MAKE) bench-load
