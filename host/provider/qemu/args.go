@@ -206,14 +206,17 @@ func cpuHasVirt(r io.Reader) bool {
 	return false
 }
 
-// consoleWriter forwards the serial console to w without carriage returns,
-// up to limit bytes; then it says so once and drops the rest (it keeps
+// consoleWriter forwards the serial console to w without carriage returns
+// and terminal escape sequences (UEFI firmware clears the screen), up to
+// limit bytes; then it says so once and drops the rest (it keeps
 // accepting, so qemu never blocks on a full pipe).
 type consoleWriter struct {
 	w       io.Writer
 	limit   int64
 	written int64
 	capped  bool
+	// esc is 1 after ESC, 2 inside a control sequence (ESC [ ...).
+	esc int
 }
 
 func (c *consoleWriter) Write(p []byte) (int, error) {
@@ -223,7 +226,19 @@ func (c *consoleWriter) Write(p []byte) (int, error) {
 	}
 	out := make([]byte, 0, len(p))
 	for _, b := range p {
-		if b != '\r' {
+		switch {
+		case c.esc == 1:
+			c.esc = 0
+			if b == '[' {
+				c.esc = 2
+			}
+		case c.esc == 2:
+			if b >= 0x40 && b <= 0x7e {
+				c.esc = 0
+			}
+		case b == 0x1b:
+			c.esc = 1
+		case b != '\r':
 			out = append(out, b)
 		}
 	}

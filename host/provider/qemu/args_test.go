@@ -105,3 +105,11 @@ func TestConsoleWriterStripsCarriageReturnsAndStopsAtTheLimit(t *testing.T) {
 	assert.Equal(t, 4, n)
 	assert.Equal(t, "abc\ndef\n01\nconsole output limit of 10 bytes reached; further console output dropped\n", out.String())
 }
+
+func TestConsoleWriterDropsTerminalEscapes(t *testing.T) {
+	var out bytes.Buffer
+	c := &consoleWriter{w: &out, limit: 1 << 10}
+	_, _ = c.Write([]byte("UEFI firmware\r\n\x1b[2J\x1b[01;01H\x1b[=3h\x1b"))
+	_, _ = c.Write([]byte("[2Jtime=1 msg=modules\n"))
+	assert.Equal(t, "UEFI firmware\ntime=1 msg=modules\n", out.String(), "sequences split across writes too")
+}
