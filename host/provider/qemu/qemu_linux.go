@@ -147,11 +147,11 @@ func (p *Provider) firmware(arch string) (string, error) {
 // kernel never boots.
 func kvmUsable(arch string) (bool, string) {
 	if arch != runtime.GOARCH {
-		return false, "an " + arch + " guest on an " + runtime.GOARCH + " host"
+		return false, "KVM runs only guests of the host's architecture (" + runtime.GOARCH + ")"
 	}
 	f, err := os.OpenFile(devKVM, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return false, "no usable " + devKVM
+		return false, "there is no usable " + devKVM
 	}
 	f.Close()
 	if arch != vmguest.ArchAMD64 {
@@ -159,11 +159,11 @@ func kvmUsable(arch string) (bool, string) {
 	}
 	ci, err := os.Open("/proc/cpuinfo")
 	if err != nil {
-		return false, "cannot read /proc/cpuinfo"
+		return false, "/proc/cpuinfo cannot be read"
 	}
 	defer ci.Close()
 	if !cpuHasVirt(ci) {
-		return false, devKVM + " exists but the CPU lists neither vmx nor svm (a paravirtual KVM cannot run a stock kernel)"
+		return false, devKVM + " exists but the CPU lists neither vmx nor svm: a paravirtual KVM, on which a stock kernel does not boot"
 	}
 	return true, ""
 }
@@ -183,7 +183,7 @@ func (p *Provider) accel(arch string) (string, string, error) {
 		}
 		return AccelKVM, "", nil
 	case AccelTCG:
-		return AccelTCG, "asked for", nil
+		return AccelTCG, "--accel tcg asks for it", nil
 	}
 	return "", "", fmt.Errorf("%w: accelerator %q (want auto, kvm or tcg)", provider.ErrInvalidSpec, p.Accel)
 }
@@ -328,7 +328,7 @@ func (p *Provider) Detail(ctx context.Context) string {
 	if r.accel == AccelKVM {
 		parts = append(parts, machine+" with KVM")
 	} else {
-		parts = append(parts, fmt.Sprintf("%s under TCG software emulation, seconds per boot (%s)", machine, r.noKVM))
+		parts = append(parts, fmt.Sprintf("%s under TCG software emulation, seconds per boot, because %s", machine, r.noKVM))
 	}
 	if r.transport == TransportSerial {
 		why := "vsock needs " + devVhostVsock + ", which this host lacks"
