@@ -26,7 +26,7 @@ import (
 
 // Defaults.
 const (
-	DefaultStateRoot = "/run/oac"
+	DefaultStateRoot = statedir.SystemRoot
 	// DefaultIDBase is the first host id handed to a sandbox; slot n maps
 	// guest ids 0..IDRange-1 to DefaultIDBase+n*IDRange.
 	DefaultIDBase = 1_000_000_000
@@ -64,13 +64,7 @@ func (p *Provider) stateRoot() string {
 	if p.StateRoot != "" {
 		return p.StateRoot
 	}
-	if os.Geteuid() == 0 {
-		return DefaultStateRoot
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
-		return filepath.Join(d, "oac")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", os.Geteuid()))
+	return statedir.DefaultRoot()
 }
 
 func (p *Provider) idBase() int {

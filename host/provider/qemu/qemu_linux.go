@@ -26,7 +26,7 @@ import (
 
 // Defaults.
 const (
-	DefaultStateRoot = "/run/oac"
+	DefaultStateRoot = statedir.SystemRoot
 	// DefaultVirtiofsd is the virtio-fs daemon Debian's qemu ships.
 	DefaultVirtiofsd = "/usr/lib/qemu/virtiofsd"
 	// Vsock guests get CID vsockCIDBase+slot and the host listens on
@@ -205,13 +205,7 @@ func (p *Provider) stateRoot() string {
 	if p.StateRoot != "" {
 		return p.StateRoot
 	}
-	if os.Geteuid() == 0 {
-		return DefaultStateRoot
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
-		return filepath.Join(d, "oac")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", os.Geteuid()))
+	return statedir.DefaultRoot()
 }
 
 // checkStateRoot makes sure sandboxes can keep their state: the state root
