@@ -249,14 +249,3 @@ func TestDetailSaysHowTheVMWouldRun(t *testing.T) {
 	assert.Contains(t, d, "initramfs only")
 	assert.Contains(t, d, "state in "+p.StateRoot)
 }
-
-func TestCheckRefusesAStateRootTheUserCannotWrite(t *testing.T) {
-	if os.Geteuid() == 0 {
-		t.Skip("root writes everywhere; the e2e tests run check as an unprivileged user")
-	}
-	p := fakeProvider(t, "exit 0")
-	p.StateRoot = "/proc/oac"
-	err := p.Check(context.Background())
-	assert.ErrorIs(t, err, provider.ErrUnavailable)
-	assert.ErrorContains(t, err, "cannot be created or written")
-}
