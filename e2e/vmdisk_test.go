@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/imagebuild"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -207,7 +207,7 @@ func vmDaemonBootstrap(hostname string, args ...string) string {
 func stopPowersOff(t *testing.T, s *shim, name string) {
 	t.Helper()
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 30*time.Second)
+	s.waitState(api.StateStopped, 30*time.Second)
 	assert.Equal(t, 0, s.exit(20*time.Second))
 	assert.Contains(t, s.stderr.String(), "reboot: Power down", "the guest powered the VM off")
 	assert.Empty(t, hostProcs("oac-"+name), "qemu exited")
@@ -223,7 +223,7 @@ func promiseBootsTheImagesRoot(t *testing.T, row vmRow) {
 	s := startShim(t, sandboxSpec{provider: "qemu", name: name,
 		bootstrap: vmDaemonBootstrap(name, "--write", "/tmp", "--write", "/home/runtime", "--write", "/environment/workspace"),
 		args:      row.args()})
-	ready := s.waitState(events.StateReady, row.bootTimeout)
+	ready := s.waitState(api.StateReady, row.bootTimeout)
 	t.Logf("%s: boot from %s to ready: %s", row.name, row.fs, bootTime(t, ready))
 	assert.Equal(t, row.fstype()+" ro", s.waitLog("root=", 10*time.Second), "/ is the image's disk, read-only")
 	assert.Equal(t, "uid=1000 gid=1000 groups=", s.waitLog("ids=", 5*time.Second))
@@ -247,7 +247,7 @@ func promiseHostedBootstrapReady(t *testing.T, row vmRow) {
 	s := startShim(t, sandboxSpec{provider: "qemu", name: name, bootstrap: encode(t, b), args: row.args(
 		"--tenant", tenantID, "--environment", environmentID, "--allocation", allocationID,
 		"--sandbox-io", row.sandboxIO, "--install", "oac-daemon-standin="+row.daemon)})
-	ready := s.waitState(events.StateReady, row.bootTimeout)
+	ready := s.waitState(api.StateReady, row.bootTimeout)
 	t.Logf("%s: hosted bootstrap from %s to ready: %s", row.name, row.fs, bootTime(t, ready))
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
 	assert.Equal(t, "runtime", ready.Username)
@@ -296,7 +296,7 @@ func promiseSharesAndVolumes(t *testing.T, row vmRow) {
 	s := startShim(t, sandboxSpec{provider: "qemu", name: name,
 		bootstrap: vmDaemonBootstrap(name, "--write", "/environment/workspace", "--write", "/home/runtime", "--read", "/environment/workspace/from-host"),
 		args:      row.args("--share", work, "--volume", "/home="+home)})
-	s.waitState(events.StateReady, row.bootTimeout)
+	s.waitState(api.StateReady, row.bootTimeout)
 	assert.Equal(t, "written on the host", s.waitLog("read /environment/workspace/from-host=", 10*time.Second))
 	assert.Equal(t, "ok", s.waitLog("wrote /environment/workspace=", 5*time.Second))
 	assert.Equal(t, "ok", s.waitLog("wrote /home/runtime=", 5*time.Second))

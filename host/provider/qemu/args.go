@@ -26,9 +26,6 @@ const (
 	ARM64CPU      = "cortex-a72"
 	DefaultMemory = 256 // MiB
 	DefaultCPUs   = 1   // -smp 2 is slower under software emulation
-	// DefaultConsoleLimit bounds how much serial console output one VM
-	// may forward to the diagnostics stream.
-	DefaultConsoleLimit = 1 << 20
 	// DefaultARM64Firmware is Debian's UEFI firmware for arm64 virt
 	// machines (package qemu-efi-aarch64); the kernel boots as an EFI
 	// application through it.
@@ -204,52 +201,4 @@ func cpuHasVirt(r io.Reader) bool {
 		return false
 	}
 	return false
-}
-
-// consoleWriter forwards the serial console to w without carriage returns
-// and terminal escape sequences (UEFI firmware clears the screen), up to
-// limit bytes; then it says so once and drops the rest (it keeps
-// accepting, so qemu never blocks on a full pipe).
-type consoleWriter struct {
-	w       io.Writer
-	limit   int64
-	written int64
-	capped  bool
-	// esc is 1 after ESC, 2 inside a control sequence (ESC [ ...).
-	esc int
-}
-
-func (c *consoleWriter) Write(p []byte) (int, error) {
-	n := len(p)
-	if c.capped {
-		return n, nil
-	}
-	out := make([]byte, 0, len(p))
-	for _, b := range p {
-		switch {
-		case c.esc == 1:
-			c.esc = 0
-			if b == '[' {
-				c.esc = 2
-			}
-		case c.esc == 2:
-			if b >= 0x40 && b <= 0x7e {
-				c.esc = 0
-			}
-		case b == 0x1b:
-			c.esc = 1
-		case b != '\r':
-			out = append(out, b)
-		}
-	}
-	if c.written+int64(len(out)) > c.limit {
-		out = out[:c.limit-c.written]
-		c.capped = true
-	}
-	c.written += int64(len(out))
-	_, _ = c.w.Write(out)
-	if c.capped {
-		fmt.Fprintf(c.w, "\nconsole output limit of %d bytes reached; further console output dropped\n", c.limit)
-	}
-	return n, nil
 }

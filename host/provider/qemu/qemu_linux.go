@@ -11,22 +11,19 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/host/provider/vmguest"
 )
 
 // Defaults.
 const (
-	DefaultStateRoot = statedir.SystemRoot
 	// DefaultVirtiofsd is the virtio-fs daemon Debian's qemu ships.
 	DefaultVirtiofsd = "/usr/lib/qemu/virtiofsd"
 	// Vsock guests get CID vsockCIDBase+slot and the host listens on
@@ -41,58 +38,7 @@ const (
 	virtiofsdLogLimit = 64 << 10
 )
 
-// Provider boots guests as qemu virtual machines from a kernel and an
-// initramfs that has oac-guest as /init (see package initramfs), and, with
-// a disk, from the image's root disk.
-type Provider struct {
-	// Qemu is the qemu-system binary; default: qemu-system-x86_64 or
-	// qemu-system-aarch64 (by Arch) found in PATH.
-	Qemu string
-	// Kernel and Initramfs are the boot images (required).
-	Kernel, Initramfs string
-	// Arch is the guest's architecture, amd64 or arm64; default: the
-	// kernel image's.
-	Arch string
-	// Firmware is UEFI firmware to boot the kernel through; default for
-	// arm64: DefaultARM64Firmware when installed (else the kernel is
-	// loaded directly), none for amd64.
-	Firmware string
-	// Disk is the image's root disk (oac-image build's disk.ext4 or
-	// disk.erofs), attached read-only as virtio-blk: the guest mounts it
-	// as its root. Without it the guest runs from its initramfs.
-	Disk string
-	// Share is a host directory mounted over virtio-fs as the guest's
-	// workspace (/environment/workspace).
-	Share string
-	// Virtiofsd is the virtio-fs daemon for shares and volumes; default
-	// DefaultVirtiofsd, else virtiofsd in PATH.
-	Virtiofsd string
-	// Accel is AccelAuto (default), AccelKVM or AccelTCG.
-	Accel string
-	// Transport is TransportSerial (default) or TransportVsock.
-	Transport string
-	// MemoryMiB and CPUs size the VM (defaults DefaultMemory, DefaultCPUs).
-	MemoryMiB, CPUs int
-	// HostGrace is how long the guest waits for a lost host before it
-	// powers off (0: the guest's default).
-	HostGrace time.Duration
-	// ExtraAppend is added to the kernel command line.
-	ExtraAppend string
-	// ConsoleLimit bounds forwarded console output (default
-	// DefaultConsoleLimit).
-	ConsoleLimit int64
-	// StateRoot holds per-sandbox state; default DefaultStateRoot as
-	// root, else $XDG_RUNTIME_DIR/oac (or a directory of the user's in
-	// the temporary directory).
-	StateRoot string
-	// IDBase is the first host id of the id ranges virtiofsd maps the
-	// guest's ids to; default bwrap.DefaultIDBase (the same slots as the
-	// bwrap and OCI providers).
-	IDBase int
-}
-
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "qemu" }
+func (p *Provider) driver() provider.Provider { return p }
 
 // arch resolves the guest architecture.
 func (p *Provider) arch() (string, error) {
@@ -110,18 +56,11 @@ func (p *Provider) arch() (string, error) {
 }
 
 func (p *Provider) qemu(arch string) (string, error) {
-	if p.Qemu != "" {
-		return p.Qemu, nil
-	}
 	bin, pkg := "qemu-system-x86_64", "qemu-system-x86"
 	if arch == vmguest.ArchARM64 {
 		bin, pkg = "qemu-system-aarch64", "qemu-system-arm"
 	}
-	path, err := exec.LookPath(bin)
-	if err != nil {
-		return "", fmt.Errorf("%w: qemu: %s is not installed (apt-get install %s, or make deps)", provider.ErrUnavailable, bin, pkg)
-	}
-	return path, nil
+	return kit.Binary("qemu", p.Qemu, bin, bin+" is not installed (apt-get install "+pkg+", or make deps)")
 }
 
 func (p *Provider) firmware(arch string) (string, error) {
@@ -201,12 +140,7 @@ func (p *Provider) transport() (string, error) {
 	return "", fmt.Errorf("%w: transport %q (want serial or vsock)", provider.ErrInvalidSpec, p.Transport)
 }
 
-func (p *Provider) stateRoot() string {
-	if p.StateRoot != "" {
-		return p.StateRoot
-	}
-	return statedir.DefaultRoot()
-}
+func (p *Provider) stateRoot() string { return kit.UserStateRoot(p.StateRoot) }
 
 // checkStateRoot makes sure sandboxes can keep their state: the state root
 // or, when it does not exist yet, its nearest existing parent must be
@@ -251,13 +185,6 @@ func (p *Provider) checkShares() error {
 		return fmt.Errorf("%w: qemu: shares and volumes need root: virtiofsd runs in a user namespace mapping the guest's ids to a private host id range", provider.ErrUnavailable)
 	}
 	return nil
-}
-
-func (p *Provider) idBase() int {
-	if p.IDBase != 0 {
-		return p.IDBase
-	}
-	return bwrap.DefaultIDBase
 }
 
 // Check implements provider.Provider.
@@ -351,10 +278,7 @@ func (p *Provider) Detail(ctx context.Context) string {
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: qemu guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs), not --rootfs", provider.ErrInvalidSpec)
 	}
@@ -367,7 +291,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, err
 	}
-	shares, err := vmguest.Shares(absPath(p.Share), false, spec.Volumes)
+	shares, err := vmguest.Shares(provider.AbsPath(p.Share), false, spec.Volumes)
 	if err != nil {
 		return nil, err
 	}
@@ -386,31 +310,23 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		return nil, err
 	}
 	in := &Instance{
-		spec: spec, qemu: r.qemu, proc: newProcess(),
+		Process: provider.NewProcess(provider.Exits("virtual machine powered off", "qemu exited"), errors.New("qemu did not exit within 10s of SIGKILL")), spec: spec, qemu: r.qemu,
 		cfg: vmConfig{
-			Name: spec.Name, Arch: r.arch, Kernel: absPath(p.Kernel), Initramfs: absPath(p.Initramfs), Firmware: r.firmware,
-			Disk: absPath(p.Disk), Accel: r.accel,
+			Name: spec.Name, Arch: r.arch, Kernel: provider.AbsPath(p.Kernel), Initramfs: provider.AbsPath(p.Initramfs), Firmware: r.firmware,
+			Disk: provider.AbsPath(p.Disk), Accel: r.accel,
 			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
 			HostGrace: p.HostGrace, ExtraAppend: p.ExtraAppend,
 		},
 		consoleLimit: p.ConsoleLimit,
 	}
-	if in.consoleLimit <= 0 {
-		in.consoleLimit = DefaultConsoleLimit
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			in.release()
-		}
-	}()
-	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	defer in.DestroyOnError(&err)
+	root := p.stateRoot()
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.state = state
 	if r.transport == TransportVsock {
-		if err := in.listenVsock(filepath.Join(p.stateRoot(), "vsock")); err != nil {
+		if err := in.listenVsock(filepath.Join(root, "vsock")); err != nil {
 			return nil, err
 		}
 	} else {
@@ -419,17 +335,19 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		if err != nil {
 			return nil, fmt.Errorf("listen on %s: %w (paths of unix sockets are limited to 107 bytes: use a shorter state root)", in.cfg.Socket, err)
 		}
-		in.ln = ln
+		in.Own(ln)
+		in.Listen(ln)
 	}
+	// The binaries the host installs for this start go in an archive
+	// appended to a copy of the initramfs (in the state directory).
 	if in.cfg.Initramfs, err = vmguest.ComposeInitramfs(in.cfg.Initramfs, filepath.Join(state.Path, "initramfs.img"), installs); err != nil {
 		return nil, err
 	}
 	if len(shares) > 0 {
-		if err := in.prepareShares(p, shares); err != nil {
+		if err := in.prepareShares(p, root, state.Path, shares); err != nil {
 			return nil, err
 		}
 	}
-	ok = true
 	return in, nil
 }
 
@@ -440,53 +358,38 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// Instance is one qemu VM.
+// Instance is one qemu VM; the embedded Process is qemu's.
 type Instance struct {
+	*provider.Process
 	spec         provider.Spec
 	qemu         string
 	cfg          vmConfig
 	consoleLimit int64
 
-	state    *statedir.Dir
-	ln       provider.DeadlineListener
-	slotLock *os.File
-
 	// virtio-fs: one virtiofsd per share, serving it on a socket the shim
 	// created (handed over as fd 3) with the guest's ids mapped to the
 	// sandbox's host id range.
 	virtiofsd string
-	idLock    *os.File
 	idBase    int
 	fsSocks   []*os.File
 	fsOwners  [][2]int // the share directory's uid and gid
 	fsProcs   []*exec.Cmd
-
-	mu   sync.Mutex // serializes Start
-	proc *provider.Process
-}
-
-// newProcess returns the qemu process of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("virtual machine powered off")
-		}
-		return fmt.Errorf("qemu exited: %w", err)
-	}, errors.New("qemu did not exit within 10s of SIGKILL"))
 }
 
 // prepareShares claims a host id range and creates each share's
 // vhost-user socket (virtiofsd gets it as a listening descriptor, qemu
 // connects to its path).
-func (in *Instance) prepareShares(p *Provider, shares []vmguest.Share) error {
+func (in *Instance) prepareShares(p *Provider, root, dir string, shares []vmguest.Share) error {
 	in.virtiofsd, _ = p.virtiofsd()
-	slot, f, err := statedir.ClaimSlot(filepath.Join(p.stateRoot(), "ids"), bwrap.IDSlots, "id")
+	ids, err := kit.ClaimIDs(root, p.IDBase)
 	if err != nil {
 		return err
 	}
-	in.idLock, in.idBase = f, p.idBase()+slot*bwrap.IDRange
+	in.Own(ids)
+	in.idBase = ids.Base
+	in.OnDestroy(func() error { in.killVirtiofsd(); return nil })
 	for i, s := range shares {
-		sock := filepath.Join(in.state.Path, fmt.Sprintf("fs%d.sock", i))
+		sock := filepath.Join(dir, fmt.Sprintf("fs%d.sock", i))
 		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 		if err != nil {
 			return fmt.Errorf("listen on %s: %w", sock, err)
@@ -497,6 +400,7 @@ func (in *Instance) prepareShares(p *Provider, shares []vmguest.Share) error {
 		if err != nil {
 			return fmt.Errorf("virtio-fs socket: %w", err)
 		}
+		in.Own(lf)
 		in.fsSocks = append(in.fsSocks, lf)
 		var st unix.Stat_t
 		if err := unix.Stat(s.HostPath, &st); err != nil {
@@ -533,13 +437,13 @@ func searchable(dir string) error {
 // writes shares as the user who runs it.
 func idMap(base, owner int) []syscall.SysProcIDMap {
 	const runtimeID = 1000
-	if owner <= 0 || (owner >= base && owner < base+bwrap.IDRange) {
-		return []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: bwrap.IDRange}}
+	if owner <= 0 || (owner >= base && owner < base+kit.IDRange) {
+		return []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: kit.IDRange}}
 	}
 	return []syscall.SysProcIDMap{
 		{ContainerID: 0, HostID: base, Size: runtimeID},
 		{ContainerID: runtimeID, HostID: owner, Size: 1},
-		{ContainerID: runtimeID + 1, HostID: base + runtimeID + 1, Size: bwrap.IDRange - runtimeID - 1},
+		{ContainerID: runtimeID + 1, HostID: base + runtimeID + 1, Size: kit.IDRange - runtimeID - 1},
 	}
 }
 
@@ -557,7 +461,10 @@ func (in *Instance) listenVsock(dir string) error {
 		return fmt.Errorf("listen on vsock port %d: %w (is vhost_vsock loaded?)", port, err)
 	}
 	cid := uint32(vsockCIDBase + slot)
-	in.slotLock, in.ln = f, &cidListener{Listener: ln, cid: cid}
+	in.Own(f)
+	cl := &cidListener{Listener: ln, cid: cid}
+	in.Own(cl)
+	in.Listen(cl)
 	in.cfg.VsockCID, in.cfg.VsockPort = cid, port
 	return nil
 }
@@ -582,23 +489,16 @@ func (l *cidListener) Accept() (net.Conn, error) {
 	}
 }
 
-// HostPID returns the pid of the qemu process, 0 before Start.
-func (in *Instance) HostPID() int { return in.proc.HostPID() }
-
 // Args returns qemu's command line (without the binary).
 func (in *Instance) Args() []string { return buildArgs(in.cfg) }
 
 // Start implements provider.Instance.
 func (in *Instance) Start(ctx context.Context) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.proc.Started() {
-		return errors.New("qemu: already started")
-	}
-	var out io.Writer = io.Discard
-	if in.spec.Stderr != nil {
-		out = in.spec.Stderr
-	}
+	return in.StartOnce("qemu", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
+	out := provider.Output(in.spec.Stderr)
 	for i := range in.cfg.Shares {
 		if err := in.startVirtiofsd(i, out); err != nil {
 			in.killVirtiofsd()
@@ -608,7 +508,7 @@ func (in *Instance) Start(ctx context.Context) error {
 	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
-	console := &consoleWriter{w: out, limit: in.consoleLimit}
+	console := kit.NewConsole(in.spec.Stderr, in.consoleLimit)
 	// One writer for both: os/exec then copies through a single pipe
 	// and goroutine, so lines never interleave.
 	cmd.Stdout, cmd.Stderr = console, console
@@ -617,7 +517,7 @@ func (in *Instance) Start(ctx context.Context) error {
 		Pdeathsig: syscall.SIGKILL,
 		Setpgid:   true,
 	}
-	if err := in.proc.Start(cmd); err != nil {
+	if err := in.Process.Start(cmd); err != nil {
 		in.killVirtiofsd()
 		return fmt.Errorf("start qemu: %w", err)
 	}
@@ -634,7 +534,7 @@ func (in *Instance) startVirtiofsd(i int, out io.Writer) error {
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
 	cmd.ExtraFiles = []*os.File{in.fsSocks[i]}
-	w := &consoleWriter{w: &prefixWriter{w: out, prefix: "virtiofsd[" + s.Tag + "]: "}, limit: virtiofsdLogLimit}
+	w := kit.NewConsole(&prefixWriter{w: out, prefix: "virtiofsd[" + s.Tag + "]: "}, virtiofsdLogLimit)
 	cmd.Stdout, cmd.Stderr = w, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
@@ -681,63 +581,4 @@ func (p *prefixWriter) Write(b []byte) (int, error) {
 	}
 	_, err := p.w.Write(out)
 	return len(b), err
-}
-
-// Accept implements provider.Instance: the guest's connection (qemu's, for
-// the serial transport).
-func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
-	if in.ln == nil {
-		return nil, provider.ErrNotStarted
-	}
-	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
-}
-
-// Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
-
-// Err implements provider.Instance.
-func (in *Instance) Err() error { return in.proc.Err() }
-
-// Kill implements provider.Instance.
-func (in *Instance) Kill() error {
-	err := in.proc.Kill()
-	in.killVirtiofsd()
-	return err
-}
-
-// Destroy implements provider.Instance.
-func (in *Instance) Destroy() error {
-	err := in.Kill()
-	in.release()
-	return err
-}
-
-func (in *Instance) release() {
-	if in.ln != nil {
-		in.ln.Close()
-		in.ln = nil
-	}
-	for _, f := range []**os.File{&in.slotLock, &in.idLock} {
-		if *f != nil {
-			(*f).Close()
-			*f = nil
-		}
-	}
-	for _, f := range in.fsSocks {
-		f.Close()
-	}
-	in.fsSocks = nil
-	in.state.Release()
-}
-
-// absPath makes a host path absolute: qemu runs in / and would otherwise
-// resolve a path given relative to the shim's working directory there.
-func absPath(p string) string {
-	if p == "" || filepath.IsAbs(p) {
-		return p
-	}
-	if a, err := filepath.Abs(p); err == nil {
-		return a
-	}
-	return p
 }

@@ -63,16 +63,19 @@ type VMConfig struct {
 
 // Settings are the provider's knobs that shape a VM.
 type Settings struct {
-	Kernel, Initramfs string
+	// Kernel and Initramfs are the boot images (the driver's default:
+	// vmlinuz and initramfs.img beside oac-shim).
+	Kernel    string `flag:"kernel,path" meta:"FILE" usage:"kernel image (default: vmlinuz beside oac-shim)"`
+	Initramfs string `flag:"initramfs,path" meta:"FILE" usage:"initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)"`
 	// Disk is the image's root disk (oac-image build's disk.ext4 or
 	// disk.erofs), attached as virtio-blk read-only unless DiskWritable;
 	// the guest mounts it as its root (read-only either way). Without it
 	// the guest runs from its initramfs.
-	Disk         string
+	Disk         string `flag:"disk,path" meta:"FILE" usage:"the image's root disk, attached read-only: the guest boots from it"`
 	DiskWritable bool
 	// Share is an optional host directory shared as ShareTag and mounted
 	// on /environment/workspace (read-write unless ShareReadOnly).
-	Share         string
+	Share         string `flag:"share,path" meta:"DIR" usage:"host directory shared over virtio-fs as the guest's workspace, /environment/workspace (tag workspace)"`
 	ShareReadOnly bool
 	// Volumes replace guest runtime directories with host directories
 	// (provider.Spec.Volumes), each a virtio-fs share.
@@ -80,11 +83,11 @@ type Settings struct {
 	// HostArch is the architecture guests must have (the host's; empty:
 	// not checked).
 	HostArch  string
-	MemoryMiB int
-	CPUs      int
+	MemoryMiB int `flag:"memory" meta:"MIB" usage:"guest memory in MiB (default 512)"`
+	CPUs      int `flag:"cpus" meta:"N" usage:"virtual CPUs (default 2, at most the host's)"`
 	// HostCPUs bounds CPUs (0: not checked).
 	HostCPUs    int
-	HostGrace   time.Duration
+	HostGrace   time.Duration `flag:"host-grace" meta:"DUR" usage:"the guest powers off after the host is gone this long (0: the guest's default, 30s)"`
 	ExtraAppend string
 	Debug       bool
 }

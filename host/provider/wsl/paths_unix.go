@@ -2,7 +2,7 @@
 
 package wsl
 
-import "github.com/oac/sandbox-agent/host/provider/statedir"
+import "github.com/oac/sandbox-agent/host/provider/kit"
 
 // defaultWSL: there is no WSL outside Windows; a wsl.exe path must be
 // given (tests run a fake one).
@@ -10,4 +10,4 @@ func defaultWSL() string { return "" }
 
 const onlyOnWindows = "WSL runs only on Windows"
 
-func defaultStateRoot() string { return statedir.DefaultRoot() }
+func defaultStateRoot() string { return kit.UserStateRoot("") }
