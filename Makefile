@@ -20,7 +20,7 @@ GUEST_BIN = $(if $(filter $(HOST_ARCH),$(ARCH)),$(BIN)/oac-guest,$(BIN)/linux-$(
 # disk, erofs, overlay, virtio-fs, nftables).
 VM_MODULES ?=
 
-.PHONY: all build guest fixtures deps test fmt-check vet unit e2e demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image
+.PHONY: all build guest fixtures deps test fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image
 
 all: build
 
@@ -78,7 +78,7 @@ image: guest kernel
 deps:
 	@scripts/deps.sh $(APT_PKGS)
 
-test: deps fmt-check vet cross unit fuzz-short e2e
+test: deps fmt-check vet cross unit fuzz-short e2e ts-test
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -95,6 +95,13 @@ unit:
 e2e: kernels
 	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
 	  $(GO) test -count=1 -timeout 15m ./e2e/...
+
+# The TypeScript client (clients/typescript): types generated from schema/,
+# built with tsc, tested with Node's test runner against the real oac-shim
+# booting bwrap guests. Needs Node.js 20+ and the npm registry for its
+# development dependencies; make demo does not.
+ts-test: build fixtures
+	@scripts/ts-test.sh $(abspath $(BIN))
 
 demo: deps build fixtures
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
