@@ -23,7 +23,8 @@ type VMArch struct {
 }
 
 // qemuArchArgs are the machine arguments the qemu provider uses for arch
-// under software emulation, and the kernel's console.
+// under software emulation, and the kernel's console (with the provider's
+// other per-architecture parameter).
 func qemuArchArgs(arch string) (bin string, args []string, console string) {
 	if arch == initramfs.ArchARM64 {
 		args = []string{"-machine", "virt", "-cpu", "cortex-a72"}
@@ -32,7 +33,7 @@ func qemuArchArgs(arch string) (bin string, args []string, console string) {
 		}
 		return "qemu-system-aarch64", args, "ttyAMA0"
 	}
-	return "qemu-system-x86_64", []string{"-machine", "q35"}, "ttyS0"
+	return "qemu-system-x86_64", []string{"-machine", "q35"}, "ttyS0 no_timer_check"
 }
 
 // crossBuild builds a Go package for linux/arch, static.
