@@ -155,7 +155,7 @@ func rowQemu(t *testing.T, f *confFixtures) confEnv {
 	confVM.once.Do(func() {
 		confVM.path = filepath.Join(bins.dir, "conformance-initramfs.img")
 		confVM.out, confVM.err = exec.Command(bins.image, "initramfs", "--agent", bins.guest,
-			"--kernel-modules", filepath.Join(kernelCache(), "modules"), "--module", vmModules,
+			"--kernel-modules", filepath.Join(kernelCache(), "modules"),
 			"--file", bins.sandboxIO+":/usr/local/bin/oac-sandbox-io",
 			"--file", bins.daemon+":"+daemonBin,
 			"--file", runCA.bundle+":/etc/ssl/certs/ca-certificates.crt:0644",
@@ -164,8 +164,8 @@ func rowQemu(t *testing.T, f *confFixtures) confEnv {
 	require.NoError(t, confVM.err, "oac-image initramfs: %s", confVM.out)
 	return confEnv{
 		spec: sandboxSpec{provider: "qemu", shim: f.private.shim, agent: f.private.guest,
-			args: f.args("--kernel", kernel, "--initramfs", confVM.path, "--boot-timeout", vmBootTimeout.String(),
-				"--host-grace", vmHostGrace.String())},
+			args: f.args(append([]string{"--kernel", kernel, "--initramfs", confVM.path, "--boot-timeout", vmBootTimeout.String(),
+				"--host-grace", vmHostGrace.String()}, f.private.installs()...)...)},
 		bootTimeout: vmBootTimeout,
 		stateDir:    runDir,
 	}
