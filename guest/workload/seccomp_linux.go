@@ -39,16 +39,18 @@ var ENOSYSCalls = []string{"clone3"}
 // 64-bit values; the guests are little-endian, so an argument's low 32
 // bits come first.
 const (
-	offNR    = 0
-	offArch  = 4
-	offArg0  = 16
+	offNR           = 0
+	offArch         = 4
+	offArg0         = 16
 	retAllow uint32 = unix.SECCOMP_RET_ALLOW
 	// retKill ends the whole process (SECCOMP_RET_KILL_PROCESS); kernels
 	// before 4.14 read it as SECCOMP_RET_KILL, ending the thread.
 	retKill uint32 = 0x80000000
 )
 
-func retErrno(errno unix.Errno) uint32 { return unix.SECCOMP_RET_ERRNO | uint32(errno)&unix.SECCOMP_RET_DATA }
+func retErrno(errno unix.Errno) uint32 {
+	return unix.SECCOMP_RET_ERRNO | uint32(errno)&unix.SECCOMP_RET_DATA
+}
 
 // Filter returns the workload's seccomp program for a process built for
 // goarch. It checks seccomp_data.arch first: the native convention and
