@@ -37,6 +37,8 @@ var bins struct {
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of the README.
 	shimClient string
+	// probe plays a hostile daemon (internal/probe).
+	probe string
 }
 
 func TestMain(m *testing.M) {
@@ -63,6 +65,7 @@ func TestMain(m *testing.M) {
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.fakeDocker = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
+	bins.probe = filepath.Join(dir, "probe")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -75,6 +78,7 @@ func TestMain(m *testing.M) {
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.fakeDocker, "./internal/fakedocker", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
+		{bins.probe, "./internal/probe", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)

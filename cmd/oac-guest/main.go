@@ -18,13 +18,19 @@ import (
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/vminit"
+	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
-func main() { os.Exit(run()) }
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == workload.LaunchArg {
+		os.Exit(workload.Main())
+	}
+	os.Exit(run())
+}
 
 // notifyState tells systemd about a state the agent reports to the host.
 func notifyState(n *systemd.Notifier, st protocol.State) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
@@ -43,6 +44,10 @@ func Boot(ctx context.Context, p Params, cfg agent.Config) {
 	log := cfg.Log
 	if res, _ := initsys.EnsureMounts([]initsys.Mount{initsys.CgroupMount}); len(res) > 0 && res[0].Err != nil {
 		log.Warn("cgroup2 unavailable", "err", res[0].Err)
+	}
+	// Once per boot (it creates the workload's cgroup), not per session.
+	if cfg.Confinement == nil {
+		cfg.Confinement = workload.Prepare(log)
 	}
 	if err := loadModules(log); err != nil {
 		Fatal(log, err)
