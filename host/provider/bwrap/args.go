@@ -64,7 +64,7 @@ type argsConfig struct {
 	// DisableUserns passes --disable-userns (ModeSingleUID only; see
 	// features).
 	DisableUserns bool
-	Hostname        string
+	Hostname      string
 	// Tmpfs are the RuntimeDirs to mount (with a rootfs: those it has).
 	Tmpfs []string
 	// Volumes are RuntimeDirs bound from host directories instead.
