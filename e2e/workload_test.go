@@ -117,6 +117,7 @@ func assertIsolated(t *testing.T, r map[string]string) {
 	assert.Equal(t, "EBUSY", r["unlink-private"], "a mount point cannot be removed")
 	assert.Equal(t, "EBUSY", r["rename-private"])
 	require.Equal(t, "true", r["sandbox-io-found"])
+	assert.Equal(t, "oac-sandbox-io", r["sandbox-io-comm"], "its name is its own, although it runs from a copy")
 	for _, k := range []string{"read-private-via-proc-root", "read-private-via-proc-cwd", "open-mem", "read-environ", "read-maps", "list-fd", "readlink-exe"} {
 		assert.Equal(t, "EACCES", r[k], "%s: oac-sandbox-io is not dumpable", k)
 	}
@@ -172,9 +173,6 @@ func TestWorkloadConfinementInBwrap(t *testing.T) {
 			assert.Equal(t, "0000000000000000", r["CapBnd"], "an empty bounding set")
 			assertIsolated(t, r)
 			assertSandboxIOWorks(t, s)
-			// Its name is its own, although it runs from a copy.
-			sio := findBelow(t, s.cmd.Process.Pid, "oac-sandbox-io")
-			assert.Contains(t, readCmdline(sio), "--bootstrap-file")
 			if mode.name == "single-uid" {
 				bw := findBelow(t, s.cmd.Process.Pid, "bwrap")
 				assert.Contains(t, readCmdline(bw), "--disable-userns", "bwrap 0.8 disables user namespaces in a single-uid guest")
@@ -215,6 +213,8 @@ func TestWorkloadConfinementInOCI(t *testing.T) {
 			assert.Contains(t, confinementMessage(t, s), "limits: 128 tasks of uid 1000")
 			r := probeResults(t, s, bootTimeout)
 			assertFiltered(t, r, rlimits, false)
+			assert.Equal(t, "0 0 65536", r["uid-map"], "the daemon runs in a nested user namespace that maps the guest's ids to themselves")
+			assert.Equal(t, "0000000000000000", r["CapBnd"], "an empty bounding set (the nested namespace's, emptied)")
 			s.signal(syscall.SIGTERM)
 			assert.Equal(t, 0, s.exit(15*time.Second))
 		})
@@ -232,8 +232,10 @@ func TestWorkloadConfinementInAVM(t *testing.T) {
 	})
 	s.waitState(events.StateReady, vmBootTimeout)
 	msg := confinementMessage(t, s)
+	t.Logf("%s", msg)
 	assert.Contains(t, msg, "the daemon in a mount namespace of its own")
 	assert.Contains(t, msg, "(cgroup v2 /oac-workload)")
+	assert.NotContains(t, msg, "not applied")
 	r := probeResults(t, s, 30*time.Second)
 	assertFiltered(t, r, cgroup, false)
 	assert.Equal(t, "0000000000000000", r["CapBnd"])

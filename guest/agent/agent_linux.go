@@ -354,7 +354,7 @@ func (a *agent) startAll(ctx context.Context) error {
 		if b.SandboxIO != nil {
 			mask = []string{bootstrap.SandboxIOFile}
 		}
-		p, err := a.start(workload.Spec{Name: "daemon", Argv: b.Daemon.Argv, Env: env, Dir: a.daemonDir(b.Daemon), Mask: mask}, 0, func(e reaper.Exit) {
+		p, err := a.start(workload.Spec{Name: "daemon", Argv: b.Daemon.Argv, Env: env, Dir: a.daemonDir(b.Daemon), OwnMountNS: true, Mask: mask}, 0, func(e reaper.Exit) {
 			a.daemonExit <- e
 		})
 		if err != nil {

@@ -34,10 +34,11 @@ const (
 	// isoMountNS: the agent holds CAP_SYS_ADMIN in its user namespace (bwrap,
 	// a VM, WSL), so a new mount namespace is all it takes.
 	isoMountNS
-	// isoUserNS: the agent holds only CAP_SETUID and CAP_SETGID (an OCI
-	// runtime's guest): a nested user namespace mapping the same ids to
-	// themselves gives the launcher the right to mount in its own mount
-	// namespace, and nothing outside it.
+	// isoUserNS: the agent holds CAP_SETUID, CAP_SETGID and CAP_SETFCAP
+	// but not CAP_SYS_ADMIN (an OCI runtime's guest): a nested user
+	// namespace mapping the same ids to themselves gives the launcher the
+	// right to mount in its own mount namespace, and nothing outside it.
+	// (Mapping id 0 into it takes CAP_SETFCAP since Linux 5.12.)
 	isoUserNS
 )
 
@@ -66,18 +67,23 @@ func Prepare(log *slog.Logger) *Confinement {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Warn("cannot make the agent not dumpable", "err", err)
 	}
+	return detect(log, effectiveCaps())
+}
+
+// detect decides the confinement for an agent holding caps (its effective
+// capabilities).
+func detect(log *slog.Logger, caps uint64) *Confinement {
 	c := &Confinement{log: log}
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/mnt", &st); err == nil {
 		c.agentNS = st.Ino
 	}
-	caps := effectiveCaps()
 	switch {
 	case c.agentNS == 0:
 		c.why = "no /proc/self/ns/mnt"
 	case caps&(1<<unix.CAP_SYS_ADMIN) != 0:
 		c.iso = isoMountNS
-	case caps&(1<<unix.CAP_SETUID) != 0 && caps&(1<<unix.CAP_SETGID) != 0:
+	case caps&(1<<unix.CAP_SETUID) != 0 && caps&(1<<unix.CAP_SETGID) != 0 && caps&(1<<unix.CAP_SETFCAP) != 0:
 		c.uidMap, c.gidMap = identityMap("/proc/self/uid_map"), identityMap("/proc/self/gid_map")
 		if len(c.uidMap) == 0 || len(c.gidMap) == 0 {
 			c.why = "cannot read the agent's id maps"
@@ -85,7 +91,7 @@ func Prepare(log *slog.Logger) *Confinement {
 			c.iso = isoUserNS
 		}
 	default:
-		c.why = "oac-guest holds neither CAP_SYS_ADMIN nor CAP_SETUID and CAP_SETGID"
+		c.why = "oac-guest holds neither CAP_SYS_ADMIN nor CAP_SETUID, CAP_SETGID and CAP_SETFCAP (to map ids into a nested user namespace)"
 	}
 	c.memLimit = memoryLimit()
 	if cg, err := workloadCgroup(c.memLimit); err == nil {
@@ -135,9 +141,7 @@ type Launch struct {
 func (c *Confinement) Command(s Spec) (*Launch, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// A mount namespace only where there is something to mount: a mask, or
-	// the scratch tmpfs an undumpable program is exec'd from.
-	s.Isolated = c.iso != isoNone && (len(s.Mask) > 0 || s.NoDump)
+	s.Isolated = c.iso != isoNone && (s.OwnMountNS || len(s.Mask) > 0 || s.NoDump)
 	if s.Isolated {
 		s.AgentMountNS = c.agentNS
 	}

@@ -45,6 +45,9 @@ type Spec struct {
 	// UID and GID the process runs as, with no supplementary groups.
 	UID int `json:"uid"`
 	GID int `json:"gid"`
+	// OwnMountNS asks for a mount namespace of its own (implied by Mask
+	// and NoDump) where the guest allows one.
+	OwnMountNS bool `json:"own_mount_ns,omitempty"`
 	// Mask are files made unreadable in the process's own mount namespace
 	// (an empty, mode 000, read-only file mounted over each).
 	Mask []string `json:"mask,omitempty"`
@@ -77,11 +80,14 @@ func Main() int {
 	// capabilities, the bounding set, no_new_privs and the seccomp filter
 	// are per thread, and the exec'ing thread's are the program's.
 	runtime.LockOSThread()
-	status := os.NewFile(statusFD, "status")
-	if status == nil {
-		fmt.Fprintln(os.Stderr, "oac-guest: "+LaunchArg+" is started by oac-guest itself, with its spec on fd 3")
-		return 2
+	for _, fd := range []int{specFD, statusFD} {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+			fmt.Fprintln(os.Stderr, "oac-guest: "+LaunchArg+" is started by oac-guest itself, with its spec on fd 3")
+			return 2
+		}
 	}
+	status := os.NewFile(statusFD, "status")
 	unix.CloseOnExec(statusFD)
 	var s Spec
 	err := readSpec(&s)
@@ -118,6 +124,7 @@ func readSpec(s *Spec) error {
 // returns only on failure. Notes (what could not be applied) go to status.
 func launch(s Spec, status io.Writer) error {
 	note := func(msg string) { fmt.Fprintf(status, "note: %s\n", msg) }
+
 	if s.Isolated {
 		if err := ownMountNS(s.AgentMountNS); err != nil {
 			return err
@@ -132,8 +139,11 @@ func launch(s Spec, status io.Writer) error {
 	var prog *program
 	if s.NoDump {
 		p, why := undumpable(s.Path)
-		if why != "" {
+		switch {
+		case p == nil:
 			note(s.Name + " stays dumpable: " + why)
+		case why != "":
+			note(s.Name + ": " + why)
 		}
 		prog = p
 	}
@@ -151,7 +161,7 @@ func launch(s Spec, status io.Writer) error {
 	if err := clearCapabilities(); err != nil {
 		return err
 	}
-	if err := os.Chdir(s.Dir); err != nil {
+	if err := unix.Chdir(s.Dir); err != nil {
 		return fmt.Errorf("chdir %s: %w", s.Dir, err)
 	}
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {

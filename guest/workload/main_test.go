@@ -1,17 +1,33 @@
 package workload
 
 import (
+	"encoding/json"
 	"os"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
 
-// TestMain runs a child process's part when a test started this binary as
-// one (childEnv), and otherwise fails the suite if a test leaves a
-// goroutine running.
+// TestMain runs this binary's other parts when a test started it as one:
+// the launcher (LaunchArg), or a child process (childEnv). Otherwise it
+// runs the tests and fails the suite if one leaves a goroutine running.
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(childEnv); mode != "" {
+	if len(os.Args) > 1 && os.Args[1] == LaunchArg {
+		os.Exit(Main())
+	}
+	switch mode := os.Getenv(childEnv); mode {
+	case "":
+	case "idle":
+		time.Sleep(time.Hour)
+		os.Exit(0)
+	case "attack":
+		_ = json.NewEncoder(os.Stdout).Encode(attack())
+		os.Exit(0)
+	case "agent":
+		_ = json.NewEncoder(os.Stdout).Encode(runScenario())
+		os.Exit(0)
+	default:
 		os.Exit(child(mode))
 	}
 	goleak.VerifyTestMain(m)

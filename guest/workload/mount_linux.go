@@ -167,7 +167,7 @@ type program struct {
 
 // undumpable copies the binary at path into a sealed memfd of mode 0111
 // and returns how to exec it; why says what went wrong when it cannot (the
-// caller then execs path as it is).
+// caller then execs path as it is), or, with a program, what is off.
 //
 // The kernel marks a process not dumpable when its program file is not
 // readable by it (fs/exec.c, would_dump); the mark cannot be set from
@@ -214,13 +214,16 @@ func undumpable(path string) (*program, string) {
 	// mem stays open (close-on-exec) until the exec: the kernel resolves
 	// the path before it closes the descriptors.
 	memPath := "/proc/self/fd/" + strconv.Itoa(fd)
+	unnamed := func(err error) (*program, string) {
+		return &program{path: memPath, mem: mem}, fmt.Sprintf("its process name is a descriptor number (%v)", err)
+	}
 	mnt, err := scratch()
 	if err != nil {
-		return &program{path: memPath, mem: mem}, ""
+		return unnamed(err)
 	}
 	if err := unix.Symlinkat(memPath, mnt, name); err != nil {
 		unix.Close(mnt)
-		return &program{path: memPath, mem: mem}, ""
+		return unnamed(err)
 	}
 	return &program{path: "/proc/self/fd/" + strconv.Itoa(mnt) + "/" + name, mem: mem}, ""
 }

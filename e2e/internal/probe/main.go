@@ -59,6 +59,8 @@ func probe(bomb bool) {
 	for _, f := range []string{"NoNewPrivs", "Seccomp", "CapEff", "CapBnd", "CapAmb", "CapPrm"} {
 		say(f, status("self", f))
 	}
+	uidMap, _ := os.ReadFile("/proc/self/uid_map")
+	say("uid-map", strings.Join(strings.Fields(string(uidMap)), " "))
 
 	// The private file, directly.
 	_, err := os.ReadFile(private)
@@ -76,6 +78,8 @@ func probe(bomb bool) {
 	say("sandbox-io-found", sio > 0)
 	if sio > 0 {
 		p := fmt.Sprintf("/proc/%d", sio)
+		comm, _ := os.ReadFile(p + "/comm")
+		say("sandbox-io-comm", strings.TrimSpace(string(comm)))
 		_, err = os.ReadFile(p + "/root" + private)
 		say("read-private-via-proc-root", errName(err))
 		_, err = os.ReadFile(p + "/cwd/../../home/runtime/sandbox-io-bootstrap.json")
