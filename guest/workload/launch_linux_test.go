@@ -37,7 +37,7 @@ type scenario struct {
 	// Control is the same attack from a plain uid-1000 process: no
 	// launcher, no filter, no mask.
 	Control map[string]string `json:"control"`
-	Error     string            `json:"error,omitempty"`
+	Error   string            `json:"error,omitempty"`
 }
 
 // env of a scenario: where the workload binary and the secret are.
