@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -52,7 +52,7 @@ func probeResults(t *testing.T, s *shim, timeout time.Duration) map[string]strin
 	t.Helper()
 	s.waitLog("probe: done=", timeout)
 	res := map[string]string{}
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, "probe: ") }) {
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindLog && strings.HasPrefix(e.Line, "probe: ") }) {
 		k, v, _ := strings.Cut(strings.TrimPrefix(e.Line, "probe: "), "=")
 		res[k] = v
 	}
@@ -138,8 +138,8 @@ func assertSandboxIOWorks(t *testing.T, s *shim) {
 
 func confinementMessage(t *testing.T, s *shim) string {
 	t.Helper()
-	return s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && strings.HasPrefix(e.Message, "guest: workload: ")
+	return s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && strings.HasPrefix(e.Message, "guest: workload: ")
 	}, bootTimeout, "the workload's confinement").Message
 }
 
@@ -163,7 +163,7 @@ func TestWorkloadConfinementInBwrap(t *testing.T) {
 			spec.bootstrap = probeBootstrap(t, true)
 			spec.args = append(append([]string{}, spec.args...), probeArgs()...)
 			s := startShim(t, spec)
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			msg := confinementMessage(t, s)
 			assert.Contains(t, msg, "the daemon in a mount namespace of its own without oac-sandbox-io's private file")
 			assert.Contains(t, msg, "oac-sandbox-io not dumpable")
@@ -178,7 +178,7 @@ func TestWorkloadConfinementInBwrap(t *testing.T) {
 				assert.Contains(t, readCmdline(bw), "--disable-userns", "bwrap 0.8 disables user namespaces in a single-uid guest")
 			}
 			s.signal(syscall.SIGTERM)
-			s.waitState(events.StateStopped, 15*time.Second)
+			s.waitState(api.StateStopped, 15*time.Second)
 			assert.Equal(t, 0, s.exit(10*time.Second))
 		})
 	}
@@ -209,7 +209,7 @@ func TestWorkloadConfinementInOCI(t *testing.T) {
 			needOCI(t, rt)
 			s := startShim(t, sandboxSpec{provider: "oci", bootstrap: probeBootstrap(t, false),
 				args: []string{"--runtime", rt, "--rootfs", probeRootfs(t)}})
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			assert.Contains(t, confinementMessage(t, s), "limits: 128 tasks of uid 1000")
 			r := probeResults(t, s, bootTimeout)
 			assertFiltered(t, r, rlimits, false)
@@ -230,7 +230,7 @@ func TestWorkloadConfinementInAVM(t *testing.T) {
 		args: append([]string{"--kernel", kernel, "--initramfs", initramfs, "--boot-timeout", vmBootTimeout.String(),
 			"--host-grace", vmHostGrace.String()}, identityArgs()[:6]...),
 	})
-	s.waitState(events.StateReady, vmBootTimeout)
+	s.waitState(api.StateReady, vmBootTimeout)
 	msg := confinementMessage(t, s)
 	t.Logf("%s", msg)
 	assert.Contains(t, msg, "the daemon in a mount namespace of its own")
@@ -242,6 +242,6 @@ func TestWorkloadConfinementInAVM(t *testing.T) {
 	assertIsolated(t, r)
 	assertSandboxIOWorks(t, s)
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 20*time.Second)
+	s.waitState(api.StateStopped, 20*time.Second)
 	assert.Equal(t, 0, s.exit(20*time.Second))
 }

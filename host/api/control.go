@@ -1,0 +1,181 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/oac/sandbox-agent/internal/safetext"
+	"github.com/oac/sandbox-agent/internal/strictjson"
+)
+
+// MaxLine bounds one command line in bytes (without the newline).
+const MaxLine = 64 << 10
+
+// MaxID bounds a command's id.
+const MaxID = 64
+
+// Commands.
+const (
+	CmdStatus        = "status"         // the sandbox's state, forwards and egress policy
+	CmdStop          = "stop"           // stop the sandbox in order; the shim then exits
+	CmdStart         = "start"          // (re)start: aborts the attempt in flight, starts a new one
+	CmdReset         = "reset"          // stop, remove what persists, start afresh
+	CmdSetPolicy     = "set_policy"     // replace the egress policy: allow, upstreams
+	CmdAddForward    = "add_forward"    // listen, guest_port
+	CmdRemoveForward = "remove_forward" // listen
+	CmdPushTime      = "push_time"      // send the host's clock to a VM guest
+)
+
+// ErrBadCommand wraps every decoding error.
+var ErrBadCommand = errors.New("bad command")
+
+// Command is one decoded command line.
+type Command struct {
+	// ID is echoed in the answer (optional, at most MaxID printable bytes).
+	ID  string `json:"id,omitempty"`
+	Cmd string `json:"cmd"`
+	// set_policy: egress rules and named upstreams, as --allow and
+	// --upstream take them (the --policy file is not re-read).
+	Allow     []string `json:"allow,omitempty"`
+	Upstreams []string `json:"upstreams,omitempty"`
+	// add_forward, remove_forward.
+	Listen    string `json:"listen,omitempty"`
+	GuestPort int    `json:"guest_port,omitempty"`
+}
+
+// keys lists, per command, the keys besides id and cmd it takes, and
+// whether each is required.
+var keys = map[string]map[string]bool{
+	CmdStatus:        {},
+	CmdStop:          {},
+	CmdStart:         {},
+	CmdReset:         {},
+	CmdPushTime:      {},
+	CmdSetPolicy:     {"allow": false, "upstreams": false},
+	CmdAddForward:    {"listen": true, "guest_port": true},
+	CmdRemoveForward: {"listen": true},
+}
+
+// IsCommand reports whether name is a known command.
+func IsCommand(name string) bool {
+	_, ok := keys[name]
+	return ok
+}
+
+// Commands returns the command names, for usage texts.
+func Commands() []string {
+	return []string{CmdStatus, CmdStop, CmdStart, CmdReset, CmdSetPolicy, CmdAddForward, CmdRemoveForward, CmdPushTime}
+}
+
+// maxList bounds allow and upstreams (the policy's own limit is 256 rules).
+const maxList = 512
+
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadCommand, fmt.Sprintf(format, args...))
+}
+
+// commandSchema is what every command line must be before its command
+// is known: one object whose known keys have values of their types; the
+// keys a command takes are checked once its cmd is read.
+var commandSchema = &strictjson.Schema{Kind: strictjson.Object, OpenKeys: true, Fields: []strictjson.Field{
+	{Name: "id", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "cmd", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "allow", Schema: stringList},
+	{Name: "upstreams", Schema: stringList},
+	{Name: "listen", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "guest_port", Schema: &strictjson.Schema{Kind: strictjson.Int}},
+}}
+
+var stringList = &strictjson.Schema{Kind: strictjson.Array, MaxItems: maxList, Elem: &strictjson.Schema{Kind: strictjson.String}}
+
+// Decode decodes one command line strictly.
+func Decode(line []byte) (Command, error) {
+	var c Command
+	if len(line) > MaxLine {
+		return c, bad("line longer than %d bytes", MaxLine)
+	}
+	if !utf8.Valid(line) {
+		return c, bad("not UTF-8")
+	}
+	if err := strictjson.Check(line, commandSchema); err != nil {
+		return c, lineError(err)
+	}
+	raw := map[string]json.RawMessage{}
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return c, bad("malformed JSON")
+	}
+	_ = json.Unmarshal(raw["id"], &c.ID)
+	if len(c.ID) > MaxID || strings.ContainsFunc(c.ID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		c.ID = ""
+		return c, bad("id must be at most %d bytes without control characters", MaxID)
+	}
+	_ = json.Unmarshal(raw["cmd"], &c.Cmd)
+	if c.Cmd == "" {
+		return c, bad(`"cmd" is required (one of %s)`, strings.Join(Commands(), ", "))
+	}
+	allowed, ok := keys[c.Cmd]
+	if !ok {
+		return c, bad("unknown command %q (known: %s)", safetext.Clean(c.Cmd, 32, '?'), strings.Join(Commands(), ", "))
+	}
+	for k := range raw {
+		if k == "id" || k == "cmd" {
+			continue
+		}
+		if _, ok := allowed[k]; !ok {
+			return c, bad("%s takes no key %q", c.Cmd, safetext.Clean(k, 32, '?'))
+		}
+	}
+	for k, req := range allowed {
+		if _, ok := raw[k]; req && !ok {
+			return c, bad("%s needs %q", c.Cmd, k)
+		}
+	}
+	// The values' types were checked: these cannot fail.
+	for k, dst := range map[string]any{"allow": &c.Allow, "upstreams": &c.Upstreams, "listen": &c.Listen, "guest_port": &c.GuestPort} {
+		if v, ok := raw[k]; ok {
+			_ = json.Unmarshal(v, dst)
+		}
+	}
+	if _, ok := raw["listen"]; ok && c.Listen == "" {
+		return c, bad(`"listen" must not be empty`)
+	}
+	if _, ok := raw["guest_port"]; ok && (c.GuestPort < 1 || c.GuestPort > 65535) {
+		return c, bad(`"guest_port" must be an integer 1..65535`)
+	}
+	return c, nil
+}
+
+// lineError words the walker's refusal of a line: the rule, never the
+// value.
+func lineError(err error) error {
+	var e *strictjson.Error
+	if !errors.As(err, &e) {
+		return bad("malformed JSON")
+	}
+	key := e.Key
+	if key == "" {
+		key = strings.TrimSuffix(e.Path, "[]")
+	}
+	switch {
+	case errors.Is(err, strictjson.ErrSyntax) && e.Offset == 0, errors.Is(err, strictjson.ErrType) && key == "":
+		return bad("a command is one JSON object")
+	case errors.Is(err, strictjson.ErrTrailing):
+		return bad("trailing data after the command object")
+	case errors.Is(err, strictjson.ErrDuplicate):
+		return bad("key %q given twice", safetext.Clean(e.Key, 32, '?'))
+	case errors.Is(err, strictjson.ErrTooMany):
+		return bad("%q has more than %d items", key, maxList)
+	case errors.Is(err, strictjson.ErrType) && key == "guest_port":
+		return bad(`"guest_port" must be an integer 1..65535`)
+	case errors.Is(err, strictjson.ErrType) && (key == "allow" || key == "upstreams"):
+		return bad("%q must be a list of strings", key)
+	case errors.Is(err, strictjson.ErrType):
+		return bad("%q must be a string", key)
+	case errors.Is(err, strictjson.ErrDepth):
+		return bad("nested too deeply")
+	}
+	return bad("malformed JSON")
+}

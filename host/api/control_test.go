@@ -1,0 +1,83 @@
+package api
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDecodeAcceptsEachCommand(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want Command
+	}{
+		{`{"cmd":"status"}`, Command{Cmd: CmdStatus}},
+		{`{"id":"7","cmd":"stop"}`, Command{ID: "7", Cmd: CmdStop}},
+		{` {"cmd":"start"} `, Command{Cmd: CmdStart}},
+		{`{"cmd":"reset","id":""}`, Command{Cmd: CmdReset}},
+		{`{"cmd":"push_time"}`, Command{Cmd: CmdPushTime}},
+		{`{"cmd":"set_policy","allow":["a.example.com:443"],"upstreams":["llm:443=127.0.0.1:8443"]}`,
+			Command{Cmd: CmdSetPolicy, Allow: []string{"a.example.com:443"}, Upstreams: []string{"llm:443=127.0.0.1:8443"}}},
+		{`{"cmd":"set_policy","allow":[]}`, Command{Cmd: CmdSetPolicy, Allow: []string{}}},
+		{`{"cmd":"set_policy"}`, Command{Cmd: CmdSetPolicy}},
+		{`{"cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`, Command{Cmd: CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096}},
+		{`{"cmd":"remove_forward","listen":"/run/x.sock"}`, Command{Cmd: CmdRemoveForward, Listen: "/run/x.sock"}},
+		{`{"c\u006dd":"status"}`, Command{Cmd: CmdStatus}},
+	} {
+		got, err := Decode([]byte(tc.line))
+		require.NoError(t, err, tc.line)
+		assert.Equal(t, tc.want, got, tc.line)
+	}
+}
+
+func TestDecodeRefusesWithTheRuleNotTheValue(t *testing.T) {
+	for _, tc := range []struct{ line, err string }{
+		{``, "one JSON object"},
+		{`[]`, "one JSON object"},
+		{`"status"`, "one JSON object"},
+		{`{"cmd":"status"} {"cmd":"stop"}`, "trailing data"},
+		{`{"cmd":"status"}x`, "trailing data"},
+		{`{"cmd":"status"`, "malformed JSON"},
+		{`{"cmd":"status",}`, "malformed JSON"},
+		{`{}`, `"cmd" is required`},
+		{`{"cmd":""}`, `"cmd" is required`},
+		{`{"cmd":"SECRETcommand"}`, `unknown command "SECRETcommand"`},
+		{`{"cmd":"Status"}`, "unknown command"},
+		{`{"Cmd":"status"}`, `"cmd" is required`},
+		{`{"cmd":"status","Cmd":"status"}`, `status takes no key "Cmd"`},
+		{`{"cmd":"status","cmd":"stop"}`, `key "cmd" given twice`},
+		{`{"cmd":"status","listen":"x"}`, `status takes no key "listen"`},
+		{`{"cmd":"status","extra":1}`, `status takes no key "extra"`},
+		{`{"cmd":1}`, `"cmd" must be a string`},
+		{`{"cmd":null}`, `"cmd" must be a string`},
+		{`{"cmd":"status","id":7}`, `"id" must be a string`},
+		{`{"cmd":"status","id":"` + strings.Repeat("x", 65) + `"}`, "id must be at most 64 bytes"},
+		{`{"cmd":"status","id":"a\nb"}`, "control characters"},
+		{`{"cmd":"add_forward","listen":"127.0.0.1:0"}`, `add_forward needs "guest_port"`},
+		{`{"cmd":"add_forward","guest_port":1}`, `add_forward needs "listen"`},
+		{`{"cmd":"add_forward","listen":"l","guest_port":"4096"}`, "integer 1..65535"},
+		{`{"cmd":"add_forward","listen":"l","guest_port":4096.0}`, "integer 1..65535"},
+		{`{"cmd":"add_forward","listen":"l","guest_port":4e3}`, "integer 1..65535"},
+		{`{"cmd":"add_forward","listen":"l","guest_port":-1}`, "integer 1..65535"},
+		{`{"cmd":"add_forward","listen":"l","guest_port":0}`, "integer 1..65535"},
+		{`{"cmd":"add_forward","listen":"l","guest_port":65536}`, "integer 1..65535"},
+		{`{"cmd":"add_forward","listen":"l","guest_port":04096}`, "malformed JSON"},
+		{`{"cmd":"add_forward","listen":"","guest_port":1}`, `"listen" must not be empty`},
+		{`{"cmd":"add_forward","listen":["l"],"guest_port":1}`, `"listen" must be a string`},
+		{`{"cmd":"set_policy","allow":"a:443"}`, `"allow" must be a list of strings`},
+		{`{"cmd":"set_policy","allow":[1]}`, `"allow" must be a list of strings`},
+		{`{"cmd":"set_policy","allow":[null]}`, `"allow" must be a list of strings`},
+		{`{"cmd":"set_policy","upstreams":null}`, `"upstreams" must be a list of strings`},
+		{`{"cmd":"set_policy","allow":[` + strings.Repeat(`"a",`, 512) + `"a"]}`, "more than 512 items"},
+		{"{\"cmd\":\"status\xff\"}", "not UTF-8"},
+		{`{"cmd":"` + strings.Repeat("x", MaxLine) + `"}`, "longer than"},
+	} {
+		_, err := Decode([]byte(tc.line))
+		require.ErrorIs(t, err, ErrBadCommand, tc.line)
+		assert.Contains(t, err.Error(), tc.err, tc.line)
+		assert.NotContains(t, err.Error(), "a:443")
+		assert.Less(t, len(err.Error()), 300)
+	}
+}

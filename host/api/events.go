@@ -1,0 +1,135 @@
+package api
+
+import (
+	"encoding/json"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/oac/sandbox-agent/protocol"
+)
+
+// Event kinds.
+const (
+	KindState   = "state"   // lifecycle state change: state, message
+	KindAgent   = "agent"   // the guest agent connected: pid, protocol, agent_version
+	KindProcess = "process" // a guest process started, exited or is restarting
+	KindLog     = "log"     // one line of guest process output: stream, line
+	KindDropped = "log_dropped"
+	// KindEgress is one egress decision: target, via, decision (allowed,
+	// denied, failed), rule or reason, code and effect on refusal, address
+	// dialed when allowed.
+	KindEgress = "egress"
+	// KindEgressClosed ends an allowed egress connection: bytes each way,
+	// duration, and code/reason when it did not end cleanly.
+	KindEgressClosed = "egress_closed"
+	// KindEgressPolicy reports a policy replacement (or a refused one).
+	KindEgressPolicy = "egress_policy"
+	// KindForward reports a forward (ingress) listening or removed, or a
+	// connection it refused: listen, guest_port, message.
+	KindForward = "forward"
+	// KindAnswer answers one control command: id, command, ok, error and
+	// the command's result.
+	KindAnswer = "answer"
+)
+
+// State is a sandbox's lifecycle state: starting, ready, failed or
+// stopped, the states the guest reports in the protocol's State messages.
+type State string
+
+// States.
+const (
+	StateStarting State = protocol.StateStarting
+	StateReady    State = protocol.StateReady
+	StateFailed   State = protocol.StateFailed
+	StateStopped  State = protocol.StateStopped
+)
+
+// Event is one line of oac-shim output.
+type Event struct {
+	Time         time.Time `json:"time"`
+	Sandbox      string    `json:"sandbox"`
+	Event        string    `json:"event"`
+	State        State     `json:"state,omitempty"`
+	Message      string    `json:"message,omitempty"`
+	Process      string    `json:"process,omitempty"`
+	PID          int       `json:"pid,omitempty"`
+	Running      *bool     `json:"running,omitempty"`
+	ExitCode     *int      `json:"exit_code,omitempty"`
+	Signal       string    `json:"signal,omitempty"`
+	Protocol     int       `json:"protocol,omitempty"`
+	AgentVersion string    `json:"agent_version,omitempty"`
+	Stream       string    `json:"stream,omitempty"`
+	Line         string    `json:"line,omitempty"`
+	Dropped      int64     `json:"dropped,omitempty"`
+	// Egress fields (egress, egress_closed). Conn links the two events of
+	// one connection; bytes_out went from the guest to the upstream.
+	Conn       uint64 `json:"conn,omitempty"`
+	Via        string `json:"via,omitempty"`
+	Target     string `json:"target,omitempty"`
+	Decision   string `json:"decision,omitempty"`
+	Rule       string `json:"rule,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	Code       string `json:"code,omitempty"`
+	Effect     string `json:"effect,omitempty"`
+	Address    string `json:"address,omitempty"`
+	BytesOut   *int64 `json:"bytes_out,omitempty"`
+	BytesIn    *int64 `json:"bytes_in,omitempty"`
+	DurationMS *int64 `json:"duration_ms,omitempty"`
+	// Rules lists the policy in force (egress_policy).
+	Rules []string `json:"rules,omitempty"`
+	// URL and Username come with ready when the daemon has credentials
+	// and a health check; the password never appears in an event.
+	URL      string `json:"url,omitempty"`
+	Username string `json:"username,omitempty"`
+	// GuestURL is the daemon's URL inside the guest, given with ready
+	// when URL is a forward's address on the host.
+	GuestURL string `json:"guest_url,omitempty"`
+	// Listen and GuestPort name a forward (forward events).
+	Listen    string `json:"listen,omitempty"`
+	GuestPort int    `json:"guest_port,omitempty"`
+	// Attempt numbers the sandbox's starts in this shim (state events).
+	Attempt uint64 `json:"attempt,omitempty"`
+	// Restarts counts a process's restarts; RestartInMS is the backoff
+	// before the next start (process events with message "restarting").
+	Restarts    int   `json:"restarts,omitempty"`
+	RestartInMS int64 `json:"restart_in_ms,omitempty"`
+}
+
+// Sink receives events. Emit must be safe for concurrent use.
+type Sink interface{ Emit(Event) }
+
+// JSONLines writes each event as one JSON object per line.
+type JSONLines struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+}
+
+// NewJSONLines returns a sink writing to w.
+func NewJSONLines(w io.Writer) *JSONLines {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return &JSONLines{enc: enc}
+}
+
+// Emit writes e; a write error is dropped (events must never block or fail
+// the sandbox).
+func (j *JSONLines) Emit(e Event) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	_ = j.enc.Encode(e)
+}
+
+// Encode writes any other value (a control answer) as one line, in order
+// with the events.
+func (j *JSONLines) Encode(v any) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.enc.Encode(v)
+}
+
+// Func adapts a function to Sink.
+type Func func(Event)
+
+// Emit calls f.
+func (f Func) Emit(e Event) { f(e) }

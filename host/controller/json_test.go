@@ -1,5 +1,0 @@
-package controller
-
-import "encoding/json"
-
-func jsonMarshal(v any) ([]byte, error) { return json.Marshal(v) }
