@@ -15,16 +15,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
-// Limits every workload process gets (the hosted containers' pids limit).
-const (
-	PidsMax = 128
-	// MemoryShare is the part of the guest's memory (MemTotal) the
-	// workload may use, in quarters: the rest stays for the agent and the
-	// kernel.
-	MemoryShare = 3
-)
+// PidsMax is the workload's pids limit (bootstrap.WorkloadPids).
+const PidsMax = bootstrap.WorkloadPids
 
 // isolation is how a workload process gets a mount namespace of its own.
 type isolation int

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
 // cgroupRoot is where cgroup v2 is mounted in a guest, and cgroupName the
@@ -19,13 +22,14 @@ const (
 	cgroupName = "/oac-workload"
 )
 
-// memoryLimit is MemoryShare quarters of the guest's memory.
+// memoryLimit is the workload's share of the guest's memory
+// (bootstrap.WorkloadMemory).
 func memoryLimit() uint64 {
 	var si unix.Sysinfo_t
 	if err := unix.Sysinfo(&si); err != nil || si.Totalram == 0 {
 		return 1 << 30
 	}
-	return uint64(si.Totalram) * uint64(si.Unit) / 4 * MemoryShare
+	return bootstrap.WorkloadMemory(uint64(si.Totalram) * uint64(si.Unit))
 }
 
 // workloadCgroup creates the workload's cgroup with pids.max and
@@ -51,7 +55,7 @@ func workloadCgroup(memLimit uint64) (*os.File, error) {
 	}
 	have := strings.Fields(string(ctrl))
 	for _, c := range []string{"pids", "memory"} {
-		if !contains(have, c) {
+		if !slices.Contains(have, c) {
 			return nil, fmt.Errorf("cgroup v2 has no %s controller", c)
 		}
 	}
@@ -85,13 +89,4 @@ func ownCgroup() (string, error) {
 		}
 	}
 	return "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
