@@ -10,7 +10,8 @@
 //
 //	probe [--bomb]
 //
-// --bomb also forks until the kernel refuses (the pids limit), counting.
+// --bomb then re-execs itself to fork until the kernel refuses (the pids
+// limit), counting.
 package main
 
 import (
@@ -21,6 +22,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,17 +46,29 @@ func main() {
 		// namespace was created.
 		fmt.Println("in a new user namespace")
 		return
-	case len(os.Args) > 1 && os.Args[1] == "forker":
-		os.Exit(forker())
+	}
+	if len(os.Args) > 1 && os.Args[1] == "forker" {
+		// First: no goroutine of its own (not even signal handling's) may
+		// want a thread while the limit is reached.
+		forker()
 	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
-	probe(len(os.Args) > 1 && os.Args[1] == "--bomb")
+	if len(os.Args) < 2 || os.Args[1] != "forker" {
+		probe()
+		if len(os.Args) > 1 && os.Args[1] == "--bomb" {
+			// The bomb runs in this process, exec'd afresh: nothing else of
+			// it may need a new thread while the limit is reached (the Go
+			// runtime dies when it cannot make one).
+			err := syscall.Exec("/proc/self/exe", []string{os.Args[0], "forker"}, os.Environ())
+			say("forker", errName(err))
+		}
+	}
 	say("done", "1")
 	<-term
 }
 
-func probe(bomb bool) {
+func probe() {
 	groups, _ := os.Getgroups()
 	say("ids", fmt.Sprintf("uid=%d gid=%d groups=%v", os.Getuid(), os.Getgid(), groups))
 	for _, f := range []string{"NoNewPrivs", "Seccomp", "CapEff", "CapBnd", "CapAmb", "CapPrm"} {
@@ -160,26 +175,17 @@ func probe(bomb bool) {
 			}
 		}
 	}
-	if bomb {
-		out, _ := exec.Command("/proc/self/exe", "forker").CombinedOutput()
-		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			fmt.Println("probe: " + line)
-		}
-	}
 }
 
 // forker forks children that only wait, until the kernel refuses one, and
 // reports how many it made, why it stopped, and how many tasks uid 1000 had
-// at that moment.
-func forker() int {
+// at that moment. Until the children are gone it runs on one thread with
+// the collector off, so the runtime needs no new thread.
+func forker() {
+	runtime.GOMAXPROCS(1)
+	debug.SetGCPercent(-1)
+	runtime.LockOSThread()
 	var kids []int
-	defer func() {
-		for _, k := range kids {
-			_ = unix.Kill(k, unix.SIGKILL)
-			var ws unix.WaitStatus
-			_, _ = unix.Wait4(k, &ws, 0, nil)
-		}
-	}()
 	var stop error
 	for len(kids) < 1000 {
 		pid, err := forkIdle()
@@ -189,10 +195,17 @@ func forker() int {
 		}
 		kids = append(kids, pid)
 	}
-	fmt.Printf("forked=%d\n", len(kids))
-	fmt.Printf("fork-stopped=%s\n", errName(stop))
-	fmt.Printf("uid-tasks=%d\n", uidTasks(os.Getuid()))
-	return 0
+	tasks := uidTasks(os.Getuid())
+	for _, k := range kids {
+		_ = unix.Kill(k, unix.SIGKILL)
+		var ws unix.WaitStatus
+		_, _ = unix.Wait4(k, &ws, 0, nil)
+	}
+	runtime.UnlockOSThread()
+	debug.SetGCPercent(100)
+	say("forked", len(kids))
+	say("fork-stopped", errName(stop))
+	say("uid-tasks", tasks)
 }
 
 // forkIdle forks a child that only sleeps in ppoll until killed. The child
