@@ -41,6 +41,8 @@ var bins struct {
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
 	shimClient string
+	// probe plays a hostile daemon (internal/probe).
+	probe string
 }
 
 func TestMain(m *testing.M) {
@@ -67,6 +69,7 @@ func TestMain(m *testing.M) {
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.dockerRec = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
+	bins.probe = filepath.Join(dir, "probe")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -79,6 +82,7 @@ func TestMain(m *testing.M) {
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.dockerRec, "./internal/dockerrec", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
+		{bins.probe, "./internal/probe", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
@@ -220,7 +224,8 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	}
 	args := []string{"run", "--provider", spec.provider, "--name", spec.name, "--agent", spec.agent}
 	if spec.bootstrap != "" {
-		dir, owner := t.TempDir(), -1
+		dir := t.TempDir()
+		owner := -1
 		if spec.user != "" {
 			// The unprivileged shim must be able to read it.
 			var err error
@@ -234,7 +239,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		}
 		f := filepath.Join(dir, "bootstrap.json")
 		require.NoError(t, os.WriteFile(f, []byte(spec.bootstrap), 0o600))
-		// Before the shim starts: it reads the file at once.
+		// Before the shim starts, not when this function returns.
 		require.NoError(t, os.Chown(f, owner, -1))
 		args = append(args, "--bootstrap", f)
 	}

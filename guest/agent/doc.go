@@ -15,13 +15,15 @@
 //  5. the daemon's health is polled on the guest's loopback (package
 //     health) and "ready" is reported with the URL and username.
 //
-// Every process runs as UID/GID 1000 with no supplementary groups and no
-// capabilities (empty inheritable and ambient sets), in a new session, with
-// no-new-privileges, in the workload's network namespace: the guest's own
-// when it has only lo, else one of its own with only lo (package netns; the
-// egress proxies, the resolver and the capture serve there, the health
-// check and forwards dial there; without the privilege to make it the
-// bootstrap fails); its stdout and stderr go to the host as
+// Every process runs as UID/GID 1000 with no supplementary groups, in a new
+// session, with no-new-privileges, started through package workload's
+// launcher (seccomp filter, no capabilities, limits; the daemon in a mount
+// namespace without the private file; oac-sandbox-io never dumpable), with
+// empty inheritable and ambient capability sets, in the workload's network
+// namespace: the guest's own when it has only lo, else one of its own with
+// only lo (package netns; the egress proxies, the resolver and the capture
+// serve there, the health check and forwards dial there; without the
+// privilege to make it the bootstrap fails); its stdout and stderr go to the host as
 // log streams (with the egress proxy environment when the host offers
 // egress: package egress; and, when it also offers dns, the guest's
 // resolver and transparent capture of outgoing TCP: package transparent); its start, exit and restart are reported as

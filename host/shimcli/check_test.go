@@ -36,7 +36,12 @@ func TestCheckJSONReportsPolicyAndEveryProvider(t *testing.T) {
 		honours[p.Name] = p.Honours
 		if !p.Available {
 			assert.NotEmpty(t, p.Reason, p.Name)
+			assert.Empty(t, p.Workload, p.Name)
+			continue
 		}
+		// Every provider says how the workload is confined and limited.
+		assert.Contains(t, p.Workload, "seccomp filter", p.Name)
+		assert.Contains(t, p.Workload, "limits: ", p.Name)
 	}
 	assert.Equal(t, []string{"bwrap", "docker", "oci", "qemu", "vz", "wsl"}, names)
 	// What run refuses, before anything is created, is in the report,

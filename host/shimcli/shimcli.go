@@ -99,6 +99,9 @@ type ProviderStatus struct {
 	// its guests (--rootfs, --sandbox-io, --install, --volume); run
 	// refuses the others before anything is created.
 	Honours []string `json:"honours"`
+	// Workload says how oac-sandbox-io and the daemon are confined in
+	// this provider's sandboxes here, limits included (available only).
+	Workload string `json:"workload,omitempty"`
 }
 
 // detectOS is replaced in tests.
@@ -131,6 +134,9 @@ func Check(ctx context.Context, providers map[string]func() provider.Provider) C
 			st.Available = true
 			if d, ok := p.(provider.Detailer); ok {
 				st.Detail = d.Detail(ctx)
+			}
+			if c, ok := p.(provider.Confiner); ok {
+				st.Workload = c.Workload(ctx)
 			}
 		}
 		r.Providers = append(r.Providers, st)
@@ -174,6 +180,9 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 			detail = " (" + p.Detail + ")"
 		}
 		fmt.Fprintf(stdout, "%s: available%s; honours %s\n", p.Name, detail, honoursList(p.Honours))
+		if p.Workload != "" {
+			fmt.Fprintf(stdout, "  workload: %s\n", p.Workload)
+		}
 	}
 	return code
 }

@@ -11,10 +11,11 @@
 // only), ipc, uts, mount and cgroup namespaces, guest ids 0..65535 mapped to
 // a host id range of its own (package kit's host-wide id slots, which the
 // bwrap provider draws from too), a pids limit of 128, a seccomp deny list,
-// and only the capabilities the agent needs for the contract
+// and only the capabilities the agent needs: the hosted contract's
 // (kit.AgentCaps: the private directory's chown, the private file, the
 // workload's ids and signals, the resolver on port 53 and the nftables
-// capture in the container's own network namespace). Its process is
+// capture in the container's own network namespace) and CAP_SETFCAP (to
+// map ids into the daemon's nested user namespace). Its process is
 // oac-guest, bound read-only at /run/oac/oac-guest, dialing the transport
 // socket the shim listens on, bound in at /run/oac/agent.sock. A --rootfs
 // gets no new mount point: what the contract would mount where the image

@@ -3,6 +3,7 @@ package oci
 import (
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 
 	"github.com/oac/sandbox-agent/host/provider/kit"
@@ -15,14 +16,22 @@ const specVersion = "1.0.2"
 
 // AgentCaps are the only capabilities the agent keeps (bounding,
 // effective, permitted; none inheritable or ambient, so the processes it
-// starts as uid 1000 have none): kit.AgentCaps, the hosted contract's.
-var AgentCaps = capNames(kit.AgentCaps)
+// starts as uid 1000 have none): the hosted contract's (kit.AgentCaps,
+// which says why each is needed) and CAP_SETFCAP, with which (and with
+// CAP_SETUID and CAP_SETGID) the agent maps the guest's ids into the
+// nested user namespace that gives the daemon a mount namespace of its own
+// (Linux 5.12 and later require it to map id 0; docs/workload.md). The
+// runtime mounts everything and sets the hostname and lo up, so the agent
+// needs no CAP_SYS_ADMIN.
+var AgentCaps = capNames(append(slices.Clone(kit.AgentCaps), "SETFCAP"))
 
+// capNames returns names as the runtime spec's CAP_ names, sorted.
 func capNames(names []string) []string {
 	out := make([]string, len(names))
 	for i, n := range names {
 		out[i] = "CAP_" + n
 	}
+	slices.Sort(out)
 	return out
 }
 
