@@ -706,7 +706,7 @@ func (a *agent) start(s workload.Spec, restarts int, onExit func(reaper.Exit)) (
 		}
 		cmd = l.Cmd
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, stdio[0], stdio[1]
-		exitc, err = a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true, NoInheritedCaps: true, NetNS: a.wl.get().File()})
+		exitc, err = a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true, NetNS: a.wl.get().File()})
 		l.Started()
 		if err != nil {
 			l.Close()

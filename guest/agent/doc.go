@@ -18,9 +18,8 @@
 // Every process runs as UID/GID 1000 with no supplementary groups, in a new
 // session, with no-new-privileges, started through package workload's
 // launcher (seccomp filter, no capabilities, limits; the daemon in a mount
-// namespace without the private file; oac-sandbox-io never dumpable), with
-// empty inheritable and ambient capability sets, in the workload's network
-// namespace: the guest's own when it has only lo, else one of its own with
+// namespace without the private file; oac-sandbox-io never dumpable), in
+// the workload's network namespace: the guest's own when it has only lo, else one of its own with
 // only lo (package netns; the egress proxies, the resolver and the capture
 // serve there, the health check and forwards dial there; without the
 // privilege to make it the bootstrap fails); its stdout and stderr go to the host as

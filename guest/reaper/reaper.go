@@ -122,11 +122,6 @@ type Options struct {
 	// child starts in: the starting thread enters it (setns) before the
 	// fork, so the child is in it from its first instruction.
 	NetNS *os.File
-	// NoInheritedCaps empties the child's inheritable and ambient
-	// capability sets. A child switched to a non-root uid loses its
-	// permitted and effective sets, but keeps the inheritable set of an
-	// agent that has one (bwrap --cap-add ALL gives it a full one).
-	NoInheritedCaps bool
 }
 
 // Start starts cmd and returns a channel that receives its exit exactly
@@ -145,7 +140,7 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var err error
-	if opts.NoNewPrivs || opts.NetNS != nil || opts.NoInheritedCaps {
+	if opts.NoNewPrivs || opts.NetNS != nil {
 		err = startOnThread(cmd, opts)
 	} else {
 		err = cmd.Start()
@@ -165,8 +160,7 @@ func (r *Reaper) Start(cmd *exec.Cmd, opts Options) (<-chan Exit, error) {
 }
 
 // startOnThread forks from a dedicated OS thread that has
-// PR_SET_NO_NEW_PRIVS set, no inheritable or ambient capabilities and has
-// entered opts.NetNS (as asked). Both are
+// PR_SET_NO_NEW_PRIVS set and has entered opts.NetNS (as asked). Both are
 // per thread and inherited by the child; the thread is never returned to
 // the Go scheduler (the goroutine exits while locked, so the runtime
 // destroys it), so no other code of the agent runs with them. The main
@@ -190,12 +184,6 @@ func startOnThread(cmd *exec.Cmd, opts Options) error {
 				return
 			}
 		}
-		if opts.NoInheritedCaps {
-			if err := clearInheritable(); err != nil {
-				errc <- err
-				return
-			}
-		}
 		if opts.NoNewPrivs {
 			if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 				errc <- fmt.Errorf("set no_new_privs: %w", err)
@@ -205,25 +193,4 @@ func startOnThread(cmd *exec.Cmd, opts Options) error {
 		errc <- cmd.Start()
 	}()
 	return <-errc
-}
-
-// clearInheritable empties the calling thread's inheritable and ambient
-// capability sets (capabilities are per thread).
-func clearInheritable() error {
-	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("clear ambient capabilities: %w", err)
-	}
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if err := unix.Capget(&hdr, &data[0]); err != nil {
-		return fmt.Errorf("read capabilities: %w", err)
-	}
-	if data[0].Inheritable == 0 && data[1].Inheritable == 0 {
-		return nil
-	}
-	data[0].Inheritable, data[1].Inheritable = 0, 0
-	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return fmt.Errorf("clear inheritable capabilities: %w", err)
-	}
-	return nil
 }

@@ -14,7 +14,8 @@
 //	                               execs PATH inside the distribution, in place of
 //	                               this process (its stdio is the caller's pipes:
 //	                               the real oac-guest over stdio://): as root,
-//	                               chrooted into the distribution's root, in a mount
+//	                               chrooted into the distribution's root (a bind
+//	                               mount of itself), in a mount
 //	                               namespace of its own with /proc, the host's /dev
 //	                               and tmpfs /run and /tmp, and in the network
 //	                               namespace $OAC_FAKE_WSL_NETNS when set (a WSL2
@@ -287,6 +288,11 @@ func enter(root string) error {
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
+	}
+	// The distribution's root is a mount of its own, as in WSL (the
+	// agent's launcher makes the mounts below it private).
+	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", root, err)
 	}
 	for _, m := range []struct {
 		src, dst, fstype string
