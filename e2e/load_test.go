@@ -83,16 +83,24 @@ func TestLoadManyConcurrentEgressConnectionsMoveEveryByte(t *testing.T) {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
 
+	// One curl moves all N downloads at once, then one all N uploads
+	// (--parallel): N concurrent connections from two processes, well
+	// within the workload's task limit (128), which N curls in N
+	// subshells would exceed.
 	script := fmt.Sprintf(`
 N=%d; SIZE=%d
 head -c $SIZE /dev/urandom > up
 echo "expect-up $(sha256sum up | cut -c1-64)"
+dl=""; ul=""
 for i in $(seq $N); do
-  ( d=$(curl -sS --max-time 300 http://up.test/dl/$i | sha256sum | cut -c1-64)
-    u=$(curl -sS --max-time 300 --data-binary @up http://up.test/ul/$i)
-    echo "conn $i $d $u" ) &
+  dl="$dl -o dl.$i http://up.test/dl/$i"
+  ul="$ul --next -sS --max-time 300 -o ul.$i --data-binary @up http://up.test/ul/$i"
 done
-wait
+curl --parallel --parallel-immediate --parallel-max $N -sS --max-time 300 $dl
+curl --parallel --parallel-immediate --parallel-max $N ${ul#" --next"}
+for i in $(seq $N); do
+  echo "conn $i $(sha256sum dl.$i | cut -c1-64) $(cat ul.$i)"
+done
 echo "load done"
 exec sleep 100000`, conns, size)
 	start := time.Now()
