@@ -28,6 +28,11 @@ type Welcome struct {
 	// TimeUnixNano is the host's wall clock when Welcome was sent; VM
 	// guests set their clock from it.
 	TimeUnixNano int64 `json:"time_unix_nano"`
+	// AllowLoopbackLink: the operator started the host with
+	// --allow-loopback-link, so the guest accepts a ws:// or wss:// Link
+	// URL on a loopback host. Only the host's own flag sets it; the
+	// bootstrap document cannot.
+	AllowLoopbackLink bool `json:"allow_loopback_link,omitempty"`
 }
 
 // Guest states reported in State messages.

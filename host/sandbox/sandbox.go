@@ -341,8 +341,9 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
 	}
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
-		HostVersion:  buildinfo.Version,
-		Capabilities: caps,
+		HostVersion:       buildinfo.Version,
+		Capabilities:      caps,
+		AllowLoopbackLink: s.cfg.Bootstrap.Sandbox != nil && s.cfg.Bootstrap.Sandbox.AllowLoopbackLink,
 	}, helloWait)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)

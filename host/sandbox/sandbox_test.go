@@ -14,13 +14,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(egress.WatcherFunction))
+}
 
 // fakeProvider hands the sandbox one end of a net.Pipe; the test plays the
 // guest on the other end.

@@ -267,7 +267,6 @@ func loadBootstrap(f *runFlags) (*bootstrap.Bootstrap, error) {
 			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
 				return nil, errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation")
 			}
-			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
 		}
 		boot.Sandbox = id
 	}
