@@ -169,6 +169,8 @@ type agent struct {
 	// transparent is the resolver and TCP capture, nil when the host does
 	// not answer dns streams or the guest cannot set them up.
 	transparent *transparent.Transparent
+	// pool is the resolver's made-up addresses, shared by the proxies.
+	pool *transparent.Pool
 
 	mu    sync.Mutex
 	procs []*proc
@@ -218,7 +220,15 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		p, err := egress.Start(egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		open := egress.SessionOpener(a.sess)
+		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
+			// The resolver's made-up addresses map back to their names on
+			// every path: a client that resolves itself (curl --socks5)
+			// and then names the address to a proxy reaches the name.
+			a.pool = transparent.NewPool(transparent.DefaultPrefix)
+			open = a.pool.Opener(open)
+		}
+		p, err := egress.Start(open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
@@ -249,6 +259,7 @@ func (a *agent) startTransparent() string {
 		Open: egress.SessionOpener(a.sess),
 		Ask:  transparent.SessionAsker(a.sess),
 		Log:  a.cfg.Log,
+		Pool: a.pool,
 		OnUDPDropped: func(n uint64) {
 			udpLog.report(n)
 		},

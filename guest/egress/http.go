@@ -380,6 +380,13 @@ func refusalResponse(t target, r protocol.EgressReply) string {
 	return b.String()
 }
 
+// RefusalResponse is the proxy's HTTP response to the host's refusal of
+// host:port, for another path that answers HTTP clients the same way (a
+// captured connection to port 80).
+func RefusalResponse(host string, port int, r protocol.EgressReply) string {
+	return refusalResponse(target{host: host, port: port}, r)
+}
+
 func writeRefusal(w io.Writer, t target, r protocol.EgressReply) {
 	_, _ = io.WriteString(w, refusalResponse(t, r))
 }
