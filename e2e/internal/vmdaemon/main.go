@@ -6,8 +6,11 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -53,6 +56,7 @@ func main() {
 	fmt.Printf("cwd=%s\n", wd)
 	fmt.Printf("unix_ms=%d\n", time.Now().UnixMilli())
 	fmt.Printf("vda=%s\n", disk())
+	probes()
 	<-term
 	fmt.Println("term")
 }
@@ -73,4 +77,25 @@ func disk() string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return "none"
+}
+
+// probes runs the programs VMDAEMON_PROBES names (a JSON list of
+// [label, argv...]), one after the other, and prints "label: OUTPUT" for
+// each (stdout and stderr, newlines as '|'), then "probes done": the
+// shell-less image's way to run a client such as curl for a test.
+func probes() {
+	var list [][]string
+	if err := json.Unmarshal([]byte(os.Getenv("VMDAEMON_PROBES")), &list); err != nil {
+		return
+	}
+	for _, p := range list {
+		if len(p) < 2 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, _ := exec.CommandContext(ctx, p[1], p[2:]...).CombinedOutput()
+		cancel()
+		fmt.Printf("%s: %s\n", p[0], strings.ReplaceAll(strings.TrimRight(string(out), "\n"), "\n", "|"))
+	}
+	fmt.Println("probes done")
 }

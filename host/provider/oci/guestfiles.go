@@ -20,6 +20,13 @@ func passwd() string {
 
 func group() string { return "root:x:0:\nruntime:x:1000:\nnogroup:x:65534:\n" }
 
+// resolvConf points the guest at the agent's resolver on loopback
+// (package guest/transparent); the same text as initsys.ResolvConf, which
+// the agent checks before placing its own (it cannot here: no
+// CAP_SYS_ADMIN for a bind mount).
+const resolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
+	"nameserver 127.0.0.1\noptions edns0\n"
+
 func hosts(hostname string) string {
 	s := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 	if hostname != "" {

@@ -329,7 +329,7 @@ func (in *Instance) skeleton(dir string) (string, []hostEntry, [][2]string, erro
 	if err := mk(etcDir, 0o755); err != nil {
 		return "", nil, nil, err
 	}
-	for name, content := range map[string]string{"passwd": passwd(), "group": group(), "hosts": hosts(in.spec.Hostname)} {
+	for name, content := range map[string]string{"passwd": passwd(), "group": group(), "hosts": hosts(in.spec.Hostname), "resolv.conf": resolvConf} {
 		path := filepath.Join(etcDir, name)
 		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 			return "", nil, nil, fmt.Errorf("write %s: %w", path, err)
