@@ -159,7 +159,10 @@
 // InvalidArgument for an address or a malformed name). No address
 // crosses: the guest hands out addresses of its own and names the name
 // in the egress stream of each connection, which the host checks again
-// with its port. The guest waits at most DNSReplyTimeout (10 s). A dns
+// with its port. The guest makes its addresses up from GuestAddrPrefix
+// (198.18.0.0/15) and maps them back to names on every path; it sends
+// one as an egress host only when no name holds it, and the host's
+// refusal then says so. The guest waits at most DNSReplyTimeout (10 s). A dns
 // stream counts against the broker's stream limit while it is answered.
 //
 // # Limits enforced on read

@@ -98,7 +98,7 @@ func ParseRule(s string) (Rule, error) {
 	if r.lo, r.hi, err = parsePorts(ports); err != nil {
 		return Rule{}, err
 	}
-	if span := int(r.hi) - int(r.lo) + 1; span > 1 && span > MaxPortSpan {
+	if span := int(r.hi) - int(r.lo) + 1; span > MaxPortSpan {
 		return Rule{}, fmt.Errorf("%w: rule %q: a range of %d ports amounts to every port: at most %d ports per host, suffix or prefix in ranges; name each port (one rule each) or a narrower range",
 			ErrRule, safeText(s, 80), span, MaxPortSpan)
 	}

@@ -10,7 +10,9 @@
 // own (the id slots it shares with the bwrap provider), a pids limit of 128,
 // a seccomp deny list, and only the capabilities the agent needs:
 // CAP_SETUID and CAP_SETGID (to start the daemon as 1000:1000 without
-// supplementary groups) and CAP_KILL (to signal it on stop). Its process is
+// supplementary groups), CAP_KILL (to signal it on stop), CAP_NET_ADMIN and
+// CAP_NET_BIND_SERVICE (transparent egress in its own network namespace:
+// the resolver on port 53 and the capture). Its process is
 // oac-guest, bound read-only at /run/oac/oac-guest, dialing the transport
 // socket the shim listens on, bound in at /run/oac/agent.sock.
 //
