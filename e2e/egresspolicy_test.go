@@ -135,7 +135,10 @@ func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	assert.Equal(t, "reached flip.rebind.test:"+p, s.logLine("first: "), "the first connection, to 127.0.0.1, is allowed by its rule")
 	assert.Equal(t, "403", s.logLine("second: "), "the name flipped to this host's own address")
 	assert.Equal(t, int32(1), e.reached.Load(), "the second connection reached nothing")
-	flips := s.find(func(ev events.Event) bool { return ev.Event == events.KindEgress && ev.Target == "flip.rebind.test:"+p })
+	// The host emits each decision after its answer: wait for the events.
+	isFlip := func(ev events.Event) bool { return ev.Event == events.KindEgress && ev.Target == "flip.rebind.test:"+p }
+	s.waitFor(func(ev events.Event) bool { return isFlip(ev) && ev.Decision == "denied" }, 10*time.Second, "the second connection's event")
+	flips := s.find(isFlip)
 	if assert.Len(t, flips, 2) {
 		assert.Equal(t, "allowed", flips[0].Decision)
 		assert.Equal(t, "127.0.0.1:"+p, flips[0].Address)
@@ -144,23 +147,19 @@ func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	}
 
 	assert.Equal(t, "plain hello from web.test/socks", s.logLine("socks: "), "curl --socks5 resolved the name in the guest")
-	socks := s.find(func(ev events.Event) bool { return ev.Event == events.KindEgress && ev.Via == "socks5" })
-	if assert.NotEmpty(t, socks) {
-		assert.Equal(t, "web.test:80", socks[0].Target, "the guest named the name, not its made-up address")
-		assert.Equal(t, "allowed", socks[0].Decision)
-	}
+	socks := s.waitFor(func(ev events.Event) bool { return ev.Event == events.KindEgress && ev.Via == "socks5" }, 10*time.Second, "the SOCKS event")
+	assert.Equal(t, "web.test:80", socks.Target, "the guest named the name, not its made-up address")
+	assert.Equal(t, "allowed", socks.Decision)
 
 	noproxy := s.logLine("noproxy: ")
 	assert.Contains(t, noproxy, "Blocked by the sandbox's egress policy: this is not a network fault.")
 	assert.Contains(t, noproxy, "The sandbox host refused the connection to denied.example:80.")
 	assert.Contains(t, noproxy, "Reason: port 80 is not allowed for denied.example (its rule allows port 443); nothing was resolved")
-	captured := s.find(func(ev events.Event) bool {
+	captured := s.waitFor(func(ev events.Event) bool {
 		return ev.Event == events.KindEgress && ev.Via == "transparent" && ev.Target == "denied.example:80"
-	})
-	if assert.Len(t, captured, 1) {
-		assert.Equal(t, "denied", captured[0].Decision)
-		assert.Equal(t, "denied.example:443", captured[0].Rule)
-	}
+	}, 10*time.Second, "the captured connection's event")
+	assert.Equal(t, "denied", captured.Decision)
+	assert.Equal(t, "denied.example:443", captured.Rule)
 }
 
 func (e *egressPromises) spec() sandboxSpec {
