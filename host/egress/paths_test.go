@@ -296,19 +296,25 @@ func refusedOnEveryPath(t *testing.T, pol *Policy, targets []target, port int, r
 			assert.Empty(t, g.captured(t, netip.AddrPortFrom(tg.addr, uint16(port))), "capture, the literal: %s", why)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Each decision is emitted after its answer.
+	assert.Eventually(t, func() bool { return len(g.egressEvents()) >= 7*len(targets) }, 10*time.Second, 10*time.Millisecond)
+	for _, e := range g.egressEvents() {
+		assert.Equal(t, DecisionDenied, e.Decision, "%+v", e)
+	}
 	assert.Zero(t, reached.Load(), "nothing reached a listener on this machine's addresses")
 	assert.Zero(t, sockets.Load(), "the broker created no socket")
+}
+
+func (g *guestAndHost) egressEvents() []events.Event {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	denied := 0
+	var out []events.Event
 	for _, e := range g.events {
 		if e.Event == events.KindEgress {
-			assert.Equal(t, DecisionDenied, e.Decision, "%+v", e)
-			denied++
+			out = append(out, e)
 		}
 	}
-	assert.GreaterOrEqual(t, denied, 7*len(targets))
+	return out
 }
 
 // A name resolved locally (curl --socks5, or any client that resolves and
@@ -344,23 +350,22 @@ func TestLocallyResolvedNamesWorkThroughEveryPath(t *testing.T) {
 	stray := netip.MustParseAddr("198.19.200.1")
 	assert.Equal(t, byte(0x02), g.socks(t, stray.String(), port))
 	assert.Empty(t, g.captured(t, netip.AddrPortFrom(stray, uint16(port))))
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	var allowed, strays int
-	for _, e := range g.events {
-		if e.Event != events.KindEgress {
-			continue
+	count := func() (allowed, strays int) {
+		for _, e := range g.egressEvents() {
+			if e.Target == "api.allowed.example:"+itoa(port) && e.Decision == DecisionAllowed {
+				allowed++
+			}
+			if e.Target == stray.String()+":"+itoa(port) {
+				strays++
+				assert.Equal(t, DecisionDenied, e.Decision)
+				assert.Contains(t, e.Reason, "one of the addresses the sandbox's resolver makes up for names")
+				assert.Contains(t, e.Reason, "no name holds it now")
+			}
 		}
-		if e.Target == "api.allowed.example:"+itoa(port) && e.Decision == DecisionAllowed {
-			allowed++
-		}
-		if e.Target == stray.String()+":"+itoa(port) {
-			strays++
-			assert.Equal(t, DecisionDenied, e.Decision)
-			assert.Contains(t, e.Reason, "one of the addresses the sandbox's resolver makes up for names")
-			assert.Contains(t, e.Reason, "no name holds it now")
-		}
+		return
 	}
-	assert.Equal(t, 3, allowed, "socks5, CONNECT and capture each named the name")
-	assert.Equal(t, 2, strays, "each stray connection is an egress event with its reason")
+	// socks5, CONNECT and capture each named the name; each stray
+	// connection is an egress event with its reason. Each decision is
+	// emitted after its answer.
+	assert.Eventually(t, func() bool { a, s := count(); return a == 3 && s == 2 }, 10*time.Second, 10*time.Millisecond)
 }
