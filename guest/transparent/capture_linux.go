@@ -142,9 +142,6 @@ func Start(cfg Config) (*Transparent, error) {
 	return t, nil
 }
 
-// Pool returns the pool of fake addresses.
-func (t *Transparent) Pool() *Pool { return t.pool }
-
 // Close removes the rules, stops listening and closes every captured
 // connection.
 func (t *Transparent) Close() error {
