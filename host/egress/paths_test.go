@@ -179,21 +179,24 @@ func listenAll(t *testing.T, addrs []netip.Addr) (int, *atomic.Int32) {
 		}
 		for _, ln := range lns {
 			t.Cleanup(func() { ln.Close() })
-			go func() {
-				for {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					reached.Add(1)
-					c.Close()
-				}
-			}()
+			go countAccepted(ln, &reached)
 		}
 		return port, &reached
 	}
 	t.Fatal("no port free on every address of this host")
 	return 0, nil
+}
+
+// countAccepted counts and closes what reaches ln until it is closed.
+func countAccepted(ln net.Listener, n *atomic.Int32) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		n.Add(1)
+		c.Close()
+	}
 }
 
 // hostAddrs returns this machine's addresses a listener can bind (not

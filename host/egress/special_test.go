@@ -216,16 +216,7 @@ func TestAnAddressTheHostGainedBeforeTheDialIsRefusedAtDialTime(t *testing.T) {
 	require.NoError(t, err)
 	defer ln.Close()
 	var accepted atomic.Int32
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			c.Close()
-		}
-	}()
+	go countAccepted(ln, &accepted)
 	port := ln.Addr().(*net.TCPAddr).Port
 	pol, err := ParsePolicy([]string{"*.flip.test:" + itoa(port), "127.0.0.0/8:" + itoa(port)}, nil)
 	require.NoError(t, err)
