@@ -30,7 +30,7 @@ func TestBuildArgsForASerialGuestUnderEmulation(t *testing.T) {
 	assert.NotContains(t, s, "-cpu host", "no host CPU model without KVM")
 	assert.NotContains(t, s, "vsock")
 	i := indexOf(a, "-append")
-	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 oac.transport=serial:oac.agent oac.host_grace=5s", a[i+1])
+	assert.Equal(t, "console=ttyS0 panic=-1 no_timer_check quiet loglevel=3 oac.transport=serial:oac.agent oac.host_grace=5s", a[i+1])
 }
 
 func TestBuildArgsWithKVMVsockAndADisk(t *testing.T) {
@@ -44,7 +44,7 @@ func TestBuildArgsWithKVMVsockAndADisk(t *testing.T) {
 	assert.NotContains(t, s, "virtio-serial-pci", "vsock replaces the serial port")
 	assert.Contains(t, s, "-drive if=none,id=disk0,format=raw,readonly=on,file=/data/a,,b.img", "commas escaped")
 	assert.Contains(t, s, "-device virtio-blk-pci,drive=disk0")
-	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 oac.transport=vsock:20004 oac.debug=1", a[indexOf(a, "-append")+1])
+	assert.Equal(t, "console=ttyS0 panic=-1 no_timer_check quiet loglevel=3 oac.transport=vsock:20004 oac.debug=1", a[indexOf(a, "-append")+1])
 }
 
 func indexOf(a []string, s string) int {
