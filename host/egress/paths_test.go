@@ -1,3 +1,5 @@
+//go:build linux
+
 package egress
 
 import (
@@ -185,18 +187,6 @@ func listenAll(t *testing.T, addrs []netip.Addr) (int, *atomic.Int32) {
 	}
 	t.Fatal("no port free on every address of this host")
 	return 0, nil
-}
-
-// countAccepted counts and closes what reaches ln until it is closed.
-func countAccepted(ln net.Listener, n *atomic.Int32) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		n.Add(1)
-		c.Close()
-	}
 }
 
 // hostAddrs returns this machine's addresses a listener can bind (not

@@ -231,6 +231,18 @@ func TestAnAddressTheHostGainedBeforeTheDialIsRefusedAtDialTime(t *testing.T) {
 	assert.Zero(t, accepted.Load(), "nothing reached the listener")
 }
 
+// countAccepted counts and closes what reaches ln until it is closed.
+func countAccepted(ln net.Listener, n *atomic.Int32) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		n.Add(1)
+		c.Close()
+	}
+}
+
 // serveOne runs one egress stream through b and returns its decision event.
 func serveOne(t *testing.T, b *Broker, host string, port int) events.Event {
 	t.Helper()
