@@ -2,6 +2,7 @@ package egress
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -43,23 +44,25 @@ func (w *watchedAddrs) follow(sub *netlink.Conn) {
 	defer sub.Close()
 	failures := 0
 	for {
-		_, rerr := sub.Receive()
-		s, err := dumpHostAddrs()
-		if err == nil {
-			w.cur.Store(s)
-			failures = 0
-		} else if failures++; failures > 50 {
-			// netlink is gone: fall back to reading the interfaces at
-			// each check rather than keep a stale set.
-			p := &polledAddrs{maxAge: time.Second}
-			if s, err := interfaceAddrs(); err == nil {
-				p.cur, p.at = s, time.Now()
+		_, err := sub.Receive()
+		// ENOBUFS: notifications were lost; the read below covers them.
+		if err != nil && !errors.Is(err, unix.ENOBUFS) {
+			if failures++; failures > 50 {
+				// netlink is gone: fall back to reading the interfaces
+				// at each check rather than keep a stale set.
+				p := &polledAddrs{maxAge: time.Second}
+				if s, err := interfaceAddrs(); err == nil {
+					p.cur, p.at = s, time.Now()
+				}
+				fallback.Store(p)
+				return
 			}
-			fallback.Store(p)
-			return
+			time.Sleep(100 * time.Millisecond)
+		} else {
+			failures = 0
 		}
-		if rerr != nil {
-			time.Sleep(10 * time.Millisecond)
+		if s, err := dumpHostAddrs(); err == nil {
+			w.cur.Store(s)
 		}
 	}
 }
