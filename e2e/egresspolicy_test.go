@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // probe is one client run in the guest: a label and its argv.
@@ -126,8 +126,8 @@ func newEgressPromises(t *testing.T) *egressPromises {
 // check waits for the probes and asserts every promise.
 func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	t := e.t
-	s.waitFor(func(ev events.Event) bool {
-		return ev.Event == events.KindState && strings.Contains(ev.Message, "transparent egress:")
+	s.waitFor(func(ev api.Event) bool {
+		return ev.Event == api.KindState && strings.Contains(ev.Message, "transparent egress:")
 	}, timeout, "transparent egress started")
 	s.waitLog("probes done", timeout)
 	p := fmt.Sprint(e.port)
@@ -136,8 +136,8 @@ func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	assert.Equal(t, "403", s.logLine("second: "), "the name flipped to this host's own address")
 	assert.Equal(t, int32(1), e.reached.Load(), "the second connection reached nothing")
 	// The host emits each decision after its answer: wait for the events.
-	isFlip := func(ev events.Event) bool { return ev.Event == events.KindEgress && ev.Target == "flip.rebind.test:"+p }
-	s.waitFor(func(ev events.Event) bool { return isFlip(ev) && ev.Decision == "denied" }, 10*time.Second, "the second connection's event")
+	isFlip := func(ev api.Event) bool { return ev.Event == api.KindEgress && ev.Target == "flip.rebind.test:"+p }
+	s.waitFor(func(ev api.Event) bool { return isFlip(ev) && ev.Decision == "denied" }, 10*time.Second, "the second connection's event")
 	flips := s.find(isFlip)
 	if assert.Len(t, flips, 2) {
 		assert.Equal(t, "allowed", flips[0].Decision)
@@ -147,7 +147,7 @@ func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	}
 
 	assert.Equal(t, "plain hello from web.test/socks", s.logLine("socks: "), "curl --socks5 resolved the name in the guest")
-	socks := s.waitFor(func(ev events.Event) bool { return ev.Event == events.KindEgress && ev.Via == "socks5" }, 10*time.Second, "the SOCKS event")
+	socks := s.waitFor(func(ev api.Event) bool { return ev.Event == api.KindEgress && ev.Via == "socks5" }, 10*time.Second, "the SOCKS event")
 	assert.Equal(t, "web.test:80", socks.Target, "the guest named the name, not its made-up address")
 	assert.Equal(t, "allowed", socks.Decision)
 
@@ -155,8 +155,8 @@ func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	assert.Contains(t, noproxy, "Blocked by the sandbox's egress policy: this is not a network fault.")
 	assert.Contains(t, noproxy, "The sandbox host refused the connection to denied.example:80.")
 	assert.Contains(t, noproxy, "Reason: port 80 is not allowed for denied.example (its rule allows port 443); nothing was resolved")
-	captured := s.waitFor(func(ev events.Event) bool {
-		return ev.Event == events.KindEgress && ev.Via == "transparent" && ev.Target == "denied.example:80"
+	captured := s.waitFor(func(ev api.Event) bool {
+		return ev.Event == api.KindEgress && ev.Via == "transparent" && ev.Target == "denied.example:80"
 	}, 10*time.Second, "the captured connection's event")
 	assert.Equal(t, "denied", captured.Decision)
 	assert.Equal(t, "denied.example:443", captured.Rule)
@@ -273,6 +273,6 @@ func TestEgressPromisesOnAVM(t *testing.T) {
 	})
 	e.check(s, vmBootTimeout+60*time.Second)
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 20*time.Second)
+	s.waitState(api.StateStopped, 20*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
 }

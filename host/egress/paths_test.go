@@ -21,7 +21,7 @@ import (
 
 	gegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/transparent"
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -33,7 +33,7 @@ type guestAndHost struct {
 	pool    *transparent.Pool
 	broker  *Broker
 	mu      sync.Mutex
-	events  []events.Event
+	events  []api.Event
 }
 
 func startGuestAndHost(t *testing.T, b *Broker) *guestAndHost {
@@ -44,7 +44,7 @@ func startGuestAndHost(t *testing.T, b *Broker) *guestAndHost {
 	hs, err := yamux.Server(hc, protocol.MuxConfig(io.Discard))
 	require.NoError(t, err)
 	g := &guestAndHost{broker: b, pool: transparent.NewPool(transparent.DefaultPrefix)}
-	emit := func(e events.Event) { g.mu.Lock(); g.events = append(g.events, e); g.mu.Unlock() }
+	emit := func(e api.Event) { g.mu.Lock(); g.events = append(g.events, e); g.mu.Unlock() }
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -298,12 +298,12 @@ func refusedOnEveryPath(t *testing.T, pol *Policy, targets []target, port int, r
 	assert.Zero(t, sockets.Load(), "the broker created no socket")
 }
 
-func (g *guestAndHost) egressEvents() []events.Event {
+func (g *guestAndHost) egressEvents() []api.Event {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var out []events.Event
+	var out []api.Event
 	for _, e := range g.events {
-		if e.Event == events.KindEgress {
+		if e.Event == api.KindEgress {
 			out = append(out, e)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -244,12 +244,12 @@ func countAccepted(ln net.Listener, n *atomic.Int32) {
 }
 
 // serveOne runs one egress stream through b and returns its decision event.
-func serveOne(t *testing.T, b *Broker, host string, port int) events.Event {
+func serveOne(t *testing.T, b *Broker, host string, port int) api.Event {
 	t.Helper()
 	g, h := net.Pipe()
-	got := make(chan events.Event, 4)
+	got := make(chan api.Event, 4)
 	go b.Serve(context.Background(), h, protocol.StreamHeader{Kind: protocol.KindEgress, Host: host, Port: port, Via: protocol.ViaConnect},
-		func(e events.Event) { got <- e })
+		func(e api.Event) { got <- e })
 	r, err := protocol.ReadEgressReply(g, 10*time.Second)
 	require.NoError(t, err)
 	g.Close()

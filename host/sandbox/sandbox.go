@@ -8,17 +8,16 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -52,7 +51,7 @@ type Config struct {
 	Rootfs    string
 	// Bootstrap is sent to the guest; nil sends an empty one (no daemon).
 	Bootstrap *bootstrap.Bootstrap
-	Events    events.Sink
+	Events    api.Sink
 	Log       *slog.Logger
 	// Diag receives the runtime's and the agent's diagnostics, prefixed.
 	Diag io.Writer
@@ -123,7 +122,7 @@ func Run(ctx context.Context, cfg Config) error {
 		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if s.cfg.Events == nil {
-		s.cfg.Events = events.Func(func(events.Event) {})
+		s.cfg.Events = api.Func(func(api.Event) {})
 	}
 	if s.cfg.BootTimeout == 0 {
 		s.cfg.BootTimeout = DefaultBootTimeout
@@ -179,30 +178,30 @@ type run struct {
 	egressCancel context.CancelFunc
 
 	mu    sync.Mutex
-	state string
+	state api.State
 	wg    sync.WaitGroup
 }
 
-func (s *run) emit(e events.Event) {
+func (s *run) emit(e api.Event) {
 	e.Time = time.Now().UTC()
 	e.Sandbox = s.cfg.Name
 	s.cfg.Events.Emit(e)
 }
 
 // setState emits a state event; terminal states are final.
-func (s *run) setState(state, msg string) {
+func (s *run) setState(state api.State, msg string) {
 	s.mu.Lock()
-	if s.state == events.StateFailed || s.state == events.StateStopped || s.state == state && state != events.StateStarting {
+	if s.state == api.StateFailed || s.state == api.StateStopped || s.state == state && state != api.StateStarting {
 		s.mu.Unlock()
 		return
 	}
 	s.state = state
 	s.mu.Unlock()
-	s.emit(events.Event{Event: events.KindState, State: state, Message: msg})
+	s.emit(api.Event{Event: api.KindState, State: state, Message: msg})
 }
 
 func (s *run) fail(err error) error {
-	s.setState(events.StateFailed, err.Error())
+	s.setState(api.StateFailed, err.Error())
 	return err
 }
 
@@ -238,7 +237,7 @@ func (s *run) run(ctx context.Context) error {
 			}
 		}
 	}
-	s.setState(events.StateStarting, "creating sandbox")
+	s.setState(api.StateStarting, "creating sandbox")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
 	if err != nil {
 		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
@@ -269,7 +268,7 @@ func (s *run) run(ctx context.Context) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = inst.Kill()
-			s.setState(events.StateStopped, "stopped before the guest connected")
+			s.setState(api.StateStopped, "stopped before the guest connected")
 			return nil
 		}
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
@@ -355,8 +354,8 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	if s.cfg.Attach != nil {
 		s.cfg.Attach(&Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
 	}
-	s.emit(events.Event{
-		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
+	s.emit(api.Event{
+		Event: api.KindAgent, PID: hello.PID, Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
 	})
 	if s.cfg.Egress != nil {
@@ -403,7 +402,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				reason = c.Error()
 			}
 			s.shutdown(reason)
-			s.setState(events.StateStopped, "stopped: "+reason)
+			s.setState(api.StateStopped, "stopped: "+reason)
 			return nil
 		case <-bootDone:
 			if !ready {
@@ -444,7 +443,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					if msg == "" {
 						msg = "applying bootstrap"
 					}
-					s.setState(events.StateStarting, "guest: "+msg)
+					s.setState(api.StateStarting, "guest: "+msg)
 				case protocol.StateReady:
 					ready, bootDone = true, nil
 					m := fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond))
@@ -494,13 +493,13 @@ func isViolation(err error) bool {
 // setReady emits ready with the daemon's URL and username.
 func (s *run) setReady(msg, url, username string) {
 	s.mu.Lock()
-	if s.state != events.StateStarting {
+	if s.state != api.StateStarting {
 		s.mu.Unlock()
 		return
 	}
-	s.state = events.StateReady
+	s.state = api.StateReady
 	s.mu.Unlock()
-	e := events.Event{Event: events.KindState, State: events.StateReady, Message: msg, URL: url, Username: username}
+	e := api.Event{Event: api.KindState, State: api.StateReady, Message: msg, URL: url, Username: username}
 	if s.cfg.MapURL != nil && url != "" {
 		if host := s.cfg.MapURL(url); host != "" {
 			e.URL, e.GuestURL = host, url
@@ -511,8 +510,8 @@ func (s *run) setReady(msg, url, username string) {
 
 func (s *run) emitProcess(p *protocol.ProcessStatus) {
 	running := p.Running
-	e := events.Event{
-		Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
+	e := api.Event{
+		Event: api.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
 		ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32),
 		Restarts: max(p.Restarts, 0), RestartInMS: max(p.RestartInMS, 0),
 	}
@@ -633,7 +632,7 @@ func (s *run) acceptStreams() {
 			select {
 			case <-t.C:
 				if d := budget.takeDropped(); d > 0 {
-					s.emit(events.Event{Event: events.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
+					s.emit(api.Event{Event: api.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
 				}
 			case <-stopTicker:
 				return
@@ -682,7 +681,7 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 	case protocol.KindLog:
 		_ = readLines(st, func(line string) {
 			if budget.take(len(line) + 1) {
-				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
+				s.emit(api.Event{Event: api.KindLog, Stream: h.Name, Line: line})
 			}
 		})
 	case protocol.KindEgress:
@@ -709,20 +708,5 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 }
 
 // guestText makes a guest-supplied string safe to put in an event: valid
-// UTF-8, no control characters, at most n bytes.
-func guestText(s string, n int) string {
-	if len(s) > n {
-		s = s[:n]
-		for !utf8.ValidString(s) && len(s) > 0 {
-			s = s[:len(s)-1]
-		}
-		s += "..."
-	}
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-}
+// UTF-8, no control characters, at most n bytes (and "...").
+func guestText(s string, n int) string { return safetext.Clean(s, n, ' ') }

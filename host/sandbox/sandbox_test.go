@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -69,12 +69,12 @@ func (i *fakeInstance) Destroy() error                               { i.destroy
 // recorder collects events.
 type recorder struct {
 	mu sync.Mutex
-	ev []events.Event
-	ch chan events.Event
+	ev []api.Event
+	ch chan api.Event
 }
 
-func newRecorder() *recorder { return &recorder{ch: make(chan events.Event, 4096)} }
-func (r *recorder) Emit(e events.Event) {
+func newRecorder() *recorder { return &recorder{ch: make(chan api.Event, 4096)} }
+func (r *recorder) Emit(e api.Event) {
 	r.mu.Lock()
 	r.ev = append(r.ev, e)
 	r.mu.Unlock()
@@ -84,12 +84,12 @@ func (r *recorder) Emit(e events.Event) {
 	}
 }
 
-func (r *recorder) waitState(t *testing.T, state string) events.Event {
+func (r *recorder) waitState(t *testing.T, state api.State) api.Event {
 	t.Helper()
 	for {
 		select {
 		case e := <-r.ch:
-			if e.Event == events.KindState && e.State == state {
+			if e.Event == api.KindState && e.State == state {
 				return e
 			}
 		case <-time.After(10 * time.Second):
@@ -165,7 +165,7 @@ func TestReadyThenOrderlyStopOnCancel(t *testing.T) {
 	assert.Equal(t, bootstrap.Duration(2*time.Second), *g.boot.StopGrace, "the bootstrap reaches the guest as given")
 	g.send(t, protocol.State{State: protocol.StateStarting})
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 
 	cancel(errors.New("operator asked"))
 	var sd protocol.Shutdown
@@ -179,7 +179,7 @@ func TestReadyThenOrderlyStopOnCancel(t *testing.T) {
 	g.exit()
 	require.NoError(t, wait(t, done))
 	last := rec.ev[len(rec.ev)-1]
-	assert.Equal(t, events.StateStopped, last.State)
+	assert.Equal(t, api.StateStopped, last.State)
 	assert.Equal(t, "stopped: operator asked", last.Message)
 }
 
@@ -190,7 +190,7 @@ func TestInvalidBootstrapFailsBeforeTheProviderCreatesAnything(t *testing.T) {
 	require.ErrorIs(t, err, bootstrap.ErrVersion)
 	assert.Equal(t, 0, p.created)
 	require.Len(t, rec.ev, 1)
-	assert.Equal(t, events.StateFailed, rec.ev[0].State)
+	assert.Equal(t, api.StateFailed, rec.ev[0].State)
 }
 
 func TestInvalidNameFailsBeforeTheProviderCreatesAnything(t *testing.T) {
@@ -213,7 +213,7 @@ func TestGuestReportingFailureFailsTheSandboxAndIsAskedToStop(t *testing.T) {
 	g.exit()
 	err := wait(t, done)
 	require.Error(t, err)
-	failed := rec.waitState(t, events.StateFailed)
+	failed := rec.waitState(t, api.StateFailed)
 	assert.Equal(t, "guest: daemon exited: exit status 3 [31m", failed.Message, "control characters from the guest are neutralised")
 }
 
@@ -260,7 +260,7 @@ func TestLostGuestConnectionIsFailed(t *testing.T) {
 	_, done := runSandbox(t, Config{Provider: p, Events: rec})
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	g.sess.Close() // the connection drops; the runtime is still there
 	err := wait(t, done)
 	assert.ErrorContains(t, err, "guest connection lost")
@@ -277,13 +277,13 @@ func TestLogStreamsBecomeLogEventsAndLongLinesAreSplit(t *testing.T) {
 	_, err = st.Write([]byte("hello\n" + strings.Repeat("a", MaxLogLine+10) + "\nbad \xff utf8\n"))
 	require.NoError(t, err)
 	st.Close()
-	var lines []events.Event
+	var lines []api.Event
 	require.Eventually(t, func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		lines = lines[:0]
 		for _, e := range rec.ev {
-			if e.Event == events.KindLog {
+			if e.Event == api.KindLog {
 				lines = append(lines, e)
 			}
 		}
