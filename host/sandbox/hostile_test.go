@@ -553,6 +553,10 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	var egressEvents atomic.Int64
 	cfg := hostileConfig(p, rec)
 	cfg.Egress = broker
+	// Every header is written at once; what is measured is the answer,
+	// not the header timeout, which 128 writers on a loaded -race run
+	// can miss by scheduling alone (seen: 10 to 34 of 3000 streams).
+	cfg.StreamHeaderTimeout = 5 * time.Second
 	cfg.Events = api.Func(func(e api.Event) {
 		if e.Event == api.KindEgress {
 			egressEvents.Add(1)
@@ -821,6 +825,10 @@ func TestHealthySandboxKeepsMovingBytesWhileAnotherIsAttacked(t *testing.T) {
 			}
 			hp, hrec := newFakeProvider(), newRecorder()
 			hcfg := hostileConfig(hp, hrec)
+			// The neighbour's attack is its bad frame after the
+			// handshake, not a slow hello (which a loaded -race run
+			// can produce by scheduling alone).
+			hcfg.HelloTimeout = 5 * time.Second
 			hcfg.Name = fmt.Sprintf("hostile-%d", i)
 			_, hdone := runSandbox(t, hcfg)
 			hg := rawConnect(t, hp, nil)
