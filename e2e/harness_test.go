@@ -205,6 +205,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	args := []string{"run", "--provider", spec.provider, "--name", spec.name, "--agent", spec.agent}
 	if spec.bootstrap != "" {
 		dir := t.TempDir()
+		owner := -1
 		if spec.user != "" {
 			// The unprivileged shim must be able to read it.
 			var err error
@@ -213,12 +214,14 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 			t.Cleanup(func() { os.RemoveAll(dir) })
 			u, err := user.Lookup(spec.user)
 			require.NoError(t, err)
-			uid, _ := strconv.Atoi(u.Uid)
-			require.NoError(t, os.Chown(dir, uid, -1))
-			defer func() { require.NoError(t, os.Chown(filepath.Join(dir, "bootstrap.json"), uid, -1)) }()
+			owner, _ = strconv.Atoi(u.Uid)
+			require.NoError(t, os.Chown(dir, owner, -1))
 		}
 		f := filepath.Join(dir, "bootstrap.json")
 		require.NoError(t, os.WriteFile(f, []byte(spec.bootstrap), 0o600))
+		// Before the shim starts (a deferred chown ran after it, and a
+		// fast shim read the file first: permission denied).
+		require.NoError(t, os.Chown(f, owner, -1))
 		args = append(args, "--bootstrap", f)
 	}
 	args = append(args, spec.args...)
