@@ -229,7 +229,7 @@ func vmImageWithCurl(t *testing.T) string {
 			curlImage.err = fmt.Errorf("ldd %s: %w", curl, err)
 			return
 		}
-		args := []string{"initramfs", "--agent", bins.guest, "--kernel-modules", kernelCache() + "/modules", "--module", vmModules,
+		args := []string{"initramfs", "--agent", bins.guest, "--kernel-modules", kernelCache() + "/modules",
 			"--file", bins.vmdaemon + ":" + vmDaemon, "--file", curl + ":/usr/bin/curl:0755"}
 		lib := regexp.MustCompile(`(/\S+) \(0x`)
 		for _, m := range lib.FindAllStringSubmatch(string(out), -1) {

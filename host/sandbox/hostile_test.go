@@ -552,6 +552,10 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	broker := egress.New(egress.Config{Policy: pol, Resolver: countingResolver{&lookups}})
 	var egressEvents atomic.Int64
 	cfg := hostileConfig(p, rec)
+	// What is tested is each refusal, not how fast a header arrives: 128
+	// streams open at once under -race on a loaded machine took more
+	// than the 300 ms the header tests use.
+	cfg.StreamHeaderTimeout = 5 * time.Second
 	cfg.Egress = broker
 	// Every header is written at once; what is measured is the answer,
 	// not the header timeout, which 128 writers on a loaded -race run
@@ -830,6 +834,10 @@ func TestHealthySandboxKeepsMovingBytesWhileAnotherIsAttacked(t *testing.T) {
 			// can produce by scheduling alone).
 			hcfg.HelloTimeout = 5 * time.Second
 			hcfg.Name = fmt.Sprintf("hostile-%d", i)
+			// The attack comes after the handshake: under -race on a
+			// loaded machine, with 32 MiB moving beside it, the Hello
+			// took more than the 300 ms the handshake tests use.
+			hcfg.HelloTimeout = 5 * time.Second
 			_, hdone := runSandbox(t, hcfg)
 			hg := rawConnect(t, hp, nil)
 			_, _ = hg.ctl.Write(frameHeader(0x7777, 0, 0))

@@ -346,6 +346,17 @@ func (s *run) run(ctx context.Context) error {
 }
 
 func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
+	// A VM's serial transport is connected by qemu when it starts, long
+	// before the guest speaks: a session started now would end on its
+	// first unanswered keepalive (15 s plus a 10 s write timeout) while a
+	// slow, emulated guest is still booting. The session starts with the
+	// guest's first byte, waited for until the Hello is due.
+	start := time.Now()
+	conn, err := firstByte(conn, helloWait)
+	if err != nil {
+		return err
+	}
+	helloWait -= time.Since(start)
 	mc := protocol.MuxConfig(nil)
 	if s.cfg.KeepAliveInterval > 0 {
 		mc.KeepAliveInterval = s.cfg.KeepAliveInterval
@@ -761,3 +772,38 @@ func orUnnamed(s string) string {
 // guestText makes a guest-supplied string safe to put in an event: valid
 // UTF-8, no control characters, at most n bytes (and "...").
 func guestText(s string, n int) string { return safetext.Clean(s, n, ' ') }
+
+// firstByte waits up to d for the first byte from conn and returns a
+// connection that reads it first. A connection without read deadlines is
+// returned as it is.
+func firstByte(conn net.Conn, d time.Duration) (net.Conn, error) {
+	if err := conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return conn, nil
+	}
+	b := make([]byte, 1)
+	n, err := conn.Read(b)
+	_ = conn.SetReadDeadline(time.Time{})
+	if n == 0 {
+		conn.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("guest sent no control stream within %s", d)
+		}
+		return nil, fmt.Errorf("guest connection: %w", err)
+	}
+	return &replayConn{Conn: conn, first: b[:n]}, nil
+}
+
+// replayConn reads first before the rest of Conn.
+type replayConn struct {
+	net.Conn
+	first []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
