@@ -40,6 +40,8 @@ var bins struct {
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
 	shimClient string
+	// probe plays a hostile daemon (internal/probe).
+	probe string
 }
 
 func TestMain(m *testing.M) {
@@ -66,6 +68,7 @@ func TestMain(m *testing.M) {
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.fakeDocker = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
+	bins.probe = filepath.Join(dir, "probe")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -78,6 +81,7 @@ func TestMain(m *testing.M) {
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.fakeDocker, "./internal/fakedocker", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
+		{bins.probe, "./internal/probe", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
@@ -226,8 +230,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		}
 		f := filepath.Join(dir, "bootstrap.json")
 		require.NoError(t, os.WriteFile(f, []byte(spec.bootstrap), 0o600))
-		// Before the shim starts (a deferred chown ran after it, and a
-		// fast shim read the file first: permission denied).
+		// Before the shim starts, not when this function returns.
 		require.NoError(t, os.Chown(f, owner, -1))
 		args = append(args, "--bootstrap", f)
 	}
