@@ -164,6 +164,9 @@ type agent struct {
 	boot     *bootstrap.Bootstrap
 	procMsgs bool // the host accepts Process messages
 	welcome  protocol.Welcome
+	// gate paces and bounds the egress and dns streams of the proxies and
+	// the capture (the workload's connections).
+	gate *protocol.StreamGate
 	// proxies are the egress proxies, nil when the host offers no egress.
 	proxies *egress.Proxies
 	// transparent is the resolver and TCP capture, nil when the host does
@@ -213,7 +216,8 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		p, err := egress.Start(egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		a.gate = protocol.NewStreamGate(a.sess)
+		p, err := egress.Start(egress.SessionOpener(a.gate), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
@@ -241,8 +245,8 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open: egress.SessionOpener(a.sess),
-		Ask:  transparent.SessionAsker(a.sess),
+		Open: egress.SessionOpener(a.gate),
+		Ask:  transparent.SessionAsker(a.gate),
 		Log:  a.cfg.Log,
 		OnUDPDropped: func(n uint64) {
 			udpLog.report(n)

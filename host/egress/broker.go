@@ -186,7 +186,13 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 		guest.abort()
 		up.Close()
 	})
+	// The sandbox stopping ends the connection at once, both sides.
+	stopOnCancel := context.AfterFunc(ctx, func() {
+		guest.abort()
+		up.Close()
+	})
 	out, in, err := pipe.Join(guest, up, &act)
+	stopOnCancel()
 	stopIdle()
 	closed := events.Event{Event: events.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}

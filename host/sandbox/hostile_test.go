@@ -30,6 +30,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -385,7 +386,7 @@ func TestHostileStreamOpenFlood(t *testing.T) {
 		opened++
 	}
 	t.Logf("opened %d streams", opened)
-	endsWith(t, done, rec, fmt.Sprintf("streams open in the session (limit %d)", protocol.MaxStreams+SessionStreamSlack))
+	endsWith(t, done, rec, fmt.Sprintf("streams open in the session (limit %d)", protocol.MaxGuestStreams))
 	// Each of MaxStreams header readers is one goroutine; yamux's and the
 	// meter's own are a few more. Heap: yamux's stream state on both
 	// sides, about 50 KiB a stream under the race detector.
@@ -402,7 +403,7 @@ func TestHostileStreamHeaderFloodWithUnreadData(t *testing.T) {
 	h := startHealthy(t)
 	p, rec := newFakeProvider(), newRecorder()
 	cfg := hostileConfig(p, rec)
-	cfg.MaxSessionStreams = 40
+	cfg.Guard.MaxStreams = 40
 	m := startMeter(t)
 	_, done := runSandbox(t, cfg)
 	g := rawConnect(t, p, nil)
@@ -457,6 +458,12 @@ func TestHostileLogFlood(t *testing.T) {
 	})
 	cfg := hostileConfig(p, rec)
 	cfg.Events = sink
+	var guard atomic.Pointer[muxguard.Conn]
+	cfg.Attach = func(s *Session) {
+		if s != nil {
+			guard.Store(s.guard)
+		}
+	}
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
@@ -500,6 +507,7 @@ func TestHostileLogFlood(t *testing.T) {
 	// Each of the 8 streams may hold its receive window (up to 1 MiB, in a
 	// buffer that may double while growing) while the reader catches up.
 	m.within(t, 16*mib, 40)
+	t.Logf("DBG peak unread %+v", guard.Load().Stats())
 	emitted := logBytes.Load()
 	budget := int64(LogBurst) + int64(elapsed.Seconds()*LogRate) + LogRate // a second of slack for the ticker
 	t.Logf("log flood: %d MiB sent in %s, %d KiB emitted (budget %d KiB), %d KiB dropped", streams*perStream/mib, elapsed.Round(time.Millisecond), emitted/kib, budget/kib, dropped/kib)
@@ -574,6 +582,8 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 128)
 	start := time.Now()
+	// At the pace a guest keeps (the gate): faster opens are hostile.
+	gate := protocol.NewStreamGate(g.sess)
 	for i := range total {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -582,15 +592,12 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 			defer func() { <-sem }()
 			hdr := refusedTargets[i%len(refusedTargets)]
 			hdr.Kind, hdr.Via = protocol.KindEgress, protocol.ViaConnect
-			st, err := g.sess.OpenStream()
+			// The gate's header write checks nothing: the host must.
+			st, err := gate.Open(context.Background(), hdr)
 			if !assert.NoError(t, err) {
 				return
 			}
 			defer st.Close()
-			// Raw write: OpenStream's header checks nothing, the host must.
-			if !assert.NoError(t, protocol.WriteMessage(st, protocol.TypeStreamHeader, hdr)) {
-				return
-			}
 			var r protocol.EgressReply
 			err = protocol.ReadMessage(st, protocol.MaxHeaderFrame, protocol.TypeEgressReply, &r)
 			if !assert.NoError(t, err, "every egress stream is answered") {

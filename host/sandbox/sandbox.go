@@ -17,6 +17,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
@@ -26,8 +27,10 @@ import (
 // Defaults.
 const (
 	DefaultBootTimeout = 30 * time.Second
-	// stopMargin is added to the guest's grace before the runtime is killed.
-	stopMargin = 3 * time.Second
+	// stopMargin is added to the guest's grace before the runtime is
+	// killed: a stop request ends in a killed runtime at the latest
+	// grace + stopMargin after it arrived, whatever the guest does.
+	stopMargin = time.Second
 	// handshakeExitWait is how long a guest that failed the handshake
 	// gets to exit on its own.
 	handshakeExitWait = 2 * time.Second
@@ -36,12 +39,9 @@ const (
 	// DefaultStreamHeaderTimeout bounds the time from a guest opening a
 	// stream to its complete StreamHeader.
 	DefaultStreamHeaderTimeout = 5 * time.Second
-	// SessionStreamSlack is added to protocol.MaxStreams plus the broker's
-	// stream limit to give the default MaxSessionStreams: streams the host
-	// has closed stay in the session until the guest closes its side too
-	// (at most the session's StreamCloseTimeout), and a well-behaved guest
-	// does that at once.
-	SessionStreamSlack = 64
+	// shutdownSendTimeout bounds the write of Shutdown to a guest that
+	// does not read its control stream.
+	shutdownSendTimeout = time.Second
 )
 
 // Config configures one sandbox run.
@@ -101,18 +101,19 @@ type Config struct {
 	StreamHeaderTimeout    time.Duration
 	KeepAliveInterval      time.Duration
 	ConnectionWriteTimeout time.Duration
-	// MaxSessionStreams bounds the streams that may exist in the session
-	// at once, counting streams the host closed that the guest has not
-	// (yamux keeps them, with whatever the guest wrote into their receive
-	// window, until both sides closed). Over it the guest is hostile or
-	// broken: the sandbox fails and the runtime is killed. Default
-	// protocol.MaxStreams + the broker's MaxStreams + SessionStreamSlack.
-	MaxSessionStreams int
+	// Guard bounds the guest's yamux frames (package muxguard): streams
+	// open at once (counting streams the host closed that the guest has
+	// not: yamux keeps them, with whatever the guest wrote into their
+	// receive window, until both sides closed), open and ping rates,
+	// windows, the session's receive budget, the write timeout. A guest
+	// over one is hostile: the sandbox fails and the runtime is killed.
+	// Zero fields take muxguard.DefaultLimits.
+	Guard muxguard.Limits
 }
 
 // ErrHostileGuest is wrapped by the error of a sandbox ended because its
 // guest exceeded a bound no correct guest reaches.
-var ErrHostileGuest = errors.New("guest exceeded a protocol bound")
+var ErrHostileGuest = muxguard.ErrHostile
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
 // order and returns nil) or the sandbox fails (it returns the reason). The
@@ -144,21 +145,20 @@ func Run(ctx context.Context, cfg Config) error {
 	if s.cfg.StreamHeaderTimeout <= 0 {
 		s.cfg.StreamHeaderTimeout = DefaultStreamHeaderTimeout
 	}
-	if s.cfg.MaxSessionStreams <= 0 {
-		s.cfg.MaxSessionStreams = protocol.MaxStreams + SessionStreamSlack
-		if s.cfg.Egress != nil {
-			s.cfg.MaxSessionStreams += s.cfg.Egress.MaxStreams()
-		}
-	}
 	s.hostile = make(chan error, 1)
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
-	return s.run(ctx)
+	err := s.run(ctx)
+	// Every goroutine of the run has ended and every egress connection is
+	// closed: the final state is the last event.
+	s.emitFinal()
+	return err
 }
 
 type run struct {
 	cfg     Config
 	diag    *diagWriter
 	inst    provider.Instance
+	guard   *muxguard.Conn
 	sess    *yamux.Session
 	ctl     *protocol.Control
 	frames  chan protocol.Frame
@@ -180,6 +180,9 @@ type run struct {
 
 	mu    sync.Mutex
 	state string
+	// final is the terminal state event, emitted by emitFinal once
+	// everything else of the run has ended.
+	final *events.Event
 	wg    sync.WaitGroup
 }
 
@@ -189,7 +192,8 @@ func (s *run) emit(e events.Event) {
 	s.cfg.Events.Emit(e)
 }
 
-// setState emits a state event; terminal states are final.
+// setState emits a state event; terminal states are final, and held back
+// until the run has ended (emitFinal).
 func (s *run) setState(state, msg string) {
 	s.mu.Lock()
 	if s.state == events.StateFailed || s.state == events.StateStopped || s.state == state && state != events.StateStarting {
@@ -197,8 +201,34 @@ func (s *run) setState(state, msg string) {
 		return
 	}
 	s.state = state
+	e := events.Event{Event: events.KindState, State: state, Message: msg}
+	if state == events.StateFailed || state == events.StateStopped {
+		s.final = &e
+		s.mu.Unlock()
+		return
+	}
 	s.mu.Unlock()
-	s.emit(events.Event{Event: events.KindState, State: state, Message: msg})
+	s.emit(e)
+}
+
+// emitFinal emits the terminal state event.
+func (s *run) emitFinal() {
+	s.mu.Lock()
+	e := s.final
+	s.final = nil
+	s.mu.Unlock()
+	if e != nil {
+		s.emit(*e)
+	}
+}
+
+// guardErr returns the guard's violation, made the sandbox's failure
+// reason, or nil.
+func (s *run) guardErr() error {
+	if s.guard == nil {
+		return nil
+	}
+	return s.guard.Err()
 }
 
 func (s *run) fail(err error) error {
@@ -278,7 +308,16 @@ func (s *run) run(ctx context.Context) error {
 	if s.helloUntilBoot {
 		helloWait = max(helloWait, time.Until(start.Add(s.cfg.BootTimeout)))
 	}
-	if err := s.handshake(conn, helloWait); err != nil {
+	if err := s.handshake(ctx, conn, helloWait); err != nil {
+		if ctx.Err() != nil {
+			_ = s.inst.Kill()
+			s.setState(events.StateStopped, "stopped during the handshake with the guest")
+			return nil
+		}
+		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
+			_ = s.inst.Kill()
+			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
+		}
 		// A guest that refused the handshake exits on its own: give it a
 		// moment so its own account of the failure reaches the diagnostics
 		// before the runtime is killed.
@@ -303,12 +342,12 @@ func (s *run) run(ctx context.Context) error {
 	s.wg.Add(1)
 	go s.readControl()
 	err = s.supervise(ctx, bootCtx, start)
-	if errors.Is(err, ErrHostileGuest) {
-		// No orderly stop for a guest that broke a bound: it would only
-		// get more time to consume. The runtime is killed now.
+	if errors.Is(err, ErrHostileGuest) || errors.Is(err, muxguard.ErrStalled) {
+		// No orderly stop for a guest that broke a bound (it would only
+		// get more time to consume) or reads nothing: the runtime is
+		// killed now.
 		_ = s.inst.Kill()
 		s.sess.Close()
-		s.waitExit(stopMargin)
 		return s.fail(err)
 	}
 	if err != nil {
@@ -322,7 +361,7 @@ func (s *run) run(ctx context.Context) error {
 	return nil
 }
 
-func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
+func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Duration) error {
 	mc := protocol.MuxConfig(nil)
 	if s.cfg.KeepAliveInterval > 0 {
 		mc.KeepAliveInterval = s.cfg.KeepAliveInterval
@@ -330,17 +369,20 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	if s.cfg.ConnectionWriteTimeout > 0 {
 		mc.ConnectionWriteTimeout = s.cfg.ConnectionWriteTimeout
 	}
-	sess, err := yamux.Server(conn, mc)
+	s.guard = muxguard.New(conn, s.cfg.Guard)
+	sess, err := yamux.Server(s.guard, mc)
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
 	}
 	s.sess = sess
+	// A stop request ends a handshake in progress.
+	defer context.AfterFunc(ctx, func() { sess.Close() })()
 	caps := []string{protocol.CapProcess}
 	if s.cfg.Egress != nil {
 		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
 	}
-	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
+	ctl, hello, welcome, err := protocol.HostHandshake(trackedSession{sess, s.guard}, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
 		Capabilities: caps,
 	}, helloWait)
@@ -352,7 +394,7 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	}
 	s.ctl = ctl
 	if s.cfg.Attach != nil {
-		s.cfg.Attach(&Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
+		s.cfg.Attach(&Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
 	}
 	s.emit(events.Event{
 		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
@@ -395,6 +437,12 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 	ready := false
 	bootDone := bootCtx.Done()
 	for {
+		// A stop request wins over every other outcome due at the same
+		// time (select picks among ready cases at random): --timeout
+		// shorter than the boot is a stop, never a boot failure.
+		if ctx.Err() != nil {
+			bootDone = nil
+		}
 		select {
 		case <-ctx.Done():
 			reason := "stop requested"
@@ -405,11 +453,19 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			s.setState(events.StateStopped, "stopped: "+reason)
 			return nil
 		case <-bootDone:
+			if ctx.Err() != nil {
+				continue
+			}
 			if !ready {
 				return fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout)
 			}
 			bootDone = nil
+		case <-s.guard.Violated():
+			return s.guardErr()
 		case <-s.inst.Done():
+			if err := s.guardErr(); err != nil {
+				return err
+			}
 			if len(s.frames) > 0 { // what the guest said before it went comes first
 				continue
 			}
@@ -418,6 +474,9 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 		case err := <-s.hostile:
 			return err
 		case err := <-s.recvErr:
+			if gerr := s.guardErr(); gerr != nil {
+				return gerr
+			}
 			if len(s.frames) > 0 {
 				s.recvErr <- err
 				continue
@@ -534,11 +593,12 @@ func (s *run) shutdown(reason string) {
 		return
 	}
 	grace := s.cfg.Bootstrap.Grace()
-	if err := s.ctl.Send(protocol.TypeShutdown, protocol.Shutdown{Reason: reason, GraceMS: grace.Milliseconds()}); err != nil {
+	// One deadline for the whole stop, the Shutdown's write included.
+	deadline := time.After(grace + stopMargin)
+	if err := s.ctl.SendWithin(protocol.TypeShutdown, protocol.Shutdown{Reason: reason, GraceMS: grace.Milliseconds()}, min(shutdownSendTimeout, grace+stopMargin)); err != nil {
 		_ = s.inst.Kill()
 		return
 	}
-	deadline := time.After(grace + stopMargin)
 	for {
 		select {
 		case f := <-s.frames:
@@ -551,7 +611,7 @@ func (s *run) shutdown(reason string) {
 				// The guest gave up (it refused the bootstrap or failed to
 				// start): it reads nothing more and lingers until we close.
 				s.sess.Close()
-				s.waitExit(stopMargin)
+				s.waitExitBy(deadline)
 				return
 			}
 			if f.Type == protocol.TypeState && f.Decode(&st) == nil {
@@ -561,18 +621,21 @@ func (s *run) shutdown(reason string) {
 				if st.State == protocol.StateStopped {
 					// The guest lingers until we close the session.
 					s.sess.Close()
-					s.waitExit(stopMargin)
+					s.waitExitBy(deadline)
 					return
 				}
 			}
 		case <-s.recvErr:
-			s.waitExit(stopMargin)
+			s.waitExitBy(deadline)
 			return
 		case <-s.inst.Done():
 			// Frames the guest sent before it exited (its last exit
 			// reports) may still be queued: take them until the stream
 			// ends, for at most a second.
 			s.drainFrames(time.Second)
+			return
+		case <-s.guard.Violated():
+			_ = s.inst.Kill()
 			return
 		case <-deadline:
 			s.cfg.Log.Warn("guest did not stop in time, killing", "sandbox", s.cfg.Name, "grace", grace)
@@ -604,9 +667,14 @@ func (s *run) drainFrames(d time.Duration) {
 // waitExit gives the runtime d to exit on its own (PID 1 exiting ends it),
 // then kills it.
 func (s *run) waitExit(d time.Duration) {
+	s.waitExitBy(time.After(d))
+}
+
+// waitExitBy is waitExit with a deadline already running.
+func (s *run) waitExitBy(deadline <-chan time.Time) {
 	select {
 	case <-s.inst.Done():
-	case <-time.After(d):
+	case <-deadline:
 		_ = s.inst.Kill()
 	}
 }
@@ -640,19 +708,13 @@ func (s *run) acceptStreams() {
 		}
 	}()
 	for {
-		st, err := s.sess.AcceptStream()
+		yst, err := s.sess.AcceptStream()
 		if err != nil {
 			return
 		}
-		if n := s.sess.NumStreams(); n > s.cfg.MaxSessionStreams {
-			st.Close()
-			s.cfg.Log.Warn("guest holds too many streams, ending the sandbox", "sandbox", s.cfg.Name, "streams", n, "limit", s.cfg.MaxSessionStreams)
-			select {
-			case s.hostile <- fmt.Errorf("%w: %d streams open in the session (limit %d): the guest opens streams without closing them", ErrHostileGuest, n, s.cfg.MaxSessionStreams):
-			default:
-			}
-			return
-		}
+		// The guard bounds the streams open in the session; this bounds
+		// the handlers.
+		st := s.guard.Track(yst)
 		select {
 		case sem <- struct{}{}:
 		default:
@@ -664,11 +726,26 @@ func (s *run) acceptStreams() {
 		go func() {
 			defer s.wg.Done()
 			release := sync.OnceFunc(func() { <-sem })
-			defer release()
-			defer st.Close()
 			s.serveStream(st, budget, release)
+			st.Close()
+			release()
+			drain(st)
 		}()
 	}
+}
+
+// drainFor bounds how long drain reads a stream the host is done with:
+// yamux's StreamCloseTimeout, after which yamux resets it.
+const drainFor = 30 * time.Second
+
+// drain reads and drops what the guest still sends on a stream the host
+// is done with, until the guest closes its side (a correct guest does at
+// once) or drainFor passes: yamux would otherwise keep it in the stream's
+// receive buffer, held against the session's receive budget, until the
+// reset.
+func drain(st net.Conn) {
+	_ = st.SetReadDeadline(time.Now().Add(drainFor))
+	_, _ = io.Copy(io.Discard, st)
 }
 
 func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
@@ -724,4 +801,19 @@ func guestText(s string, n int) string {
 		}
 		return r
 	}, s)
+}
+
+// trackedSession hands out the guest's streams through the guard's read
+// accounting (the handshake's control stream).
+type trackedSession struct {
+	*yamux.Session
+	guard *muxguard.Conn
+}
+
+func (t trackedSession) Accept() (net.Conn, error) {
+	st, err := t.AcceptStream()
+	if err != nil {
+		return nil, err
+	}
+	return t.guard.Track(st), nil
 }
