@@ -147,9 +147,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	s.hostile = make(chan error, 1)
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
+	s.warn = limitWarnings(s.cfg.Log)
+	s.logs = newLogBudget(time.Now)
+	s.egressEv = newEventLimit(EgressEventRate, EgressEventBurst, events.KindEgressDropped, "egress events over the rate limit were dropped")
+	s.processEv = newEventLimit(ProcessEventRate, ProcessEventBurst, events.KindProcessDropped, "process events over the rate limit were dropped")
 	err := s.run(ctx)
 	// Every goroutine of the run has ended and every egress connection is
-	// closed: the final state is the last event.
+	// closed: the drop counts, then the final state, are the last events.
+	s.reportDrops()
 	s.emitFinal()
 	return err
 }
@@ -183,13 +188,49 @@ type run struct {
 	// final is the terminal state event, emitted by emitFinal once
 	// everything else of the run has ended.
 	final *events.Event
-	wg    sync.WaitGroup
+	// warn logs what the guest made the host refuse, rate limited.
+	warn *slog.Logger
+	// logs, egressEv and processEv bound the events the guest causes.
+	logs                *logBudget
+	egressEv, processEv *eventLimit
+	wg                  sync.WaitGroup
 }
 
 func (s *run) emit(e events.Event) {
 	e.Time = time.Now().UTC()
 	e.Sandbox = s.cfg.Name
 	s.cfg.Events.Emit(e)
+}
+
+// emitEgress emits an egress event within EgressEventRate.
+func (s *run) emitEgress(e events.Event) {
+	if s.egressEv.allow() {
+		s.emit(e)
+	}
+}
+
+// reportDrops emits the counts of events dropped since the last call.
+func (s *run) reportDrops() {
+	if d := s.logs.takeDropped(); d > 0 {
+		s.emit(events.Event{Event: events.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
+	}
+	s.egressEv.report(s.emit)
+	s.processEv.report(s.emit)
+}
+
+// reportDropsEverySecond runs reportDrops every second until quit.
+func (s *run) reportDropsEverySecond() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.reportDrops()
+		case <-s.quit:
+			return
+		}
+	}
 }
 
 // setState emits a state event; terminal states are final, and held back
@@ -275,6 +316,8 @@ func (s *run) run(ctx context.Context) error {
 	}
 	s.inst = inst
 	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.reportDropsEverySecond()
 	defer func() {
 		if s.cfg.Attach != nil && s.ctl != nil {
 			s.cfg.Attach(nil)
@@ -568,6 +611,9 @@ func (s *run) setReady(msg, url, username string) {
 }
 
 func (s *run) emitProcess(p *protocol.ProcessStatus) {
+	if !s.processEv.allow() {
+		return
+	}
 	running := p.Running
 	e := events.Event{
 		Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
@@ -687,26 +733,7 @@ func (s *run) waitExitBy(deadline <-chan time.Time) {
 // limit, which answers ResourceExhausted instead of closing.
 func (s *run) acceptStreams() {
 	defer s.wg.Done()
-	budget := newLogBudget(time.Now)
 	sem := make(chan struct{}, protocol.MaxStreams)
-	stopTicker := make(chan struct{})
-	defer close(stopTicker)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				if d := budget.takeDropped(); d > 0 {
-					s.emit(events.Event{Event: events.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
-				}
-			case <-stopTicker:
-				return
-			}
-		}
-	}()
 	for {
 		yst, err := s.sess.AcceptStream()
 		if err != nil {
@@ -718,7 +745,7 @@ func (s *run) acceptStreams() {
 		select {
 		case sem <- struct{}{}:
 		default:
-			s.cfg.Log.Warn("too many guest streams, refusing", "sandbox", s.cfg.Name, "limit", protocol.MaxStreams)
+			s.warn.Warn("too many guest streams, refusing", "sandbox", s.cfg.Name, "limit", protocol.MaxStreams)
 			st.Close()
 			continue
 		}
@@ -726,7 +753,7 @@ func (s *run) acceptStreams() {
 		go func() {
 			defer s.wg.Done()
 			release := sync.OnceFunc(func() { <-sem })
-			s.serveStream(st, budget, release)
+			s.serveStream(st, release)
 			st.Close()
 			release()
 			drain(st)
@@ -748,16 +775,16 @@ func drain(st net.Conn) {
 	_, _ = io.Copy(io.Discard, st)
 }
 
-func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
+func (s *run) serveStream(st net.Conn, release func()) {
 	h, err := protocol.ReadStreamHeader(st, s.cfg.StreamHeaderTimeout)
 	if err != nil && h.Kind != protocol.KindEgress && h.Kind != protocol.KindDNS {
-		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
+		s.warn.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return
 	}
 	switch h.Kind {
 	case protocol.KindLog:
 		_ = readLines(st, func(line string) {
-			if budget.take(len(line) + 1) {
+			if s.logs.take(len(line) + 1) {
 				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
 			}
 		})
@@ -769,7 +796,7 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 		}
 		release()
 		// Serve re-validates the header and answers InvalidArgument.
-		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emit)
+		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emitEgress)
 	case protocol.KindDNS:
 		if s.cfg.Egress == nil {
 			_ = protocol.WriteDNSReply(st, protocol.DNSReply{Code: protocol.EgressUnsupportedNetwork,
@@ -778,9 +805,9 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 		}
 		release()
 		// ServeDNS re-validates the header and answers InvalidArgument.
-		s.cfg.Egress.ServeDNS(s.egressCtx, st, h, s.emit)
+		s.cfg.Egress.ServeDNS(s.egressCtx, st, h, s.emitEgress)
 	default:
-		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
+		s.warn.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}
 }
 
