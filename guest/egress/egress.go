@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -99,7 +100,7 @@ func sanitize(s string) string {
 		s = s[:protocol.MaxEgressText-3] + "..."
 	}
 	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) {
 			return ' '
 		}
 		return r

@@ -53,7 +53,8 @@ func (d *diagWriter) Write(p []byte) (int, error) {
 }
 
 func (d *diagWriter) line(s string) {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	// The runtime's output reaches the shim's stderr: no terminal escape.
+	s = guestLine(strings.ToValidUTF8(s, "\uFFFD"))
 	d.tail = append(d.tail, s)
 	if len(d.tail) > 5 {
 		d.tail = d.tail[1:]

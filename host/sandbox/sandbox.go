@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
@@ -785,7 +786,7 @@ func (s *run) serveStream(st net.Conn, release func()) {
 	case protocol.KindLog:
 		_ = readLines(st, func(line string) {
 			if s.logs.take(len(line) + 1) {
-				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: line})
+				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: guestLine(line)})
 			}
 		})
 	case protocol.KindEgress:
@@ -812,7 +813,8 @@ func (s *run) serveStream(st net.Conn, release func()) {
 }
 
 // guestText makes a guest-supplied string safe to put in an event: valid
-// UTF-8, no control characters, at most n bytes.
+// UTF-8, no control characters (C0, DEL, C1: no terminal escape
+// survives), at most n bytes.
 func guestText(s string, n int) string {
 	if len(s) > n {
 		s = s[:n]
@@ -823,7 +825,21 @@ func guestText(s string, n int) string {
 	}
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// guestLine is guestText for a line of output: tabs stay, there is no
+// length limit (readLines and the diagnostics writer bound lines).
+func guestLine(s string) string {
+	if !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && r != '\t' }) {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) && r != '\t' {
 			return ' '
 		}
 		return r

@@ -330,4 +330,6 @@ func TestGuestTextIsBoundedAndPrintable(t *testing.T) {
 	assert.Equal(t, "abc...", guestText("abcdef", 3))
 	assert.Equal(t, "\uFFFD", guestText("\xff", 10))
 	assert.Equal(t, "...", guestText("é", 1), "never cuts a rune in half")
+	assert.Equal(t, " [31mred  [2J", guestText("\x1b[31mred \u009b[2J", 64), "ESC and C1 (CSI) never reach an event")
+	assert.Equal(t, "tab\tkept   bell ", guestLine("tab\tkept \x1b bell\a"), "a line keeps its tabs, nothing else")
 }
