@@ -42,7 +42,7 @@ const (
 // Errors of Conn.Err; test with errors.Is.
 var (
 	// ErrHostile: the guest sent a frame no correct guest sends.
-	ErrHostile = errors.New("guest broke the session's bounds")
+	ErrHostile = errors.New("hostile guest")
 	// ErrStalled: a write to the guest did not complete within
 	// Limits.WriteTimeout (the guest stopped reading the transport).
 	ErrStalled = errors.New("guest stopped reading the transport")

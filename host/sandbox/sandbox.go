@@ -353,14 +353,14 @@ func (s *run) run(ctx context.Context) error {
 		helloWait = max(helloWait, time.Until(start.Add(s.cfg.BootTimeout)))
 	}
 	if err := s.handshake(ctx, conn, helloWait); err != nil {
+		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
+			_ = s.inst.Kill()
+			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
+		}
 		if ctx.Err() != nil {
 			_ = s.inst.Kill()
 			s.setState(events.StateStopped, "stopped during the handshake with the guest")
 			return nil
-		}
-		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
-			_ = s.inst.Kill()
-			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
 		}
 		// A guest that refused the handshake exits on its own: give it a
 		// moment so its own account of the failure reaches the diagnostics

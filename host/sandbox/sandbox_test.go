@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -28,6 +29,8 @@ type fakeProvider struct {
 	guest   chan net.Conn
 	created int
 	inst    *fakeInstance
+	// stderr is where the runtime's output goes (Spec.Stderr).
+	stderr io.Writer
 }
 
 func newFakeProvider() *fakeProvider { return &fakeProvider{guest: make(chan net.Conn, 1)} }
@@ -39,6 +42,7 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 		return nil, err
 	}
 	p.created++
+	p.stderr = s.Stderr
 	p.inst = &fakeInstance{p: p, done: make(chan struct{})}
 	return p.inst, nil
 }
