@@ -33,6 +33,8 @@ var bins struct {
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
+	// bad holds badguest built for each hostile mode (hostile_test.go).
+	bad map[string]string
 	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of the README.
@@ -63,7 +65,7 @@ func TestMain(m *testing.M) {
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.fakeDocker = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
-	for _, b := range []struct{ out, pkg, ldflags string }{
+	builds := []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
 		{bins.image, "../cmd/oac-image", ""},
@@ -75,7 +77,13 @@ func TestMain(m *testing.M) {
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.fakeDocker, "./internal/fakedocker", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
-	} {
+	}
+	bins.bad = map[string]string{}
+	for _, mode := range hostileModes {
+		bins.bad[mode] = filepath.Join(dir, "badguest-"+mode)
+		builds = append(builds, struct{ out, pkg, ldflags string }{bins.bad[mode], "./internal/badguest", "-X main.defaultMode=" + mode})
+	}
+	for _, b := range builds {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -10,6 +10,19 @@ import (
 	"github.com/oac/sandbox-agent/host/events"
 )
 
+// MemoryCeiling is the most memory (peak RSS) one sandbox's shim holds,
+// whatever its guest does (docs/threat-model.md, measured by
+// e2e/hostile_test.go). What enforces it: the session's receive budget
+// (muxguard.DefaultRecvBudget), the big copy buffers of the process
+// (pipe.MaxBigBuffers), the stream, ping and open limits (protocol's
+// session bounds), the event and log rates here, and SoftMemoryLimit.
+const MemoryCeiling = 64 << 20
+
+// SoftMemoryLimit is the Go runtime's memory limit oac-shim sets (unless
+// GOMEMLIMIT is given): the collector works harder as the heap nears it,
+// so garbage does not take the process past MemoryCeiling.
+const SoftMemoryLimit = 48 << 20
+
 // Event and diagnostic rates per sandbox: what the guest can make the
 // shim write is bounded like log lines are (LogRate). Over a rate,
 // events are dropped and counted, and one *_dropped event a second says

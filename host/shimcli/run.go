@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -130,6 +131,9 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	f, code := parseRunFlags(args, stderr)
 	if f == nil {
 		return code
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(sandbox.SoftMemoryLimit)
 	}
 	log := newLogger(stderr, f.debug)
 	fail := func(err error) int {
