@@ -78,7 +78,7 @@ demo: deps build fixtures
 # tested for real only by .github/workflows/macos.yml).
 # The image builder (oac-image build) runs on Linux and macOS build hosts:
 # its outputs carry Unix owners, modes and device nodes.
-WINDOWS_PKGS = $(shell GOOS=windows $(GO) list ./... | grep -v -e /imagebuild -e /initramfs/imagecli -e /cmd/oac-image)
+WINDOWS_PKGS = $(shell GOOS=windows $(GO) list ./... | grep -v -e /imagebuild -e /imagecli -e /cmd/oac-image)
 cross:
 	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) build $(WINDOWS_PKGS)
 	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) vet $(WINDOWS_PKGS)

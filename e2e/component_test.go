@@ -254,7 +254,7 @@ func TestStartCommandRestartsWithANewAttempt(t *testing.T) {
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }
 
-// The README's Go parent (examples/shim-client) against a real guest.
+// The Go parent of docs/events-and-control.md (examples/shim-client) against a real guest.
 func TestGoExampleDrivesStartReadyForwardStop(t *testing.T) {
 	needBwrap(t)
 	bootFile := filepath.Join(t.TempDir(), "bootstrap.json")
@@ -270,7 +270,7 @@ func TestGoExampleDrivesStartReadyForwardStop(t *testing.T) {
 	assert.Contains(t, text, "stopped: stopped: stop command")
 }
 
-// The README's shell one-liner.
+// The shell one-liner of docs/events-and-control.md.
 func TestShellOneLinerDrivesStartReadyForwardStop(t *testing.T) {
 	needBwrap(t)
 	needCurl(t)
@@ -282,7 +282,7 @@ func TestShellOneLinerDrivesStartReadyForwardStop(t *testing.T) {
 	bootFile := filepath.Join(dir, "bootstrap.json")
 	require.NoError(t, os.WriteFile(bootFile, []byte(encode(t, contract("link.example.com"))), 0o600))
 	pw := filepath.Join(dir, "pw")
-	// As in README.md, with this test's paths and port.
+	// As in docs/events-and-control.md, with this test's paths and port.
 	line := `( until curl -sf -u "runtime:$(cat $PW 2>/dev/null)" http://127.0.0.1:$PORT/global/health >&2; do sleep 0.2; done;
   echo '{"cmd":"status"}'; echo '{"cmd":"stop"}' ) |
   $SHIM run --name $NAME --bootstrap $BOOT $IDENTITY --password-file $PW --forward 127.0.0.1:$PORT=4096 --control stdin --agent $AGENT`

@@ -37,7 +37,7 @@ var bins struct {
 	bad map[string]string
 	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
 	sandboxIO, daemon string
-	// shimClient is examples/shim-client, the Go parent of the README.
+	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
 	shimClient string
 }
 

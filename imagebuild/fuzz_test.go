@@ -3,6 +3,7 @@ package imagebuild
 import (
 	"archive/tar"
 	"bytes"
+	"io"
 	"io/fs"
 	"strings"
 	"testing"
@@ -26,7 +27,7 @@ func FuzzReadTar(f *testing.F) {
 	f.Add([]byte{0x1f, 0x8b, 8, 0})
 	f.Add(bytes.Repeat([]byte{0}, 1024))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		tree, err := ReadTar(bytes.NewReader(b), MemorySink, TarLimits{MaxEntries: 1000, MaxBytes: 1 << 20})
+		tree, err := ReadTar(bytes.NewReader(b), memorySink, TarLimits{MaxEntries: 1000, MaxBytes: 1 << 20})
 		if err != nil {
 			return
 		}
@@ -45,7 +46,7 @@ func FuzzReadTar(f *testing.F) {
 		if err := WriteTar(tree, time.Unix(0, 0), &out); err != nil {
 			return // e.g. a name too long for any tar format
 		}
-		again, err := ReadTar(bytes.NewReader(out.Bytes()), MemorySink, TarLimits{})
+		again, err := ReadTar(bytes.NewReader(out.Bytes()), memorySink, TarLimits{})
 		if err != nil {
 			t.Fatalf("written tar does not read: %v", err)
 		}
@@ -80,4 +81,10 @@ func FuzzParseOCI(f *testing.F) {
 			}
 		}
 	})
+}
+
+// memorySink keeps contents in memory.
+func memorySink(index int, r io.Reader) (string, []byte, error) {
+	b, err := io.ReadAll(r)
+	return "", b, err
 }

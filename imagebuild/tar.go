@@ -52,12 +52,6 @@ func DirSink(dir string) BlobSink {
 	}
 }
 
-// MemorySink keeps contents in memory (tests and fuzzing).
-func MemorySink(index int, r io.Reader) (string, []byte, error) {
-	b, err := io.ReadAll(r)
-	return "", b, err
-}
-
 // ReadTar reads a base rootfs from a tar or gzip-compressed tar stream
 // (detected by its magic). Member names are cleaned; a name that leaves
 // the root, a hard link to a member not seen before, or a member type

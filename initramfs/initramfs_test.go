@@ -141,8 +141,8 @@ func TestResolveOrdersModulesAfterTheirDependencies(t *testing.T) {
 	for i, f := range files {
 		names[i] = ModuleName(f)
 	}
-	// The order PLATFORM-NOTES measured for PCI, each module once, ext4
-	// skipped because it is built in.
+	// The load order measured for PCI (docs/images.md), each module once,
+	// ext4 skipped because it is built in.
 	assert.Equal(t, []string{
 		"virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
 		"virtio_console",

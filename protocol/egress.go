@@ -35,7 +35,7 @@ const (
 )
 
 // EgressCode is the failure code of an egress decision; 0 is success.
-// The numbers are contract (CONTRACTS.md, "Egress").
+// The numbers are contract (docs/contract.md, "Egress").
 type EgressCode int
 
 // Egress failure codes.

@@ -66,7 +66,7 @@ echo "== what the daemon saw:"
 grep -E '"stream":"daemon/stdout"' "$events" | sed -E 's/.*"line":"(.*)"\}$/\1/' || true
 echo
 
-# Ingress and the control API: a parent in one line of shell (README).
+# Ingress and the control API: a parent in one line of shell (docs/events-and-control.md).
 port=$(shuf -i 20000-40000 -n 1)
 echo "== ingress: --forward 127.0.0.1:$port=4096 --control stdin: the parent curls the daemon through the forward"
 echo "   with its Basic auth (the password from --password-file), asks for the status, and stops the sandbox"

@@ -9,7 +9,7 @@ for p in "$@"; do
   fi
 done
 if ! command -v go >/dev/null 2>&1; then
-  echo "deps: Go is not on PATH; install Go 1.24 or newer (https://go.dev/doc/install) and retry" >&2
+  echo "deps: Go is not on PATH; install Go 1.26.8 or newer (go.mod requires it) (https://go.dev/doc/install) and retry" >&2
   exit 1
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0

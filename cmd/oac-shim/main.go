@@ -1,5 +1,5 @@
 // Command oac-shim boots a guest with a provider, sends it the bootstrap and
-// reports its lifecycle as JSON events. See package host/shimcli and README.md.
+// reports its lifecycle as JSON events. See package host/shimcli and docs/cli.md.
 package main
 
 import (

@@ -53,9 +53,6 @@ type Config struct {
 	OnState func(protocol.State)
 }
 
-// ErrShutdown is returned by Run after an orderly stop.
-var ErrShutdown = errors.New("agent stopped")
-
 // Run runs the agent until the host asks it to stop (returns nil), ctx is
 // cancelled (orderly stop, returns nil) or the session fails.
 func Run(ctx context.Context, cfg Config) error {

@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// Defaults of the restart policy (CONTRACTS.md: 100 ms to 30 s).
+// Defaults of the restart policy: 100 ms to 30 s, the bounds oac-sandbox-io
+// uses for its own reconnects (docs/contract.md).
 const (
 	DefaultMin = 100 * time.Millisecond
 	DefaultMax = 30 * time.Second

@@ -143,9 +143,6 @@ func Start(cfg Config) (*Transparent, error) {
 	return t, nil
 }
 
-// Pool returns the pool of fake addresses.
-func (t *Transparent) Pool() *Pool { return t.pool }
-
 // Close removes the rules, stops listening and closes every captured
 // connection.
 func (t *Transparent) Close() error {
@@ -251,18 +248,6 @@ func (t *Transparent) handle(c *net.TCPConn) {
 		// closest to a refusal a raw TCP client understands. The reason
 		// is in the host's egress event.
 		t.cfg.Log.Debug("capture: refused", "target", net.JoinHostPort(host, strconv.Itoa(port)), "code", r.Code.String(), "reason", r.Reason)
-		reset(c)
-		return
-	}
-	defer st.Close()
-	_, _, _ = pipe.Join(c, st, nil)
-}
-
-// Handle carries one connection already accepted by a caller that knows
-// its target (benchmarks, tests without a namespace).
-func (t *Transparent) Handle(c net.Conn, host string, port int) {
-	st, r := t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
-	if !r.OK() {
 		reset(c)
 		return
 	}

@@ -58,7 +58,7 @@
 //     the same thing the proxy path reads, so the transparent path costs
 //     about what the proxy path costs: measured with bench/egress on the
 //     shared 2-core build VM (9 runs of 256 MiB, 200 connections per
-//     latency run, two runs; the README has the table), transparent
+//     latency run, two runs; docs/benchmarks.md has the table), transparent
 //     throughput was 70-103% of the proxy path's (download 806 and 1255
 //     against 1142 and 1217 MB/s, upload 1079 and 1415 against 1195 and
 //     1585 MB/s) and connect plus first byte 251 and 301 against 209 us

@@ -7,7 +7,8 @@ import (
 	"sync"
 )
 
-// Lifecycle states (CONTRACTS.md).
+// Lifecycle states, as the callers know them (docs/contract.md, "The
+// callers").
 const (
 	StateStarting = "starting"
 	StateReady    = "ready"

@@ -1,5 +1,5 @@
-// Package controller is the lifecycle controller of one sandbox as
-// CONTRACTS.md describes it: the states starting, ready{url, username,
+// Package controller is the lifecycle controller of one sandbox as the
+// callers rely on it (docs/contract.md): the states starting, ready{url, username,
 // password}, failed{message} and stopped; single-flight jobs (a new start
 // aborts the one in flight and runs only once it has ended); an attempt
 // counter that every report carries, so late results of an old attempt

@@ -40,11 +40,10 @@ var refusedClasses = func() []addrClass {
 }()
 
 var (
-	nat64   = netip.MustParsePrefix("64:ff9b::/96")
-	sixTo4  = netip.MustParsePrefix("2002::/16")
-	zeroV4  = netip.AddrFrom4([4]byte{})
-	zeroV6  = netip.IPv6Unspecified()
-	mappedP = netip.MustParsePrefix("::ffff:0:0/96")
+	nat64  = netip.MustParsePrefix("64:ff9b::/96")
+	sixTo4 = netip.MustParsePrefix("2002::/16")
+	zeroV4 = netip.AddrFrom4([4]byte{})
+	zeroV6 = netip.IPv6Unspecified()
 )
 
 // alwaysRefused reports addresses no rule can allow: 0.0.0.0 and :: (and

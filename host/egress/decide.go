@@ -11,8 +11,8 @@ import (
 	"github.com/oac/sandbox-agent/protocol"
 )
 
-// Failure is a refused or failed egress: a CONTRACTS.md failure code, its
-// effect, a reason in words and the rule that decided, if one did.
+// Failure is a refused or failed egress: a failure code of the fixed list
+// (docs/contract.md, "Egress"), its effect, a reason in words and the rule that decided, if one did.
 type Failure struct {
 	Code   protocol.EgressCode
 	Effect string
@@ -45,7 +45,7 @@ type plan struct {
 	resolve bool
 }
 
-// plan runs the checks in CONTRACTS.md order up to resolution: the target
+// plan runs the checks in the order of docs/contract.md up to resolution: the target
 // must parse; a named upstream wins; then the port (a denied port resolves
 // nothing); an IP literal is its own only candidate.
 func (p *Policy) plan(rawHost string, port int) (plan, *Failure) {

@@ -10,7 +10,7 @@
 // the host, the dial (the checked address is the one dialed, once, verified
 // again in the dialer's Control hook: no DNS rebinding window), the limits
 // (concurrent streams, connect and idle timeouts), the failure codes and
-// effects of CONTRACTS.md, and one event per decision and per close. It
+// effects of docs/contract.md, and one event per decision and per close. It
 // also answers dns streams (ServeDNS): may the guest's resolver hand out
 // an address for a name? Only a name a name rule or a named upstream
 // covers is resolved (to answer NameNotResolved, or Denied when every

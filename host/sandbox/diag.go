@@ -22,7 +22,6 @@ type diagWriter struct {
 	partial []byte
 	written int
 	tail    []string
-	capped  bool
 }
 
 func newDiagWriter(w io.Writer, prefix string) *diagWriter {

@@ -64,8 +64,9 @@ var (
 	ErrHealthDeadline         = errors.New("bootstrap: health.deadline must be more than 0 and at most 10m")
 )
 
-// Health check defaults and bounds (CONTRACTS.md: GET /global/health with
-// Basic auth, 3 s per request, polled every 100 ms, given up after 30 s).
+// Health check defaults and bounds (docs/contract.md, "The daemon": GET
+// /global/health with Basic auth, 3 s per request, polled every 100 ms,
+// given up after 30 s).
 const (
 	DefaultHealthPath     = "/global/health"
 	DefaultHealthInterval = 100 * time.Millisecond

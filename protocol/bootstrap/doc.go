@@ -5,7 +5,7 @@
 //
 // A Bootstrap carries the sandbox's own identity (tenant, environment,
 // allocation), the oac-sandbox-io section with the content of the private
-// bootstrap file (type SandboxIO, the contract of CONTRACTS.md), the daemon's
+// bootstrap file (type SandboxIO, the contract of docs/contract.md), the daemon's
 // argv, env and working directory, its HTTP Basic credentials and the
 // environment variable names it reads them from, the health check, the
 // hostname and the stop grace.

@@ -16,7 +16,7 @@ import (
 	"unicode/utf8"
 )
 
-// Contract values of oac-sandbox-io (see CONTRACTS.md).
+// Contract values of oac-sandbox-io (docs/contract.md).
 const (
 	// SandboxIOVersion is the version of the private bootstrap file.
 	SandboxIOVersion = 1
@@ -82,7 +82,7 @@ type Resource struct {
 }
 
 // SandboxIO is the content of the private bootstrap file, version 1, as
-// CONTRACTS.md gives it. It decodes only strictly (DecodeSandboxIO) and
+// docs/contract.md gives it. It decodes only strictly (DecodeSandboxIO) and
 // encodes canonically: compact, keys in contract order.
 type SandboxIO struct {
 	Version    int      `json:"version"`

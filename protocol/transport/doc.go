@@ -3,13 +3,18 @@
 //
 // Endpoints:
 //
-//	unix:///run/oac/agent.sock   AF_UNIX stream socket; dial and listen (every OS)
-//	vsock://2:1024               AF_VSOCK CID and port; dial and listen (Linux only)
-//	stdio://                     this process's stdin (read) and stdout (write); dial only
+//	unix:///run/oac/agent.sock   AF_UNIX stream socket (every OS)
+//	vsock://2:1024               AF_VSOCK CID and port (Linux only)
+//	stdio://                     this process's stdin (read) and stdout (write)
 //	serial:///dev/vport1p1       a character device opened read-write, e.g. a
-//	                             virtio-serial port; dial only (Linux only)
+//	                             virtio-serial port (Linux only)
 //
-// It owns parsing, dialing and listening; OS-specific code lives in files
-// named *_linux.go and *_other.go. It must not speak the protocol or know
-// about sandboxes: it only hands out net.Conn and net.Listener values.
+// The guest dials (it always connects first). The host's side of each
+// transport belongs to the provider that sets it up: an owner-only unix
+// socket (package internal/sockfile), a vsock listener of the VM, the pipes
+// of a runtime process.
+//
+// It owns parsing and dialing; OS-specific code lives in files named
+// *_linux.go and *_other.go. It must not speak the protocol or know about
+// sandboxes: it only hands out net.Conn values.
 package transport

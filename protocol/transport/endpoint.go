@@ -19,8 +19,7 @@ const (
 	SchemeSerial = "serial"
 )
 
-// ErrUnsupported is returned when an endpoint cannot dial or listen on this
-// OS or in this direction.
+// ErrUnsupported is returned when an endpoint cannot dial on this OS.
 var ErrUnsupported = errors.New("transport not supported here")
 
 // Endpoint is a parsed endpoint URL.
@@ -101,19 +100,4 @@ func (e Endpoint) Dial(ctx context.Context) (net.Conn, error) {
 		return dialVsock(ctx, e.CID, e.Port)
 	}
 	return nil, fmt.Errorf("dial %s: %w", e, ErrUnsupported)
-}
-
-// Listen listens on e. Only unix and vsock endpoints can listen.
-func (e Endpoint) Listen() (net.Listener, error) {
-	switch e.Scheme {
-	case SchemeUnix:
-		l, err := net.Listen("unix", e.Path)
-		if err != nil {
-			return nil, fmt.Errorf("listen %s: %w", e, err)
-		}
-		return l, nil
-	case SchemeVsock:
-		return listenVsock(e.Port)
-	}
-	return nil, fmt.Errorf("listen %s: %w (it can only dial)", e, ErrUnsupported)
 }

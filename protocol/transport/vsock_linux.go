@@ -30,11 +30,3 @@ func dialVsockWith(ctx context.Context, dial vsockDialer, cid, port uint32) (net
 	}
 	return c, nil
 }
-
-func listenVsock(port uint32) (net.Listener, error) {
-	l, err := vsock.Listen(port, nil)
-	if err != nil {
-		return nil, fmt.Errorf("listen vsock port %d: %w (is the vsock device present? check /dev/vsock and that nothing else listens on the port)", port, err)
-	}
-	return l, nil
-}

@@ -11,7 +11,3 @@ import (
 func dialVsock(_ context.Context, cid, port uint32) (net.Conn, error) {
 	return nil, fmt.Errorf("dial vsock://%d:%d: %w (AF_VSOCK sockets exist only on Linux; on macOS the vz provider owns the vsock device)", cid, port, ErrUnsupported)
 }
-
-func listenVsock(port uint32) (net.Listener, error) {
-	return nil, fmt.Errorf("listen vsock port %d: %w (AF_VSOCK sockets exist only on Linux)", port, ErrUnsupported)
-}

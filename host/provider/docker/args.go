@@ -15,7 +15,8 @@ const (
 	GuestSocketPath = "/run/oac/agent.sock"
 )
 
-// Limits (see ../shared/CONTRACTS.md: the hosted containers' hardening).
+// Limits: those hosted containers already run with (docs/contract.md,
+// "Hardening of hosted containers").
 const (
 	PidsLimit  = 128
 	TmpSizeMiB = 128

@@ -47,8 +47,7 @@ type runtimeCmd struct {
 	// HideCgroup2 is a cgroup2 mount point to unmount in a private mount
 	// namespace before the runtime runs: crun 1.8 refuses a hybrid layout
 	// ("cgroups in hybrid mode not supported") but runs as on a v1 host
-	// when it cannot see the cgroup2 mount (measured: see
-	// ../shared/PLATFORM-NOTES.md).
+	// when it cannot see the cgroup2 mount (measured; docs/providers.md).
 	HideCgroup2 string
 	Sh, Umount  string
 }

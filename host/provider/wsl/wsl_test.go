@@ -97,13 +97,12 @@ func (r *fakeRunner) commands() []string {
 }
 
 type fakeProc struct {
-	in       *io.PipeWriter
-	out      *io.PipeReader
-	inR      *io.PipeReader
-	outW     *io.PipeWriter
-	once     sync.Once
-	exit     chan struct{}
-	killedBy string
+	in   *io.PipeWriter
+	out  *io.PipeReader
+	inR  *io.PipeReader
+	outW *io.PipeWriter
+	once sync.Once
+	exit chan struct{}
 }
 
 func (p *fakeProc) Stdin() io.WriteCloser { return p.in }

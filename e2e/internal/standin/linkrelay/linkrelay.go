@@ -29,11 +29,10 @@ type Relay struct {
 	// Digest is the hex SHA-256 of the expected credential.
 	Digest string
 
-	mu         sync.Mutex
-	accepted   int
-	refused    int
-	resourceOK int
-	peers      []io.Closer
+	mu       sync.Mutex
+	accepted int
+	refused  int
+	peers    []io.Closer
 }
 
 // Counts returns how many upgrades were accepted and refused.

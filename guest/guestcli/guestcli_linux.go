@@ -1,0 +1,156 @@
+package guestcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/oac/sandbox-agent/guest/agent"
+	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/reaper"
+	"github.com/oac/sandbox-agent/guest/vminit"
+	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/systemd"
+	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/protocol/transport"
+)
+
+// Main runs oac-guest with args (without the program name) and returns its
+// exit code.
+func Main(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	debug := fs.Bool("debug", false, "log debug messages")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "oac-guest: unexpected arguments; see oac-guest -h")
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintf(stdout, "oac-guest %s (protocol %d..%d)\n", buildinfo.Version, protocol.MinVersion, protocol.MaxVersion)
+		return 0
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := newLogger(level, stderr)
+
+	pid1 := os.Getpid() == 1
+	if pid1 {
+		res, err := initsys.EnsureMounts(initsys.Mounts)
+		for _, r := range res {
+			if r.Err != nil {
+				// Only optional mounts fail here (a required one returns err):
+				// inside a user namespace the kernel refuses sysfs, for one.
+				log.Info("optional mount unavailable", "target", r.Target, "err", r.Err)
+			} else {
+				log.Debug("mount", "target", r.Target, "action", r.Action)
+			}
+		}
+		if err != nil {
+			log.Error("init failed", "err", err)
+			return 1
+		}
+		if _, err := initsys.LoopbackUp(); err != nil {
+			log.Warn("loopback", "err", err)
+		}
+	} else if err := reaper.BecomeSubreaper(); err != nil {
+		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
+	}
+	rp := reaper.New()
+	// A host that goes away closes the stdio transport: writing to it must
+	// fail with EPIPE (and stop the guest in order), not kill the agent
+	// with SIGPIPE. Notify, not Ignore: an ignored signal would stay
+	// ignored in every process the agent starts.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	if pid1 && *transportURL == "" {
+		// PID 1 of an oac VM: settings come from the kernel command line
+		// and Boot never returns (it powers the VM off instead).
+		params, err := vminit.ReadParams()
+		switch {
+		case err == nil:
+			if params.Debug {
+				log = newLogger(slog.LevelDebug, stderr)
+			}
+			vminit.Boot(ctx, params, agent.Config{AgentVersion: buildinfo.Version, Reaper: rp, Log: log, SetHostname: true})
+		case !errors.Is(err, vminit.ErrNotVM):
+			vminit.Fatal(log, err)
+		}
+	}
+
+	var ep transport.Endpoint
+	var err error
+	if *transportURL != "" {
+		ep, err = transport.Parse(*transportURL)
+	} else {
+		ep, err = agent.DetectEndpoint()
+	}
+	if err != nil {
+		log.Error("transport", "err", err)
+		return 2
+	}
+	// Under systemd (NOTIFY_SOCKET): READY=1 once the sandbox is ready,
+	// STATUS= with each state, STOPPING=1 when it stops, and the watchdog.
+	notify := systemd.NewNotifier(log)
+	wctx, stopWatchdog := context.WithCancel(ctx)
+	defer stopWatchdog()
+	go notify.Watchdog(wctx, nil)
+	err = agent.Run(ctx, agent.Config{
+		Endpoint:     ep,
+		AgentVersion: buildinfo.Version,
+		Reaper:       rp,
+		Log:          log,
+		SetHostname:  pid1,
+		OnState:      func(st protocol.State) { notifyState(notify, st) },
+	})
+	notify.Stopping("stopped")
+	if err != nil {
+		log.Error("stopped", "err", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
+
+// notifyState tells systemd about a state the agent reports to the host.
+func notifyState(n *systemd.Notifier, st protocol.State) {
+	line := st.State
+	if st.Message != "" {
+		line += ": " + st.Message
+	}
+	switch st.State {
+	case protocol.StateReady:
+		n.Ready(line)
+	case protocol.StateStopped:
+		n.Stopping(line)
+	default:
+		n.Status(line)
+	}
+}
+
+func newLogger(level slog.Level, stderr io.Writer) *slog.Logger {
+	var h slog.Handler
+	if os.Getpid() != 1 {
+		// A service in a systemd guest (a WSL distro with systemd): log to
+		// the journal with priorities when stderr is the journal.
+		h = systemd.JournalHandler("oac-guest", level)
+	}
+	if h == nil {
+		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	}
+	return slog.New(h).With("component", "oac-guest")
+}
