@@ -394,3 +394,48 @@ func TestShimMemoryStaysUnderTheCeiling(t *testing.T) {
 		})
 	}
 }
+
+// Finding 6 on a real guest: curl killed mid-download through the guest's
+// HTTP proxy (plain HTTP, an endless response): the upstream connection
+// ends at once, not after the proxy read the rest or a stream timeout.
+func TestAClientKilledMidDownloadEndsTheUpstreamAtOnce(t *testing.T) {
+	needBwrap(t)
+	needCurl(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ended := make(chan time.Time, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = bufio.NewReader(c).ReadString('\n')
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n")
+		chunk := make([]byte, 32<<10)
+		_ = c.SetWriteDeadline(time.Now().Add(60 * time.Second))
+		for range 100000 { // at most about 3 GB, until the host closes
+			if _, err := c.Write(chunk); err != nil {
+				break
+			}
+		}
+		ended <- time.Now()
+	}()
+	script := `curl -sS -x http://127.0.0.1:3128 -o /dev/null http://big.test/ & pid=$!; sleep 2; kill -9 $pid; echo killed; exec sleep 1000`
+	s := startShim(t, sandboxSpec{bootstrap: egressBootstrap(script), args: []string{"--upstream", "big.test:80=" + ln.Addr().String()}})
+	s.waitState(events.StateReady, bootTimeout)
+	killed := s.waitFor(func(e events.Event) bool { return e.Event == events.KindLog && e.Line == "killed" }, 20*time.Second, "the kill")
+	select {
+	case at := <-ended:
+		t.Logf("the upstream ended %s after the host printed the kill", at.Sub(killed.Time).Round(time.Millisecond))
+		assert.Less(t, at.Sub(killed.Time), time.Second, "the abort reaches the upstream at once (the log line and the abort travel separately)")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the upstream connection outlived the killed client")
+	}
+	closed := s.waitFor(func(e events.Event) bool { return e.Event == events.KindEgressClosed }, 5*time.Second, "egress_closed")
+	assert.Equal(t, "the guest aborted the connection (its client went away)", closed.Reason)
+	s.signal(syscall.SIGTERM)
+	s.waitState(events.StateStopped, 15*time.Second)
+	assert.Equal(t, 0, s.exit(10*time.Second))
+}

@@ -24,6 +24,9 @@ type StreamGate struct {
 	pace *rate.Limiter
 	mu   sync.Mutex
 	poll time.Duration
+	// OnAbort, when set, tells the host about an aborted stream (Abort
+	// sends an Abort message through it). Set it before the first Open.
+	OnAbort func(id uint32)
 }
 
 // NewStreamGate gates opens on sess.
@@ -63,5 +66,27 @@ func (g *StreamGate) Open(ctx context.Context, h StreamHeader) (net.Conn, error)
 	if err != nil {
 		return nil, fmt.Errorf("open %s stream: %w", h.Kind, err)
 	}
-	return StartStream(st, h)
+	c, err := StartStream(st, h)
+	if err != nil {
+		return nil, err
+	}
+	return &GatedStream{Conn: c, gate: g, id: st.StreamID()}, nil
+}
+
+// GatedStream is a stream opened through a StreamGate.
+type GatedStream struct {
+	net.Conn
+	gate *StreamGate
+	id   uint32
+}
+
+// Abort ends the stream for good on both sides: reads fail at once, the
+// stream is closed, and the host is told (OnAbort) so that it closes
+// what the stream carries instead of writing into a stream nobody reads.
+func (s *GatedStream) Abort() {
+	_ = s.SetReadDeadline(time.Now())
+	_ = s.Close()
+	if s.gate.OnAbort != nil {
+		s.gate.OnAbort(s.id)
+	}
 }

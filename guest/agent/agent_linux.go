@@ -214,6 +214,11 @@ func (a *agent) serve(ctx context.Context) error {
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
 		a.gate = protocol.NewStreamGate(a.sess)
+		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapAbort) {
+			a.gate.OnAbort = func(id uint32) {
+				_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
+			}
+		}
 		p, err := egress.Start(egress.SessionOpener(a.gate), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)

@@ -80,6 +80,18 @@ func SessionOpener(gate *protocol.StreamGate) Opener {
 	}
 }
 
+// Abort ends c for good: a stream opened through a StreamGate is aborted
+// (the host closes what it carries at once); anything else is closed.
+// Call it when the client side of a connection failed (killed, reset),
+// not when it ended cleanly.
+func Abort(c net.Conn) {
+	if a, ok := c.(interface{ Abort() }); ok {
+		a.Abort()
+		return
+	}
+	_ = c.Close()
+}
+
 // OpenGated opens a stream through gate, waiting at most GateWait.
 func OpenGated(ctx context.Context, gate *protocol.StreamGate, h protocol.StreamHeader) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, GateWait)

@@ -252,7 +252,9 @@ func (t *Transparent) handle(c *net.TCPConn) {
 		return
 	}
 	defer st.Close()
-	_, _, _ = pipe.Join(c, st, nil)
+	if _, _, err := pipe.Join(c, st, nil); err != nil {
+		egress.Abort(st) // the host closes the upstream at once
+	}
 }
 
 // reset closes c with an RST (SO_LINGER 0).

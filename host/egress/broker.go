@@ -202,6 +202,9 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 			fmt.Sprintf("no byte crossed for %s (idle timeout)", b.cfg.IdleTimeout)
 	case ctx.Err() != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, "the sandbox is stopping"
+		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+			closed.Reason = safeText(c.Error(), 200)
+		}
 	case err != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
 	}

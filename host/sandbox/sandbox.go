@@ -147,6 +147,7 @@ func Run(ctx context.Context, cfg Config) error {
 		s.cfg.StreamHeaderTimeout = DefaultStreamHeaderTimeout
 	}
 	s.hostile = make(chan error, 1)
+	s.aborts = map[uint32]context.CancelCauseFunc{}
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
 	s.warn = limitWarnings(s.cfg.Log)
 	s.logs = newLogBudget(time.Now)
@@ -191,6 +192,8 @@ type run struct {
 	final *events.Event
 	// warn logs what the guest made the host refuse, rate limited.
 	warn *slog.Logger
+	// aborts ends an egress stream the guest aborted, by stream id.
+	aborts map[uint32]context.CancelCauseFunc
 	// logs, egressEv and processEv bound the events the guest causes.
 	logs                *logBudget
 	egressEv, processEv *eventLimit
@@ -424,7 +427,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	defer context.AfterFunc(ctx, func() { sess.Close() })()
 	caps := []string{protocol.CapProcess}
 	if s.cfg.Egress != nil {
-		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
+		caps = append(caps, protocol.CapEgress, protocol.CapDNS, protocol.CapAbort)
 	}
 	ctl, hello, welcome, err := protocol.HostHandshake(trackedSession{sess, s.guard}, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
@@ -574,6 +577,12 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					return fmt.Errorf("guest sent a bad Process: %w", err)
 				}
 				s.emitProcess(&ps)
+			case protocol.TypeAbort:
+				var ab protocol.Abort
+				if err := f.Decode(&ab); err != nil {
+					return fmt.Errorf("guest sent a bad Abort: %w", err)
+				}
+				s.abortEgress(ab.Stream)
 			default:
 				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
 			}
@@ -762,6 +771,19 @@ func (s *run) acceptStreams() {
 	}
 }
 
+// errGuestAborted ends an egress connection whose guest side is gone.
+var errGuestAborted = errors.New("the guest aborted the connection (its client went away)")
+
+// abortEgress ends the egress connection of stream id at once (Abort).
+func (s *run) abortEgress(id uint32) {
+	s.mu.Lock()
+	cancel := s.aborts[id]
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel(errGuestAborted)
+	}
+}
+
 // drainFor bounds how long drain reads a stream the host is done with:
 // yamux's StreamCloseTimeout, after which yamux resets it.
 const drainFor = 30 * time.Second
@@ -796,8 +818,20 @@ func (s *run) serveStream(st net.Conn, release func()) {
 			return
 		}
 		release()
+		ctx, cancel := context.WithCancelCause(s.egressCtx)
+		defer cancel(nil)
+		if id, ok := st.(interface{ StreamID() uint32 }); ok {
+			s.mu.Lock()
+			s.aborts[id.StreamID()] = cancel
+			s.mu.Unlock()
+			defer func() {
+				s.mu.Lock()
+				delete(s.aborts, id.StreamID())
+				s.mu.Unlock()
+			}()
+		}
 		// Serve re-validates the header and answers InvalidArgument.
-		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emitEgress)
+		s.cfg.Egress.Serve(ctx, st, h, s.emitEgress)
 	case protocol.KindDNS:
 		if s.cfg.Egress == nil {
 			_ = protocol.WriteDNSReply(st, protocol.DNSReply{Code: protocol.EgressUnsupportedNetwork,

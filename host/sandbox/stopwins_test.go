@@ -462,3 +462,77 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Finding 6: a client killed mid-download left the upstream connection
+// open for about 30 s (a yamux close is a half-close; the host learned
+// nothing until the stream close timeout). The guest now sends Abort and
+// the host closes the upstream at once.
+func TestAnAbortFromTheGuestClosesTheUpstreamAtOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ended := make(chan time.Time, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		chunk := make([]byte, 32<<10)
+		_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		for range 30000 { // endless enough
+			if _, err := c.Write(chunk); err != nil {
+				break
+			}
+		}
+		ended <- time.Now()
+	}()
+	p, rec := newFakeProvider(), newRecorder()
+	pol, err := egress.ParsePolicy(nil, []string{"big:80=" + ln.Addr().String()})
+	require.NoError(t, err)
+	cfg := hostileConfig(p, rec)
+	cfg.Egress = egress.New(egress.Config{Policy: pol})
+	cancel, done := runSandbox(t, cfg)
+	g := connectGuest(t, p)
+	g.send(t, protocol.State{State: protocol.StateReady})
+	rec.waitState(t, events.StateReady)
+	st, err := protocol.OpenStream(g.sess, protocol.StreamHeader{Kind: protocol.KindEgress, Host: "big", Port: 80, Via: protocol.ViaTransparent})
+	require.NoError(t, err)
+	r, err := protocol.ReadEgressReply(st, 5*time.Second)
+	require.NoError(t, err)
+	require.True(t, r.OK())
+	_, err = io.ReadFull(st, make([]byte, 256<<10)) // mid-download
+	require.NoError(t, err)
+	// The guest's client is gone: what oac-guest does (protocol.GatedStream.Abort).
+	aborted := time.Now()
+	st.Close()
+	require.NoError(t, g.ctl.Send(protocol.TypeAbort, protocol.Abort{Stream: st.(*yamux.Stream).StreamID()}))
+	select {
+	case at := <-ended:
+		t.Logf("upstream closed %s after the abort", at.Sub(aborted).Round(time.Millisecond))
+		assert.Less(t, at.Sub(aborted), 100*time.Millisecond, "the abort reaches the upstream within 100 ms")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream connection outlived the abort")
+	}
+	var closed events.Event
+	require.Eventually(t, func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, e := range rec.ev {
+			if e.Event == events.KindEgressClosed {
+				closed = e
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, protocol.EgressCancelled.String(), closed.Code)
+	assert.Equal(t, "the guest aborted the connection (its client went away)", closed.Reason)
+	start := time.Now()
+	cancel(nil)
+	var sd protocol.Shutdown
+	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
+	g.exit()
+	require.NoError(t, endsWithin(t, done, start, stopBound))
+	finalIsLast(t, rec)
+}
