@@ -32,10 +32,10 @@ import (
 )
 
 // stopBound is the time a stop (or a violation) may take to end a
-// sandbox whose guest has the hostile suite's 100 ms grace: the code's
-// bound is grace + stopMargin (1 s) until the runtime is killed, and the
-// fake runtime exits at once; the rest is margin for a busy machine.
-const stopBound = 2 * time.Second
+// sandbox whose guest has the hostile suite's 100 ms grace: the code kills
+// the runtime at grace + stopMargin (1.1 s) at the latest, and the fake
+// runtime exits at once; the rest (0.9 s) is margin for a busy machine.
+var stopBound = time.Duration(shortGrace) + stopMargin + 900*time.Millisecond
 
 // connectInjecting is connectGuest over a transport the test can inject
 // raw yamux frames into.
