@@ -231,7 +231,7 @@ func TestAWriteToAGuestThatReadsNothingTimesOut(t *testing.T) {
 	start := time.Now()
 	_, err := g.Write(frame(typePing, flagSYN, 0, 1))
 	require.ErrorIs(t, err, ErrStalled)
-	assert.Less(t, time.Since(start), time.Second)
+	assert.Less(t, time.Since(start), 5*time.Second, "the write gave up (after 50 ms, on a busy machine later)")
 	assert.ErrorIs(t, g.Err(), ErrStalled)
 	assert.True(t, errors.Is(err, ErrStalled) && !errors.Is(err, os.ErrDeadlineExceeded), "the reason names the stall, not the deadline")
 }

@@ -346,7 +346,7 @@ func (s *run) run(ctx context.Context) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = inst.Kill()
-			s.setState(events.StateStopped, "stopped before the guest connected")
+			s.setState(events.StateStopped, "stopped before the guest connected: "+stopReason(ctx))
 			return nil
 		}
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
@@ -362,7 +362,7 @@ func (s *run) run(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			_ = s.inst.Kill()
-			s.setState(events.StateStopped, "stopped during the handshake with the guest")
+			s.setState(events.StateStopped, "stopped during the handshake with the guest: "+stopReason(ctx))
 			return nil
 		}
 		// A guest that refused the handshake exits on its own: give it a
@@ -492,10 +492,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 		}
 		select {
 		case <-ctx.Done():
-			reason := "stop requested"
-			if c := context.Cause(ctx); c != nil && c != context.Canceled {
-				reason = c.Error()
-			}
+			reason := stopReason(ctx)
 			s.shutdown(reason)
 			s.setState(events.StateStopped, "stopped: "+reason)
 			return nil
@@ -588,6 +585,14 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			}
 		}
 	}
+}
+
+// stopReason is why ctx ended: its cause, or "stop requested".
+func stopReason(ctx context.Context) string {
+	if c := context.Cause(ctx); c != nil && c != context.Canceled {
+		return c.Error()
+	}
+	return "stop requested"
 }
 
 // isViolation reports whether a control-stream read failed because the

@@ -29,6 +29,7 @@ import (
 	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/internal/muxinject"
 	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
 // stopBound is the time a stop (or a violation) may take to end a
@@ -347,6 +348,10 @@ func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	// Messages still queued when the run ends are dropped uncounted: let
+	// the host take them all first (drops are reported once a second).
+	require.Eventually(t, func() bool { return processEvents.Load()+processDropped.Load() == processMsgs }, 20*time.Second, 10*time.Millisecond,
+		"every process message is an event or counted dropped")
 	m.within(t, 16*mib, 16+protocol.MaxStreams+60)
 	stop := time.Now()
 	cancel(nil)
@@ -361,7 +366,6 @@ func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 	assert.LessOrEqual(t, warnings, WarnBurst+int(WarnRate*secs), "warnings stay within their rate")
 	assert.Contains(t, logBuf.String(), "dropped_before=", "a line after drops says how many")
 	assert.LessOrEqual(t, processEvents.Load(), int64(ProcessEventBurst+ProcessEventRate*secs))
-	assert.Equal(t, int64(processMsgs), processEvents.Load()+processDropped.Load(), "every process message is an event or counted dropped")
 }
 
 // Finding 7: with --timeout shorter than the boot, the result was
@@ -378,17 +382,28 @@ func TestATimeoutShorterThanTheBootIsAlwaysAStop(t *testing.T) {
 		cfg.Name, cfg.AgentPath = fmt.Sprintf("boot-%d", i), "/nonexistent/oac-guest"
 		done := make(chan result, 1)
 		go func() { done <- result{Run(ctx, cfg)} }()
-		g := connectGuest(t, p) // connected, never ready
+		// The guest connects and never gets ready; on a busy machine the
+		// stop may come first, even before its Hello.
 		go func() {
-			var sd protocol.Shutdown
-			if g.ctl.RecvMessage(protocol.TypeShutdown, &sd) == nil {
-				g.exit()
+			conn := <-p.guest
+			sess, err := yamux.Client(conn, protocol.MuxConfig(nil))
+			if err != nil {
+				return
 			}
+			defer func() { sess.Close(); _ = p.inst.Kill() }()
+			ctl, _, err := protocol.GuestHandshake(sess, protocol.Hello{MinVersion: 1, MaxVersion: 1, PID: 1}, 5*time.Second)
+			if err != nil {
+				return
+			}
+			var b bootstrap.Bootstrap
+			var sd protocol.Shutdown
+			_ = ctl.RecvMessage(protocol.TypeBootstrap, &b)
+			_ = ctl.RecvMessage(protocol.TypeShutdown, &sd)
 		}()
 		require.NoError(t, endsWithin(t, done, time.Now(), stopBound+50*time.Millisecond))
 		final := finalIsLast(t, rec)
 		require.Equal(t, events.StateStopped, final.State, "run %d: %s", i, final.Message)
-		require.Equal(t, "stopped: run time limit of 50ms reached", final.Message)
+		require.Contains(t, final.Message, "run time limit of 50ms reached", "the stop's reason, wherever it came")
 	}
 }
 
