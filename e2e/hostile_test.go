@@ -40,9 +40,8 @@ const shimCeiling = 64 << 20
 // stopBound is the time the shim may take to exit after a stop (SIGTERM)
 // or after the sandbox failed on its own: the code kills the runtime at
 // the latest the guest's stop grace + 1 s after the stop (at once after a
-// violation), then bwrap exits; the other second is margin for a busy
-// machine.
-func stopBound(grace time.Duration) time.Duration { return grace + 2*time.Second }
+// violation), then bwrap exits; 2 s more are margin for a busy machine.
+func stopBound(grace time.Duration) time.Duration { return grace + 3*time.Second }
 
 // hostileGrace is the stop grace the hostile runs give their guest
 // (which ignores Shutdown).
