@@ -26,8 +26,8 @@ import (
 	"github.com/hashicorp/yamux"
 
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -129,10 +129,10 @@ func stack(upAddr string) (string, *yamux.Session, func(), error) {
 					return
 				}
 				if h.Kind == protocol.KindDNS {
-					b.ServeDNS(context.Background(), st, h, func(events.Event) {})
+					b.ServeDNS(context.Background(), st, h, func(api.Event) {})
 					return
 				}
-				b.Serve(context.Background(), st, h, func(events.Event) {})
+				b.Serve(context.Background(), st, h, func(api.Event) {})
 			}()
 		}
 	}()

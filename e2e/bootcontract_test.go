@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -73,9 +73,9 @@ func sha(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func isProcess(name, message string) func(events.Event) bool {
-	return func(e events.Event) bool {
-		return e.Event == events.KindProcess && e.Process == name && strings.HasPrefix(e.Message, message)
+func isProcess(name, message string) func(api.Event) bool {
+	return func(e api.Event) bool {
+		return e.Event == api.KindProcess && e.Process == name && strings.HasPrefix(e.Message, message)
 	}
 }
 
@@ -85,14 +85,14 @@ func TestBootContractFileProcessesHealthReadyAndStop(t *testing.T) {
 	pwFile := filepath.Join(t.TempDir(), "password")
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, b), args: append(identityArgs(), "--password-file", pwFile)})
 
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
 	assert.Equal(t, "runtime", ready.Username)
 	// The stand-in answered 503 to the first two authenticated requests.
 	assert.Regexp(t, `daemon healthy after ([3-9]|\d\d+) attempt\(s\)`, ready.Message, "ready only once health answered 200")
 	assert.Equal(t, "200 after 3 authenticated request(s)", s.waitLog("daemon: health=", bootTimeout))
-	complete := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && strings.Contains(e.Message, "bootstrap complete")
+	complete := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && strings.Contains(e.Message, "bootstrap complete")
 	}, bootTimeout, "bootstrap complete")
 	assert.Equal(t, "guest: bootstrap complete: oac-sandbox-io and the daemon started", complete.Message)
 
@@ -131,7 +131,7 @@ func TestBootContractFileProcessesHealthReadyAndStop(t *testing.T) {
 	}
 
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 	assert.Equal(t, "terminated, draining", s.waitLog("sandbox-io: got ", time.Second))
 	for _, p := range []string{"oac-sandbox-io", "daemon"} {
@@ -153,13 +153,13 @@ func TestDaemonThatNeverGetsHealthyFailsByTheDeadline(t *testing.T) {
 	b := contract("link.example.com", "--never-healthy")
 	b.Health.Deadline = func() *bootstrap.Duration { d := bootstrap.Duration(time.Second); return &d }()
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, b), args: identityArgs()})
-	failed := s.waitState(events.StateFailed, bootTimeout)
+	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, `guest: daemon not healthy within 1s: tried GET http://127.0.0.1:4096/global/health with Basic auth as "runtime" every 100ms (3s per request)`)
 	assert.Contains(t, failed.Message, "last: HTTP 503 Service Unavailable")
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	all, _ := s.allEvents()
 	for _, e := range all {
-		assert.NotEqual(t, events.StateReady, e.State, "never ready")
+		assert.NotEqual(t, api.StateReady, e.State, "never ready")
 	}
 	// Stopped in order after the failure: both processes exited.
 	s.waitFor(isProcess("daemon", "exited"), time.Second, "daemon exited")
@@ -170,11 +170,11 @@ func TestDaemonKilledAfterReadyIsFailed(t *testing.T) {
 	needBwrap(t)
 	marker := fmt.Sprintf("kill-me-%d", time.Now().UnixNano())
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("link.example.com", "--marker", marker)), args: identityArgs()})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	var pids []int
 	require.Eventually(t, func() bool { pids = hostProcs(marker); return len(pids) == 1 }, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, syscall.Kill(pids[0], syscall.SIGKILL))
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Equal(t, "guest: daemon exited: killed by signal killed", failed.Message)
 	exited := s.waitFor(isProcess("daemon", "exited"), time.Second, "daemon exit event")
 	assert.Equal(t, "killed", exited.Signal)
@@ -184,18 +184,18 @@ func TestDaemonKilledAfterReadyIsFailed(t *testing.T) {
 func TestCrashLoopingSandboxIOIsRestartedWithGrowingBackoff(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("crash-loop.link.example.com")), args: identityArgs()})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	// Delay n is drawn from [b, 1.5b) with b = 100ms * 2^n.
 	bands := [][2]int64{{100, 150}, {200, 300}, {400, 600}}
 	for i, band := range bands {
-		r := s.waitFor(func(e events.Event) bool {
-			return e.Event == events.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts == i+1 && e.RestartInMS > 0
+		r := s.waitFor(func(e api.Event) bool {
+			return e.Event == api.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts == i+1 && e.RestartInMS > 0
 		}, 10*time.Second, fmt.Sprintf("restart %d", i+1))
 		assert.GreaterOrEqual(t, r.RestartInMS, band[0], "restart %d", i+1)
 		assert.Less(t, r.RestartInMS, band[1], "restart %d", i+1)
 		assert.Equal(t, fmt.Sprintf("restarting in %s", time.Duration(r.RestartInMS)*time.Millisecond), r.Message)
-		s.waitFor(func(e events.Event) bool {
-			return e.Event == events.KindProcess && e.Process == "oac-sandbox-io" && e.Running != nil && *e.Running && e.Restarts == i+1
+		s.waitFor(func(e api.Event) bool {
+			return e.Event == api.KindProcess && e.Process == "oac-sandbox-io" && e.Running != nil && *e.Running && e.Restarts == i+1
 		}, 10*time.Second, fmt.Sprintf("start after restart %d", i+1))
 	}
 	all, _ := s.allEvents()
@@ -209,19 +209,19 @@ func TestCrashLoopingSandboxIOIsRestartedWithGrowingBackoff(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, exits, 3, "every exit is an event")
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }
 
 func TestSandboxIOUsageExitIsFailedAndNotRestarted(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("usage.link.example.com")), args: identityArgs()})
-	failed := s.waitState(events.StateFailed, bootTimeout)
+	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "guest: oac-sandbox-io exit status 2: not restarted")
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	all, _ := s.allEvents()
 	for _, e := range all {
-		assert.False(t, e.Event == events.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts > 0, "no restart after exit 2")
+		assert.False(t, e.Event == api.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts > 0, "no restart after exit 2")
 	}
 }
 
@@ -248,7 +248,7 @@ func TestStaleFileOnAPersistentHomeIsReplaced(t *testing.T) {
 	require.NoError(t, os.WriteFile(stale, []byte("stale from an earlier boot"), 0o644))
 	b := contract("link.example.com")
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, b), args: append(identityArgs(), "--volume", "/home="+home)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	want, err := b.SandboxIO.Bootstrap.Encode()
 	require.NoError(t, err)
 	got, err := os.ReadFile(stale)
@@ -292,7 +292,7 @@ func TestSymlinkPlantedAtHomeRuntimeIsRefusedAndItsTargetUntouched(t *testing.T)
 func symlinkRefused(t *testing.T, home, victim, what string) {
 	t.Helper()
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("link.example.com")), args: append(identityArgs(), "--volume", "/home="+home)})
-	failed := s.waitState(events.StateFailed, bootTimeout)
+	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, what)
 	assert.Contains(t, failed.Message, "refused")
 	assert.Equal(t, 1, s.exit(15*time.Second))
@@ -305,7 +305,7 @@ func symlinkRefused(t *testing.T, home, victim, what string) {
 	assert.Equal(t, uint32(0), st.Sys().(*syscall.Stat_t).Uid, "the target was not chowned")
 	all, _ := s.allEvents()
 	for _, e := range all {
-		assert.NotEqual(t, events.KindProcess, e.Event, "no process was started")
+		assert.NotEqual(t, api.KindProcess, e.Event, "no process was started")
 	}
 }
 
@@ -399,7 +399,7 @@ func TestEveryInvalidBootstrapRuleCreatesNothing(t *testing.T) {
 			}
 			pwFile := filepath.Join(t.TempDir(), "password")
 			s := startShim(t, sandboxSpec{bootstrap: r.doc(t), args: append(args, "--password-file", pwFile)})
-			failed := s.waitState(events.StateFailed, 10*time.Second)
+			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Contains(t, failed.Message, "nothing created")
 			assert.Contains(t, failed.Message+s.stderr.String(), r.want.Error())
 			assert.NotContains(t, failed.Message+s.stderr.String(), "SECRET", "messages never echo submitted values")

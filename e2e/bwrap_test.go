@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 const bootTimeout = 20 * time.Second
@@ -33,21 +33,21 @@ func sleepMarker() string {
 func TestBootsToReadyAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{bootstrap: daemon("exec sleep 1000")})
-	s.waitState(events.StateStarting, bootTimeout)
-	ready := s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateStarting, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	assert.Contains(t, ready.Message, "guest ready in")
 
 	s.signal(syscall.SIGTERM)
-	stopped := s.waitState(events.StateStopped, 15*time.Second)
+	stopped := s.waitState(api.StateStopped, 15*time.Second)
 	assert.Contains(t, stopped.Message, "received terminated")
 	assert.Equal(t, 0, s.exit(10*time.Second))
-	assert.Equal(t, events.StateStopped, s.lastEvent().State, "the last event is the final state")
+	assert.Equal(t, api.StateStopped, s.lastEvent().State, "the last event is the final state")
 }
 
 func TestAgentIsPID1OfTheGuest(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{bootstrap: daemon(`echo "pid1=$(cat /proc/1/comm)"; exec sleep 1000`)})
-	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
+	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, bootTimeout, "agent event")
 	assert.Equal(t, 1, agent.PID, "the agent reports its own pid in Hello")
 	assert.Equal(t, 1, agent.Protocol)
 	assert.Equal(t, "oac-guest", s.waitLog("pid1=", bootTimeout))
@@ -60,7 +60,7 @@ func TestDaemonRunsAsUID1000InTheGuestAndAsAnUnprivilegedUIDOnTheHost(t *testing
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{bootstrap: daemon(
 		`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; grep NoNewPrivs /proc/self/status; grep CapEff /proc/self/status; exec ` + marker)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "1000 gid=1000 groups=1000", s.waitLog("uid=", bootTimeout),
 		"uid and gid 1000 with no supplementary groups")
 	assert.Equal(t, "1", strings.TrimSpace(s.waitLog("NoNewPrivs:", bootTimeout)), "no-new-privileges is set")
@@ -104,7 +104,7 @@ func TestSIGTERMStopsEverythingWithinTheGraceAndLeavesNothingBehind(t *testing.T
 	// The daemon ignores SIGTERM (and so do its children), so only the
 	// KILL after the 1s grace stops it.
 	s := startShim(t, sandboxSpec{bootstrap: daemon(`trap "" TERM; `+marker+` & echo started; wait`, `"stop_grace":"1s"`)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	s.waitLog("started", bootTimeout)
 	// The shell (its -c script names the marker) and the sleep itself.
 	require.Eventually(t, func() bool { return len(hostProcs(marker)) == 2 }, 5*time.Second, 20*time.Millisecond)
@@ -115,7 +115,7 @@ func TestSIGTERMStopsEverythingWithinTheGraceAndLeavesNothingBehind(t *testing.T
 	took := time.Since(begin)
 	t.Logf("SIGTERM to shim exit: %s with a 1s grace", took)
 	assert.Less(t, took, 1*time.Second+5*time.Second, "grace plus the stop margin")
-	assert.Equal(t, events.StateStopped, s.lastEvent().State)
+	assert.Equal(t, api.StateStopped, s.lastEvent().State)
 	assert.Empty(t, hostProcs(marker), "the daemon's children are gone")
 	_, err := os.Stat(filepath.Join("/run/oac/sandboxes", s.name))
 	assert.True(t, os.IsNotExist(err), "the sandbox's state directory is removed")
@@ -125,14 +125,14 @@ func TestGuestKilledFromOutsideIsReportedFailed(t *testing.T) {
 	needBwrap(t)
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{bootstrap: daemon("exec " + marker)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	var pids []int
 	require.Eventually(t, func() bool { pids = hostProcs(marker); return len(pids) == 1 }, 5*time.Second, 20*time.Millisecond)
 	agentPID, err := strconv.Atoi(procStatus(t, pids[0], "PPid")[0])
 	require.NoError(t, err)
 	require.NoError(t, syscall.Kill(agentPID, syscall.SIGKILL))
 
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.Contains(t, s.stderr.String(), "oac-shim: ", "a one-line reason on stderr")
@@ -144,13 +144,13 @@ func TestGuestKilledFromOutsideIsReportedFailed(t *testing.T) {
 func TestDaemonExitAfterReadyIsFailed(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{bootstrap: daemon("sleep 0.2; exit 3")})
-	s.waitState(events.StateReady, bootTimeout)
-	exited := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindProcess && e.Running != nil && !*e.Running
+	s.waitState(api.StateReady, bootTimeout)
+	exited := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindProcess && e.Running != nil && !*e.Running
 	}, 10*time.Second, "process exit event")
 	require.NotNil(t, exited.ExitCode)
 	assert.Equal(t, 3, *exited.ExitCode)
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Equal(t, "guest: daemon exited: exit status 3", failed.Message)
 	assert.Equal(t, 1, s.exit(15*time.Second))
 }
@@ -158,7 +158,7 @@ func TestDaemonExitAfterReadyIsFailed(t *testing.T) {
 func TestInvalidBootstrapCreatesNothing(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{bootstrap: `{"version":1,"daemon":{"argv":["relative/path","secret-value"]}}`})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "nothing created")
 	assert.Contains(t, failed.Message, "argv")
 	assert.NotContains(t, failed.Message, "secret-value", "messages never echo submitted values")
@@ -170,7 +170,7 @@ func TestInvalidBootstrapCreatesNothing(t *testing.T) {
 func TestGuestSpeakingAnotherProtocolVersionFailsClearly(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{agent: bins.badVersion})
-	failed := s.waitState(events.StateFailed, bootTimeout)
+	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "protocol version mismatch: guest speaks 2..3, host 1..1")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.Contains(t, s.stderr.String(), "badguest: handshake: protocol version mismatch: guest speaks 2..3, host 1..1",
@@ -181,7 +181,7 @@ func TestGuestSpeakingAnotherProtocolVersionFailsClearly(t *testing.T) {
 func TestPeerSendingGarbageFailsClearly(t *testing.T) {
 	needBwrap(t)
 	s := startShim(t, sandboxSpec{agent: bins.badGarbage})
-	failed := s.waitState(events.StateFailed, bootTimeout)
+	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "handshake with guest: guest sent bytes that are not an oac session")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.NotContains(t, s.stderr.String(), "panic")
@@ -191,9 +191,9 @@ func TestTwoSandboxesWithTheSameNameCannotRunAtOnce(t *testing.T) {
 	needBwrap(t)
 	name := uniqueName("dup")
 	first := startShim(t, sandboxSpec{name: name, bootstrap: daemon("exec sleep 1000")})
-	first.waitState(events.StateReady, bootTimeout)
+	first.waitState(api.StateReady, bootTimeout)
 	second := startShim(t, sandboxSpec{name: name, bootstrap: daemon("exec sleep 1000")})
-	failed := second.waitState(events.StateFailed, 10*time.Second)
+	failed := second.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "sandbox already exists")
 	assert.Equal(t, 1, second.exit(10*time.Second))
 	first.signal(syscall.SIGTERM)
@@ -216,7 +216,7 @@ func TestSIGTERMToTheAgentStopsTheGuestInOrder(t *testing.T) {
 	needBwrap(t)
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{bootstrap: daemon(`trap 'echo daemon got TERM; exit 0' TERM; ` + marker + ` & wait`)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	// The shell is the daemon; its parent is the agent. Wait until its
 	// background child has exec'd sleep, so the two cannot be confused.
 	var shell int
@@ -238,7 +238,7 @@ func TestSIGTERMToTheAgentStopsTheGuestInOrder(t *testing.T) {
 	require.NoError(t, syscall.Kill(agentPID, syscall.SIGTERM))
 
 	assert.Equal(t, "", s.waitLog("daemon got TERM", 10*time.Second), "the daemon was asked to stop first")
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Equal(t, "guest stopped on its own: agent received a stop signal", failed.Message)
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.Empty(t, hostProcs(marker))
@@ -248,7 +248,7 @@ func TestKillingTheShimLeavesNoGuestProcessBehind(t *testing.T) {
 	needBwrap(t)
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{bootstrap: daemon("exec " + marker)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	require.Eventually(t, func() bool { return len(hostProcs(marker)) == 1 }, 5*time.Second, 20*time.Millisecond)
 	s.signal(syscall.SIGKILL)
 	s.exit(5 * time.Second)

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -101,9 +101,9 @@ func TestForwardToTheDaemonControlSocketAndSystemdNotify(t *testing.T) {
 		args: append(identityArgs(), "--password-file", pwFile,
 			"--forward", "127.0.0.1:0=4096", "--control-socket", sock),
 	})
-	fwd := s.waitFor(func(e events.Event) bool { return e.Event == events.KindForward && e.Message == "listening" }, bootTimeout, "forward listening")
+	fwd := s.waitFor(func(e api.Event) bool { return e.Event == api.KindForward && e.Message == "listening" }, bootTimeout, "forward listening")
 	assert.Equal(t, daemonPort, fwd.GuestPort)
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "http://"+fwd.Listen, ready.URL, "ready carries the host's URL of the daemon")
 	assert.Equal(t, "http://127.0.0.1:4096", ready.GuestURL)
 	assert.Equal(t, uint64(1), ready.Attempt)
@@ -153,7 +153,7 @@ func TestForwardToTheDaemonControlSocketAndSystemdNotify(t *testing.T) {
 
 	a = ctl(t, sock, map[string]any{"id": "bye", "cmd": "stop"})
 	assert.Equal(t, true, a["ok"], a)
-	stopped := s.waitState(events.StateStopped, 15*time.Second)
+	stopped := s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, "stopped: stop command", stopped.Message)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 	_, err = os.Stat(sock)
@@ -189,11 +189,11 @@ func TestPolicyReplacedAtRunTimeDecidesTheNextConnection(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "ctl.sock")
 	script := `n=0; while :; do n=$((n+1)); echo "try $n: $(curl -sS -m 5 -o /dev/null -w '%{http_code}' http://web.test/ 2>&1)"; sleep 0.2; done`
 	s := startShim(t, sandboxSpec{bootstrap: egressBootstrap(script), args: []string{"--control-socket", sock}})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 
-	isEgress := func(decision string, after int) func(events.Event) bool {
-		return func(e events.Event) bool {
-			return e.Event == events.KindEgress && e.Target == "web.test:80" && e.Decision == decision && e.Conn > uint64(after)
+	isEgress := func(decision string, after int) func(api.Event) bool {
+		return func(e api.Event) bool {
+			return e.Event == api.KindEgress && e.Target == "web.test:80" && e.Decision == decision && e.Conn > uint64(after)
 		}
 	}
 	denied := s.waitFor(isEgress("denied", 0), 30*time.Second, "a denied connection under the initial policy")
@@ -202,11 +202,11 @@ func TestPolicyReplacedAtRunTimeDecidesTheNextConnection(t *testing.T) {
 	a := ctl(t, sock, map[string]any{"cmd": "set_policy", "upstreams": []string{"web.test:80=" + web.Listener.Addr().String()}})
 	require.Equal(t, true, a["ok"], a)
 	assert.Equal(t, []any{"upstream web.test:80=" + web.Listener.Addr().String()}, a["result"].(map[string]any)["egress"])
-	replaced := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindEgressPolicy && strings.Contains(e.Message, "replaced by a control command")
+	replaced := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindEgressPolicy && strings.Contains(e.Message, "replaced by a control command")
 	}, 5*time.Second, "egress_policy event")
 	assert.NotEmpty(t, replaced.Rules)
-	last := s.find(func(e events.Event) bool { return e.Event == events.KindEgress })
+	last := s.find(func(e api.Event) bool { return e.Event == api.KindEgress })
 	allowed := s.waitFor(isEgress("allowed", int(last[len(last)-1].Conn)), 30*time.Second, "an allowed connection under the new policy")
 	assert.Equal(t, "upstream web.test:80="+web.Listener.Addr().String(), allowed.Rule)
 
@@ -214,18 +214,18 @@ func TestPolicyReplacedAtRunTimeDecidesTheNextConnection(t *testing.T) {
 	assert.Equal(t, false, a["ok"], "a bad policy is refused and the old one kept")
 	a = ctl(t, sock, map[string]any{"cmd": "set_policy"})
 	require.Equal(t, true, a["ok"], a)
-	last = s.find(func(e events.Event) bool { return e.Event == events.KindEgress })
+	last = s.find(func(e api.Event) bool { return e.Event == api.KindEgress })
 	s.waitFor(isEgress("denied", int(last[len(last)-1].Conn)), 30*time.Second, "denied again under the empty policy")
 	s.waitLog("try ", time.Second)
 	found200 := false
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, "try ") }) {
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindLog && strings.HasPrefix(e.Line, "try ") }) {
 		found200 = found200 || strings.HasSuffix(e.Line, ": 200")
 	}
 	assert.True(t, found200, "the daemon's curl got through while the policy allowed it")
 
 	a = ctl(t, sock, map[string]any{"cmd": "stop"})
 	require.Equal(t, true, a["ok"], a)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }
 
@@ -235,22 +235,22 @@ func TestStartCommandRestartsWithANewAttempt(t *testing.T) {
 	needBwrap(t)
 	sock := filepath.Join(t.TempDir(), "ctl.sock")
 	s := startShim(t, sandboxSpec{bootstrap: daemon("exec sleep 1000", `"stop_grace":"1s"`), args: []string{"--control-socket", sock}})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	a := ctl(t, sock, map[string]any{"cmd": "start"})
 	require.Equal(t, true, a["ok"], a)
 	assert.Equal(t, float64(2), a["result"].(map[string]any)["attempt"])
-	ready2 := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && e.State == events.StateReady && e.Attempt == 2
+	ready2 := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && e.State == api.StateReady && e.Attempt == 2
 	}, bootTimeout, "ready of attempt 2")
 	assert.Equal(t, uint64(2), ready2.Attempt)
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindState && e.Attempt == 1 }) {
-		assert.NotEqual(t, events.StateStopped, e.State, "attempt 1's stop is stale once attempt 2 started")
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindState && e.Attempt == 1 }) {
+		assert.NotEqual(t, api.StateStopped, e.State, "attempt 1's stop is stale once attempt 2 started")
 	}
 	st := ctl(t, sock, map[string]any{"cmd": "status"})["result"].(map[string]any)
 	assert.Equal(t, "ready", st["state"])
 	assert.Equal(t, float64(2), st["attempt"])
 	s.signal(15)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }
 

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // No Docker engine runs on the build machines: the docker provider runs
@@ -61,7 +61,7 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	d := newFakeDocker(t, "")
 	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args(),
 		bootstrap: daemon(`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u)"; sleep 1000 & wait`, `"hostname":"dock"`)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "1000", s.waitLog("uid=", bootTimeout))
 	s.signal(syscall.SIGTERM)
 	s.waitLog("daemon got TERM", 10*time.Second)
@@ -96,7 +96,7 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 	d := newFakeDocker(t, "")
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args(), bootstrap: daemon("exec " + marker)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	var clients []int
 	require.Eventually(t, func() bool {
 		clients = filterCmdline(hostProcs("oac.sandbox="+s.name), bins.fakeDocker+" run")
@@ -104,7 +104,7 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond)
 	require.NoError(t, syscall.Kill(clients[0], syscall.SIGKILL))
 
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "sandbox runtime exited: docker run")
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	calls := d.calls(t)
@@ -122,13 +122,13 @@ func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
 	assert.Contains(t, string(out), "Is the docker daemon running?")
 
 	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args()})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "no Docker engine reachable")
 	assert.Equal(t, 1, s.exit(10*time.Second))
 
 	d = newFakeDocker(t, "noimage")
 	s = startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args()})
-	failed = s.waitState(events.StateFailed, 10*time.Second)
+	failed = s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "invalid sandbox spec: docker: image registry.example/oac/guest:1: Error: No such image")
 	assert.Contains(t, failed.Message, "the provider never pulls")
 	assert.Equal(t, 1, s.exit(10*time.Second))

@@ -29,7 +29,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // tlsFor returns a server certificate for name signed by a fresh CA, and
@@ -157,12 +157,12 @@ func TestEgressWithRealCurlThroughTheBroker(t *testing.T) {
 	needCurl(t)
 	needUnshare(t)
 	cert, caPEM := tlsFor(t, "api.test")
-	api := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "secure hello from %s%s", r.Host, r.URL.Path)
 	}))
-	api.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
-	api.StartTLS()
-	defer api.Close()
+	upstream.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	upstream.StartTLS()
+	defer upstream.Close()
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "plain hello from %s%s", r.Host, r.URL.Path)
 	}))
@@ -187,7 +187,7 @@ exec sleep 1000
 		bootstrap: egressBootstrap(script, "CA_PEM="+caPEM),
 		hosts:     "127.0.0.1 localhost\n::1 localhost\n169.254.169.254 metadata.test\n",
 		args: []string{
-			"--upstream", "api.test:443=" + api.Listener.Addr().String(),
+			"--upstream", "api.test:443=" + upstream.Listener.Addr().String(),
 			"--upstream", "web.test:80=" + web.Listener.Addr().String(),
 			"--upstream", fmt.Sprintf("ws.test:80=127.0.0.1:%d", portOf(ws)),
 			"--allow", "*.example.invalid:443",
@@ -195,7 +195,7 @@ exec sleep 1000
 			"--allow", "metadata.test:80",
 		},
 	})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	s.waitLog("done", 60*time.Second)
 
 	// An allowed HTTPS name mapped to a loopback TLS upstream, through
@@ -218,21 +218,21 @@ exec sleep 1000
 	assert.Equal(t, "HTTP/1.1 200 Connection established|HTTP/1.1 101 Switching Protocols|hello", s.logLine("ws: "),
 		"a websocket echoes through CONNECT")
 
-	egress := func(target string) events.Event {
-		evs := s.find(func(e events.Event) bool { return e.Event == events.KindEgress && e.Target == target })
+	egress := func(target string) api.Event {
+		evs := s.find(func(e api.Event) bool { return e.Event == api.KindEgress && e.Target == target })
 		require.NotEmpty(t, evs, "an egress event for %s", target)
 		return evs[0]
 	}
 	e := egress("api.test:443")
 	assert.Equal(t, "allowed", e.Decision)
 	assert.Equal(t, "connect", e.Via)
-	assert.Equal(t, "upstream api.test:443="+api.Listener.Addr().String(), e.Rule)
-	closed := s.find(func(c events.Event) bool { return c.Event == events.KindEgressClosed && c.Conn == e.Conn })
+	assert.Equal(t, "upstream api.test:443="+upstream.Listener.Addr().String(), e.Rule)
+	closed := s.find(func(c api.Event) bool { return c.Event == api.KindEgressClosed && c.Conn == e.Conn })
 	require.Len(t, closed, 1)
 	assert.Positive(t, *closed[0].BytesIn)
 	assert.Positive(t, *closed[0].BytesOut)
 	assert.NotNil(t, closed[0].DurationMS)
-	assert.Equal(t, "socks5", s.find(func(e events.Event) bool { return e.Event == events.KindEgress && e.Via == "socks5" })[0].Via)
+	assert.Equal(t, "socks5", s.find(func(e api.Event) bool { return e.Event == api.KindEgress && e.Via == "socks5" })[0].Via)
 
 	e = egress("x.example.invalid:25")
 	assert.Equal(t, "denied", e.Decision)
@@ -285,7 +285,7 @@ exec sleep 1000
 		bootstrap: egressBootstrap(script),
 		args:      []string{"--egress-max-streams", "2", "--upstream", fmt.Sprintf("hold.test:80=127.0.0.1:%d", portOf(hold))},
 	})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	s.waitLog("done", 30*time.Second)
 	assert.Equal(t, "HTTP/1.1 200 Connection established|HTTP/1.1 200 Connection established", s.logLine("held: "))
 	third := s.logLine("third: ")
@@ -293,7 +293,7 @@ exec sleep 1000
 	assert.Contains(t, third, "|X-Sandbox-Egress: failed|")
 	assert.Contains(t, third, "|X-Sandbox-Egress-Code: 9 ResourceExhausted|")
 	assert.Contains(t, third, "limit of 2 concurrent egress connections")
-	failed := s.find(func(e events.Event) bool { return e.Event == events.KindEgress && e.Code == "ResourceExhausted" })
+	failed := s.find(func(e api.Event) bool { return e.Event == api.KindEgress && e.Code == "ResourceExhausted" })
 	require.NotEmpty(t, failed)
 	assert.Equal(t, "failed", failed[0].Decision)
 	s.signal(syscall.SIGTERM)

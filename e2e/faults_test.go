@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
@@ -114,31 +114,31 @@ func TestFaultMatrixKill9(t *testing.T) {
 		check  func(t *testing.T, s *shim)
 	}{
 		{"oac-daemon-stan", func(t *testing.T, s *shim) { // comm is cut at 15 bytes
-			failed := s.waitState(events.StateFailed, 10*time.Second)
+			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Equal(t, "guest: daemon exited: killed by signal killed", failed.Message)
 			assert.Equal(t, 1, s.exit(15*time.Second))
 		}},
 		{"oac-sandbox-io", func(t *testing.T, s *shim) {
 			// The contract: restarted with backoff, the sandbox stays ready.
-			r := s.waitFor(func(e events.Event) bool {
-				return e.Event == events.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts == 1 && e.RestartInMS > 0
+			r := s.waitFor(func(e api.Event) bool {
+				return e.Event == api.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts == 1 && e.RestartInMS > 0
 			}, 10*time.Second, "restart of oac-sandbox-io")
 			assert.GreaterOrEqual(t, r.RestartInMS, int64(100))
-			s.waitFor(func(e events.Event) bool {
-				return e.Event == events.KindProcess && e.Process == "oac-sandbox-io" && e.Running != nil && *e.Running && e.Restarts == 1
+			s.waitFor(func(e api.Event) bool {
+				return e.Event == api.KindProcess && e.Process == "oac-sandbox-io" && e.Running != nil && *e.Running && e.Restarts == 1
 			}, 10*time.Second, "oac-sandbox-io started again")
-			assert.Empty(t, s.find(func(e events.Event) bool { return e.Event == events.KindState && e.State == events.StateFailed }))
+			assert.Empty(t, s.find(func(e api.Event) bool { return e.Event == api.KindState && e.State == api.StateFailed }))
 			s.signal(syscall.SIGTERM)
-			s.waitState(events.StateStopped, 15*time.Second)
+			s.waitState(api.StateStopped, 15*time.Second)
 			assert.Equal(t, 0, s.exit(15*time.Second))
 		}},
 		{"oac-guest", func(t *testing.T, s *shim) {
-			failed := s.waitState(events.StateFailed, 10*time.Second)
+			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
 			assert.Equal(t, 1, s.exit(15*time.Second))
 		}},
 		{"bwrap", func(t *testing.T, s *shim) {
-			failed := s.waitState(events.StateFailed, 10*time.Second)
+			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Regexp(t, `guest connection lost|sandbox runtime exited|killed`, failed.Message)
 			assert.Equal(t, 1, s.exit(15*time.Second))
 		}},
@@ -149,7 +149,7 @@ func TestFaultMatrixKill9(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.victim, func(t *testing.T) {
 			s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("link.example.com")), args: identityArgs()})
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			shimPID := s.cmd.Process.Pid
 			findBelow(t, shimPID, "oac-daemon-stan")
 			findBelow(t, shimPID, "oac-sandbox-io")
@@ -174,7 +174,7 @@ func TestFaultMatrixKill9(t *testing.T) {
 					return true
 				}, 10*time.Second, 20*time.Millisecond, "bwrap and the guest die with the shim")
 				next := startShim(t, sandboxSpec{bootstrap: daemon("exec sleep 1000")})
-				next.waitState(events.StateReady, bootTimeout)
+				next.waitState(api.StateReady, bootTimeout)
 				next.signal(syscall.SIGTERM)
 				assert.Equal(t, 0, next.exit(15*time.Second))
 				assertNothingLeft(t, next.name, []int{next.cmd.Process.Pid})

@@ -22,7 +22,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // bins are the binaries under test, built once per run.
@@ -150,7 +150,7 @@ type shim struct {
 	name string
 	cmd  *exec.Cmd
 	mu   sync.Mutex
-	all  []events.Event
+	all  []api.Event
 	raw  []string // the lines as printed
 	// notify is closed and replaced whenever an event arrives or the
 	// output ends (then eof is set).
@@ -286,7 +286,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
-			var e events.Event
+			var e api.Event
 			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 				t.Errorf("oac-shim printed a line that is not a JSON event: %q", sc.Text())
 				continue
@@ -324,7 +324,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 
 // waitFor returns the first event matching pred since the shim started,
 // waiting up to timeout for it to arrive.
-func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what string) events.Event {
+func (s *shim) waitFor(pred func(api.Event) bool, timeout time.Duration, what string) api.Event {
 	s.t.Helper()
 	deadline := time.After(timeout)
 	i := 0
@@ -351,24 +351,24 @@ func (s *shim) waitFor(pred func(events.Event) bool, timeout time.Duration, what
 }
 
 // allEvents returns the events so far and the lines as printed.
-func (s *shim) allEvents() ([]events.Event, []string) {
+func (s *shim) allEvents() ([]api.Event, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]events.Event(nil), s.all...), append([]string(nil), s.raw...)
+	return append([]api.Event(nil), s.all...), append([]string(nil), s.raw...)
 }
 
-func (s *shim) waitState(state string, timeout time.Duration) events.Event {
+func (s *shim) waitState(state api.State, timeout time.Duration) api.Event {
 	s.t.Helper()
-	return s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && e.State == state
-	}, timeout, "state "+state)
+	return s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && e.State == state
+	}, timeout, "state "+string(state))
 }
 
 // waitLog returns the first log line with the given prefix.
 func (s *shim) waitLog(prefix string, timeout time.Duration) string {
 	s.t.Helper()
-	e := s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindLog && strings.HasPrefix(e.Line, prefix)
+	e := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindLog && strings.HasPrefix(e.Line, prefix)
 	}, timeout, "log line "+prefix)
 	return strings.TrimPrefix(e.Line, prefix)
 }
@@ -390,10 +390,10 @@ func (s *shim) signal(sig syscall.Signal) {
 }
 
 // find returns every event printed so far that matches pred.
-func (s *shim) find(pred func(events.Event) bool) []events.Event {
+func (s *shim) find(pred func(api.Event) bool) []api.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []events.Event
+	var out []api.Event
 	for _, e := range s.all {
 		if pred(e) {
 			out = append(out, e)
@@ -405,18 +405,18 @@ func (s *shim) find(pred func(events.Event) bool) []events.Event {
 // logLine returns the text after prefix of the first log line printed so
 // far that starts with it, or "" (use after waiting for a later line).
 func (s *shim) logLine(prefix string) string {
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, prefix) }) {
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindLog && strings.HasPrefix(e.Line, prefix) }) {
 		return strings.TrimPrefix(e.Line, prefix)
 	}
 	return ""
 }
 
 // lastEvent returns the last event printed.
-func (s *shim) lastEvent() events.Event {
+func (s *shim) lastEvent() api.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.all) == 0 {
-		return events.Event{}
+		return api.Event{}
 	}
 	return s.all[len(s.all)-1]
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/sandbox"
 )
 
@@ -111,7 +111,7 @@ func watch(t *testing.T, s *shim, sock string) *watched {
 // final reports whether the final state was printed.
 func (w *watched) final() bool {
 	e := w.s.lastEvent()
-	return e.Event == events.KindState && (e.State == events.StateFailed || e.State == events.StateStopped)
+	return e.Event == api.KindState && (e.State == api.StateFailed || e.State == api.StateStopped)
 }
 
 // statusAnswers asks status on the control socket and reports whether a
@@ -176,10 +176,10 @@ func (w *watched) check(t *testing.T, since time.Time, stopBound time.Duration) 
 	defer w.s.mu.Unlock()
 	require.NotEmpty(t, w.s.all)
 	last := w.s.all[len(w.s.all)-1]
-	assert.Equal(t, events.KindState, last.Event, "the last line is the final state: %s", w.s.raw[len(w.s.raw)-1])
+	assert.Equal(t, api.KindState, last.Event, "the last line is the final state: %s", w.s.raw[len(w.s.raw)-1])
 	finals := 0
 	for _, e := range w.s.all {
-		if e.Event == events.KindState && (e.State == events.StateFailed || e.State == events.StateStopped) {
+		if e.Event == api.KindState && (e.State == api.StateFailed || e.State == api.StateStopped) {
 			finals++
 		}
 	}
@@ -204,22 +204,22 @@ func TestHostileAgentAgainstTheRealShim(t *testing.T) {
 		{mode: "pings", fails: "hostile guest: pings faster than 4 a second (burst 16)"},
 		{mode: "streams", fails: "hostile guest: "},
 		{mode: "process", attack: 3 * time.Second, after: func(t *testing.T, s *shim, took time.Duration) {
-			n := len(s.find(func(e events.Event) bool { return e.Event == events.KindProcess }))
+			n := len(s.find(func(e api.Event) bool { return e.Event == api.KindProcess }))
 			t.Logf("process flood: %d process events in %s", n, took.Round(time.Millisecond))
-			assert.NotEmpty(t, s.find(func(e events.Event) bool { return e.Event == events.KindProcessDropped }), "drops are counted")
+			assert.NotEmpty(t, s.find(func(e api.Event) bool { return e.Event == api.KindProcessDropped }), "drops are counted")
 			assert.LessOrEqual(t, n, sandbox.ProcessEventBurst+int(sandbox.ProcessEventRate*(took.Seconds()+1)), "process events stay within their rate")
 		}},
 		{mode: "denied", attack: 3 * time.Second, after: func(t *testing.T, s *shim, took time.Duration) {
-			n := len(s.find(func(e events.Event) bool { return e.Event == events.KindEgress }))
+			n := len(s.find(func(e api.Event) bool { return e.Event == api.KindEgress }))
 			t.Logf("denied flood: %d egress events in %s", n, took.Round(time.Millisecond))
-			assert.NotEmpty(t, s.find(func(e events.Event) bool { return e.Event == events.KindEgressDropped }), "drops are counted")
+			assert.NotEmpty(t, s.find(func(e api.Event) bool { return e.Event == api.KindEgressDropped }), "drops are counted")
 			assert.LessOrEqual(t, n, sandbox.EgressEventBurst+int(sandbox.EgressEventRate*(took.Seconds()+1)), "egress events stay within their rate")
 		}},
 		{mode: "escapes", attack: 500 * time.Millisecond, after: func(t *testing.T, s *shim, _ time.Duration) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			for _, l := range s.raw {
-				var e events.Event
+				var e api.Event
 				require.NoError(t, json.Unmarshal([]byte(l), &e))
 				for _, f := range []string{e.Message, e.Line, e.AgentVersion} {
 					assert.False(t, hasEscape(f), "no terminal escape in an event: %q", f)
@@ -233,12 +233,12 @@ func TestHostileAgentAgainstTheRealShim(t *testing.T) {
 		t.Run(c.mode, func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "ctl.sock")
 			s := startShim(t, sandboxSpec{agent: bins.bad[c.mode], args: []string{"--control-socket", sock}, bootstrap: hostileBootstrap})
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			start := time.Now()
 			w := watch(t, s, sock)
 			var since time.Time
 			if c.fails != "" {
-				failed := s.waitState(events.StateFailed, 30*time.Second)
+				failed := s.waitState(api.StateFailed, 30*time.Second)
 				since = time.Now()
 				assert.Contains(t, failed.Message, c.fails)
 			} else {
@@ -293,7 +293,7 @@ func TestSIGTERMClosesUpstreamConnectionsThatKeepTheirHalfOpen(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "ctl.sock")
 	s := startShim(t, sandboxSpec{agent: bins.bad["halfopen"], bootstrap: hostileBootstrap,
 		args: []string{"--control-socket", sock, "--upstream", "up:80=" + ln.Addr().String()}})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	w := watch(t, s, sock)
 	require.Eventually(t, func() bool { return accepted.Load() == 32 }, 10*time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
@@ -307,7 +307,7 @@ func TestSIGTERMClosesUpstreamConnectionsThatKeepTheirHalfOpen(t *testing.T) {
 		assert.Less(t, at.Sub(since), stopBound(hostileGrace), "closed by the stop")
 	}
 	mu.Unlock()
-	assert.Len(t, s.find(func(e events.Event) bool { return e.Event == events.KindEgressClosed }), 32, "every close is reported (before the final state)")
+	assert.Len(t, s.find(func(e api.Event) bool { return e.Event == api.KindEgressClosed }), 32, "every close is reported (before the final state)")
 }
 
 // Finding 4 on a real guest: an unprivileged workload (uid 1000) in a
@@ -320,21 +320,21 @@ func TestWorkloadConnectLoopNeverEndsTheSandbox(t *testing.T) {
 	script := `echo "uid=$(id -u)"; for i in $(seq 64); do (while :; do (exec 3<>/dev/tcp/192.0.2.1/80) 2>/dev/null; done) & done; wait`
 	sock := filepath.Join(t.TempDir(), "ctl.sock")
 	s := startShim(t, sandboxSpec{bootstrap: egressBootstrap(script), args: []string{"--control-socket", sock}})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	w := watch(t, s, sock)
 	uid := s.waitLog("uid=", 10*time.Second)
 	assert.Equal(t, "1000", uid, "the workload runs as uid 1000")
-	s.waitFor(func(e events.Event) bool { return e.Event == events.KindEgress && e.Decision == "denied" }, 10*time.Second, "a refused connection")
+	s.waitFor(func(e api.Event) bool { return e.Event == api.KindEgress && e.Decision == "denied" }, 10*time.Second, "a refused connection")
 	time.Sleep(10 * time.Second)
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindState }) {
-		require.NotEqual(t, events.StateFailed, e.State, "the workload's connect loop never fails the sandbox: %s", e.Message)
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindState }) {
+		require.NotEqual(t, api.StateFailed, e.State, "the workload's connect loop never fails the sandbox: %s", e.Message)
 	}
-	n := len(s.find(func(e events.Event) bool { return e.Event == events.KindEgress }))
+	n := len(s.find(func(e api.Event) bool { return e.Event == api.KindEgress }))
 	t.Logf("connect loop: %d egress events in about 10 s", n)
 	since := time.Now()
 	s.signal(syscall.SIGTERM)
 	w.check(t, since, stopBound(time.Second)) // egressBootstrap's stop grace
-	assert.Equal(t, events.StateStopped, s.lastEvent().State)
+	assert.Equal(t, api.StateStopped, s.lastEvent().State)
 }
 
 // The shim's memory ceiling against the guests that make it hold the most:
@@ -380,7 +380,7 @@ func TestShimMemoryStaysUnderTheCeiling(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "ctl.sock")
 			s := startShim(t, sandboxSpec{agent: bins.bad[mode], bootstrap: hostileBootstrap,
 				args: []string{"--control-socket", sock, "--upstream", "up:80=" + ln.Addr().String()}})
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			w := watch(t, s, sock)
 			require.Eventually(t, func() bool { return accepted.Load() == 256 }, 30*time.Second, 10*time.Millisecond)
 			time.Sleep(3 * time.Second)
@@ -389,7 +389,7 @@ func TestShimMemoryStaysUnderTheCeiling(t *testing.T) {
 			w.check(t, since, stopBound(hostileGrace))
 			ln.Close()
 			conns.Wait()
-			assert.Len(t, s.find(func(e events.Event) bool { return e.Event == events.KindEgressClosed }), 256)
+			assert.Len(t, s.find(func(e api.Event) bool { return e.Event == api.KindEgressClosed }), 256)
 		})
 	}
 }
@@ -423,8 +423,8 @@ func TestAClientKilledMidDownloadEndsTheUpstreamAtOnce(t *testing.T) {
 	}()
 	script := `curl -sS -x http://127.0.0.1:3128 -o /dev/null http://big.test/ & pid=$!; sleep 2; kill -9 $pid; echo killed; exec sleep 1000`
 	s := startShim(t, sandboxSpec{bootstrap: egressBootstrap(script), args: []string{"--upstream", "big.test:80=" + ln.Addr().String()}})
-	s.waitState(events.StateReady, bootTimeout)
-	killed := s.waitFor(func(e events.Event) bool { return e.Event == events.KindLog && e.Line == "killed" }, 20*time.Second, "the kill")
+	s.waitState(api.StateReady, bootTimeout)
+	killed := s.waitFor(func(e api.Event) bool { return e.Event == api.KindLog && e.Line == "killed" }, 20*time.Second, "the kill")
 	select {
 	case at := <-ended:
 		t.Logf("the upstream ended %s after the host printed the kill", at.Sub(killed.Time).Round(time.Millisecond))
@@ -432,9 +432,9 @@ func TestAClientKilledMidDownloadEndsTheUpstreamAtOnce(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the upstream connection outlived the killed client")
 	}
-	closed := s.waitFor(func(e events.Event) bool { return e.Event == events.KindEgressClosed }, 5*time.Second, "egress_closed")
+	closed := s.waitFor(func(e api.Event) bool { return e.Event == api.KindEgressClosed }, 5*time.Second, "egress_closed")
 	assert.Equal(t, "the guest aborted the connection (its client went away)", closed.Reason)
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/imagebuild"
 	"github.com/oac/sandbox-agent/manifest"
 )
@@ -230,7 +230,7 @@ func TestImageBuildEveryOutputTwiceBootAndStage(t *testing.T) {
 			bootstrap: `{"version":1,"hostname":"imgdir","daemon":{"argv":["/usr/bin/vmdaemon"]}}`,
 			args:      []string{"--rootfs", filepath.Join(out1, imagebuild.DirName)},
 		})
-		s.waitState(events.StateReady, bootTimeout)
+		s.waitState(api.StateReady, bootTimeout)
 		assert.Equal(t, "uid=1000 gid=1000 groups=", s.waitLog("ids=", 10*time.Second))
 		assert.Equal(t, "oac-guest", s.waitLog("pid1=", 5*time.Second))
 		assert.Equal(t, imagebuild.Workspace, s.waitLog("cwd=", 5*time.Second), "the image's workspace is the daemon's directory")
@@ -249,7 +249,7 @@ func TestImageBuildEveryOutputTwiceBootAndStage(t *testing.T) {
 			args: []string{"--kernel", filepath.Join(out1, imagebuild.KernelName), "--initramfs", filepath.Join(out1, imagebuild.InitramfsName),
 				"--disk", disk, "--boot-timeout", vmBootTimeout.String(), "--host-grace", vmHostGrace.String()},
 		})
-		ready := s.waitState(events.StateReady, vmBootTimeout)
+		ready := s.waitState(api.StateReady, vmBootTimeout)
 		t.Logf("built image: boot to ready under qemu: %s", bootTime(t, ready))
 		assert.Equal(t, "uid=1000 gid=1000 groups=", s.waitLog("ids=", 10*time.Second))
 		assert.Equal(t, fmt.Sprintf("%d ro=1 dev=true", st.Size()/512), s.waitLog("vda=", 10*time.Second),

@@ -26,7 +26,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 func envInt(name string, def int) int {
@@ -101,13 +101,13 @@ exec sleep 100000`, conns, size)
 		args: []string{"--upstream", fmt.Sprintf("up.test:80=127.0.0.1:%d", portOf(ln)),
 			"--egress-max-streams", strconv.Itoa(2*conns + 16)},
 	})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	expectUp := s.waitLog("expect-up ", bootTimeout)
 	s.waitLog("load done", 10*time.Minute)
 	took := time.Since(start)
 	peak := statusKB(s.cmd.Process.Pid, "VmHWM:") // the shim's peak resident set
 	ok := 0
-	for _, e := range s.find(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, "conn ") }) {
+	for _, e := range s.find(func(e api.Event) bool { return e.Event == api.KindLog && strings.HasPrefix(e.Line, "conn ") }) {
 		f := strings.Fields(e.Line)
 		require.Len(t, f, 4, e.Line)
 		i, _ := strconv.Atoi(f[1])
@@ -119,14 +119,14 @@ exec sleep 100000`, conns, size)
 		}
 	}
 	assert.Equal(t, conns, ok, "every connection moved every byte both ways")
-	closed := s.find(func(e events.Event) bool { return e.Event == events.KindEgressClosed })
+	closed := s.find(func(e api.Event) bool { return e.Event == api.KindEgressClosed })
 	var in, out int64
 	for _, e := range closed {
 		in += *e.BytesIn
 		out += *e.BytesOut
 	}
 	assert.Len(t, closed, 2*conns, "one closed event per connection")
-	assert.Empty(t, s.find(func(e events.Event) bool { return e.Event == events.KindEgress && e.Decision != "allowed" }))
+	assert.Empty(t, s.find(func(e api.Event) bool { return e.Event == api.KindEgress && e.Decision != "allowed" }))
 	t.Logf("LOAD egress: %d concurrent connections x %d KiB down and up: all %d checksums match; %d MiB in, %d MiB out through the broker; shim peak RSS %d KiB; %s from start to all done",
 		conns, size>>10, ok, in>>20, out>>20, peak, took.Round(time.Millisecond))
 	s.signal(syscall.SIGTERM)
@@ -143,7 +143,7 @@ func TestLoadManyGuestsStartedAtOnce(t *testing.T) {
 		shims[i] = startShim(t, sandboxSpec{name: uniqueName("load"), bootstrap: daemon("exec sleep 100000")})
 	}
 	for _, s := range shims {
-		s.waitState(events.StateReady, 5*time.Minute)
+		s.waitState(api.StateReady, 5*time.Minute)
 	}
 	allReady := time.Since(start)
 	time.Sleep(300 * time.Millisecond) // settle
@@ -162,7 +162,7 @@ func TestLoadManyGuestsStartedAtOnce(t *testing.T) {
 	}
 	for _, s := range shims {
 		assert.Equal(t, 0, s.exit(60*time.Second))
-		assert.Equal(t, events.StateStopped, s.lastEvent().State)
+		assert.Equal(t, api.StateStopped, s.lastEvent().State)
 		assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
 	}
 }

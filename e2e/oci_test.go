@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // ociRuntimes are the OCI runtimes booted for real (Debian packages runc
@@ -60,7 +60,7 @@ func TestOCIBootsHardenedGuestsAndLeavesNothingBehind(t *testing.T) {
 					`echo "tmp=$(df -k /tmp | tail -1 | awk '{print $2}')"; `+
 					`echo "lo=$(cat /sys/class/net/lo/operstate 2>/dev/null || echo none)"; `+
 					marker+` & wait`, `"hostname":"oci-e2e"`)})
-			ready := s.waitState(events.StateReady, bootTimeout)
+			ready := s.waitState(api.StateReady, bootTimeout)
 			t.Logf("%s: %s", rt, ready.Message)
 			assert.Regexp(t, readyIn, ready.Message)
 			assert.Equal(t, "1000 gid=1000 groups=1000", s.waitLog("uid=", bootTimeout))
@@ -94,7 +94,7 @@ func TestOCIBootsHardenedGuestsAndLeavesNothingBehind(t *testing.T) {
 			s.signal(syscall.SIGTERM)
 			s.waitLog("daemon got TERM", 10*time.Second)
 			assert.Equal(t, 0, s.exit(15*time.Second))
-			assert.Equal(t, events.StateStopped, s.lastEvent().State)
+			assert.Equal(t, api.StateStopped, s.lastEvent().State)
 			assert.Empty(t, hostProcs(marker))
 			assert.NoDirExists(t, filepath.Join(runtimeRoot(rt), "oac-"+s.name), "no container state left in the runtime's root")
 			assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
@@ -110,7 +110,7 @@ func TestOCIRuntimeKilledIsReportedFailedAndCleanedUp(t *testing.T) {
 			needOCI(t, rt)
 			marker := sleepMarker()
 			s := startShim(t, sandboxSpec{provider: "oci", args: []string{"--runtime", rt}, bootstrap: daemon("exec " + marker)})
-			s.waitState(events.StateReady, bootTimeout)
+			s.waitState(api.StateReady, bootTimeout)
 			var runtimes []int
 			require.Eventually(t, func() bool {
 				runtimes = filterCmdline(hostProcs("--no-new-keyring oac-"+s.name), "/usr/")
@@ -118,7 +118,7 @@ func TestOCIRuntimeKilledIsReportedFailedAndCleanedUp(t *testing.T) {
 			}, 5*time.Second, 20*time.Millisecond, "the %s run process", rt)
 			require.NoError(t, syscall.Kill(runtimes[0], syscall.SIGKILL))
 
-			failed := s.waitState(events.StateFailed, 10*time.Second)
+			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Regexp(t, `sandbox runtime exited|guest connection lost`, failed.Message)
 			assert.Equal(t, 1, s.exit(15*time.Second))
 			assert.Eventually(t, func() bool { return len(hostProcs(marker)) == 0 }, 5*time.Second, 20*time.Millisecond,

@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/protocol"
@@ -97,7 +97,7 @@ func startVM(t *testing.T, name string, extra ...string) *shim {
 }
 
 // bootTime extracts the duration from "guest ready in 2.3s".
-func bootTime(t *testing.T, ready events.Event) time.Duration {
+func bootTime(t *testing.T, ready api.Event) time.Duration {
 	took, _, _ := strings.Cut(strings.TrimPrefix(ready.Message, "guest ready in "), ":")
 	d, err := time.ParseDuration(took)
 	require.NoError(t, err, ready.Message)
@@ -109,9 +109,9 @@ func TestVMBootsToReadyRunsTheDaemonAs1000AndPowersOffOnStop(t *testing.T) {
 	name := uniqueName("vm")
 	sock := filepath.Join(t.TempDir(), "ctl.sock")
 	s := startVM(t, name, "--control-socket", sock)
-	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, vmBootTimeout, "agent event")
+	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, vmBootTimeout, "agent event")
 	assert.Equal(t, 1, agent.PID, "oac-guest is PID 1 of the VM")
-	ready := s.waitState(events.StateReady, vmBootTimeout)
+	ready := s.waitState(api.StateReady, vmBootTimeout)
 	t.Logf("boot to ready under qemu: %s", bootTime(t, ready))
 	require.Len(t, hostProcs("oac-"+name), 1, "one qemu process")
 
@@ -123,7 +123,7 @@ func TestVMBootsToReadyRunsTheDaemonAs1000AndPowersOffOnStop(t *testing.T) {
 	assert.Equal(t, name, s.waitLog("hostname=", 5*time.Second))
 	assert.Equal(t, "true", s.waitLog("cgroup2=", 5*time.Second))
 	assert.Equal(t, "/environment/workspace", s.waitLog("cwd=", 5*time.Second), "the contract's working directory, created by the agent")
-	e := s.waitFor(func(e events.Event) bool { return e.Event == events.KindLog && strings.HasPrefix(e.Line, "unix_ms=") }, 5*time.Second, "guest clock")
+	e := s.waitFor(func(e api.Event) bool { return e.Event == api.KindLog && strings.HasPrefix(e.Line, "unix_ms=") }, 5*time.Second, "guest clock")
 	guestMS, err := strconv.ParseInt(strings.TrimPrefix(e.Line, "unix_ms="), 10, 64)
 	require.NoError(t, err)
 	assert.InDelta(t, e.Time.UnixMilli(), guestMS, 1500, "the guest clock was set from the host's")
@@ -134,7 +134,7 @@ func TestVMBootsToReadyRunsTheDaemonAs1000AndPowersOffOnStop(t *testing.T) {
 
 	begin := time.Now()
 	s.signal(syscall.SIGTERM)
-	stopped := s.waitState(events.StateStopped, 20*time.Second)
+	stopped := s.waitState(api.StateStopped, 20*time.Second)
 	assert.Contains(t, stopped.Message, "received terminated")
 	assert.Equal(t, 0, s.exit(15*time.Second))
 	t.Logf("SIGTERM to shim exit: %s", time.Since(begin))
@@ -150,7 +150,7 @@ func TestVMKillingTheShimLeavesNoQemuBehind(t *testing.T) {
 	t.Parallel()
 	name := uniqueName("vmkill")
 	s := startVM(t, name)
-	s.waitState(events.StateReady, vmBootTimeout)
+	s.waitState(api.StateReady, vmBootTimeout)
 	require.Len(t, hostProcs("oac-"+name), 1)
 	s.signal(syscall.SIGKILL)
 	s.exit(10 * time.Second)

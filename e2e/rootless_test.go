@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // Unprivileged users the rootless scenarios run the shim as.
@@ -127,7 +127,7 @@ func TestRootlessGuestMapsUID1000ToASubordinateID(t *testing.T) {
 	marker := sleepMarker()
 	s := startShim(t, sandboxSpec{user: subIDUser, bootstrap: daemon(
 		`echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; exec ` + marker)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "1000 gid=1000 groups=1000", s.waitLog("uid=", bootTimeout))
 
 	var pids []int
@@ -150,12 +150,12 @@ func TestRootlessGuestMapsUID1000ToASubordinateID(t *testing.T) {
 func TestRootlessWithoutSubordinateIDsRefusesUnlessSingleUIDIsAsked(t *testing.T) {
 	needRootless(t)
 	refused := startShim(t, sandboxSpec{user: singleUser, bootstrap: daemon("exec sleep 1000")})
-	failed := refused.waitState(events.StateFailed, bootTimeout)
+	failed := refused.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "no subordinate id range")
 	assert.Equal(t, 1, refused.exit(10*time.Second))
 
 	s := startShim(t, sandboxSpec{user: singleUser, args: []string{"--single-uid"}, bootstrap: daemon(`echo "uid=$(id -u)"; exec sleep 1000`)})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "1000", s.waitLog("uid=", bootTimeout))
 	assert.Contains(t, s.stderr.String(), "single-uid mode: guest uid 1000 is your own host uid", "the loss is said plainly")
 	s.signal(syscall.SIGTERM)
@@ -166,7 +166,7 @@ func TestRootlessBootContractWritesThePrivateFileAndRunsBothProcessesOnSubordina
 	needRootless(t)
 	b := contract("link.example.com")
 	s := startShim(t, sandboxSpec{user: subIDUser, bootstrap: encode(t, b), args: identityArgs()})
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "runtime", ready.Username)
 
 	// The private file, as seen inside, is exactly as when the shim is root.
@@ -183,7 +183,7 @@ func TestRootlessBootContractWritesThePrivateFileAndRunsBothProcessesOnSubordina
 	assert.Equal(t, strconv.Itoa(start+999), procStatus(t, pids[0], "Uid")[0])
 
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 15*time.Second)
+	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
 	assert.Eventually(t, func() bool { return len(hostProcs("oac-daemon-standin serve")) == 0 }, 5*time.Second, 20*time.Millisecond,
 		"nothing left behind")
@@ -203,10 +203,10 @@ exec sleep 1000
 `
 	s := startShim(t, sandboxSpec{user: subIDUser, bootstrap: egressBootstrap(script),
 		args: []string{"--upstream", "web.test:80=" + web.Listener.Addr().String()}})
-	s.waitState(events.StateReady, bootTimeout)
+	s.waitState(api.StateReady, bootTimeout)
 	assert.Equal(t, "hello from web.test/page", s.waitLog("allowed: ", 30*time.Second))
 	assert.Equal(t, "403", s.waitLog("denied: ", 30*time.Second), "the explicit denial")
-	denied := s.waitFor(func(e events.Event) bool { return e.Event == "egress" && e.Decision == "denied" }, 10*time.Second, "denied egress event")
+	denied := s.waitFor(func(e api.Event) bool { return e.Event == "egress" && e.Decision == "denied" }, 10*time.Second, "denied egress event")
 	assert.Contains(t, denied.Target, "blocked.test")
 	s.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, s.exit(15*time.Second))

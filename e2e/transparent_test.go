@@ -23,7 +23,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -221,8 +221,8 @@ exec sleep 1000
 			"/etc/ssl/certs/ca-certificates.crt": caBundle,
 		},
 	})
-	s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && strings.Contains(e.Message, "transparent egress:")
+	s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && strings.Contains(e.Message, "transparent egress:")
 	},
 		bootTimeout, "transparent egress started")
 	s.waitLog("done", 60*time.Second)
@@ -257,8 +257,8 @@ exec sleep 1000
 	t.Logf("denied name: %s", denied)
 	assert.True(t, strings.HasPrefix(denied, "rc=2 "), denied)
 	assert.Equal(t, "curl: (6) Could not resolve host: denied.test", s.logLine("denied-curl: "))
-	ev := s.find(func(e events.Event) bool {
-		return e.Event == events.KindEgress && e.Via == "dns" && e.Target == "denied.test"
+	ev := s.find(func(e api.Event) bool {
+		return e.Event == api.KindEgress && e.Via == "dns" && e.Target == "denied.test"
 	})
 	require.NotEmpty(t, ev)
 	assert.Equal(t, "denied", ev[0].Decision)
@@ -273,12 +273,12 @@ exec sleep 1000
 
 	// Every transparent connection is an egress stream like a proxied one.
 	for _, target := range []string{"relay.test:443", "web.test:80", "raw.test:7000", fmt.Sprintf("real.dns.test:%d", portOf(byName))} {
-		evs := s.find(func(e events.Event) bool {
-			return e.Event == events.KindEgress && e.Via == "transparent" && e.Target == target && e.Decision == "allowed"
+		evs := s.find(func(e api.Event) bool {
+			return e.Event == api.KindEgress && e.Via == "transparent" && e.Target == target && e.Decision == "allowed"
 		})
 		assert.NotEmpty(t, evs, "an allowed transparent egress event for %s", target)
 	}
-	udp := s.waitFor(func(e events.Event) bool { return e.Event == events.KindLog && e.Stream == "oac-guest/egress" }, 10*time.Second, "udp report")
+	udp := s.waitFor(func(e api.Event) bool { return e.Event == api.KindLog && e.Stream == "oac-guest/egress" }, 10*time.Second, "udp report")
 	assert.Contains(t, udp.Line, "udp denied: ")
 	assert.Contains(t, udp.Line, "UDP other than DNS is not carried out of the sandbox")
 
@@ -322,8 +322,8 @@ func TestTransparentEgressOnAVM(t *testing.T) {
 			"--tenant", tenantID, "--environment", environmentID, "--allocation", allocationID,
 			"--upstream", "relay.test:443=" + relaySrv.Listener.Addr().String()},
 	})
-	s.waitFor(func(e events.Event) bool {
-		return e.Event == events.KindState && strings.Contains(e.Message, "transparent egress:")
+	s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && strings.Contains(e.Message, "transparent egress:")
 	}, vmBootTimeout, "transparent egress started in the VM")
 	connected := s.waitLog("sandbox-io: link=connected ", 60*time.Second)
 	assert.Contains(t, connected, "status=101")
@@ -331,13 +331,13 @@ func TestTransparentEgressOnAVM(t *testing.T) {
 	accepted, refused := relay.Counts()
 	assert.GreaterOrEqual(t, accepted, 1)
 	assert.Zero(t, refused)
-	assert.NotEmpty(t, s.find(func(e events.Event) bool {
-		return e.Event == events.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
+	assert.NotEmpty(t, s.find(func(e api.Event) bool {
+		return e.Event == api.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
 	}))
-	assert.NotEmpty(t, s.find(func(e events.Event) bool {
-		return e.Event == events.KindEgress && e.Via == "dns" && e.Target == "relay.test" && e.Decision == "allowed"
+	assert.NotEmpty(t, s.find(func(e api.Event) bool {
+		return e.Event == api.KindEgress && e.Via == "dns" && e.Target == "relay.test" && e.Decision == "allowed"
 	}))
 	s.signal(syscall.SIGTERM)
-	s.waitState(events.StateStopped, 20*time.Second)
+	s.waitState(api.StateStopped, 20*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // The WSL provider runs here against a fake wsl.exe (internal/fakewsl)
@@ -86,9 +86,9 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 	w := newFakeWSL(t, "")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon(
 		`trap 'echo daemon got TERM; exit 0' TERM; echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"; sleep 1000 & wait`)})
-	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
+	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, bootTimeout, "agent event")
 	assert.Equal(t, 1, agent.Protocol)
-	ready := s.waitState(events.StateReady, bootTimeout)
+	ready := s.waitState(api.StateReady, bootTimeout)
 	t.Logf("wsl (fake): %s", ready.Message)
 	assert.Equal(t, "1000 gid=1000 groups=1000", s.waitLog("uid=", bootTimeout), "the agent runs as root in the distro and starts the daemon as 1000")
 	assert.Equal(t, []string{"oac-" + s.name}, w.distros())
@@ -96,7 +96,7 @@ func TestWSLBootsADistroOverStdioAndUnregistersIt(t *testing.T) {
 	s.signal(syscall.SIGTERM)
 	s.waitLog("daemon got TERM", 10*time.Second)
 	assert.Equal(t, 0, s.exit(15*time.Second))
-	assert.Equal(t, events.StateStopped, s.lastEvent().State)
+	assert.Equal(t, api.StateStopped, s.lastEvent().State)
 	distro := "oac-" + s.name
 	dir := filepath.Join("/run/oac/sandboxes", s.name, "distro")
 	assert.Equal(t, []string{
@@ -115,13 +115,13 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 	needRootForState(t)
 	w := newFakeWSL(t, "")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args(), bootstrap: daemon("exec sleep 1000")})
-	agent := s.waitFor(func(e events.Event) bool { return e.Event == events.KindAgent }, bootTimeout, "agent event")
-	s.waitState(events.StateReady, bootTimeout)
+	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, bootTimeout, "agent event")
+	s.waitState(api.StateReady, bootTimeout)
 	// The fake wsl.exe became the agent (exec), so Hello's pid is a host pid.
 	require.Contains(t, readCmdline(agent.PID), "--transport")
 	require.NoError(t, syscall.Kill(agent.PID, syscall.SIGKILL))
 
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
 	assert.Equal(t, 1, s.exit(15*time.Second))
 	assert.Contains(t, w.calls(t), "--unregister oac-"+s.name)
@@ -155,7 +155,7 @@ func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 	assert.True(t, found, "check lists the wsl provider")
 
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), "--wsl-installer", url)})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, url)
 	assert.Equal(t, 1, s.exit(10*time.Second))
 	assert.Contains(t, s.stderr.String(), "run 'oac-shim check'")
@@ -166,7 +166,7 @@ func TestWSLImportFailureCreatesNothing(t *testing.T) {
 	needRootForState(t)
 	w := newFakeWSL(t, "nohyperv")
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: w.args()})
-	failed := s.waitState(events.StateFailed, 10*time.Second)
+	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "HCS_E_HYPERV_NOT_INSTALLED")
 	assert.Contains(t, failed.Message, "enable the Virtual Machine Platform")
 	assert.Equal(t, 1, s.exit(10*time.Second))

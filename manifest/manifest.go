@@ -9,8 +9,11 @@ import (
 	"net"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
+
+	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
 // SchemaVersion is the only schema this package reads and writes.
@@ -129,151 +132,59 @@ func jsonErr(err error) string {
 	return "not a manifest object"
 }
 
-// checkShape walks the document's tokens: one object at the top with
-// exactly topKeys, "artifacts" an array of objects with exactly
-// artifactKeys, no duplicate keys, nothing after the value.
+// shape is the manifest's shape: an object with exactly topKeys,
+// "artifacts" an array of at most MaxArtifacts objects with exactly
+// artifactKeys; the values' types are encoding/json's to check.
+var shape = &strictjson.Schema{Kind: strictjson.Object, RequireAll: true, Fields: fields(topKeys, map[string]*strictjson.Schema{
+	"artifacts": {Kind: strictjson.Array, MaxItems: MaxArtifacts, Elem: &strictjson.Schema{
+		Kind: strictjson.Object, RequireAll: true, Fields: fields(artifactKeys, nil),
+	}},
+})}
+
+func fields(keys []string, schemas map[string]*strictjson.Schema) []strictjson.Field {
+	var fs []strictjson.Field
+	for _, k := range keys {
+		fs = append(fs, strictjson.Field{Name: k, Schema: schemas[k]})
+	}
+	return fs
+}
+
+// checkShape walks the document (package internal/strictjson): the shape,
+// no duplicate keys, keys in their exact case, nothing after the value.
 func checkShape(b []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return invalid("not valid JSON")
+	err := strictjson.Check(b, shape)
+	var e *strictjson.Error
+	if !errors.As(err, &e) {
+		return err
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	where := ""
+	if e.Path != "" {
+		where = fmt.Sprintf("artifact %d: ", e.Index)
+	}
+	switch {
+	case errors.Is(err, strictjson.ErrDuplicate):
+		return invalid("%sduplicate key %q", where, truncate(e.Key))
+	case errors.Is(err, strictjson.ErrUnknown), errors.Is(err, strictjson.ErrCase):
+		if where == "" {
+			return invalid("unknown key %q at the top level (keys are case-sensitive)", truncate(e.Key))
+		}
+		return invalid("%sunknown key %q (keys are case-sensitive)", where, truncate(e.Key))
+	case errors.Is(err, strictjson.ErrMissing):
+		return invalid("%smissing key %q", where, e.Key)
+	case errors.Is(err, strictjson.ErrType) && e.Path == "" && e.Key == "":
 		return invalid("the top level must be an object")
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		k, err := key(dec)
-		if err != nil {
-			return err
-		}
-		if seen[k] {
-			return invalid("duplicate key %q", k)
-		}
-		seen[k] = true
-		if !contains(topKeys, k) {
-			return invalid("unknown key %q at the top level (keys are case-sensitive)", truncate(k))
-		}
-		if k == "artifacts" {
-			if err := checkArtifacts(dec); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := skipValue(dec); err != nil {
-			return err
-		}
-	}
-	if _, err := dec.Token(); err != nil {
-		return invalid("not valid JSON")
-	}
-	for _, k := range topKeys {
-		if !seen[k] {
-			return invalid("missing key %q", k)
-		}
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+	case errors.Is(err, strictjson.ErrType) && e.Key == "artifacts":
+		return invalid("artifacts must be an array")
+	case errors.Is(err, strictjson.ErrType):
+		return invalid("artifact %d must be an object", e.Index)
+	case errors.Is(err, strictjson.ErrTooMany):
+		return invalid("more than %d artifacts", MaxArtifacts)
+	case errors.Is(err, strictjson.ErrDepth):
+		return invalid("nested too deeply")
+	case errors.Is(err, strictjson.ErrTrailing):
 		return invalid("trailing data after the manifest")
 	}
-	return nil
-}
-
-func checkArtifacts(dec *json.Decoder) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return invalid("not valid JSON")
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '[' {
-		return invalid("artifacts must be an array")
-	}
-	for i := 0; dec.More(); i++ {
-		if i >= MaxArtifacts {
-			return invalid("more than %d artifacts", MaxArtifacts)
-		}
-		tok, err := dec.Token()
-		if err != nil {
-			return invalid("not valid JSON")
-		}
-		if d, ok := tok.(json.Delim); !ok || d != '{' {
-			return invalid("artifact %d must be an object", i)
-		}
-		seen := map[string]bool{}
-		for dec.More() {
-			k, err := key(dec)
-			if err != nil {
-				return err
-			}
-			if seen[k] {
-				return invalid("artifact %d: duplicate key %q", i, k)
-			}
-			seen[k] = true
-			if !contains(artifactKeys, k) {
-				return invalid("artifact %d: unknown key %q (keys are case-sensitive)", i, truncate(k))
-			}
-			if err := skipValue(dec); err != nil {
-				return err
-			}
-		}
-		if _, err := dec.Token(); err != nil {
-			return invalid("not valid JSON")
-		}
-		for _, k := range artifactKeys {
-			if !seen[k] {
-				return invalid("artifact %d: missing key %q", i, k)
-			}
-		}
-	}
-	if _, err := dec.Token(); err != nil {
-		return invalid("not valid JSON")
-	}
-	return nil
-}
-
-func key(dec *json.Decoder) (string, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return "", invalid("not valid JSON")
-	}
-	k, ok := tok.(string)
-	if !ok {
-		return "", invalid("not valid JSON")
-	}
-	return k, nil
-}
-
-// skipValue consumes one value, checking nested objects for duplicates.
-func skipValue(dec *json.Decoder) error {
-	depth := 0
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return invalid("not valid JSON")
-		}
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{', '[':
-				depth++
-				if depth > 32 {
-					return invalid("nested too deeply")
-				}
-			default:
-				depth--
-			}
-		}
-		if depth == 0 {
-			return nil
-		}
-	}
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
+	return invalid("not valid JSON")
 }
 
 func truncate(s string) string {
@@ -306,13 +217,13 @@ func (m *Manifest) Validate() error {
 			return invalid("%s: the name is used twice", where)
 		}
 		names[a.Name] = true
-		if !contains(Kinds, a.Kind) {
+		if !slices.Contains(Kinds, a.Kind) {
 			return invalid("%s: kind must be one of %s", where, strings.Join(Kinds, ", "))
 		}
-		if !contains(Platforms, a.Platform) {
+		if !slices.Contains(Platforms, a.Platform) {
 			return invalid("%s: platform must be one of %s", where, strings.Join(Platforms, ", "))
 		}
-		if !contains(Arches, a.Arch) {
+		if !slices.Contains(Arches, a.Arch) {
 			return invalid("%s: arch must be one of %s", where, strings.Join(Arches, ", "))
 		}
 		slot := [3]string{a.Kind, a.Platform, a.Arch}

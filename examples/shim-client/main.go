@@ -19,8 +19,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/client"
-	"github.com/oac/sandbox-agent/host/events"
 )
 
 func main() {
@@ -64,7 +64,7 @@ func run(shim, name string, guestPort int, path string, timeout time.Duration, r
 	fmt.Printf("forward: %s -> guest 127.0.0.1:%d\n", fw.Listen, fw.GuestPort)
 
 	// 3. ready: the event carries the host URL of the daemon (the forward's).
-	ready, err := s.WaitState(ctx, events.StateReady)
+	ready, err := s.WaitState(ctx, api.StateReady)
 	if err != nil {
 		return err
 	}

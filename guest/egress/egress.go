@@ -10,8 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -107,17 +107,7 @@ func localFailure(code protocol.EgressCode, reason string) protocol.EgressReply 
 	return protocol.EgressReply{Code: code, Error: code.String(), Effect: effect, Reason: sanitize(reason)}
 }
 
-func sanitize(s string) string {
-	if len(s) > protocol.MaxEgressText-3 {
-		s = s[:protocol.MaxEgressText-3] + "..."
-	}
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-}
+func sanitize(s string) string { return safetext.Clean(s, protocol.MaxEgressText-3, ' ') }
 
 // Proxies are the running HTTP and SOCKS5 proxies of a guest.
 type Proxies struct {

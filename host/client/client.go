@@ -14,8 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/control"
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // Options say how to launch oac-shim.
@@ -33,7 +32,7 @@ type Options struct {
 	Stderr io.Writer
 	// OnEvent, when set, sees every event in order (not answers). It runs
 	// on the reader goroutine and must not block.
-	OnEvent func(events.Event)
+	OnEvent func(api.Event)
 }
 
 // ErrExited is returned for a request to a shim that has exited.
@@ -46,7 +45,7 @@ type Shim struct {
 	wmu   sync.Mutex // serializes command lines
 
 	mu      sync.Mutex
-	all     []events.Event
+	all     []api.Event
 	notify  chan struct{} // closed and replaced on each event and at EOF
 	eof     bool
 	pending map[string]chan answer
@@ -114,7 +113,7 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 }
 
 // read turns stdout lines into events and answers until the shim closes it.
-func (s *Shim) read(r io.ReadCloser, onEvent func(events.Event)) {
+func (s *Shim) read(r io.ReadCloser, onEvent func(api.Event)) {
 	defer r.Close()
 	defer func() {
 		s.mu.Lock()
@@ -135,7 +134,7 @@ func (s *Shim) read(r io.ReadCloser, onEvent func(events.Event)) {
 		if json.Unmarshal(sc.Bytes(), &kind) != nil {
 			continue
 		}
-		if kind.Event == events.KindAnswer {
+		if kind.Event == api.KindAnswer {
 			var a answer
 			if json.Unmarshal(sc.Bytes(), &a) != nil {
 				continue
@@ -149,7 +148,7 @@ func (s *Shim) read(r io.ReadCloser, onEvent func(events.Event)) {
 			}
 			continue
 		}
-		var e events.Event
+		var e api.Event
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
 			continue
 		}
@@ -165,15 +164,15 @@ func (s *Shim) read(r io.ReadCloser, onEvent func(events.Event)) {
 }
 
 // Events returns every event received so far.
-func (s *Shim) Events() []events.Event {
+func (s *Shim) Events() []api.Event {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]events.Event(nil), s.all...)
+	return append([]api.Event(nil), s.all...)
 }
 
 // WaitEvent returns the first event since the start that matches pred,
 // waiting until ctx ends or the shim exits.
-func (s *Shim) WaitEvent(ctx context.Context, pred func(events.Event) bool) (events.Event, error) {
+func (s *Shim) WaitEvent(ctx context.Context, pred func(api.Event) bool) (api.Event, error) {
 	i := 0
 	for {
 		s.mu.Lock()
@@ -187,24 +186,24 @@ func (s *Shim) WaitEvent(ctx context.Context, pred func(events.Event) bool) (eve
 		eof, notify := s.eof, s.notify
 		s.mu.Unlock()
 		if eof {
-			return events.Event{}, ErrExited
+			return api.Event{}, ErrExited
 		}
 		select {
 		case <-notify:
 		case <-ctx.Done():
-			return events.Event{}, ctx.Err()
+			return api.Event{}, ctx.Err()
 		}
 	}
 }
 
 // WaitState waits for a state event in one of states and returns it. A
 // failed state that was not asked for is returned as an error.
-func (s *Shim) WaitState(ctx context.Context, states ...string) (events.Event, error) {
-	e, err := s.WaitEvent(ctx, func(e events.Event) bool {
-		if e.Event != events.KindState {
+func (s *Shim) WaitState(ctx context.Context, states ...api.State) (api.Event, error) {
+	e, err := s.WaitEvent(ctx, func(e api.Event) bool {
+		if e.Event != api.KindState {
 			return false
 		}
-		if e.State == events.StateFailed {
+		if e.State == api.StateFailed {
 			return true
 		}
 		for _, st := range states {
@@ -227,7 +226,7 @@ func (s *Shim) WaitState(ctx context.Context, states ...string) (events.Event, e
 
 // Do sends one command and waits for its answer; result, when non-nil,
 // receives the answer's result. The id is set here.
-func (s *Shim) Do(ctx context.Context, c control.Command, result any) error {
+func (s *Shim) Do(ctx context.Context, c api.Command, result any) error {
 	s.mu.Lock()
 	if s.eof {
 		s.mu.Unlock()
@@ -272,49 +271,49 @@ func (s *Shim) Do(ctx context.Context, c control.Command, result any) error {
 }
 
 // Status returns the sandbox's state, forwards and egress policy.
-func (s *Shim) Status(ctx context.Context) (control.StatusResult, error) {
-	var r control.StatusResult
-	err := s.Do(ctx, control.Command{Cmd: control.CmdStatus}, &r)
+func (s *Shim) Status(ctx context.Context) (api.StatusResult, error) {
+	var r api.StatusResult
+	err := s.Do(ctx, api.Command{Cmd: api.CmdStatus}, &r)
 	return r, err
 }
 
 // AddForward listens on listen (127.0.0.1:PORT, 127.0.0.1:0 for a free
 // port, or a unix socket path) and carries connections to guestPort.
-func (s *Shim) AddForward(ctx context.Context, listen string, guestPort int) (control.ForwardResult, error) {
-	var r control.ForwardResult
-	err := s.Do(ctx, control.Command{Cmd: control.CmdAddForward, Listen: listen, GuestPort: guestPort}, &r)
+func (s *Shim) AddForward(ctx context.Context, listen string, guestPort int) (api.ForwardResult, error) {
+	var r api.ForwardResult
+	err := s.Do(ctx, api.Command{Cmd: api.CmdAddForward, Listen: listen, GuestPort: guestPort}, &r)
 	return r, err
 }
 
 // RemoveForward closes the forward listening at listen.
 func (s *Shim) RemoveForward(ctx context.Context, listen string) error {
-	return s.Do(ctx, control.Command{Cmd: control.CmdRemoveForward, Listen: listen}, nil)
+	return s.Do(ctx, api.Command{Cmd: api.CmdRemoveForward, Listen: listen}, nil)
 }
 
 // SetPolicy replaces the egress policy.
-func (s *Shim) SetPolicy(ctx context.Context, allow, upstreams []string) (control.PolicyResult, error) {
-	var r control.PolicyResult
-	err := s.Do(ctx, control.Command{Cmd: control.CmdSetPolicy, Allow: allow, Upstreams: upstreams}, &r)
+func (s *Shim) SetPolicy(ctx context.Context, allow, upstreams []string) (api.PolicyResult, error) {
+	var r api.PolicyResult
+	err := s.Do(ctx, api.Command{Cmd: api.CmdSetPolicy, Allow: allow, Upstreams: upstreams}, &r)
 	return r, err
 }
 
 // Restart aborts the attempt in flight and starts a new one.
 func (s *Shim) Restart(ctx context.Context) (uint64, error) {
-	var r control.StartResult
-	err := s.Do(ctx, control.Command{Cmd: control.CmdStart}, &r)
+	var r api.StartResult
+	err := s.Do(ctx, api.Command{Cmd: api.CmdStart}, &r)
 	return r.Attempt, err
 }
 
 // PushTime sends the host's clock to a VM guest.
 func (s *Shim) PushTime(ctx context.Context) error {
-	return s.Do(ctx, control.Command{Cmd: control.CmdPushTime}, nil)
+	return s.Do(ctx, api.Command{Cmd: api.CmdPushTime}, nil)
 }
 
 // Stop asks for an orderly stop and waits for the shim to exit; it
 // returns nil when the sandbox stopped cleanly. When ctx ends first the
 // shim is killed.
 func (s *Shim) Stop(ctx context.Context) error {
-	err := s.Do(ctx, control.Command{Cmd: control.CmdStop}, nil)
+	err := s.Do(ctx, api.Command{Cmd: api.CmdStop}, nil)
 	if err != nil && !errors.Is(err, ErrExited) {
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	}

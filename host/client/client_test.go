@@ -16,10 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/oac/sandbox-agent/host/control"
-	"github.com/oac/sandbox-agent/host/controller"
-	"github.com/oac/sandbox-agent/host/events"
-	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apiserver"
 )
 
 // The test binary doubles as a fake oac-shim (FAKE_SHIM=ok or fail): it
@@ -36,8 +34,8 @@ func fakeShim(mode string) int {
 	enc := json.NewEncoder(os.Stdout)
 	var mu sync.Mutex
 	out := func(v any) { mu.Lock(); _ = enc.Encode(v); mu.Unlock() }
-	state := func(st, msg, url string, attempt uint64) {
-		out(events.Event{Time: time.Now().UTC(), Sandbox: "fake", Event: events.KindState, State: st, Message: msg, URL: url, Attempt: attempt})
+	state := func(st api.State, msg, url string, attempt uint64) {
+		out(api.Event{Time: time.Now().UTC(), Sandbox: "fake", Event: api.KindState, State: st, Message: msg, URL: url, Attempt: attempt})
 	}
 	attempt := uint64(1)
 	state("starting", "start requested", "", attempt)
@@ -47,17 +45,17 @@ func fakeShim(mode string) int {
 		return 1
 	}
 	state("ready", "guest ready", "http://127.0.0.1:4096", attempt)
-	srv := &control.Server{Sandbox: "fake", Handler: control.HandlerFunc(func(_ context.Context, c control.Command) (any, error) {
+	srv := &apiserver.Server{Sandbox: "fake", Handler: apiserver.HandlerFunc(func(_ context.Context, c api.Command) (any, error) {
 		switch c.Cmd {
-		case control.CmdStatus:
-			return control.StatusResult{Status: controller.Status{ServerID: "sandbox:fake", State: "ready", Attempt: attempt}, Forwards: []forward.Info{}}, nil
-		case control.CmdAddForward:
-			return control.ForwardResult{Info: forward.Info{Listen: "127.0.0.1:5555", GuestPort: c.GuestPort}, URL: "http://127.0.0.1:5555"}, nil
-		case control.CmdStart:
+		case api.CmdStatus:
+			return api.StatusResult{Status: api.Status{ServerID: "sandbox:fake", State: "ready", Attempt: attempt}, Forwards: []api.ForwardInfo{}}, nil
+		case api.CmdAddForward:
+			return api.ForwardResult{ForwardInfo: api.ForwardInfo{Listen: "127.0.0.1:5555", GuestPort: c.GuestPort}, URL: "http://127.0.0.1:5555"}, nil
+		case api.CmdStart:
 			attempt++
 			go func(a uint64) { state("starting", "start requested", "", a); state("ready", "guest ready", "", a) }(attempt)
-			return control.StartResult{Attempt: attempt}, nil
-		case control.CmdStop:
+			return api.StartResult{Attempt: attempt}, nil
+		case api.CmdStop:
 			go func() {
 				time.Sleep(10 * time.Millisecond)
 				state("stopped", "stopped: stop command", "", attempt)
@@ -67,12 +65,12 @@ func fakeShim(mode string) int {
 		}
 		return nil, errors.New("the guest does not support this")
 	})}
-	_ = srv.ServeLines(context.Background(), bufio.NewReader(os.Stdin), func(a control.Answer) error { out(a); return nil })
+	_ = srv.ServeLines(context.Background(), bufio.NewReader(os.Stdin), func(a api.Answer) error { out(a); return nil })
 	state("stopped", "stopped: control input closed", "", attempt)
 	return 0
 }
 
-func start(t *testing.T, mode string, onEvent func(events.Event)) *Shim {
+func start(t *testing.T, mode string, onEvent func(api.Event)) *Shim {
 	t.Helper()
 	s, err := Start(context.Background(), Options{Shim: os.Args[0], Name: "fake", Env: append(os.Environ(), "FAKE_SHIM="+mode), OnEvent: onEvent})
 	require.NoError(t, err)
@@ -87,16 +85,16 @@ func ctx(t *testing.T) context.Context {
 
 func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 	var mu sync.Mutex
-	var seen []string
-	s := start(t, "ok", func(e events.Event) { mu.Lock(); seen = append(seen, e.State); mu.Unlock() })
-	ready, err := s.WaitState(ctx(t), events.StateReady)
+	var seen []api.State
+	s := start(t, "ok", func(e api.Event) { mu.Lock(); seen = append(seen, e.State); mu.Unlock() })
+	ready, err := s.WaitState(ctx(t), api.StateReady)
 	require.NoError(t, err)
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
 
 	st, err := s.Status(ctx(t))
 	require.NoError(t, err)
 	assert.Equal(t, "sandbox:fake", st.ServerID)
-	assert.Equal(t, "ready", st.State)
+	assert.Equal(t, api.StateReady, st.State)
 
 	fw, err := s.AddForward(ctx(t), "127.0.0.1:0", 4096)
 	require.NoError(t, err)
@@ -109,14 +107,14 @@ func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 	a, err := s.Restart(ctx(t))
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), a)
-	_, err = s.WaitEvent(ctx(t), func(e events.Event) bool { return e.State == events.StateReady && e.Attempt == 2 })
+	_, err = s.WaitEvent(ctx(t), func(e api.Event) bool { return e.State == api.StateReady && e.Attempt == 2 })
 	require.NoError(t, err)
 
 	require.NoError(t, s.Stop(ctx(t)))
 	last := s.Events()[len(s.Events())-1]
-	assert.Equal(t, events.StateStopped, last.State)
+	assert.Equal(t, api.StateStopped, last.State)
 	mu.Lock()
-	assert.Equal(t, []string{"starting", "ready", "starting", "ready", "stopped"}, seen)
+	assert.Equal(t, []api.State{"starting", "ready", "starting", "ready", "stopped"}, seen)
 	mu.Unlock()
 	_, err = s.Status(ctx(t))
 	assert.ErrorIs(t, err, ErrExited)
@@ -124,7 +122,7 @@ func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 
 func TestAFailedSandboxIsAnErrorAndExitStatusOne(t *testing.T) {
 	s := start(t, "fail", nil)
-	_, err := s.WaitState(ctx(t), events.StateReady)
+	_, err := s.WaitState(ctx(t), api.StateReady)
 	assert.EqualError(t, err, "sandbox failed: guest not ready within 1s")
 	err = s.Wait()
 	var ee *exec.ExitError
@@ -134,7 +132,7 @@ func TestAFailedSandboxIsAnErrorAndExitStatusOne(t *testing.T) {
 
 func TestClosingStdinStopsTheShim(t *testing.T) {
 	s := start(t, "ok", nil)
-	_, err := s.WaitState(ctx(t), events.StateReady)
+	_, err := s.WaitState(ctx(t), api.StateReady)
 	require.NoError(t, err)
 	require.NoError(t, s.Close(10*time.Second))
 	assert.Equal(t, "stopped: control input closed", s.Events()[len(s.Events())-1].Message)

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/client"
-	"github.com/oac/sandbox-agent/host/events"
 )
 
 // A parent drives one sandbox: start, wait for ready, reach the daemon
@@ -24,7 +24,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	ready, err := s.WaitState(ctx, events.StateReady)
+	ready, err := s.WaitState(ctx, api.StateReady)
 	if err != nil {
 		fmt.Println(err)
 		return

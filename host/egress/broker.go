@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -100,14 +100,14 @@ func (b *Broker) SetPolicy(p *Policy) {
 }
 
 // PolicyEvent describes the current policy as an egress_policy event.
-func (b *Broker) PolicyEvent(msg string) events.Event {
+func (b *Broker) PolicyEvent(msg string) api.Event {
 	p := b.policy.Load()
 	n, u := p.Len()
 	rules := p.Describe()
 	if rules == nil {
 		rules = []string{}
 	}
-	return events.Event{Event: events.KindEgressPolicy, Rules: rules,
+	return api.Event{Event: api.KindEgressPolicy, Rules: rules,
 		Message: fmt.Sprintf("%s: deny by default; %d rules, %d upstreams", msg, n, u)}
 }
 
@@ -125,11 +125,11 @@ func (b *Broker) Active() int { return len(b.sem) }
 // ends. It owns st and closes it. emit receives one decision event and,
 // for an allowed stream, one close event; Serve fills in the event kind
 // and egress fields, the caller's emit adds time and sandbox.
-func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader, emit func(events.Event)) {
+func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader, emit func(api.Event)) {
 	defer st.Close()
 	id := b.nextID.Add(1)
 	start := time.Now()
-	ev := events.Event{Event: events.KindEgress, Conn: id, Via: h.Via, Target: safeText(joinRaw(h.Host, h.Port), 300)}
+	ev := api.Event{Event: api.KindEgress, Conn: id, Via: h.Via, Target: safeText(joinRaw(h.Host, h.Port), 300)}
 	answer := func(f *Failure) {
 		ev.Decision = DecisionFailed
 		if f.Code == protocol.EgressDenied {
@@ -194,7 +194,7 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 	out, in, err := pipe.Join(guest, up, &act)
 	stopOnCancel()
 	stopIdle()
-	closed := events.Event{Event: events.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
+	closed := api.Event{Event: api.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}
 	switch {
 	case idled.Load():

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -42,22 +42,22 @@ func echoServer(t *testing.T) (addr string, accepted *atomic.Int32) {
 
 type recorder struct {
 	mu  sync.Mutex
-	evs []events.Event
+	evs []api.Event
 }
 
-func (r *recorder) emit(e events.Event) {
+func (r *recorder) emit(e api.Event) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.evs = append(r.evs, e)
 }
 
-func (r *recorder) all() []events.Event {
+func (r *recorder) all() []api.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]events.Event(nil), r.evs...)
+	return append([]api.Event(nil), r.evs...)
 }
 
-func (r *recorder) find(kind string) (events.Event, bool) {
+func (r *recorder) find(kind string) (api.Event, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, e := range r.evs {
@@ -65,7 +65,7 @@ func (r *recorder) find(kind string) (events.Event, bool) {
 			return e, true
 		}
 	}
-	return events.Event{}, false
+	return api.Event{}, false
 }
 
 // open serves one egress stream for host:port and returns the guest's end
@@ -107,12 +107,12 @@ func TestBrokerCarriesAnAllowedConnectionAndReportsBytes(t *testing.T) {
 	assert.Equal(t, "hello", string(buf))
 	guest.Close()
 	<-done
-	dec, ok := rec.find(events.KindEgress)
+	dec, ok := rec.find(api.KindEgress)
 	require.True(t, ok)
 	assert.Equal(t, DecisionAllowed, dec.Decision)
 	assert.Equal(t, "echo.test:7", dec.Target)
 	assert.Equal(t, addr, dec.Address)
-	cl, ok := rec.find(events.KindEgressClosed)
+	cl, ok := rec.find(api.KindEgressClosed)
 	require.True(t, ok)
 	assert.Equal(t, dec.Conn, cl.Conn)
 	assert.Equal(t, int64(5), *cl.BytesOut)
@@ -132,11 +132,11 @@ func TestBrokerDeniesWithReasonAndDialsNothing(t *testing.T) {
 	assert.Equal(t, "Denied", r.Error)
 	assert.Equal(t, protocol.EffectNone, r.Effect)
 	assert.Contains(t, r.Reason, "port 443 is not allowed by any rule")
-	e, _ := rec.find(events.KindEgress)
+	e, _ := rec.find(api.KindEgress)
 	assert.Equal(t, DecisionDenied, e.Decision)
 	assert.Equal(t, "Denied", e.Code)
 	assert.Equal(t, "api.example.com:443", e.Target)
-	_, closed := rec.find(events.KindEgressClosed)
+	_, closed := rec.find(api.KindEgressClosed)
 	assert.False(t, closed, "a refused stream has no close event")
 	assert.Zero(t, dials.Load())
 }
@@ -225,7 +225,7 @@ func TestBrokerIdleTimeoutClosesWithTimedOut(t *testing.T) {
 	}
 	_, err = guest.Read(make([]byte, 1))
 	assert.Error(t, err, "the guest's end sees the close")
-	cl, ok := rec.find(events.KindEgressClosed)
+	cl, ok := rec.find(api.KindEgressClosed)
 	require.True(t, ok)
 	assert.Equal(t, "TimedOut", cl.Code)
 	assert.Contains(t, cl.Reason, "idle timeout")
@@ -249,7 +249,7 @@ func TestBrokerRefusesInvalidHeaders(t *testing.T) {
 	// Each Serve emits its event on its own goroutine, in any order.
 	assert.Eventually(t, func() bool {
 		for _, e := range rec.all() {
-			if e.Event == events.KindEgress && e.Target == "a?b:443" {
+			if e.Event == api.KindEgress && e.Target == "a?b:443" {
 				return true
 			}
 		}

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -127,10 +127,10 @@ func (p *Policy) DecideName(name string, lookup func(name string) ([]netip.Addr,
 // the connect timeout) so a name that does not exist is NameNotResolved
 // and a name whose every address is refused is denied. It owns st and
 // closes it; emit gets one egress event (via "dns", the name as target).
-func (b *Broker) ServeDNS(ctx context.Context, st net.Conn, h protocol.StreamHeader, emit func(events.Event)) {
+func (b *Broker) ServeDNS(ctx context.Context, st net.Conn, h protocol.StreamHeader, emit func(api.Event)) {
 	defer st.Close()
 	id := b.nextID.Add(1)
-	ev := events.Event{Event: events.KindEgress, Conn: id, Via: protocol.ViaDNS, Target: safeText(h.Host, 300)}
+	ev := api.Event{Event: api.KindEgress, Conn: id, Via: protocol.ViaDNS, Target: safeText(h.Host, 300)}
 	answer := func(rule string, f *Failure) {
 		r := protocol.DNSReply{Rule: rule}
 		ev.Decision, ev.Rule, ev.Message = DecisionAllowed, rule, "dns allowed"

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -125,7 +125,7 @@ func TestServeDNSAnswersAndEmitsWithoutResolvingDeniedNames(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	require.Len(t, rec.evs, 2)
-	assert.Equal(t, events.Event{Event: events.KindEgress, Conn: 1, Via: "dns", Target: "api.example.com", Decision: "allowed", Rule: "api.example.com:443", Message: "dns allowed"}, rec.evs[0])
+	assert.Equal(t, api.Event{Event: api.KindEgress, Conn: 1, Via: "dns", Target: "api.example.com", Decision: "allowed", Rule: "api.example.com:443", Message: "dns allowed"}, rec.evs[0])
 	e := rec.evs[1]
 	assert.Equal(t, "denied", e.Decision)
 	assert.Equal(t, "dns", e.Via)

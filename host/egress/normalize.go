@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"golang.org/x/net/idna"
 )
 
@@ -228,19 +229,8 @@ func parsePart(p string) (uint64, bool) {
 }
 
 // safeText makes a guest-supplied string fit for an event or an error:
-// printable ASCII only (others become '?'), at most n bytes.
-func safeText(s string, n int) string {
-	if len(s) > n {
-		s = s[:n] + "..."
-	}
-	b := []byte(s)
-	for i, c := range b {
-		if c < 0x20 || c >= 0x7f {
-			b[i] = '?'
-		}
-	}
-	return string(b)
-}
+// valid UTF-8, control characters as '?', at most n bytes (and "...").
+func safeText(s string, n int) string { return safetext.Clean(s, n, '?') }
 
 // describe says what a port range is, for reasons.
 func portText(lo, hi uint16) string {

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/internal/sockfile"
 )
@@ -43,17 +43,8 @@ type Config struct {
 	MaxStreams int
 	// Emit receives forward events (listening, removed, refused); nil
 	// drops them.
-	Emit func(events.Event)
+	Emit func(api.Event)
 	Log  *slog.Logger
-}
-
-// Info describes one forward in force.
-type Info struct {
-	// Listen is the bound address (a port 0 resolved) or socket path.
-	Listen    string `json:"listen"`
-	GuestPort int    `json:"guest_port"`
-	// Active counts the connections it carries now.
-	Active int `json:"active"`
 }
 
 // Manager owns the forwards of one shim.
@@ -82,7 +73,7 @@ func New(cfg Config) *Manager {
 		cfg.MaxStreams = DefaultMaxStreams
 	}
 	if cfg.Emit == nil {
-		cfg.Emit = func(events.Event) {}
+		cfg.Emit = func(api.Event) {}
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -99,29 +90,29 @@ func (m *Manager) SetOpener(o Opener) {
 	m.mu.Unlock()
 }
 
-func (m *Manager) emit(e events.Event) {
+func (m *Manager) emit(e api.Event) {
 	e.Time = time.Now().UTC()
-	e.Event = events.KindForward
+	e.Event = api.KindForward
 	m.cfg.Emit(e)
 }
 
 // Add starts listening for spec and returns what is in force.
-func (m *Manager) Add(spec Spec) (Info, error) {
+func (m *Manager) Add(spec Spec) (api.ForwardInfo, error) {
 	if err := spec.Validate(); err != nil {
-		return Info{}, err
+		return api.ForwardInfo{}, err
 	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
-		return Info{}, ErrClosed
+		return api.ForwardInfo{}, ErrClosed
 	}
 	if len(m.fwds) >= MaxForwards {
 		m.mu.Unlock()
-		return Info{}, fmt.Errorf("%w: at most %d", ErrTooMany, MaxForwards)
+		return api.ForwardInfo{}, fmt.Errorf("%w: at most %d", ErrTooMany, MaxForwards)
 	}
 	if _, dup := m.fwds[spec.Listen]; dup {
 		m.mu.Unlock()
-		return Info{}, fmt.Errorf("%w: %s", ErrExists, spec.Listen)
+		return api.ForwardInfo{}, fmt.Errorf("%w: %s", ErrExists, spec.Listen)
 	}
 	m.mu.Unlock()
 	var ln net.Listener
@@ -132,7 +123,7 @@ func (m *Manager) Add(spec Spec) (Info, error) {
 		ln, err = net.Listen("tcp", spec.Listen)
 	}
 	if err != nil {
-		return Info{}, fmt.Errorf("forward %s: %w", spec, err)
+		return api.ForwardInfo{}, fmt.Errorf("forward %s: %w", spec, err)
 	}
 	f := &fwd{spec: spec, addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]struct{}{}}
 	m.mu.Lock()
@@ -140,17 +131,17 @@ func (m *Manager) Add(spec Spec) (Info, error) {
 		m.mu.Unlock()
 		ln.Close()
 		if m.closed {
-			return Info{}, ErrClosed
+			return api.ForwardInfo{}, ErrClosed
 		}
-		return Info{}, fmt.Errorf("%w: %s", ErrExists, f.addr)
+		return api.ForwardInfo{}, fmt.Errorf("%w: %s", ErrExists, f.addr)
 	}
 	m.fwds[f.addr] = f
 	m.order = append(m.order, f.addr)
 	m.wg.Add(1)
 	m.mu.Unlock()
 	go m.serve(f)
-	info := Info{Listen: f.addr, GuestPort: spec.GuestPort}
-	m.emit(events.Event{Listen: info.Listen, GuestPort: info.GuestPort, Message: "listening"})
+	info := api.ForwardInfo{Listen: f.addr, GuestPort: spec.GuestPort}
+	m.emit(api.Event{Listen: info.Listen, GuestPort: info.GuestPort, Message: "listening"})
 	return info, nil
 }
 
@@ -165,7 +156,7 @@ func (m *Manager) Remove(listen string) error {
 	}
 	m.drop(f)
 	m.mu.Unlock()
-	m.emit(events.Event{Listen: f.addr, GuestPort: f.spec.GuestPort, Message: "removed"})
+	m.emit(api.Event{Listen: f.addr, GuestPort: f.spec.GuestPort, Message: "removed"})
 	return nil
 }
 
@@ -185,13 +176,13 @@ func (m *Manager) drop(f *fwd) {
 }
 
 // List returns the forwards in force, in the order they were added.
-func (m *Manager) List() []Info {
+func (m *Manager) List() []api.ForwardInfo {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Info, 0, len(m.order))
+	out := make([]api.ForwardInfo, 0, len(m.order))
 	for _, a := range m.order {
 		f := m.fwds[a]
-		out = append(out, Info{Listen: f.addr, GuestPort: f.spec.GuestPort, Active: len(f.conns)})
+		out = append(out, api.ForwardInfo{Listen: f.addr, GuestPort: f.spec.GuestPort, Active: len(f.conns)})
 	}
 	return out
 }
@@ -274,7 +265,7 @@ func (m *Manager) carry(f *fwd, c net.Conn, opener Opener) {
 	}()
 	refuse := func(why string) {
 		m.cfg.Log.Warn("forwarded connection refused", "listen", f.addr, "guest_port", f.spec.GuestPort, "reason", why)
-		m.emit(events.Event{Listen: f.addr, GuestPort: f.spec.GuestPort, Message: "connection refused: " + why})
+		m.emit(api.Event{Listen: f.addr, GuestPort: f.spec.GuestPort, Message: "connection refused: " + why})
 	}
 	if opener == nil {
 		refuse("no guest is connected")

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -48,10 +48,10 @@ func (o *echoOpener) OpenForward(port int, name string) (net.Conn, error) {
 
 type recorder struct {
 	mu sync.Mutex
-	ev []events.Event
+	ev []api.Event
 }
 
-func (r *recorder) emit(e events.Event) { r.mu.Lock(); r.ev = append(r.ev, e); r.mu.Unlock() }
+func (r *recorder) emit(e api.Event) { r.mu.Lock(); r.ev = append(r.ev, e); r.mu.Unlock() }
 func (r *recorder) messages() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -92,7 +92,9 @@ func TestTCPForwardCarriesConnectionsToTheGuestPort(t *testing.T) {
 	assert.Equal(t, "http://"+info.Listen+"/global/health", m.URLFor("http://127.0.0.1:4096/global/health"))
 	assert.Equal(t, "", m.URLFor("http://127.0.0.1:9999"), "no forward to that port")
 	assert.Equal(t, "", m.URLFor("http://10.0.0.1:4096"), "not a guest loopback URL")
-	require.Eventually(t, func() bool { return assert.ObjectsAreEqual([]Info{{Listen: info.Listen, GuestPort: 4096}}, m.List()) },
+	require.Eventually(t, func() bool {
+		return assert.ObjectsAreEqual([]api.ForwardInfo{{Listen: info.Listen, GuestPort: 4096}}, m.List())
+	},
 		5*time.Second, 5*time.Millisecond, "the closed connection is no longer counted")
 
 	require.NoError(t, m.Remove(info.Listen))

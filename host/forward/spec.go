@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/internal/sockfile"
 )
 
@@ -88,14 +89,4 @@ func parsePort(s string) (int, error) {
 }
 
 // safe bounds and sanitizes user text quoted in an error.
-func safe(s string) string {
-	if len(s) > 64 {
-		s = s[:64] + "..."
-	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return '?'
-		}
-		return r
-	}, strings.ToValidUTF8(s, "?"))
-}
+func safe(s string) string { return safetext.Clean(s, 64, '?') }

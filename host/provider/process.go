@@ -1,6 +1,11 @@
 package provider
 
 import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
 	"os/exec"
 	"sync"
 	"time"
@@ -22,17 +27,25 @@ type Waiter interface {
 	Pid() int
 }
 
-// Process is the runtime of an Instance: it watches the runtime until it
-// exits and implements Done, Err, Kill and HostPID for it.
+// Process is the lifecycle every Instance embeds: it watches the runtime
+// until it exits, hands out the guest's connection from the listener the
+// provider made, kills the runtime, and on Destroy releases what Create
+// claimed. An Instance that embeds it implements Accept, Done, Err, Kill
+// and Destroy through it and writes only Start.
 type Process struct {
 	exit     func(error) error
 	stuck    error
 	killWait time.Duration
 
-	mu   sync.Mutex
-	w    Waiter
-	done chan struct{}
-	err  error
+	startMu sync.Mutex // serializes StartOnce
+
+	mu       sync.Mutex
+	w        Waiter
+	done     chan struct{}
+	err      error
+	ln       net.Listener
+	kill     func() error
+	releases []func() error
 }
 
 // NewProcess returns a Process not started yet. exit phrases the runtime's
@@ -41,6 +54,29 @@ type Process struct {
 // KillWait after it was killed.
 func NewProcess(exit func(error) error, stuck error) *Process {
 	return &Process{exit: exit, stuck: stuck, killWait: KillWait, done: make(chan struct{})}
+}
+
+// Exits phrases a runtime's exit for NewProcess: clean for a clean exit,
+// "what: Wait's error" otherwise.
+func Exits(clean, what string) func(error) error {
+	return func(err error) error {
+		if err == nil {
+			return errors.New(clean)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+}
+
+// StartOnce runs an Instance's start, which starts the runtime, once:
+// it fails when the runtime was started already (what names the provider
+// in the error), and one StartOnce runs at a time.
+func (p *Process) StartOnce(what string, start func() error) error {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	if p.Started() {
+		return fmt.Errorf("%s: already started", what)
+	}
+	return start()
 }
 
 // Start starts cmd and watches it. Its error is cmd.Start's.
@@ -52,6 +88,37 @@ func (p *Process) Start(cmd *exec.Cmd) error {
 	return nil
 }
 
+// StartPiped starts cmd with its stdout and stderr on a pipe of the
+// Process's own, copied to w (nothing when w is nil). A runtime's
+// container inherits them: with a pipe the runtime's exit is seen when it
+// exits (os/exec would otherwise wait for the container to close them).
+func (p *Process) StartPiped(cmd *exec.Cmd, w io.Writer) error {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("output pipe: %w", err)
+	}
+	defer pw.Close()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	out := Output(w)
+	go func() {
+		defer pr.Close()
+		_, _ = io.Copy(out, pr)
+	}()
+	if err := p.Start(cmd); err != nil {
+		pr.Close()
+		return err
+	}
+	return nil
+}
+
+// Output is w, or io.Discard when w is nil (Spec.Stderr is optional).
+func Output(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
+
 // Watch watches a started runtime: when its Wait returns, Err says why and
 // Done is closed. A Process watches one runtime.
 func (p *Process) Watch(w Waiter) {
@@ -61,13 +128,14 @@ func (p *Process) Watch(w Waiter) {
 		panic("provider: Process started twice")
 	}
 	p.w = w
+	done := p.done
 	p.mu.Unlock()
 	go func() {
 		err := p.exit(w.Wait())
 		p.mu.Lock()
 		p.err = err
 		p.mu.Unlock()
-		close(p.done)
+		close(done)
 	}()
 }
 
@@ -79,7 +147,11 @@ func (p *Process) Started() bool {
 }
 
 // Done is closed when the runtime has exited.
-func (p *Process) Done() <-chan struct{} { return p.done }
+func (p *Process) Done() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
 
 // Err says why the runtime exited; nil while it runs.
 func (p *Process) Err() error {
@@ -98,9 +170,31 @@ func (p *Process) HostPID() int {
 	return p.w.Pid()
 }
 
-// Kill kills a running runtime and waits up to KillWait for it to exit.
-// It returns nil when the runtime was never started or has exited.
+// KillBy makes Kill end the runtime with kill instead of killing its
+// process at once (a container runtime asked first, a machine stopped).
+func (p *Process) KillBy(kill func() error) {
+	p.mu.Lock()
+	p.kill = kill
+	p.mu.Unlock()
+}
+
+// Kill ends a running runtime and waits up to KillWait for it to exit:
+// with the function given to KillBy, else by killing its process. It
+// returns nil when the runtime was never started or has exited.
 func (p *Process) Kill() error {
+	p.mu.Lock()
+	kill := p.kill
+	p.mu.Unlock()
+	if kill != nil {
+		return kill()
+	}
+	return p.KillProcess()
+}
+
+// KillProcess kills the runtime's process at once, whatever KillBy says,
+// and waits up to KillWait for it to exit. It returns nil when the
+// runtime was never started or has exited.
+func (p *Process) KillProcess() error {
 	p.mu.Lock()
 	w := p.w
 	p.mu.Unlock()
@@ -115,14 +209,15 @@ func (p *Process) Kill() error {
 
 // KillAsking first asks the runtime to stop what it runs (a container
 // runtime's kill, which takes the container's pid namespace down), gives
-// the process up to grace to exit on its own, then kills it as Kill does.
+// the process up to grace to exit on its own, then kills its process.
 // It returns nil when the runtime was never started or has exited.
 func (p *Process) KillAsking(ask func(), grace time.Duration) error {
 	if !p.Started() {
 		return nil
 	}
+	done := p.Done()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	default:
 	}
@@ -130,19 +225,20 @@ func (p *Process) KillAsking(ask func(), grace time.Duration) error {
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	case <-t.C:
 	}
-	return p.Kill()
+	return p.KillProcess()
 }
 
 // KillWith is Kill with the caller's way of ending the runtime, started
 // or not: unless the runtime has exited, it calls kill; an error from kill
 // is returned at once, else it waits up to KillWait for the exit.
 func (p *Process) KillWith(kill func() error) error {
+	done := p.Done()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	default:
 	}
@@ -152,11 +248,51 @@ func (p *Process) KillWith(kill func() error) error {
 	t := time.NewTimer(p.killWait)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-done:
 		return nil
 	case <-t.C:
 		return p.stuck
 	}
+}
+
+// OnDestroy adds a step to Destroy: what Create claimed, released after
+// the runtime was killed. Steps run last added first.
+func (p *Process) OnDestroy(release func() error) {
+	p.mu.Lock()
+	p.releases = append(p.releases, release)
+	p.mu.Unlock()
+}
+
+// Own makes Destroy close c (a listener, a descriptor, a lock); its
+// error is not reported.
+func (p *Process) Own(c io.Closer) {
+	p.OnDestroy(func() error {
+		_ = c.Close()
+		return nil
+	})
+}
+
+// DestroyOnError is deferred by a Create with a named error result: when
+// *err is set, it releases what the Create had claimed.
+func (p *Process) DestroyOnError(err *error) {
+	if *err != nil {
+		_ = p.Destroy()
+	}
+}
+
+// Destroy kills the runtime and then releases what OnDestroy and Own were
+// given, each once, and returns the errors joined. It is safe to call more
+// than once, and to call on a Create that failed half-way.
+func (p *Process) Destroy() error {
+	err := p.Kill()
+	p.mu.Lock()
+	steps := p.releases
+	p.releases = nil
+	p.mu.Unlock()
+	for i := len(steps) - 1; i >= 0; i-- {
+		err = errors.Join(err, steps[i]())
+	}
+	return err
 }
 
 // cmdWaiter is a started *exec.Cmd.

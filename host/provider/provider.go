@@ -117,7 +117,8 @@ type Provider interface {
 	// wrapping ErrUnavailable that says why and what to do.
 	Check(ctx context.Context) error
 	// Create prepares a sandbox (state, transport listener) without
-	// starting it. On error nothing is left behind.
+	// starting it. On error nothing is left behind. spec has passed
+	// Validate: the sandbox checks it once, before anything is created.
 	Create(ctx context.Context, spec Spec) (Instance, error)
 }
 
@@ -137,18 +138,37 @@ type Instance interface {
 	Destroy() error
 }
 
-// HostPIDer is implemented by instances whose runtime is a host process.
-type HostPIDer interface{ HostPID() int }
-
-// IDMapper is implemented by instances that map guest ids to host ids.
-type IDMapper interface {
-	// HostID returns the host uid and gid that guest uid/gid id maps to.
-	HostID(id int) (uid, gid int)
+// Detailer is implemented by providers that can say how sandboxes would
+// run here (after a nil Check); oac-shim check prints it.
+type Detailer interface {
+	Detail(ctx context.Context) string
 }
 
-// Resetter is implemented by instances that can return to a fresh guest
-// image without being created again (WSL: unregister and import again).
-// The runtime is stopped first; Start runs it again.
+// Warner is implemented by providers whose settings give something up
+// that the user must be told before a sandbox runs (oac-shim run logs
+// each warning).
+type Warner interface {
+	Warnings() []string
+}
+
+// Resetter is implemented by providers that can leave something of a
+// sandbox on the host after its runtime is gone (a WSL distribution whose
+// unregister failed). Reset removes what a sandbox of that name left; the
+// control API's reset calls it between the stop and the fresh start.
 type Resetter interface {
-	Reset(ctx context.Context) error
+	Reset(ctx context.Context, name string) error
+}
+
+// Unavailable is a provider that cannot run on this OS: Check and Create
+// fail with ErrUnavailable and why.
+func Unavailable(name, why string) Provider { return unavailable{name, why} }
+
+type unavailable struct{ name, why string }
+
+func (u unavailable) Name() string { return u.name }
+func (u unavailable) Check(context.Context) error {
+	return fmt.Errorf("%w: %s: %s", ErrUnavailable, u.name, u.why)
+}
+func (u unavailable) Create(ctx context.Context, _ Spec) (Instance, error) {
+	return nil, u.Check(ctx)
 }

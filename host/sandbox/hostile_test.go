@@ -29,8 +29,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -136,7 +136,7 @@ func startHealthy(t *testing.T) *healthy {
 	h.stop, h.done = runSandbox(t, Config{Name: "healthy", Provider: h.p, Events: h.rec})
 	h.g = connectGuest(t, h.p)
 	h.g.send(t, protocol.State{State: protocol.StateReady})
-	h.rec.waitState(t, events.StateReady)
+	h.rec.waitState(t, api.StateReady)
 	return h
 }
 
@@ -160,7 +160,7 @@ func (h *healthy) check(t *testing.T) {
 		h.rec.mu.Lock()
 		defer h.rec.mu.Unlock()
 		for _, e := range h.rec.ev {
-			if e.Event == events.KindLog && e.Line == "still served" {
+			if e.Event == api.KindLog && e.Line == "still served" {
 				return true
 			}
 		}
@@ -266,7 +266,7 @@ func endsWith(t *testing.T, done chan result, rec *recorder, want string) {
 	err := wait(t, done)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), want)
-	failed := rec.waitState(t, events.StateFailed)
+	failed := rec.waitState(t, api.StateFailed)
 	assert.Contains(t, failed.Message, want)
 	assert.True(t, utf8Printable(failed.Message), "the reason is printable text")
 	assert.LessOrEqual(t, len(failed.Message), 2*maxGuestText, "the reason is bounded")
@@ -455,8 +455,8 @@ func TestHostileLogFlood(t *testing.T) {
 	h := startHealthy(t)
 	p, rec := newFakeProvider(), newRecorder()
 	var logBytes atomic.Int64
-	sink := events.Func(func(e events.Event) {
-		if e.Event == events.KindLog {
+	sink := api.Func(func(e api.Event) {
+		if e.Event == api.KindLog {
 			logBytes.Add(int64(len(e.Line) + 1))
 			return // not recorded: the recorder would hold them all
 		}
@@ -473,7 +473,7 @@ func TestHostileLogFlood(t *testing.T) {
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
 	start := time.Now()
 	const streams, perStream = 8, 8 * mib
@@ -504,7 +504,7 @@ func TestHostileLogFlood(t *testing.T) {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		for _, e := range rec.ev {
-			if e.Event == events.KindDropped {
+			if e.Event == api.KindDropped {
 				dropped += e.Dropped
 			}
 		}
@@ -570,15 +570,15 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	var egressEvents, egressDropped atomic.Int64
 	cfg := hostileConfig(p, rec)
 	cfg.Egress = broker
-	cfg.Events = events.Func(func(e events.Event) {
+	cfg.Events = api.Func(func(e api.Event) {
 		switch e.Event {
-		case events.KindEgress:
+		case api.KindEgress:
 			egressEvents.Add(1)
 			if e.Decision == egress.DecisionAllowed {
 				t.Errorf("allowed: %+v", e)
 			}
 			return
-		case events.KindEgressDropped:
+		case api.KindEgressDropped:
 			egressDropped.Add(e.Dropped)
 		}
 		rec.Emit(e)
@@ -586,7 +586,7 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
 	const total = 3000
 	codes := make(map[protocol.EgressCode]int)
@@ -696,7 +696,7 @@ func TestHostileSlowReadingEgressStreams(t *testing.T) {
 	gmc.MaxStreamWindowSize = 256 * kib
 	g := connectGuestWith(t, p, gmc)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
 	const streams = 32
 	var conns []net.Conn
@@ -714,7 +714,7 @@ func TestHostileSlowReadingEgressStreams(t *testing.T) {
 		defer rec.mu.Unlock()
 		n := 0
 		for _, e := range rec.ev {
-			if e.Event == events.KindEgressClosed {
+			if e.Event == api.KindEgressClosed {
 				n++
 			}
 		}
@@ -726,7 +726,7 @@ func TestHostileSlowReadingEgressStreams(t *testing.T) {
 	m.within(t, streams*(1*mib)+4*mib, streams*4+60)
 	rec.mu.Lock()
 	for _, e := range rec.ev {
-		if e.Event == events.KindEgressClosed {
+		if e.Event == api.KindEgressClosed {
 			assert.Equal(t, protocol.EgressTimedOut.String(), e.Code)
 			assert.Contains(t, e.Reason, "idle timeout")
 			assert.LessOrEqual(t, *e.BytesIn, int64(2*mib), "nothing beyond the window and one buffer was taken from the upstream")
@@ -769,7 +769,7 @@ func TestHostileGuestThatStopsReadingIsCutOffByKeepalive(t *testing.T) {
 	_, err = ctl.Recv() // the bootstrap
 	require.NoError(t, err)
 	require.NoError(t, ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateReady}))
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	close(stalled.stall)
 	endsWith(t, done, rec, "guest connection lost")
 	m.within(t, 2*mib, 30)
@@ -821,7 +821,7 @@ func TestHealthySandboxKeepsMovingBytesWhileAnotherIsAttacked(t *testing.T) {
 	cancel, done := runSandbox(t, Config{Name: "mover", Provider: p, Events: rec, Egress: egress.New(egress.Config{Policy: pol})})
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	st, err := protocol.OpenStream(g.sess, protocol.StreamHeader{Kind: protocol.KindEgress, Host: "echo", Port: 80, Via: protocol.ViaConnect})
 	require.NoError(t, err)
 	r, err := protocol.ReadEgressReply(st, 5*time.Second)

@@ -7,7 +7,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // MemoryCeiling is the most memory (peak RSS) one sandbox's shim holds,
@@ -64,9 +64,9 @@ func (l *eventLimit) allow() bool {
 }
 
 // report emits the count dropped since the last report, if any.
-func (l *eventLimit) report(emit func(events.Event)) {
+func (l *eventLimit) report(emit func(api.Event)) {
 	if n := l.dropped.Swap(0); n > 0 {
-		emit(events.Event{Event: l.kind, Dropped: n, Message: l.msg})
+		emit(api.Event{Event: l.kind, Dropped: n, Message: l.msg})
 	}
 }
 

@@ -8,19 +8,17 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -53,7 +51,7 @@ type Config struct {
 	Rootfs    string
 	// Bootstrap is sent to the guest; nil sends an empty one (no daemon).
 	Bootstrap *bootstrap.Bootstrap
-	Events    events.Sink
+	Events    api.Sink
 	Log       *slog.Logger
 	// Diag receives the runtime's and the agent's diagnostics, prefixed.
 	Diag io.Writer
@@ -125,7 +123,7 @@ func Run(ctx context.Context, cfg Config) error {
 		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if s.cfg.Events == nil {
-		s.cfg.Events = events.Func(func(events.Event) {})
+		s.cfg.Events = api.Func(func(api.Event) {})
 	}
 	if s.cfg.BootTimeout == 0 {
 		s.cfg.BootTimeout = DefaultBootTimeout
@@ -151,8 +149,8 @@ func Run(ctx context.Context, cfg Config) error {
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
 	s.warn = limitWarnings(s.cfg.Log)
 	s.logs = newLogBudget(time.Now)
-	s.egressEv = newEventLimit(EgressEventRate, EgressEventBurst, events.KindEgressDropped, "egress events over the rate limit were dropped")
-	s.processEv = newEventLimit(ProcessEventRate, ProcessEventBurst, events.KindProcessDropped, "process events over the rate limit were dropped")
+	s.egressEv = newEventLimit(EgressEventRate, EgressEventBurst, api.KindEgressDropped, "egress events over the rate limit were dropped")
+	s.processEv = newEventLimit(ProcessEventRate, ProcessEventBurst, api.KindProcessDropped, "process events over the rate limit were dropped")
 	err := s.run(ctx)
 	// Every goroutine of the run has ended and every egress connection is
 	// closed: the drop counts, then the final state, are the last events.
@@ -186,10 +184,10 @@ type run struct {
 	egressCancel context.CancelFunc
 
 	mu    sync.Mutex
-	state string
+	state api.State
 	// final is the terminal state event, emitted by emitFinal once
 	// everything else of the run has ended.
-	final *events.Event
+	final *api.Event
 	// warn logs what the guest made the host refuse, rate limited.
 	warn *slog.Logger
 	// aborts ends an egress stream the guest aborted, by stream id.
@@ -200,14 +198,14 @@ type run struct {
 	wg                  sync.WaitGroup
 }
 
-func (s *run) emit(e events.Event) {
+func (s *run) emit(e api.Event) {
 	e.Time = time.Now().UTC()
 	e.Sandbox = s.cfg.Name
 	s.cfg.Events.Emit(e)
 }
 
 // emitEgress emits an egress event within EgressEventRate.
-func (s *run) emitEgress(e events.Event) {
+func (s *run) emitEgress(e api.Event) {
 	if s.egressEv.allow() {
 		s.emit(e)
 	}
@@ -216,7 +214,7 @@ func (s *run) emitEgress(e events.Event) {
 // reportDrops emits the counts of events dropped since the last call.
 func (s *run) reportDrops() {
 	if d := s.logs.takeDropped(); d > 0 {
-		s.emit(events.Event{Event: events.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
+		s.emit(api.Event{Event: api.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
 	}
 	s.egressEv.report(s.emit)
 	s.processEv.report(s.emit)
@@ -239,15 +237,15 @@ func (s *run) reportDropsEverySecond() {
 
 // setState emits a state event; terminal states are final, and held back
 // until the run has ended (emitFinal).
-func (s *run) setState(state, msg string) {
+func (s *run) setState(state api.State, msg string) {
 	s.mu.Lock()
-	if s.state == events.StateFailed || s.state == events.StateStopped || s.state == state && state != events.StateStarting {
+	if s.state == api.StateFailed || s.state == api.StateStopped || s.state == state && state != api.StateStarting {
 		s.mu.Unlock()
 		return
 	}
 	s.state = state
-	e := events.Event{Event: events.KindState, State: state, Message: msg}
-	if state == events.StateFailed || state == events.StateStopped {
+	e := api.Event{Event: api.KindState, State: state, Message: msg}
+	if state == api.StateFailed || state == api.StateStopped {
 		s.final = &e
 		s.mu.Unlock()
 		return
@@ -277,7 +275,7 @@ func (s *run) guardErr() error {
 }
 
 func (s *run) fail(err error) error {
-	s.setState(events.StateFailed, err.Error())
+	s.setState(api.StateFailed, err.Error())
 	return err
 }
 
@@ -313,7 +311,7 @@ func (s *run) run(ctx context.Context) error {
 			}
 		}
 	}
-	s.setState(events.StateStarting, "creating sandbox")
+	s.setState(api.StateStarting, "creating sandbox")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
 	if err != nil {
 		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
@@ -346,7 +344,7 @@ func (s *run) run(ctx context.Context) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = inst.Kill()
-			s.setState(events.StateStopped, "stopped before the guest connected: "+stopReason(ctx))
+			s.setState(api.StateStopped, "stopped before the guest connected: "+stopReason(ctx))
 			return nil
 		}
 		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
@@ -362,7 +360,7 @@ func (s *run) run(ctx context.Context) error {
 		}
 		if ctx.Err() != nil {
 			_ = s.inst.Kill()
-			s.setState(events.StateStopped, "stopped during the handshake with the guest: "+stopReason(ctx))
+			s.setState(api.StateStopped, "stopped during the handshake with the guest: "+stopReason(ctx))
 			return nil
 		}
 		// A guest that refused the handshake exits on its own: give it a
@@ -443,8 +441,8 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	if s.cfg.Attach != nil {
 		s.cfg.Attach(&Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
 	}
-	s.emit(events.Event{
-		Event: events.KindAgent, PID: hello.PID, Protocol: welcome.Version,
+	s.emit(api.Event{
+		Event: api.KindAgent, PID: hello.PID, Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
 	})
 	if s.cfg.Egress != nil {
@@ -494,7 +492,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 		case <-ctx.Done():
 			reason := stopReason(ctx)
 			s.shutdown(reason)
-			s.setState(events.StateStopped, "stopped: "+reason)
+			s.setState(api.StateStopped, "stopped: "+reason)
 			return nil
 		case <-bootDone:
 			if ctx.Err() != nil {
@@ -546,7 +544,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					if msg == "" {
 						msg = "applying bootstrap"
 					}
-					s.setState(events.StateStarting, "guest: "+msg)
+					s.setState(api.StateStarting, "guest: "+msg)
 				case protocol.StateReady:
 					ready, bootDone = true, nil
 					m := fmt.Sprintf("guest ready in %s", time.Since(start).Round(time.Millisecond))
@@ -610,13 +608,13 @@ func isViolation(err error) bool {
 // setReady emits ready with the daemon's URL and username.
 func (s *run) setReady(msg, url, username string) {
 	s.mu.Lock()
-	if s.state != events.StateStarting {
+	if s.state != api.StateStarting {
 		s.mu.Unlock()
 		return
 	}
-	s.state = events.StateReady
+	s.state = api.StateReady
 	s.mu.Unlock()
-	e := events.Event{Event: events.KindState, State: events.StateReady, Message: msg, URL: url, Username: username}
+	e := api.Event{Event: api.KindState, State: api.StateReady, Message: msg, URL: url, Username: username}
 	if s.cfg.MapURL != nil && url != "" {
 		if host := s.cfg.MapURL(url); host != "" {
 			e.URL, e.GuestURL = host, url
@@ -630,8 +628,8 @@ func (s *run) emitProcess(p *protocol.ProcessStatus) {
 		return
 	}
 	running := p.Running
-	e := events.Event{
-		Event: events.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
+	e := api.Event{
+		Event: api.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
 		ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32),
 		Restarts: max(p.Restarts, 0), RestartInMS: max(p.RestartInMS, 0),
 	}
@@ -813,7 +811,7 @@ func (s *run) serveStream(st net.Conn, release func()) {
 	case protocol.KindLog:
 		_ = readLines(st, func(line string) {
 			if s.logs.take(len(line) + 1) {
-				s.emit(events.Event{Event: events.KindLog, Stream: h.Name, Line: guestLine(line)})
+				s.emit(api.Event{Event: api.KindLog, Stream: h.Name, Line: safetext.Line(line)})
 			}
 		})
 	case protocol.KindEgress:
@@ -854,36 +852,7 @@ func (s *run) serveStream(st net.Conn, release func()) {
 // guestText makes a guest-supplied string safe to put in an event: valid
 // UTF-8, no control characters (C0, DEL, C1: no terminal escape
 // survives), at most n bytes.
-func guestText(s string, n int) string {
-	if len(s) > n {
-		s = s[:n]
-		for !utf8.ValidString(s) && len(s) > 0 {
-			s = s[:len(s)-1]
-		}
-		s += "..."
-	}
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-}
-
-// guestLine is guestText for a line of output: tabs stay, there is no
-// length limit (readLines and the diagnostics writer bound lines).
-func guestLine(s string) string {
-	if !strings.ContainsFunc(s, func(r rune) bool { return unicode.IsControl(r) && r != '\t' }) {
-		return s
-	}
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) && r != '\t' {
-			return ' '
-		}
-		return r
-	}, s)
-}
+func guestText(s string, n int) string { return safetext.Clean(s, n, ' ') }
 
 // trackedSession hands out the guest's streams through the guard's read
 // accounting (the handshake's control stream).

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -70,12 +70,12 @@ func (i *fakeInstance) Destroy() error                               { i.destroy
 // recorder collects events.
 type recorder struct {
 	mu sync.Mutex
-	ev []events.Event
-	ch chan events.Event
+	ev []api.Event
+	ch chan api.Event
 }
 
-func newRecorder() *recorder { return &recorder{ch: make(chan events.Event, 4096)} }
-func (r *recorder) Emit(e events.Event) {
+func newRecorder() *recorder { return &recorder{ch: make(chan api.Event, 4096)} }
+func (r *recorder) Emit(e api.Event) {
 	r.mu.Lock()
 	r.ev = append(r.ev, e)
 	r.mu.Unlock()
@@ -85,12 +85,12 @@ func (r *recorder) Emit(e events.Event) {
 	}
 }
 
-func (r *recorder) waitState(t *testing.T, state string) events.Event {
+func (r *recorder) waitState(t *testing.T, state api.State) api.Event {
 	t.Helper()
 	for {
 		select {
 		case e := <-r.ch:
-			if e.Event == events.KindState && e.State == state {
+			if e.Event == api.KindState && e.State == state {
 				return e
 			}
 		case <-time.After(10 * time.Second):
@@ -166,7 +166,7 @@ func TestReadyThenOrderlyStopOnCancel(t *testing.T) {
 	assert.Equal(t, bootstrap.Duration(2*time.Second), *g.boot.StopGrace, "the bootstrap reaches the guest as given")
 	g.send(t, protocol.State{State: protocol.StateStarting})
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 
 	cancel(errors.New("operator asked"))
 	var sd protocol.Shutdown
@@ -180,7 +180,7 @@ func TestReadyThenOrderlyStopOnCancel(t *testing.T) {
 	g.exit()
 	require.NoError(t, wait(t, done))
 	last := rec.ev[len(rec.ev)-1]
-	assert.Equal(t, events.StateStopped, last.State)
+	assert.Equal(t, api.StateStopped, last.State)
 	assert.Equal(t, "stopped: operator asked", last.Message)
 }
 
@@ -191,7 +191,7 @@ func TestInvalidBootstrapFailsBeforeTheProviderCreatesAnything(t *testing.T) {
 	require.ErrorIs(t, err, bootstrap.ErrVersion)
 	assert.Equal(t, 0, p.created)
 	require.Len(t, rec.ev, 1)
-	assert.Equal(t, events.StateFailed, rec.ev[0].State)
+	assert.Equal(t, api.StateFailed, rec.ev[0].State)
 }
 
 func TestInvalidNameFailsBeforeTheProviderCreatesAnything(t *testing.T) {
@@ -214,7 +214,7 @@ func TestGuestReportingFailureFailsTheSandboxAndIsAskedToStop(t *testing.T) {
 	g.exit()
 	err := wait(t, done)
 	require.Error(t, err)
-	failed := rec.waitState(t, events.StateFailed)
+	failed := rec.waitState(t, api.StateFailed)
 	assert.Equal(t, "guest: daemon exited: exit status 3 [31m", failed.Message, "control characters from the guest are neutralised")
 }
 
@@ -261,7 +261,7 @@ func TestLostGuestConnectionIsFailed(t *testing.T) {
 	_, done := runSandbox(t, Config{Provider: p, Events: rec})
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	g.sess.Close() // the connection drops; the runtime is still there
 	err := wait(t, done)
 	assert.ErrorContains(t, err, "guest connection lost")
@@ -278,13 +278,13 @@ func TestLogStreamsBecomeLogEventsAndLongLinesAreSplit(t *testing.T) {
 	_, err = st.Write([]byte("hello\n" + strings.Repeat("a", MaxLogLine+10) + "\nbad \xff utf8\n"))
 	require.NoError(t, err)
 	st.Close()
-	var lines []events.Event
+	var lines []api.Event
 	require.Eventually(t, func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		lines = lines[:0]
 		for _, e := range rec.ev {
-			if e.Event == events.KindLog {
+			if e.Event == api.KindLog {
 				lines = append(lines, e)
 			}
 		}
@@ -335,5 +335,4 @@ func TestGuestTextIsBoundedAndPrintable(t *testing.T) {
 	assert.Equal(t, "\uFFFD", guestText("\xff", 10))
 	assert.Equal(t, "...", guestText("é", 1), "never cuts a rune in half")
 	assert.Equal(t, " [31mred  [2J", guestText("\x1b[31mred \u009b[2J", 64), "ESC and C1 (CSI) never reach an event")
-	assert.Equal(t, "tab\tkept   bell ", guestLine("tab\tkept \x1b bell\a"), "a line keeps its tabs, nothing else")
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/events"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -44,7 +44,7 @@ func TestAttachHandsOverTheSessionForForwardsAndTimeAndDetaches(t *testing.T) {
 	})
 	g := connectGuestWithCaps(t, p, protocol.CapForward, protocol.CapTime)
 	g.send(t, protocol.State{State: protocol.StateReady, URL: "http://127.0.0.1:4096", Username: "runtime"})
-	ready := rec.waitState(t, events.StateReady)
+	ready := rec.waitState(t, api.StateReady)
 	assert.Equal(t, "http://127.0.0.1:34567", ready.URL, "the host's address of the daemon")
 	assert.Equal(t, "http://127.0.0.1:4096", ready.GuestURL)
 
@@ -111,7 +111,7 @@ func TestGuestWithoutCapabilitiesGetsNoForwardsNorTime(t *testing.T) {
 	_, err = s.PushTime()
 	require.ErrorIs(t, err, ErrNotSupported)
 	g.send(t, protocol.State{State: protocol.StateReady, URL: "http://127.0.0.1:4096"})
-	ready := rec.waitState(t, events.StateReady)
+	ready := rec.waitState(t, api.StateReady)
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL, "no MapURL: the guest's URL")
 	assert.Empty(t, ready.GuestURL)
 	cancel(nil)

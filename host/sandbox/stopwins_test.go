@@ -25,8 +25,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/internal/muxinject"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -73,16 +73,16 @@ func endsWithin(t *testing.T, done chan result, since time.Time, d time.Duration
 }
 
 // finalIsLast asserts that exactly one final state was emitted, last.
-func finalIsLast(t *testing.T, rec *recorder) events.Event {
+func finalIsLast(t *testing.T, rec *recorder) api.Event {
 	t.Helper()
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	require.NotEmpty(t, rec.ev)
 	last := rec.ev[len(rec.ev)-1]
-	assert.Equal(t, events.KindState, last.Event, "the last event is a state: %+v", last)
-	assert.Contains(t, []string{events.StateFailed, events.StateStopped}, last.State, "the last event is final")
+	assert.Equal(t, api.KindState, last.Event, "the last event is a state: %+v", last)
+	assert.Contains(t, []api.State{api.StateFailed, api.StateStopped}, last.State, "the last event is final")
 	for _, e := range rec.ev[:len(rec.ev)-1] {
-		if e.Event == events.KindState && (e.State == events.StateFailed || e.State == events.StateStopped) {
+		if e.Event == api.KindState && (e.State == api.StateFailed || e.State == api.StateStopped) {
 			t.Errorf("a final state before the last event: %+v", e)
 		}
 	}
@@ -112,7 +112,7 @@ func TestStopWinsOverAWindowUpdateThatWrapsTheSendWindow(t *testing.T) {
 			} else {
 				g, c := connectInjecting(t, p)
 				g.send(t, protocol.State{State: protocol.StateReady})
-				rec.waitState(t, events.StateReady)
+				rec.waitState(t, api.StateReady)
 				inj = c
 			}
 			start := time.Now()
@@ -124,7 +124,7 @@ func TestStopWinsOverAWindowUpdateThatWrapsTheSendWindow(t *testing.T) {
 			require.Error(t, err)
 			assert.ErrorIs(t, err, ErrHostileGuest)
 			final := finalIsLast(t, rec)
-			assert.Equal(t, events.StateFailed, final.State)
+			assert.Equal(t, api.StateFailed, final.State)
 			assert.Contains(t, final.Message, "hostile guest: window update on stream 1 takes the host's send window")
 			m.within(t, 4*mib, 40)
 		})
@@ -142,7 +142,7 @@ func TestPingFloodEndsTheSandboxAsHostileWithinBounds(t *testing.T) {
 	_, done := runSandbox(t, hostileConfig(p, rec))
 	g, inj := connectInjecting(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	start := time.Now()
 	ping := muxinject.Frame(muxinject.TypePing, muxinject.FlagSYN, 0, 7, nil)
 	flood := bytes.Repeat(ping, 1000)
@@ -201,7 +201,7 @@ func TestStopClosesEveryUpstreamConnectionBeforeTheFinalEvent(t *testing.T) {
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
 	const conns = 32
 	for i := range conns {
@@ -231,7 +231,7 @@ func TestStopClosesEveryUpstreamConnectionBeforeTheFinalEvent(t *testing.T) {
 	rec.mu.Lock()
 	closed := 0
 	for _, e := range rec.ev {
-		if e.Event == events.KindEgressClosed {
+		if e.Event == api.KindEgressClosed {
 			closed++
 			assert.Equal(t, protocol.EgressCancelled.String(), e.Code)
 		}
@@ -251,15 +251,15 @@ func TestWorkloadConnectLoopThroughTheGateIsNeverHostile(t *testing.T) {
 	require.NoError(t, err)
 	cfg := hostileConfig(p, rec)
 	cfg.Egress = egress.New(egress.Config{Policy: pol})
-	cfg.Events = events.Func(func(e events.Event) {
-		if e.Event != events.KindEgress {
+	cfg.Events = api.Func(func(e api.Event) {
+		if e.Event != api.KindEgress {
 			rec.Emit(e)
 		}
 	})
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
 	gate := protocol.NewStreamGate(g.sess)
 	ctx, stopLoop := context.WithTimeout(context.Background(), 3*time.Second)
@@ -300,7 +300,7 @@ func TestWorkloadConnectLoopThroughTheGateIsNeverHostile(t *testing.T) {
 	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
 	g.exit()
 	require.NoError(t, endsWithin(t, done, start, stopBound))
-	assert.Equal(t, events.StateStopped, finalIsLast(t, rec).State)
+	assert.Equal(t, api.StateStopped, finalIsLast(t, rec).State)
 }
 
 // Finding 5: opening and resetting streams fast wrote 64 MB of warnings;
@@ -312,12 +312,12 @@ func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 	cfg := hostileConfig(p, rec)
 	cfg.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	var processEvents, processDropped atomic.Int64
-	cfg.Events = events.Func(func(e events.Event) {
+	cfg.Events = api.Func(func(e api.Event) {
 		switch e.Event {
-		case events.KindProcess:
+		case api.KindProcess:
 			processEvents.Add(1)
 			return
-		case events.KindProcessDropped:
+		case api.KindProcessDropped:
 			processDropped.Add(e.Dropped)
 		}
 		rec.Emit(e)
@@ -325,7 +325,7 @@ func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
 	start := time.Now()
 	gate := protocol.NewStreamGate(g.sess)
@@ -403,7 +403,7 @@ func TestATimeoutShorterThanTheBootIsAlwaysAStop(t *testing.T) {
 		}()
 		require.NoError(t, endsWithin(t, done, time.Now(), stopBound+50*time.Millisecond))
 		final := finalIsLast(t, rec)
-		require.Equal(t, events.StateStopped, final.State, "run %d: %s", i, final.Message)
+		require.Equal(t, api.StateStopped, final.State, "run %d: %s", i, final.Message)
 		require.Contains(t, final.Message, "run time limit of 50ms reached", "the stop's reason, wherever it came")
 	}
 }
@@ -420,7 +420,7 @@ func TestTerminalEscapesReachNeitherEventsNorStderr(t *testing.T) {
 	const evil = "\x1b]0;owned\x07\x1b[2J\u009b31m\u009dtitle\u009c\r"
 	g.send(t, protocol.State{State: protocol.StateStarting, Message: "starting " + evil})
 	g.send(t, protocol.State{State: protocol.StateReady, Username: "u" + evil})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	st, err := protocol.OpenStream(g.sess, protocol.StreamHeader{Kind: protocol.KindLog, Name: "daemon/stdout"})
 	require.NoError(t, err)
 	_, err = st.Write([]byte("line " + evil + "\tend\n"))
@@ -431,7 +431,7 @@ func TestTerminalEscapesReachNeitherEventsNorStderr(t *testing.T) {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		for _, e := range rec.ev {
-			if e.Event == events.KindLog {
+			if e.Event == api.KindLog {
 				return true
 			}
 		}
@@ -452,7 +452,7 @@ func TestTerminalEscapesReachNeitherEventsNorStderr(t *testing.T) {
 		for _, s := range []string{e.Message, e.Line, e.Username, e.Stream} {
 			assert.False(t, controls(s), "no control character in %s event: %q", e.Event, s)
 		}
-		if e.Event == events.KindLog {
+		if e.Event == api.KindLog {
 			assert.Contains(t, e.Line, "\tend", "tabs stay")
 		}
 	}
@@ -511,7 +511,7 @@ func TestAnAbortFromTheGuestClosesTheUpstreamAtOnce(t *testing.T) {
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
-	rec.waitState(t, events.StateReady)
+	rec.waitState(t, api.StateReady)
 	st, err := protocol.OpenStream(g.sess, protocol.StreamHeader{Kind: protocol.KindEgress, Host: "big", Port: 80, Via: protocol.ViaTransparent})
 	require.NoError(t, err)
 	r, err := protocol.ReadEgressReply(st, 5*time.Second)
@@ -530,12 +530,12 @@ func TestAnAbortFromTheGuestClosesTheUpstreamAtOnce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream connection outlived the abort")
 	}
-	var closed events.Event
+	var closed api.Event
 	require.Eventually(t, func() bool {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
 		for _, e := range rec.ev {
-			if e.Event == events.KindEgressClosed {
+			if e.Event == api.KindEgressClosed {
 				closed = e
 				return true
 			}

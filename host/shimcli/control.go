@@ -6,21 +6,20 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/control"
-	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/forward"
 )
 
-// Handle carries out one control command (control.Handler).
-func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
+// Handle carries out one control command (api.Handler).
+func (s *shim) Handle(ctx context.Context, c api.Command) (any, error) {
 	switch c.Cmd {
-	case control.CmdStatus:
+	case api.CmdStatus:
 		return s.status(), nil
-	case control.CmdStop:
+	case api.CmdStop:
 		s.requestStop(errors.New("stop command"))
 		return s.status(), nil
-	case control.CmdStart:
+	case api.CmdStart:
 		if s.stopping() {
 			return nil, errors.New("the shim is stopping")
 		}
@@ -28,19 +27,23 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return control.StartResult{Attempt: a}, nil
-	case control.CmdReset:
+		return api.StartResult{Attempt: a}, nil
+	case api.CmdReset:
 		if s.stopping() {
 			return nil, errors.New("the shim is stopping")
 		}
 		// Nothing of a sandbox persists in the shim (volumes are the
-		// caller's): a reset is a fresh start with a new password.
+		// caller's): a reset is a fresh start with a new password, which
+		// first removes what the provider left of the sandbox (resetFirst).
+		s.mu.Lock()
+		defer s.mu.Unlock()
 		a, err := s.ctrl.Start()
 		if err != nil {
 			return nil, err
 		}
-		return control.StartResult{Attempt: a}, nil
-	case control.CmdSetPolicy:
+		s.resets[a] = true
+		return api.StartResult{Attempt: a}, nil
+	case api.CmdSetPolicy:
 		pol, err := egress.ParsePolicy(c.Allow, c.Upstreams)
 		if err != nil {
 			s.policyEvent("policy replacement refused, previous policy kept (" + err.Error() + ")")
@@ -48,24 +51,24 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		}
 		s.broker.SetPolicy(pol)
 		s.policyEvent("egress policy replaced by a control command")
-		return control.PolicyResult{Egress: nonNil(pol.Describe())}, nil
-	case control.CmdAddForward:
+		return api.PolicyResult{Egress: nonNil(pol.Describe())}, nil
+	case api.CmdAddForward:
 		sp := forward.Spec{Listen: c.Listen, GuestPort: c.GuestPort}
 		info, err := s.fwd.Add(sp)
 		if err != nil {
 			return nil, err
 		}
-		r := control.ForwardResult{Info: info}
+		r := api.ForwardResult{ForwardInfo: info}
 		if !sp.IsUnix() {
 			r.URL = "http://" + info.Listen
 		}
 		return r, nil
-	case control.CmdRemoveForward:
+	case api.CmdRemoveForward:
 		if err := s.fwd.Remove(c.Listen); err != nil {
 			return nil, err
 		}
 		return struct{}{}, nil
-	case control.CmdPushTime:
+	case api.CmdPushTime:
 		sess, err := s.session()
 		if err != nil {
 			return nil, err
@@ -74,7 +77,7 @@ func (s *shim) Handle(ctx context.Context, c control.Command) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return control.TimeResult{TimeUnixNano: at.UnixNano()}, nil
+		return api.TimeResult{TimeUnixNano: at.UnixNano()}, nil
 	}
 	return nil, fmt.Errorf("unknown command %q", c.Cmd)
 }
@@ -91,10 +94,10 @@ func (s *shim) policyEvent(msg string) {
 	s.emit(e)
 }
 
-func (s *shim) status() control.StatusResult {
+func (s *shim) status() api.StatusResult {
 	st := s.ctrl.Status()
 	// A forward added after ready gives the host a URL now.
-	if st.State == controller.StateReady && st.GuestURL == "" && st.URL != "" {
+	if st.State == api.StateReady && st.GuestURL == "" && st.URL != "" {
 		if host := s.fwd.URLFor(st.URL); host != "" {
 			st.URL, st.GuestURL = host, st.URL
 		}
@@ -102,7 +105,7 @@ func (s *shim) status() control.StatusResult {
 	s.mu.Lock()
 	connected := s.sess != nil
 	s.mu.Unlock()
-	return control.StatusResult{Status: st, GuestConnected: connected, Forwards: s.fwd.List(), Egress: nonNil(s.broker.Policy().Describe())}
+	return api.StatusResult{Status: st, GuestConnected: connected, Forwards: s.fwd.List(), Egress: nonNil(s.broker.Policy().Describe())}
 }
 
 func nonNil(l []string) []string {

@@ -1,14 +1,17 @@
-// Package shimcli is the command line of oac-shim: flag parsing, the
-// provider registry, signal handling, exit codes, and the wiring of one
-// running shim (shim.go): the lifecycle controller (package controller)
-// runs the sandbox's attempts (package sandbox), whose state events pass
-// through it so a stale attempt's are dropped; the forwards (package
-// forward) get the live guest session; the control API (package control,
-// on stdin and/or a 0600 unix socket) is served by the handler in
-// control.go; systemd hears about every state (package internal/systemd).
-// cmd/oac-shim only calls Main.
+// Package shimcli is the command line of oac-shim: flag parsing (each
+// provider's own flags come from its registered driver; drivers.go lists
+// the providers built in), the OS policy (evaluated once, for run and
+// check), signal handling, exit codes, and the wiring of one running shim
+// (shim.go): the lifecycle state machine (package lifecycle) runs the
+// sandbox's attempts (package sandbox), whose state events pass through
+// it so a stale attempt's are dropped; the forwards (package forward) get
+// the live guest session; the control API (schema in package api, served
+// by package apiserver on stdin and/or a 0600 unix socket) is carried out
+// by the handler in control.go; systemd hears about every state (package
+// internal/systemd). cmd/oac-shim only calls Main.
 //
-// It must not contain sandbox logic (package sandbox), parse control
-// commands itself (package control), or keep running after the sandbox
-// ended: the shim exits when its current attempt has stopped or failed.
+// It must not know a provider's settings, contain sandbox logic (package
+// sandbox), decode control commands itself (package api), or keep running
+// after the sandbox ended: the shim exits when its current attempt has
+// stopped or failed.
 package shimcli

@@ -14,13 +14,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/bwrap"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -34,7 +32,7 @@ type runFlags struct {
 	allowLoopback, debug                                bool
 	sandboxIO, passwordFile, policyFile                 string
 	installs, volumes                                   installFlag
-	pf                                                  ProviderFlags
+	providers                                           map[string]func() provider.Provider
 	allow, upstreams, forwards                          stringList
 	maxStreams, forwardMaxStreams                       int
 	connectTimeout, idleTimeout                         time.Duration
@@ -45,7 +43,7 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	f := &runFlags{installs: installFlag{}, volumes: installFlag{}}
 	fs := flag.NewFlagSet("oac-shim run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(providerNames(), ", "))
+	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
 	fs.StringVar(&f.name, "name", "", "sandbox name (a-z, 0-9, '-'; required)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
 	fs.StringVar(&f.bootFile, "bootstrap", "", "bootstrap JSON file (default: no daemon)")
@@ -62,7 +60,7 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	fs.Var(f.volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
 	fs.StringVar(&f.passwordFile, "password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
 	fs.BoolVar(&f.debug, "debug", false, "log debug messages")
-	f.pf.register(fs)
+	f.providers = provider.Declare(fs)
 	fs.Var(&f.allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (ports LO-HI allowed); repeatable")
 	fs.Var(&f.upstreams, "upstream", "named egress upstream NAME:PORT=ADDR (e.g. llm-gateway:443=127.0.0.1:8443); repeatable")
 	fs.StringVar(&f.policyFile, "policy", "", "egress policy JSON file, re-read on SIGHUP (rules and upstreams add to --allow and --upstream)")
@@ -80,8 +78,8 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 		fmt.Fprintf(stderr, "oac-shim run: unexpected arguments %q\n", fs.Args())
 		return nil, 2
 	}
-	if _, ok := Providers[f.prov]; !ok {
-		fmt.Fprintf(stderr, "oac-shim run: unknown provider %q (have %s)\n", f.prov, strings.Join(providerNames(), ", "))
+	if _, ok := f.providers[f.prov]; !ok {
+		fmt.Fprintf(stderr, "oac-shim run: unknown provider %q (have %s)\n", f.prov, strings.Join(provider.Names(), ", "))
 		return nil, 2
 	}
 	if f.name == "" {
@@ -96,15 +94,16 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 		fmt.Fprintln(stderr, "oac-shim run: --forward-max-streams must be at least 1")
 		return nil, 2
 	}
-	// Host paths are resolved here, once: runtimes run in other working
-	// directories (qemu and the OCI runtimes in /), where a relative path
-	// would name something else or nothing.
-	for _, p := range []*string{&f.rootfs, &f.agentPath, &f.sandboxIO, &f.pf.Kernel, &f.pf.Initramfs, &f.pf.Disk, &f.pf.Share} {
-		*p = absPath(*p)
+	// Host paths are resolved here, once (the providers' own path flags
+	// as they are parsed): runtimes run in other working directories (qemu
+	// and the OCI runtimes in /), where a relative path would name
+	// something else or nothing.
+	for _, p := range []*string{&f.rootfs, &f.agentPath, &f.sandboxIO} {
+		*p = provider.AbsPath(*p)
 	}
 	for _, m := range []installFlag{f.installs, f.volumes} {
 		for k, v := range m {
-			m[k] = absPath(v)
+			m[k] = provider.AbsPath(v)
 		}
 	}
 	return f, 0
@@ -149,11 +148,11 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		defer ef.Close()
 		out = ef
 	}
-	sink := events.NewJSONLines(out)
+	sink := api.NewJSONLines(out)
 	// Input errors are reported like every other failure: one failed
 	// event (the last event is always failed or stopped) and a reason.
 	failedEvent := func(err error) int {
-		sink.Emit(events.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+		sink.Emit(api.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: api.KindState, State: api.StateFailed, Message: err.Error()})
 		return fail(err)
 	}
 	inputFail := func(err error) int {
@@ -197,15 +196,18 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		f.agentPath = p
 	}
-	verdict := ospolicy.Evaluate(detectOS())
+	_, verdict := osVerdict()
 	switch verdict.Level {
 	case ospolicy.Block:
 		return fail(errors.New(verdict.Message))
 	case ospolicy.Warn:
 		log.Warn(verdict.Message)
 	}
-	if f.pf.SingleUID && os.Geteuid() != 0 {
-		log.Warn(bwrap.SingleUIDLoss)
+	prov := f.providers[f.prov]()
+	if w, ok := prov.(provider.Warner); ok {
+		for _, msg := range w.Warnings() {
+			log.Warn(msg)
+		}
 	}
 	s := newShim(f, sink, log, broker)
 	defer s.fwd.Close()
@@ -216,7 +218,7 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	s.base = sandbox.Config{
 		Name:        f.name,
-		Provider:    Providers[f.prov](f.pf),
+		Provider:    prov,
 		AgentPath:   f.agentPath,
 		Rootfs:      f.rootfs,
 		Bootstrap:   boot,
@@ -301,8 +303,8 @@ func (s *shim) watchSignals(ctx context.Context) {
 }
 
 // state, for the systemd status line.
-func statusLine(st controller.Status) string {
-	line := st.State
+func statusLine(st api.Status) string {
+	line := string(st.State)
 	if st.URL != "" {
 		line += " " + st.URL
 	}

@@ -9,15 +9,16 @@ import (
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/control"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/sandbox"
 )
 
 func TestRunUsageErrorsForControlAndForwardFlags(t *testing.T) {
@@ -46,24 +47,30 @@ func (failingProvider) Create(context.Context, provider.Spec) (provider.Instance
 	return nil, errors.New("no runtime here")
 }
 
+// registerFailing registers failingProvider as provider failing-test for
+// the test.
+func registerFailing(t *testing.T) {
+	provider.Register(provider.Driver[struct{}]{Name: "failing-test", New: func(*struct{}) provider.Provider { return failingProvider{} }})
+	t.Cleanup(func() { provider.Unregister("failing-test") })
+}
+
 func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
-	Providers["failing-test"] = func(ProviderFlags) provider.Provider { return failingProvider{} }
-	defer delete(Providers, "failing-test")
+	registerFailing(t)
 	var stdout, stderr bytes.Buffer
 	code := Main([]string{"run", "--provider", "failing-test", "--name", "x", "--agent", "/nonexistent"}, nil, &stdout, &stderr)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr.String(), "oac-shim: create failing sandbox: no runtime here")
-	var states []events.Event
+	var states []api.Event
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
-		var e events.Event
+		var e api.Event
 		require.NoError(t, json.Unmarshal([]byte(l), &e))
-		if e.Event == events.KindState {
+		if e.Event == api.KindState {
 			states = append(states, e)
 		}
 	}
 	require.Len(t, states, 2)
 	assert.Equal(t, "creating sandbox", states[0].Message, "the first start is reported by the sandbox")
-	assert.Equal(t, events.StateFailed, states[1].State)
+	assert.Equal(t, api.StateFailed, states[1].State)
 	for _, e := range states {
 		assert.Equal(t, uint64(1), e.Attempt)
 	}
@@ -73,8 +80,7 @@ func TestControlStdinAnswersShareTheEventStreamAndEndWithTheShim(t *testing.T) {
 	// The provider never creates anything: the shim fails at once while
 	// the stdin reader is still running; nothing is written after Main
 	// returned (the race detector watches the buffer).
-	Providers["failing-test"] = func(ProviderFlags) provider.Provider { return failingProvider{} }
-	defer delete(Providers, "failing-test")
+	registerFailing(t)
 	var stdout, stderr bytes.Buffer
 	r, w := io.Pipe()
 	defer w.Close()
@@ -99,7 +105,7 @@ func newTestShim(t *testing.T) (*shim, *bytes.Buffer) {
 	f, code := parseRunFlags([]string{"--name", "unit"}, &out)
 	require.Zero(t, code)
 	b := egress.New(egress.Config{Policy: mustPolicy(t)})
-	s := newShim(f, events.NewJSONLines(&out), slog.New(slog.DiscardHandler), b)
+	s := newShim(f, api.NewJSONLines(&out), slog.New(slog.DiscardHandler), b)
 	s.broker = b
 	t.Cleanup(s.fwd.Close)
 	return s, &out
@@ -114,41 +120,72 @@ func mustPolicy(t *testing.T) *egress.Policy {
 func TestHandlerStatusPolicyForwardsAndTime(t *testing.T) {
 	s, out := newTestShim(t)
 	ctx := context.Background()
-	res, err := s.Handle(ctx, control.Command{Cmd: control.CmdStatus})
+	res, err := s.Handle(ctx, api.Command{Cmd: api.CmdStatus})
 	require.NoError(t, err)
-	st := res.(control.StatusResult)
+	st := res.(api.StatusResult)
 	assert.Equal(t, "sandbox:unit", st.ServerID)
-	assert.Equal(t, "stopped", st.State)
+	assert.Equal(t, api.StateStopped, st.State)
 	assert.False(t, st.GuestConnected)
 	assert.Equal(t, []string{}, st.Egress)
 
-	res, err = s.Handle(ctx, control.Command{Cmd: control.CmdSetPolicy, Allow: []string{"a.example.com:443"}})
+	res, err = s.Handle(ctx, api.Command{Cmd: api.CmdSetPolicy, Allow: []string{"a.example.com:443"}})
 	require.NoError(t, err)
-	assert.Equal(t, []string{"a.example.com:443"}, res.(control.PolicyResult).Egress)
+	assert.Equal(t, []string{"a.example.com:443"}, res.(api.PolicyResult).Egress)
 	assert.Equal(t, []string{"a.example.com:443"}, s.broker.Policy().Rules())
-	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}})
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}})
 	assert.Error(t, err)
 	assert.Equal(t, []string{"a.example.com:443"}, s.broker.Policy().Rules(), "a refused policy keeps the old one")
 	assert.Contains(t, out.String(), `"event":"egress_policy","message":"egress policy replaced by a control command`)
 	assert.Contains(t, out.String(), "policy replacement refused, previous policy kept")
 
-	res, err = s.Handle(ctx, control.Command{Cmd: control.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})
+	res, err = s.Handle(ctx, api.Command{Cmd: api.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})
 	require.NoError(t, err)
-	fr := res.(control.ForwardResult)
+	fr := res.(api.ForwardResult)
 	assert.Equal(t, "http://"+fr.Listen, fr.URL)
 	c, err := net.Dial("tcp", fr.Listen)
 	require.NoError(t, err, "listening")
 	c.Close()
-	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdRemoveForward, Listen: fr.Listen})
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdRemoveForward, Listen: fr.Listen})
 	require.NoError(t, err)
-	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdRemoveForward, Listen: fr.Listen})
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdRemoveForward, Listen: fr.Listen})
 	assert.Error(t, err)
 
-	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdPushTime})
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdPushTime})
 	assert.EqualError(t, err, "no guest is connected")
 
-	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdStop})
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdStop})
 	require.NoError(t, err)
-	_, err = s.Handle(ctx, control.Command{Cmd: control.CmdStart})
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdStart})
 	assert.EqualError(t, err, "the shim is stopping", "no start once a stop was asked for")
+}
+
+// resettingProvider fails every Create and records its resets.
+type resettingProvider struct {
+	failingProvider
+	mu     sync.Mutex
+	resets []string
+}
+
+func (p *resettingProvider) Reset(_ context.Context, name string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resets = append(p.resets, name)
+	return nil
+}
+
+func TestResetRemovesWhatTheProviderLeftBeforeTheFreshStart(t *testing.T) {
+	s, _ := newTestShim(t)
+	p := &resettingProvider{}
+	s.base = sandbox.Config{Name: "unit", Provider: p, AgentPath: "/nonexistent", Log: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+	res, err := s.Handle(ctx, api.Command{Cmd: api.CmdStart})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), res.(api.StartResult).Attempt)
+	res, err = s.Handle(ctx, api.Command{Cmd: api.CmdReset})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), res.(api.StartResult).Attempt)
+	s.ctrl.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	assert.Equal(t, []string{"unit"}, p.resets, "a start does not reset; a reset does, once")
 }

@@ -9,11 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/control"
-	"github.com/oac/sandbox-agent/host/controller"
+	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/lifecycle"
+	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/sockfile"
 	"github.com/oac/sandbox-agent/internal/systemd"
@@ -24,11 +25,11 @@ import (
 type shim struct {
 	f      *runFlags
 	name   string
-	sink   *events.JSONLines
+	sink   *api.JSONLines
 	log    *slog.Logger
 	broker *egress.Broker
 	fwd    *forward.Manager
-	ctrl   *controller.Controller
+	ctrl   *lifecycle.Controller
 	notify *systemd.Notifier
 	// base is the sandbox configuration each attempt starts from.
 	base sandbox.Config
@@ -36,6 +37,7 @@ type shim struct {
 	mu      sync.Mutex
 	sess    *sandbox.Session
 	results map[uint64]error // each attempt's error (nil: stopped)
+	resets  map[uint64]bool  // attempts a reset command started
 	stopReq chan error       // the first stop request (signal, command, timeout)
 	stopped bool
 
@@ -48,7 +50,7 @@ type shim struct {
 var errAnswersClosed = errors.New("the shim has stopped")
 
 // answerOut writes an answer to the events output while run runs.
-func (s *shim) answerOut(a control.Answer) error {
+func (s *shim) answerOut(a api.Answer) error {
 	s.answerMu.Lock()
 	defer s.answerMu.Unlock()
 	if s.answersClosed {
@@ -57,15 +59,15 @@ func (s *shim) answerOut(a control.Answer) error {
 	return s.sink.Encode(a)
 }
 
-func newShim(f *runFlags, sink *events.JSONLines, log *slog.Logger, broker *egress.Broker) *shim {
+func newShim(f *runFlags, sink *api.JSONLines, log *slog.Logger, broker *egress.Broker) *shim {
 	s := &shim{f: f, name: f.name, sink: sink, log: log, broker: broker,
-		notify: systemd.NewNotifier(log), results: map[uint64]error{}, stopReq: make(chan error, 1)}
+		notify: systemd.NewNotifier(log), results: map[uint64]error{}, resets: map[uint64]bool{}, stopReq: make(chan error, 1)}
 	s.fwd = forward.New(forward.Config{MaxStreams: f.forwardMaxStreams, Log: log.With("part", "forward"), Emit: s.emit})
-	s.ctrl = controller.New(controller.Config{Name: f.name, Job: s.job, OnChange: s.onChange})
+	s.ctrl = lifecycle.New(lifecycle.Config{Name: f.name, Job: s.job, OnChange: s.onChange})
 	return s
 }
 
-func (s *shim) emit(e events.Event) {
+func (s *shim) emit(e api.Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC()
 	}
@@ -79,18 +81,18 @@ func (s *shim) emit(e events.Event) {
 
 // onChange turns every accepted lifecycle change into a state event and
 // tells systemd.
-func (s *shim) onChange(st controller.Status) {
+func (s *shim) onChange(st api.Status) {
 	// The first start is reported by the sandbox itself once it creates
 	// something ("creating sandbox"): input that fails validation before
 	// that yields exactly one event, failed, as it always has.
-	if st.Attempt == 1 && st.State == controller.StateStarting && st.Message == controller.MsgStartRequested {
+	if st.Attempt == 1 && st.State == api.StateStarting && st.Message == lifecycle.MsgStartRequested {
 		s.notify.Status(statusLine(st))
 		return
 	}
-	s.emit(events.Event{Event: events.KindState, State: st.State, Message: st.Message, URL: st.URL,
+	s.emit(api.Event{Event: api.KindState, State: st.State, Message: st.Message, URL: st.URL,
 		GuestURL: st.GuestURL, Username: st.Username, Attempt: st.Attempt})
 	switch st.State {
-	case controller.StateReady:
+	case api.StateReady:
 		s.notify.Ready(statusLine(st))
 	default:
 		s.notify.Status(statusLine(st))
@@ -100,12 +102,15 @@ func (s *shim) onChange(st controller.Status) {
 // job runs one attempt: the sandbox, with its state events going through
 // the controller (which drops those of a stale attempt) and its session
 // handed to the forwards and the control API.
-func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) error {
+func (s *shim) job(ctx context.Context, attempt uint64, r lifecycle.Reporter) error {
+	if err := s.resetFirst(ctx, attempt); err != nil {
+		return err
+	}
 	cfg := s.base
-	cfg.Events = events.Func(func(e events.Event) {
+	cfg.Events = api.Func(func(e api.Event) {
 		e.Attempt = attempt
-		if e.Event == events.KindState {
-			r.Report(controller.Update{State: e.State, Message: e.Message, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
+		if e.Event == api.KindState {
+			r.Report(lifecycle.Update{State: e.State, Message: e.Message, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
 			return
 		}
 		s.sink.Emit(e)
@@ -126,6 +131,24 @@ func (s *shim) job(ctx context.Context, attempt uint64, r controller.Reporter) e
 	s.results[attempt] = err
 	s.mu.Unlock()
 	return err
+}
+
+// resetFirst runs before an attempt a reset command started: the previous
+// attempt has ended (the controller runs one job at a time), so what the
+// provider left of the sandbox can be removed (provider.Resetter).
+func (s *shim) resetFirst(ctx context.Context, attempt uint64) error {
+	s.mu.Lock()
+	reset := s.resets[attempt]
+	delete(s.resets, attempt)
+	s.mu.Unlock()
+	r, ok := s.base.Provider.(provider.Resetter)
+	if !reset || !ok {
+		return nil
+	}
+	if err := r.Reset(ctx, s.name); err != nil {
+		return fmt.Errorf("reset %s sandbox: %w", s.base.Provider.Name(), err)
+	}
+	return nil
 }
 
 // requestStop asks for an orderly stop, after which the shim exits.
@@ -157,12 +180,12 @@ func (s *shim) run(stdin io.Reader) error {
 		t := time.AfterFunc(s.f.timeout, func() { s.requestStop(fmt.Errorf("run time limit of %s reached", s.f.timeout)) })
 		defer t.Stop()
 	}
-	srv := &control.Server{Sandbox: s.name, Handler: s, Log: s.log.With("part", "control")}
+	srv := &apiserver.Server{Sandbox: s.name, Handler: s, Log: s.log.With("part", "control")}
 	if s.f.controlSocket != "" {
 		ln, err := sockfile.Listen(s.f.controlSocket)
 		if err != nil {
 			err = fmt.Errorf("nothing created: control socket: %w", err)
-			s.emit(events.Event{Event: events.KindState, State: events.StateFailed, Message: err.Error()})
+			s.emit(api.Event{Event: api.KindState, State: api.StateFailed, Message: err.Error()})
 			return err
 		}
 		bg.Add(1)
@@ -204,7 +227,7 @@ func (s *shim) run(stdin io.Reader) error {
 			if s.ctrl.Done() != done {
 				continue // a new attempt was started meanwhile
 			}
-			s.notify.Stopping("stopping: " + s.ctrl.Status().State)
+			s.notify.Stopping("stopping: " + string(s.ctrl.Status().State))
 			s.ctrl.Wait()
 			return s.result()
 		}
@@ -219,7 +242,7 @@ func (s *shim) result() error {
 	if err := s.results[st.Attempt]; err != nil {
 		return err
 	}
-	if st.State == controller.StateFailed {
+	if st.State == api.StateFailed {
 		return errors.New(st.Message)
 	}
 	return nil

@@ -10,130 +10,58 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/bwrap"
-	"github.com/oac/sandbox-agent/host/provider/docker"
-	"github.com/oac/sandbox-agent/host/provider/oci"
-	"github.com/oac/sandbox-agent/host/provider/qemu"
-	"github.com/oac/sandbox-agent/host/provider/vz"
-	"github.com/oac/sandbox-agent/host/provider/wsl"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
-// ProviderFlags are the provider-specific flags of run and check.
-type ProviderFlags struct {
-	// SingleUID allows bwrap's rootless fallback without subordinate ids.
-	SingleUID bool
-	// qemu
-	Kernel, Initramfs, Accel, VMTransport string
-	Memory                                int
-	HostGrace                             time.Duration
-	// oci
-	Runtime       string
-	OCINoNewPrivs bool
-	// wsl
-	WSL, WSLInstaller string
-	// docker
-	Docker, DockerImage string
-	// qemu and vz: a raw disk attached read-only; vz: a shared directory
-	// (vz also uses Kernel, Initramfs, Memory and HostGrace)
-	Disk, Share string
-	CPUs        int
-}
-
-func (pf *ProviderFlags) register(fs *flag.FlagSet) {
-	fs.BoolVar(&pf.SingleUID, "single-uid", false, "bwrap without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)")
-	fs.StringVar(&pf.Kernel, "kernel", "", "qemu: kernel image (default: vmlinuz beside oac-shim; make initramfs puts it there)")
-	fs.StringVar(&pf.Initramfs, "initramfs", "", "qemu: initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)")
-	fs.StringVar(&pf.Disk, "disk", "", "qemu, vz: raw disk image attached read-only as virtio-blk (the guest sees /dev/vda; oac-image build makes disk.ext4 and disk.erofs)")
-	fs.StringVar(&pf.Accel, "accel", qemu.AccelAuto, "qemu: accelerator: auto (kvm when it can run a stock kernel, else tcg), kvm or tcg")
-	fs.IntVar(&pf.Memory, "memory", qemu.DefaultMemory, "qemu: guest memory in MiB")
-	fs.StringVar(&pf.VMTransport, "vm-transport", qemu.TransportSerial, "qemu: serial (virtio-serial) or vsock (needs /dev/vhost-vsock)")
-	fs.DurationVar(&pf.HostGrace, "host-grace", 0, "qemu: the guest powers off after the host is gone this long (0: the guest's default, 30s)")
-	fs.StringVar(&pf.Runtime, "runtime", "", "oci: runc, crun or the path of one (default: runc, else crun)")
-	fs.StringVar(&pf.WSL, "wsl", "", `wsl: wsl.exe to run (default: %SystemRoot%\System32\wsl.exe)`)
-	fs.StringVar(&pf.WSLInstaller, "wsl-installer", "", "wsl: URL of the mirrored WSL installer named when WSL is missing or too old")
-	fs.StringVar(&pf.Docker, "docker", "", "docker: the docker client (default: docker in PATH)")
-	fs.StringVar(&pf.DockerImage, "docker-image", "", "docker: the guest image to run (never pulled)")
-	fs.StringVar(&pf.Share, "share", "", "vz: host directory shared with the guest over virtio-fs (tag workspace)")
-	fs.IntVar(&pf.CPUs, "cpus", 0, "vz: virtual CPUs (default 2, at most the host's)")
-	fs.BoolVar(&pf.OCINoNewPrivs, "oci-no-new-privs", true, "oci: set no-new-privileges on the agent itself (the daemon always gets it)")
-}
-
-func newQemu(f ProviderFlags) provider.Provider {
-	q := &qemu.Provider{Kernel: f.Kernel, Initramfs: f.Initramfs, Disk: f.Disk, Accel: f.Accel, MemoryMiB: f.Memory, Transport: f.VMTransport, HostGrace: f.HostGrace}
-	if q.Kernel == "" {
-		q.Kernel = besideShim("vmlinuz")
-	}
-	if q.Initramfs == "" {
-		q.Initramfs = besideShim("initramfs.img")
-	}
-	return q
-}
-
-func newVZ(f ProviderFlags) provider.Provider {
-	s := vz.Settings{Kernel: f.Kernel, Initramfs: f.Initramfs, Disk: f.Disk, Share: f.Share, CPUs: f.CPUs, HostGrace: f.HostGrace}
-	if f.Memory != qemu.DefaultMemory {
-		s.MemoryMiB = f.Memory
-	}
-	if s.Kernel == "" {
-		s.Kernel = besideShim("vmlinuz")
-	}
-	if s.Initramfs == "" {
-		s.Initramfs = besideShim("initramfs.img")
-	}
-	return &vz.Provider{Settings: s}
-}
-
-// Providers maps --provider names to constructors.
-var Providers = map[string]func(ProviderFlags) provider.Provider{
-	"bwrap": func(f ProviderFlags) provider.Provider { return &bwrap.Provider{SingleUID: f.SingleUID} },
-	"qemu":  newQemu,
-	"docker": func(f ProviderFlags) provider.Provider {
-		return &docker.Provider{Docker: f.Docker, Image: f.DockerImage}
-	},
-	"vz": newVZ,
-	"wsl": func(f ProviderFlags) provider.Provider {
-		return &wsl.Provider{WSL: f.WSL, InstallerURL: f.WSLInstaller, Rootfs: besideShim("oac-rootfs.tar.gz")}
-	},
-	"oci": func(f ProviderFlags) provider.Provider {
-		return &oci.Provider{Runtime: f.Runtime, NoNewPrivileges: f.OCINoNewPrivs}
-	},
-}
-
-const usage = `usage:
-  oac-shim run --provider bwrap|docker|oci|qemu|vz|wsl --name NAME [--rootfs DIR|FILE]
+// usageHead and usageTail frame the providers' own flags in usage.
+const usageHead = `usage:
+  oac-shim run --provider %s --name NAME [--rootfs DIR|FILE]
                [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
                [--agent PATH] [--password-file FILE]
                egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                        [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
                contract: [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
                        [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
-               bwrap:  [--single-uid]
-               qemu:   [--kernel FILE] [--initramfs FILE] [--disk FILE] [--accel auto|kvm|tcg]
-                       [--memory MIB] [--vm-transport serial|vsock] [--host-grace DUR]
-               oci:    [--runtime runc|crun|PATH] [--oci-no-new-privs=false]
-               docker: --docker-image IMAGE [--docker PATH]
-               wsl:    [--wsl PATH] [--wsl-installer URL] (--rootfs is the tarball)
-               vz:     [--kernel FILE] [--initramfs FILE] [--memory MIB] [--cpus N]
-                       [--disk FILE] [--share DIR] [--host-grace DUR]
-  oac-shim check [--json] [provider flags]
+`
+
+const usageTail = `  oac-shim check [--json] [provider flags]
   oac-shim version
 `
+
+// usage is oac-shim's usage text, with each registered provider's flags.
+func usage() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, usageHead, strings.Join(provider.Names(), "|"))
+	flags := provider.Usage()
+	for _, name := range provider.Names() {
+		indent := fmt.Sprintf("               %-7s ", name+":")
+		line := indent
+		for _, part := range strings.SplitAfter(flags[name], "] ") {
+			if len(line)+len(part) > 90 && line != indent {
+				b.WriteString(strings.TrimRight(line, " ") + "\n")
+				line = strings.Repeat(" ", len(indent))
+			}
+			line += part
+		}
+		b.WriteString(line + "\n")
+	}
+	b.WriteString(usageTail)
+	return b.String()
+}
 
 // Main runs oac-shim with args (without the program name) and returns the
 // exit code.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
 	switch args[0] {
@@ -145,20 +73,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "oac-shim %s (protocol %d..%d)\n", buildinfo.Version, protocol.MinVersion, protocol.MaxVersion)
 		return 0
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usage())
 		return 0
 	}
-	fmt.Fprintf(stderr, "oac-shim: unknown command %q\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "oac-shim: unknown command %q\n%s", args[0], usage())
 	return 2
-}
-
-func providerNames() []string {
-	var names []string
-	for n := range Providers {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
 }
 
 // CheckReport is what `oac-shim check --json` prints.
@@ -181,18 +100,29 @@ type ProviderStatus struct {
 // detectOS is replaced in tests.
 var detectOS = ospolicy.Detect
 
-// Check gathers the report of oac-shim check.
-func Check(ctx context.Context, pf ProviderFlags) CheckReport {
+// osVerdict is the OS policy's verdict on this host: the one place it is
+// evaluated, for run and for check.
+func osVerdict() (ospolicy.OS, ospolicy.Verdict) {
 	o := detectOS()
-	r := CheckReport{OS: o, Policy: ospolicy.Evaluate(o)}
-	for _, n := range providerNames() {
-		p := Providers[n](pf)
+	return o, ospolicy.Evaluate(o)
+}
+
+// Check gathers the report of oac-shim check from the providers' own
+// Check and Detail. On an OS the policy blocks, no provider is available.
+func Check(ctx context.Context, providers map[string]func() provider.Provider) CheckReport {
+	o, v := osVerdict()
+	r := CheckReport{OS: o, Policy: v}
+	for _, n := range provider.Names() {
 		st := ProviderStatus{Name: n}
-		if err := p.Check(ctx); err != nil {
+		p := providers[n]()
+		switch err := p.Check(ctx); {
+		case v.Level == ospolicy.Block:
+			st.Reason = v.Message
+		case err != nil:
 			st.Reason = err.Error()
-		} else {
+		default:
 			st.Available = true
-			if d, ok := p.(interface{ Detail(context.Context) string }); ok {
+			if d, ok := p.(provider.Detailer); ok {
 				st.Detail = d.Detail(ctx)
 			}
 		}
@@ -205,12 +135,11 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("oac-shim check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
-	var pf ProviderFlags
-	pf.register(fs)
+	providers := provider.Declare(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	r := Check(context.Background(), pf)
+	r := Check(context.Background(), providers)
 	code := 1
 	for _, p := range r.Providers {
 		if p.Available {
@@ -242,16 +171,6 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 	return code
 }
 
-// besideShim returns the path of name in oac-shim's directory ("" when the
-// executable cannot be found).
-func besideShim(name string) string {
-	exe, err := os.Executable()
-	if err != nil {
-		return ""
-	}
-	return filepath.Join(filepath.Dir(exe), name)
-}
-
 // stringList is a repeatable string flag.
 type stringList []string
 
@@ -260,7 +179,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // reloadOnHUP re-reads the policy (file plus flags) on SIGHUP and swaps it
 // in; a policy that fails to load leaves the old one in force.
-func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, allow, ups []string, b *egress.Broker, sink events.Sink, log *slog.Logger) {
+func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, allow, ups []string, b *egress.Broker, sink api.Sink, log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -268,7 +187,7 @@ func reloadOnHUP(ctx context.Context, hups <-chan os.Signal, name, file string, 
 		case <-hups:
 		}
 		pol, err := egress.LoadPolicy(file, allow, ups)
-		var e events.Event
+		var e api.Event
 		if err != nil {
 			log.Warn("egress policy reload failed; the previous policy stays in force", "err", err)
 			e = b.PolicyEvent("policy reload failed, previous policy kept (" + err.Error() + ")")
@@ -308,15 +227,4 @@ func defaultAgentPath() (string, error) {
 		return "", fmt.Errorf("find oac-guest beside oac-shim at %s: %w (build it with make build or pass --agent PATH)", p, err)
 	}
 	return p, nil
-}
-
-// absPath makes a host path given on the command line absolute; "" stays "".
-func absPath(p string) string {
-	if p == "" || filepath.IsAbs(p) {
-		return p
-	}
-	if a, err := filepath.Abs(p); err == nil {
-		return a
-	}
-	return p
 }

@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
-	"github.com/oac/sandbox-agent/host/events"
 )
 
 func TestSIGHUPReloadsThePolicyAndKeepsTheOldOneOnError(t *testing.T) {
@@ -26,8 +26,8 @@ func TestSIGHUPReloadsThePolicyAndKeepsTheOldOneOnError(t *testing.T) {
 	b := egress.New(egress.Config{Policy: pol})
 
 	var mu sync.Mutex
-	var got []events.Event
-	sink := events.Func(func(e events.Event) { mu.Lock(); got = append(got, e); mu.Unlock() })
+	var got []api.Event
+	sink := api.Func(func(e api.Event) { mu.Lock(); got = append(got, e); mu.Unlock() })
 	hups := make(chan os.Signal)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -45,7 +45,7 @@ func TestSIGHUPReloadsThePolicyAndKeepsTheOldOneOnError(t *testing.T) {
 	assert.Equal(t, []string{"b.example.com:443", "flag.example.com:443"}, b.Policy().Rules(), "a bad file keeps the old policy")
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Equal(t, events.KindEgressPolicy, got[0].Event)
+	assert.Equal(t, api.KindEgressPolicy, got[0].Event)
 	assert.Equal(t, "sb", got[0].Sandbox)
 	assert.Contains(t, got[0].Message, "egress policy replaced: deny by default; 2 rules, 0 upstreams")
 	assert.Contains(t, got[1].Message, "policy reload failed, previous policy kept")

@@ -4,11 +4,11 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/oac/sandbox-agent/internal/safetext"
 )
 
 // Notifier sends sd_notify messages when NOTIFY_SOCKET is set.
@@ -48,19 +48,8 @@ func (n *Notifier) send(state string) {
 	}
 }
 
-// statusText makes s one line for STATUS=.
-func statusText(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\r' {
-			return ' '
-		}
-		return r
-	}, s)
-	if len(s) > 200 {
-		s = s[:200] + "..."
-	}
-	return s
-}
+// statusText makes s one bounded line for STATUS=.
+func statusText(s string) string { return safetext.Clean(s, 200, ' ') }
 
 // Status sets the service's status line.
 func (n *Notifier) Status(s string) { n.send("STATUS=" + statusText(s)) }

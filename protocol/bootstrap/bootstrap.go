@@ -264,9 +264,6 @@ func Decode(r io.Reader) (*Bootstrap, error) {
 		}
 		return nil, fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: trailing data after the object", ErrDecode)
-	}
 	return &b, nil
 }
 

@@ -7,13 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
 // Contract values of oac-sandbox-io (docs/contract.md).
@@ -91,12 +92,6 @@ type SandboxIO struct {
 	Resource   Resource `json:"resource"`
 }
 
-// sandboxIOKeys and resourceKeys are the exact keys at each level.
-var (
-	sandboxIOKeys = []string{"version", "link_url", "credential", "resource"}
-	resourceKeys  = []string{"tenant_id", "environment_id", "kind", "id", "generation"}
-)
-
 // UnmarshalJSON decodes strictly; see DecodeSandboxIO.
 func (s *SandboxIO) UnmarshalJSON(b []byte) error {
 	v, err := DecodeSandboxIO(b)
@@ -134,13 +129,27 @@ func CredentialDigest(credential string) string {
 	return hex.EncodeToString(sum[:])
 }
 
+// sandboxIOSchema is the file's shape: every key of the contract
+// required (link_url first: its absence is ErrNoLink).
+var sandboxIOSchema = &strictjson.Schema{Kind: strictjson.Object, RequireAll: true, Fields: []strictjson.Field{
+	{Name: "link_url", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "version", Schema: &strictjson.Schema{Kind: strictjson.Int}},
+	{Name: "credential", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "resource", Schema: &strictjson.Schema{Kind: strictjson.Object, RequireAll: true, Fields: []strictjson.Field{
+		{Name: "tenant_id", Schema: &strictjson.Schema{Kind: strictjson.String}},
+		{Name: "environment_id", Schema: &strictjson.Schema{Kind: strictjson.String}},
+		{Name: "kind", Schema: &strictjson.Schema{Kind: strictjson.String}},
+		{Name: "id", Schema: &strictjson.Schema{Kind: strictjson.String}},
+		{Name: "generation", Schema: &strictjson.Schema{Kind: strictjson.Int}},
+	}}},
+}}
+
 // DecodeSandboxIO decodes the private bootstrap file strictly: at most
 // MaxSandboxIOSize bytes of UTF-8, exactly one JSON object with exactly the
 // contract's keys at every level, each once, no unknown or case-variant
 // keys, integers where the contract has integers, and nothing after the
-// object but whitespace. encoding/json alone accepts duplicate and
-// case-variant keys, so this walks the tokens itself. It does not check the
-// values' rules: call Validate.
+// object but whitespace (package internal/strictjson's walk). It does not
+// check the values' rules: call Validate.
 func DecodeSandboxIO(data []byte) (*SandboxIO, error) {
 	if len(data) > MaxSandboxIOSize {
 		return nil, ErrSandboxIOTooLarge
@@ -148,149 +157,41 @@ func DecodeSandboxIO(data []byte) (*SandboxIO, error) {
 	if !utf8.Valid(data) {
 		return nil, ErrSandboxIOSyntax
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var s SandboxIO
-	seen, err := decodeObject(dec, sandboxIOKeys, func(key string) error {
-		switch key {
-		case "version":
-			n, err := intValue(dec)
-			if err != nil {
-				return err
-			}
-			if n < 0 || n > 1<<20 {
-				return ErrSandboxIOVersion
-			}
-			s.Version = int(n)
-		case "link_url":
-			return stringValue(dec, &s.LinkURL)
-		case "credential":
-			return stringValue(dec, &s.Credential)
-		case "resource":
-			seen, err := decodeObject(dec, resourceKeys, func(key string) error {
-				r := &s.Resource
-				switch key {
-				case "tenant_id":
-					return stringValue(dec, &r.TenantID)
-				case "environment_id":
-					return stringValue(dec, &r.EnvironmentID)
-				case "kind":
-					return stringValue(dec, &r.Kind)
-				case "id":
-					return stringValue(dec, &r.ID)
-				default: // generation
-					n, err := intValue(dec)
-					r.Generation = n
-					return err
-				}
-			})
-			if err != nil {
-				return err
-			}
-			if len(seen) != len(resourceKeys) {
-				return ErrSandboxIOMissingKey
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
+	if err := strictjson.Check(data, sandboxIOSchema); err != nil {
+		return nil, sandboxIOError(err)
 	}
-	if !seen["link_url"] {
-		return nil, ErrNoLink
-	}
-	if len(seen) != len(sandboxIOKeys) {
-		return nil, ErrSandboxIOMissingKey
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, ErrSandboxIOTrailing
-	}
-	return &s, nil
-}
-
-// decodeObject reads one object whose keys must be exactly from keys, each
-// at most once, calling value for each key to consume its value. It
-// returns the keys seen.
-func decodeObject(dec *json.Decoder, keys []string, value func(key string) error) (map[string]bool, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, ErrSandboxIOSyntax
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	type plain SandboxIO // no methods: no recursion
+	var s plain
+	if err := json.Unmarshal(data, &s); err != nil {
 		return nil, ErrSandboxIOType
 	}
-	seen := make(map[string]bool, len(keys))
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, ErrSandboxIOSyntax
-		}
-		key, ok := tok.(string)
-		if !ok {
-			return nil, ErrSandboxIOSyntax
-		}
-		if err := checkKey(key, keys); err != nil {
-			return nil, err
-		}
-		if seen[key] {
-			return nil, ErrSandboxIODuplicateKey
-		}
-		seen[key] = true
-		if err := value(key); err != nil {
-			return nil, err
-		}
+	if s.Version < 0 || s.Version > 1<<20 {
+		return nil, ErrSandboxIOVersion
 	}
-	if _, err := dec.Token(); err != nil { // the closing '}'
-		return nil, ErrSandboxIOSyntax
-	}
-	return seen, nil
+	return (*SandboxIO)(&s), nil
 }
 
-func checkKey(key string, keys []string) error {
-	for _, k := range keys {
-		if key == k {
-			return nil
-		}
-	}
-	for _, k := range keys {
-		if strings.EqualFold(key, k) {
-			return ErrSandboxIOKeyCase
-		}
-	}
-	return ErrSandboxIOUnknownKey
-}
-
-func stringValue(dec *json.Decoder, dst *string) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return ErrSandboxIOSyntax
-	}
-	s, ok := tok.(string)
-	if !ok {
+// sandboxIOError is the file's error for the walker's refusal.
+func sandboxIOError(err error) error {
+	var e *strictjson.Error
+	errors.As(err, &e)
+	switch {
+	case errors.Is(err, strictjson.ErrTrailing):
+		return ErrSandboxIOTrailing
+	case errors.Is(err, strictjson.ErrDuplicate):
+		return ErrSandboxIODuplicateKey
+	case errors.Is(err, strictjson.ErrCase):
+		return ErrSandboxIOKeyCase
+	case errors.Is(err, strictjson.ErrUnknown):
+		return ErrSandboxIOUnknownKey
+	case errors.Is(err, strictjson.ErrMissing) && e.Path == "" && e.Key == "link_url":
+		return ErrNoLink
+	case errors.Is(err, strictjson.ErrMissing):
+		return ErrSandboxIOMissingKey
+	case errors.Is(err, strictjson.ErrType):
 		return ErrSandboxIOType
 	}
-	*dst = s
-	return nil
-}
-
-func intValue(dec *json.Decoder) (int64, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return 0, ErrSandboxIOSyntax
-	}
-	n, ok := tok.(json.Number)
-	if !ok {
-		return 0, ErrSandboxIOType
-	}
-	// Only plain integers: no fraction, no exponent.
-	if strings.ContainsAny(n.String(), ".eE") {
-		return 0, ErrSandboxIOType
-	}
-	v, err := strconv.ParseInt(n.String(), 10, 64)
-	if err != nil {
-		return 0, ErrSandboxIOType
-	}
-	return v, nil
+	return ErrSandboxIOSyntax
 }
 
 // Validate checks the file's value rules against the sandbox's own

@@ -1,137 +1,42 @@
 package bootstrap
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
+
+	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
 // encoding/json matches keys case-insensitively and keeps the last of
 // repeated keys, so DisallowUnknownFields alone lets {"Version":1} and
-// {"daemon":{...},"daemon":{...}} through. checkKeys walks the document's
-// tokens along the Bootstrap type and refuses any key that is not exactly a
-// field's JSON name, and any key repeated in one object. Values of types
-// with their own strict decoder (SandboxIO) are left to that decoder.
+// {"daemon":{...},"daemon":{...}} through. checkKeys walks the document
+// along the Bootstrap type (package internal/strictjson) and refuses any
+// key that is not exactly a field's JSON name, any key repeated in one
+// object, and anything after the object. Value types are left to
+// encoding/json, and values of types with their own strict decoder
+// (SandboxIO) to that decoder.
 
-var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+var bootstrapSchema = strictjson.ForType(reflect.TypeFor[Bootstrap]())
 
-// checkKeys checks data against the Bootstrap schema's keys. Syntax errors
-// are reported as ErrDecode; value types are left to encoding/json.
+// checkKeys checks data against the Bootstrap schema's keys.
 func checkKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return walkKeys(dec, reflect.TypeFor[Bootstrap](), "")
-}
-
-func walkKeys(dec *json.Decoder, t reflect.Type, where string) error {
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-	}
-	d, isDelim := tok.(json.Delim)
-	if !isDelim {
-		return nil // a scalar: its type is checked by encoding/json
-	}
-	if t == nil || reflect.PointerTo(t).Implements(unmarshalerType) {
-		return skipValue(dec, d)
+	err := strictjson.Check(data, bootstrapSchema)
+	var e *strictjson.Error
+	if !errors.As(err, &e) {
+		return err
 	}
 	switch {
-	case d == '{' && t.Kind() == reflect.Struct:
-		fields := jsonFields(t)
-		seen := map[string]bool{}
-		for dec.More() {
-			tok, err := dec.Token()
-			if err != nil {
-				return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-			}
-			key, _ := tok.(string)
-			ft, ok := fields[key]
-			if !ok {
-				return fmt.Errorf("%w %s", ErrUnknownKey, at(where))
-			}
-			if seen[key] {
-				return fmt.Errorf("%w %s", ErrDuplicateKey, at(where))
-			}
-			seen[key] = true
-			if err := walkKeys(dec, ft, join(where, key)); err != nil {
-				return err
-			}
-		}
-		_, err := dec.Token()
-		if err != nil {
-			return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-		}
-		return nil
-	case d == '[' && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array):
-		for dec.More() {
-			if err := walkKeys(dec, t.Elem(), where+"[]"); err != nil {
-				return err
-			}
-		}
-		_, err := dec.Token()
-		if err != nil {
-			return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-		}
-		return nil
+	case errors.Is(err, strictjson.ErrUnknown), errors.Is(err, strictjson.ErrCase):
+		return fmt.Errorf("%w %s", ErrUnknownKey, at(e.Path))
+	case errors.Is(err, strictjson.ErrDuplicate):
+		return fmt.Errorf("%w %s", ErrDuplicateKey, at(e.Path))
+	case errors.Is(err, strictjson.ErrTrailing):
+		return fmt.Errorf("%w: trailing data after the object", ErrDecode)
+	case errors.Is(err, strictjson.ErrSyntax):
+		return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(e.Cause))
 	}
-	// The wrong JSON type for t: encoding/json reports it.
-	return skipValue(dec, d)
-}
-
-// skipValue consumes the rest of an object or array whose opening
-// delimiter was just read.
-func skipValue(dec *json.Decoder, open json.Delim) error {
-	if open != '{' && open != '[' {
-		return nil
-	}
-	depth := 1
-	for depth > 0 {
-		tok, err := dec.Token()
-		if err != nil {
-			return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
-		}
-		if d, ok := tok.(json.Delim); ok {
-			if d == '{' || d == '[' {
-				depth++
-			} else {
-				depth--
-			}
-		}
-	}
-	return nil
-}
-
-// jsonFields maps a struct's exact JSON names to field types.
-func jsonFields(t reflect.Type) map[string]reflect.Type {
-	m := make(map[string]reflect.Type, t.NumField())
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
-		}
-		if name == "" {
-			name = f.Name
-		}
-		m[name] = f.Type
-	}
-	return m
-}
-
-func join(where, key string) string {
-	if where == "" {
-		return key
-	}
-	return where + "." + key
+	return fmt.Errorf("%w: %v", ErrDecode, e.Err)
 }
 
 func at(where string) string {

@@ -1,19 +1,16 @@
 package bwrap
 
 import (
-	"fmt"
 	"strconv"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
-
-// IDRange is how many guest ids (0..IDRange-1) a sandbox maps.
-const IDRange = 65536
 
 // Paths inside the guest.
 const (
-	GuestAgentPath  = "/run/oac/oac-guest"
-	GuestSocketPath = "/run/oac/agent.sock"
+	GuestAgentPath  = kit.GuestAgentPath
+	GuestSocketPath = kit.GuestSocketPath
 	GuestInstallDir = "/usr/local/bin"
 )
 
@@ -35,21 +32,13 @@ type installFD struct {
 	FD   int
 }
 
-// hostEntry is one top-level path of the default root: a directory to bind
-// read-only or a symlink to recreate (merged-/usr systems link /bin to
-// usr/bin).
-type hostEntry struct {
-	Path    string
-	Symlink string // target when the host path is a symlink
-}
-
 // argsConfig is everything the bwrap command line depends on.
 type argsConfig struct {
 	// RootFD is the O_PATH fd of a rootfs directory, or -1 for the default
 	// read-only view of the host.
 	RootFD int
 	// HostEntries make up the default root (ignored with RootFD).
-	HostEntries []hostEntry
+	HostEntries []kit.HostEntry
 	// EtcFiles are host files bound read-only under /etc in the default
 	// root, as guest path -> host path.
 	EtcFiles [][2]string
@@ -138,27 +127,8 @@ func buildArgs(c argsConfig) []string {
 	return a
 }
 
-// passwd and group list the identities every guest has.
-func passwd() string {
-	return "root:x:0:0:root:/root:/bin/sh\n" +
-		fmt.Sprintf("runtime:x:%d:%d:runtime:/home/runtime:/bin/sh\n", 1000, 1000) +
-		"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-}
-
-func group() string {
-	return "root:x:0:\nruntime:x:1000:\nnogroup:x:65534:\n"
-}
-
 // resolvConf points the guest at the agent's resolver on loopback
 // (package guest/transparent); the same text as initsys.ResolvConf, which
 // the agent checks before placing its own.
 const resolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
 	"nameserver 127.0.0.1\noptions edns0\n"
-
-func hosts(hostname string) string {
-	s := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-	if hostname != "" {
-		s += "127.0.1.1\t" + hostname + "\n"
-	}
-	return s
-}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/stretchr/testify/assert"
 )
 
@@ -20,7 +21,7 @@ func TestArgsIsolateEveryNamespaceAndRunTheAgentAsPID1(t *testing.T) {
 func TestArgsDefaultRootIsAReadOnlyViewOfTheHost(t *testing.T) {
 	a := buildArgs(argsConfig{
 		RootFD:      -1,
-		HostEntries: []hostEntry{{Path: "/usr"}, {Path: "/bin", Symlink: "usr/bin"}},
+		HostEntries: []kit.HostEntry{{Path: "/usr"}, {Path: "/bin", Symlink: "usr/bin"}},
 		EtcFiles:    [][2]string{{"/etc/passwd", "/run/oac/sandboxes/x/etc/passwd"}},
 		AgentFD:     3, SocketFD: 4,
 	})
@@ -30,17 +31,10 @@ func TestArgsDefaultRootIsAReadOnlyViewOfTheHost(t *testing.T) {
 }
 
 func TestArgsRootfsIsBoundReadOnlyFromItsDescriptorFirst(t *testing.T) {
-	a := buildArgs(argsConfig{RootFD: 5, HostEntries: []hostEntry{{Path: "/usr"}}, AgentFD: 3, SocketFD: 4})
+	a := buildArgs(argsConfig{RootFD: 5, HostEntries: []kit.HostEntry{{Path: "/usr"}}, AgentFD: 3, SocketFD: 4})
 	s := strings.Join(a, " ")
 	assert.Contains(t, s, "--ro-bind-fd 5 / --proc /proc")
 	assert.NotContains(t, s, "--ro-bind /usr", "host entries are ignored with a rootfs")
-}
-
-func TestIdentityFilesNameTheRuntimeUser(t *testing.T) {
-	assert.Contains(t, passwd(), "runtime:x:1000:1000:runtime:/home/runtime:/bin/sh\n")
-	assert.Contains(t, group(), "runtime:x:1000:\n")
-	assert.Contains(t, hosts("demo"), "127.0.1.1\tdemo\n")
-	assert.NotContains(t, hosts(""), "127.0.1.1")
 }
 
 func TestDefaultRootGetsRuntimeTmpfsAndAReadOnlyInstallDir(t *testing.T) {

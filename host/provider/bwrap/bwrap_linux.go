@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -14,70 +13,35 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
-// Defaults.
-const (
-	DefaultStateRoot = "/run/oac"
-	// DefaultIDBase is the first host id handed to a sandbox; slot n maps
-	// guest ids 0..IDRange-1 to DefaultIDBase+n*IDRange.
-	DefaultIDBase = 1_000_000_000
-	IDSlots       = 4096
-)
-
-// Provider runs guests under bubblewrap.
-type Provider struct {
-	// Bwrap is the bwrap binary; default: found in PATH.
-	Bwrap string
-	// StateRoot holds per-sandbox state; default DefaultStateRoot.
-	StateRoot string
-	// IDBase is the first host id of the id slots; default DefaultIDBase.
-	IDBase int
-	// SingleUID allows the rootless fallback without subordinate ids (see
-	// SingleUIDLoss); it is never chosen silently.
-	SingleUID bool
-}
-
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "bwrap" }
+func (p *Provider) driver() provider.Provider { return p }
 
 func (p *Provider) bwrap() (string, error) {
-	if p.Bwrap != "" {
-		return p.Bwrap, nil
-	}
-	path, err := exec.LookPath("bwrap")
-	if err != nil {
-		return "", fmt.Errorf("%w: bwrap: bubblewrap is not installed (apt-get install bubblewrap)", provider.ErrUnavailable)
-	}
-	return path, nil
-}
-
-func (p *Provider) stateRoot() string {
-	if p.StateRoot != "" {
-		return p.StateRoot
-	}
-	if os.Geteuid() == 0 {
-		return DefaultStateRoot
-	}
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" && filepath.IsAbs(d) {
-		return filepath.Join(d, "oac")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", os.Geteuid()))
+	return kit.Binary("bwrap", p.Bwrap, "bwrap", "bubblewrap is not installed (apt-get install bubblewrap)")
 }
 
 func (p *Provider) idBase() int {
 	if p.IDBase != 0 {
 		return p.IDBase
 	}
-	return DefaultIDBase
+	return kit.DefaultIDBase
+}
+
+// Warnings implements provider.Warner: the single-uid fallback's loss,
+// said plainly before a rootless sandbox runs.
+func (p *Provider) Warnings() []string {
+	if p.SingleUID && os.Geteuid() != 0 {
+		return []string{SingleUIDLoss}
+	}
+	return nil
 }
 
 // Check implements provider.Provider.
@@ -179,32 +143,28 @@ func apparmorAllowsUserns(bwrap string) bool {
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	mode, err := p.mode()
 	if err != nil {
 		return nil, err
 	}
 	bw, _ := p.bwrap()
-	in := &Instance{spec: spec, bwrap: bw, proc: newProcess(), rootFD: -1, mode: mode}
-	ok := false
-	defer func() {
-		if !ok {
-			in.release()
-		}
-	}()
-	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	in := &Instance{Process: provider.NewProcess(provider.Exits("sandbox runtime exited with status 0", "sandbox runtime exited"), errors.New("bwrap did not exit within 10s of SIGKILL")), spec: spec, bwrap: bw, mode: mode}
+	defer in.DestroyOnError(&err)
+	root := kit.UserStateRoot(p.StateRoot)
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.state, in.dir = state, state.Path
+	in.dir = state.Path
 	switch mode {
 	case ModeRoot:
-		if err := in.claimIDs(filepath.Join(p.stateRoot(), "ids"), p.idBase()); err != nil {
+		ids, err := kit.ClaimIDs(root, p.idBase())
+		if err != nil {
 			return nil, err
 		}
+		in.Own(ids)
+		in.ids = ids
 	case ModeSubIDs:
 		f := p.facts()
 		in.subUID, _ = pickRange(f.SubUIDs)
@@ -214,7 +174,6 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := in.prepare(); err != nil {
 		return nil, err
 	}
-	ok = true
 	return in, nil
 }
 
@@ -224,53 +183,34 @@ type namedFile struct {
 	f    *os.File
 }
 
-// Instance is one bwrap sandbox.
+// Instance is one bwrap sandbox; the embedded Process is bwrap's.
 type Instance struct {
+	*provider.Process
 	spec  provider.Spec
 	bwrap string
-
-	mode   Mode
-	state  *statedir.Dir
-	dir    string
-	idLock *os.File
-	idBase int
+	mode  Mode
+	dir   string
+	// ModeRoot: the host id range guest ids map to.
+	ids *kit.IDs
 	// ModeSubIDs: the subordinate ranges guest ids 1.. map to.
 	subUID, subGID       IDRangeEntry
 	newuidmap, newgidmap string
 
-	ln       *net.UnixListener
-	sockPath string
 	agentFD  *os.File
 	sockFD   *os.File
-	rootFD   int
 	rootFile *os.File
 	etc      [][2]string
 	tmpfs    []string
 	volumes  []namedFile // name: the guest directory
 	installs []namedFile
-
-	mu   sync.Mutex // serializes Start
-	proc *provider.Process
 }
 
-// newProcess returns the bwrap process of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("sandbox runtime exited with status 0")
-		}
-		return fmt.Errorf("sandbox runtime exited: %w", err)
-	}, errors.New("bwrap did not exit within 10s of SIGKILL"))
-}
-
-// HostPID returns the pid of the bwrap process, 0 before Start.
-func (in *Instance) HostPID() int { return in.proc.HostPID() }
-
-// HostID implements provider.IDMapper; -1 when id is not mapped.
+// HostID returns the host uid and gid guest id maps to; -1 when id is not
+// mapped.
 func (in *Instance) HostID(id int) (int, int) {
 	switch in.mode {
 	case ModeRoot:
-		return in.idBase + id, in.idBase + id
+		return in.ids.HostID(id)
 	case ModeSubIDs:
 		if id == 0 {
 			return os.Getuid(), os.Getgid()
@@ -281,16 +221,6 @@ func (in *Instance) HostID(id int) (int, int) {
 		return os.Getuid(), os.Getgid()
 	}
 	return -1, -1
-}
-
-// claimIDs takes the first free id slot.
-func (in *Instance) claimIDs(dir string, base int) error {
-	slot, f, err := statedir.ClaimSlot(dir, IDSlots, "id")
-	if err != nil {
-		return err
-	}
-	in.idLock, in.idBase = f, base+slot*IDRange
-	return nil
 }
 
 // prepare writes the guest's identity files, creates the transport socket
@@ -310,18 +240,11 @@ func (in *Instance) prepare() error {
 		if err := os.Mkdir(etcDir, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", etcDir, err)
 		}
-		for name, content := range map[string]string{"passwd": passwd(), "group": group(), "hosts": hosts(in.spec.Hostname), "resolv.conf": resolvConf} {
-			path := filepath.Join(etcDir, name)
-			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-				return fmt.Errorf("write %s: %w", path, err)
-			}
-			in.etc = append(in.etc, [2]string{"/etc/" + name, path})
+		etc, err := kit.EtcFiles(etcDir, in.spec.Hostname, map[string]string{"resolv.conf": resolvConf})
+		if err != nil {
+			return err
 		}
-		for _, name := range hostEtcFiles {
-			if _, err := os.Stat("/etc/" + name); err == nil {
-				in.etc = append(in.etc, [2]string{"/etc/" + name, "/etc/" + name})
-			}
-		}
+		in.etc = etc
 		in.tmpfs = RuntimeDirs
 	} else {
 		f, err := os.OpenFile(in.spec.Rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -329,6 +252,7 @@ func (in *Instance) prepare() error {
 			return fmt.Errorf("%w: rootfs %s: %v", provider.ErrInvalidSpec, in.spec.Rootfs, err)
 		}
 		in.rootFile = f
+		in.Own(f)
 		if in.mode == ModeRoot {
 			if err := searchableByOthers(in.spec.Rootfs); err != nil {
 				return fmt.Errorf("%w: rootfs %s: %v", provider.ErrInvalidSpec, in.spec.Rootfs, err)
@@ -355,6 +279,7 @@ func (in *Instance) prepare() error {
 		if err != nil {
 			return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
 		}
+		in.Own(f)
 		in.volumes = append(in.volumes, namedFile{d, f})
 	}
 	in.tmpfs = tmpfs
@@ -371,6 +296,7 @@ func (in *Instance) prepare() error {
 	if err != nil {
 		return err
 	}
+	in.Own(agent)
 	in.agentFD = agent
 	installs := in.spec.Installs()
 	names := make([]string, 0, len(installs))
@@ -383,26 +309,26 @@ func (in *Instance) prepare() error {
 		if err != nil {
 			return err
 		}
+		in.Own(f)
 		in.installs = append(in.installs, namedFile{n, f})
 	}
-	in.sockPath = filepath.Join(in.dir, "agent.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.sockPath, Net: "unix"})
+	sockPath := filepath.Join(in.dir, "agent.sock")
+	ln, err := kit.ListenUnix(sockPath)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", in.sockPath, err)
+		return err
 	}
-	in.ln = ln
+	in.Own(ln)
+	in.Listen(ln)
 	if in.mode == ModeRoot {
-		if err := os.Chown(in.sockPath, guestRoot, guestRootGID); err != nil {
-			return fmt.Errorf("chown %s: %w", in.sockPath, err)
+		if err := os.Chown(sockPath, guestRoot, guestRootGID); err != nil {
+			return fmt.Errorf("chown %s: %w", sockPath, err)
 		}
 	}
-	if err := os.Chmod(in.sockPath, 0o600); err != nil {
-		return fmt.Errorf("chmod %s: %w", in.sockPath, err)
-	}
-	sock, err := os.OpenFile(in.sockPath, unix.O_PATH|unix.O_CLOEXEC, 0)
+	sock, err := os.OpenFile(sockPath, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", in.sockPath, err)
+		return fmt.Errorf("open %s: %w", sockPath, err)
 	}
+	in.Own(sock)
 	in.sockFD = sock
 	return nil
 }
@@ -423,43 +349,12 @@ func openBinary(what, path string) (*os.File, error) {
 	return f, nil
 }
 
-// hostEtcFiles are the host /etc entries the default root shares read-only:
-// TLS roots, the dynamic linker's cache, name service and time zone data.
-var hostEtcFiles = []string{
-	"ssl", "ca-certificates", "ca-certificates.conf", "alternatives",
-	"ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf",
-	"localtime", "timezone", "os-release", "protocols", "services", "mime.types",
-}
-
-// hostRoot lists the top-level host paths of the default root.
-func hostRoot() []hostEntry {
-	var out []hostEntry
-	for _, p := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
-		st, err := os.Lstat(p)
-		if err != nil {
-			continue
-		}
-		if st.Mode()&os.ModeSymlink != 0 {
-			target, err := os.Readlink(p)
-			if err == nil {
-				out = append(out, hostEntry{Path: p, Symlink: target})
-			}
-			continue
-		}
-		if st.IsDir() {
-			out = append(out, hostEntry{Path: p})
-		}
-	}
-	return out
-}
-
 // Start implements provider.Instance.
 func (in *Instance) Start(ctx context.Context) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.proc.Started() {
-		return errors.New("bwrap: already started")
-	}
+	return in.StartOnce("bwrap", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	// ExtraFiles become fds 3, 4, ... in bwrap.
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
@@ -469,7 +364,7 @@ func (in *Instance) Start(ctx context.Context) error {
 	if in.rootFile != nil {
 		cfg.RootFD = fd(in.rootFile)
 	} else {
-		cfg.HostEntries = hostRoot()
+		cfg.HostEntries = kit.HostRoot()
 	}
 	for _, nf := range in.installs {
 		cfg.Installs = append(cfg.Installs, installFD{Name: nf.name, FD: fd(nf.f)})
@@ -501,21 +396,18 @@ func (in *Instance) Start(ctx context.Context) error {
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
 	cmd.ExtraFiles = extra
-	stderr := in.spec.Stderr
-	if stderr == nil {
-		stderr = io.Discard
-	}
+	stderr := provider.Output(in.spec.Stderr)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if in.mode == ModeRoot {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
-		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.idBase, Size: IDRange}}
-		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.idBase, Size: IDRange}}
+		cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.ids.Base, Size: kit.IDRange}}
+		cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: in.ids.Base, Size: kit.IDRange}}
 		cmd.SysProcAttr.GidMappingsEnableSetgroups = true
 		// Root of the new namespace keeps its capabilities across exec.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
-	if err := in.proc.Start(cmd); err != nil {
+	if err := in.Process.Start(cmd); err != nil {
 		return fmt.Errorf("start bwrap: %w", err)
 	}
 	// bwrap has its own copies of the pipe ends it uses.
@@ -559,52 +451,8 @@ func (in *Instance) mapSubIDs(infoR, blockW *os.File) error {
 	return nil
 }
 
-// Accept implements provider.Instance: the next connection of the guest.
-func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
-	if in.ln == nil {
-		return nil, provider.ErrNotStarted
-	}
-	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
-}
-
-// Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
-
-// Err implements provider.Instance.
-func (in *Instance) Err() error { return in.proc.Err() }
-
-// Kill implements provider.Instance. Killing bwrap kills the guest's PID 1
+// Killing bwrap (the embedded Process's Kill) kills the guest's PID 1
 // (--die-with-parent), which ends the guest's pid namespace.
-func (in *Instance) Kill() error { return in.proc.Kill() }
-
-// Destroy implements provider.Instance.
-func (in *Instance) Destroy() error {
-	err := in.Kill()
-	in.release()
-	return err
-}
-
-func (in *Instance) release() {
-	for _, f := range []*os.File{in.agentFD, in.sockFD, in.rootFile} {
-		if f != nil {
-			f.Close()
-		}
-	}
-	in.agentFD, in.sockFD, in.rootFile = nil, nil, nil
-	for _, nf := range append(in.installs, in.volumes...) {
-		nf.f.Close()
-	}
-	in.installs, in.volumes = nil, nil
-	if in.ln != nil {
-		in.ln.Close()
-		in.ln = nil
-	}
-	in.state.Release()
-	if in.idLock != nil {
-		in.idLock.Close()
-		in.idLock = nil
-	}
-}
 
 // searchableByOthers checks that dir and every parent can be searched by
 // others: bwrap mounts the rootfs as the guest's root, an unprivileged host

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
 func newTestProvider(t *testing.T) *Provider {
@@ -32,10 +33,10 @@ func TestCreateClaimsADistinctIDRangePerSandbox(t *testing.T) {
 	b, err := p.Create(context.Background(), spec("b"))
 	require.NoError(t, err)
 	defer b.Destroy()
-	ua, _ := a.(provider.IDMapper).HostID(1000)
-	ub, _ := b.(provider.IDMapper).HostID(1000)
+	ua, _ := a.(*Instance).HostID(1000)
+	ub, _ := b.(*Instance).HostID(1000)
 	assert.Equal(t, 2_000_000_000+1000, ua)
-	assert.Equal(t, 2_000_000_000+IDRange+1000, ub)
+	assert.Equal(t, 2_000_000_000+kit.IDRange+1000, ub)
 }
 
 func TestASandboxNameCanOnlyRunOnce(t *testing.T) {

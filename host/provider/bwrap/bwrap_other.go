@@ -2,30 +2,9 @@
 
 package bwrap
 
-import (
-	"context"
-	"fmt"
+import "github.com/oac/sandbox-agent/host/provider"
 
-	"github.com/oac/sandbox-agent/host/provider"
-)
-
-// Provider runs guests under bubblewrap; on this OS it is never available.
-type Provider struct {
-	Bwrap     string
-	StateRoot string
-	IDBase    int
-	SingleUID bool
-}
-
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "bwrap" }
-
-// Check implements provider.Provider.
-func (p *Provider) Check(context.Context) error {
-	return fmt.Errorf("%w: bwrap: bubblewrap runs only on Linux", provider.ErrUnavailable)
-}
-
-// Create implements provider.Provider.
-func (p *Provider) Create(context.Context, provider.Spec) (provider.Instance, error) {
-	return nil, p.Check(context.Background())
+// driver: bubblewrap is Linux's.
+func (p *Provider) driver() provider.Provider {
+	return provider.Unavailable("bwrap", "bubblewrap runs only on Linux")
 }

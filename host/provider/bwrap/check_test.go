@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -29,7 +30,7 @@ carol:1:2:3
 func TestPickRangePrefersAFullRangeAndNeedsAtLeast1000IDs(t *testing.T) {
 	r, ok := pickRange([]IDRangeEntry{{10, 2000}, {100000, 70000}})
 	assert.True(t, ok)
-	assert.Equal(t, IDRangeEntry{100000, IDRange - 1}, r, "guest ids 1..65535")
+	assert.Equal(t, IDRangeEntry{100000, kit.IDRange - 1}, r, "guest ids 1..65535")
 	r, ok = pickRange([]IDRangeEntry{{10, 2000}, {5000, 1500}})
 	assert.True(t, ok)
 	assert.Equal(t, IDRangeEntry{10, 2000}, r)

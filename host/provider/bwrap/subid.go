@@ -6,6 +6,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
 // IDRangeEntry is one line of /etc/subuid or /etc/subgid.
@@ -43,13 +45,13 @@ func ParseSubIDs(r io.Reader, name string, uid int) ([]IDRangeEntry, error) {
 }
 
 // pickRange returns the first range large enough to hold guest ids
-// 1..IDRange-1 or, failing that, the largest one that still covers the
+// 1..kit.IDRange-1 or, failing that, the largest one that still covers the
 // runtime user (guest uid 1000 needs at least 1000 subordinate ids).
 func pickRange(rs []IDRangeEntry) (IDRangeEntry, bool) {
 	var best IDRangeEntry
 	for _, r := range rs {
-		if r.Count >= IDRange-1 {
-			return IDRangeEntry{Start: r.Start, Count: IDRange - 1}, true
+		if r.Count >= kit.IDRange-1 {
+			return IDRangeEntry{Start: r.Start, Count: kit.IDRange - 1}, true
 		}
 		if r.Count > best.Count {
 			best = r

@@ -6,21 +6,7 @@ import (
 	"strings"
 
 	"github.com/oac/sandbox-agent/host/provider"
-)
-
-// Paths inside the container (the same as the OCI and bwrap providers').
-const (
-	GuestRunDir     = "/run/oac"
-	GuestAgentPath  = "/run/oac/oac-guest"
-	GuestSocketPath = "/run/oac/agent.sock"
-)
-
-// Limits: those hosted containers already run with (docs/contract.md,
-// "Hardening of hosted containers").
-const (
-	PidsLimit  = 128
-	TmpSizeMiB = 128
-	RunSizeMiB = 16
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
 // AgentCaps are the capabilities added back after --cap-drop ALL: the
@@ -58,16 +44,16 @@ func runArgs(c runConfig) []string {
 	}
 	a = append(a,
 		"--security-opt", "no-new-privileges",
-		"--pids-limit", fmt.Sprint(PidsLimit),
-		"--tmpfs", fmt.Sprintf("/tmp:rw,nosuid,nodev,size=%dm,mode=1777", TmpSizeMiB),
-		"--tmpfs", fmt.Sprintf("/run:rw,nosuid,nodev,size=%dm,mode=755", RunSizeMiB),
-		"--mount", "type=bind,src="+c.RunDir+",dst="+GuestRunDir,
-		"--mount", "type=bind,src="+c.AgentPath+",dst="+GuestAgentPath+",readonly",
+		"--pids-limit", fmt.Sprint(kit.PidsLimit),
+		"--tmpfs", fmt.Sprintf("/tmp:rw,nosuid,nodev,size=%dm,mode=1777", kit.TmpSizeMiB),
+		"--tmpfs", fmt.Sprintf("/run:rw,nosuid,nodev,size=%dm,mode=755", kit.RunSizeMiB),
+		"--mount", "type=bind,src="+c.RunDir+",dst="+kit.GuestRunDir,
+		"--mount", "type=bind,src="+c.AgentPath+",dst="+kit.GuestAgentPath+",readonly",
 	)
 	if c.Hostname != "" {
 		a = append(a, "--hostname", c.Hostname)
 	}
-	a = append(a, "--entrypoint", GuestAgentPath, c.Image, "--transport", "unix://"+GuestSocketPath)
+	a = append(a, "--entrypoint", kit.GuestAgentPath, c.Image, "--transport", "unix://"+kit.GuestSocketPath)
 	if c.Debug {
 		a = append(a, "--debug")
 	}

@@ -7,8 +7,8 @@
 // read-only, like the bwrap provider's default), tmpfs on /run and a
 // 128 MiB tmpfs on /tmp, new user, pid, network (lo only), ipc, uts, mount
 // and cgroup namespaces, guest ids 0..65535 mapped to a host id range of its
-// own (the id slots it shares with the bwrap provider), a pids limit of 128,
-// a seccomp deny list, and only the capabilities the agent needs:
+// own (package kit's host-wide id slots, which the bwrap provider draws
+// from too), a pids limit of 128, a seccomp deny list, and only the capabilities the agent needs:
 // CAP_SETUID and CAP_SETGID (to start the daemon as 1000:1000 without
 // supplementary groups) and CAP_KILL (to signal it on stop). Its process is
 // oac-guest, bound read-only at /run/oac/oac-guest, dialing the transport

@@ -3,61 +3,21 @@ package oci
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/bwrap"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
-// DefaultStateRoot holds per-sandbox state (shared with the other
-// providers, so sandbox names and id ranges are unique across them).
-const DefaultStateRoot = "/run/oac"
-
-// Provider runs guests as OCI containers under runc or crun.
-type Provider struct {
-	// Runtime is runc, crun or a path to one of them; "" picks runc, then
-	// crun, from PATH.
-	Runtime string
-	// StateRoot holds per-sandbox state; default DefaultStateRoot.
-	StateRoot string
-	// IDBase is the first host id of the id slots; default the bwrap
-	// provider's, so both draw from one allocator.
-	IDBase int
-	// NoNewPrivileges sets no_new_privs on the agent (the container
-	// process); the agent sets it on the daemon either way.
-	NoNewPrivileges bool
-	// Debug runs the agent with --debug.
-	Debug bool
-}
-
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "oci" }
-
-func (p *Provider) stateRoot() string {
-	if p.StateRoot != "" {
-		return p.StateRoot
-	}
-	return DefaultStateRoot
-}
-
-func (p *Provider) idBase() int {
-	if p.IDBase != 0 {
-		return p.IDBase
-	}
-	return bwrap.DefaultIDBase
-}
+func (p *Provider) driver() provider.Provider { return p }
 
 func (p *Provider) facts() Facts {
 	f := Facts{Root: os.Geteuid() == 0, Runtime: p.Runtime}
@@ -114,44 +74,41 @@ func (p *Provider) Check(ctx context.Context) error {
 	return err
 }
 
-// Detail describes how sandboxes would run here (after a nil Check).
+// Detail implements provider.Detailer.
 func (p *Provider) Detail(ctx context.Context) string {
-	rt, err := p.runtime()
-	if err != nil {
-		return ""
+	if rt, err := p.runtime(); err == nil {
+		return rt.Detail()
 	}
-	return rt.Detail()
+	return ""
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	rt, err := p.runtime()
 	if err != nil {
 		return nil, err
 	}
-	in := &Instance{spec: spec, rt: rt, id: ContainerID(spec.Name), proc: newProcess(rt.Kind)}
-	ok := false
-	defer func() {
-		if !ok {
-			in.release()
-		}
-	}()
-	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	in := &Instance{Process: provider.NewProcess(provider.Exits(fmt.Sprintf("container exited (%s run returned status 0)", rt.Kind), "sandbox runtime exited: "+rt.Kind),
+		fmt.Errorf("%s did not exit within 10s of SIGKILL", rt.Kind)),
+		spec: spec, rt: rt, id: ContainerID(spec.Name)}
+	defer in.DestroyOnError(&err)
+	root := kit.StateRoot(p.StateRoot)
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
 	in.state = state
-	slot, lock, err := statedir.ClaimSlot(filepath.Join(p.stateRoot(), "ids"), bwrap.IDSlots, "id")
+	ids, err := kit.ClaimIDs(root, p.IDBase)
 	if err != nil {
 		return nil, err
 	}
-	in.idLock, in.idBase = lock, p.idBase()+slot*bwrap.IDRange
+	in.Own(ids)
+	in.ids = ids
 	// A container of this name left by a shim that was killed: we hold the
 	// name's lock, so it is stale.
 	_ = in.runtimeCmd(deleteArgs(in.id)...).Run()
+	// Destroy deletes the container from the runtime's state.
+	in.OnDestroy(in.delete)
 	cfg, err := in.prepare(p)
 	if err != nil {
 		return nil, err
@@ -160,7 +117,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := writeBundle(in.bundle, cfg); err != nil {
 		return nil, err
 	}
-	ok = true
+	// SIGKILL to the container's init through the runtime first (its pid
+	// namespace dies with it), then to the runtime process if it has not
+	// exited.
+	in.KillBy(func() error {
+		return in.KillAsking(func() { _ = in.runtimeCmd(killArgs(in.id)...).Run() }, 3*time.Second)
+	})
 	return in, nil
 }
 
@@ -179,47 +141,20 @@ func writeBundle(dir string, c bundleConfig) error {
 	return nil
 }
 
-// Instance is one OCI container.
+// Instance is one OCI container; the embedded Process is the runtime's
+// (runc run / crun run), which lives as long as the container.
 type Instance struct {
+	*provider.Process
 	spec   provider.Spec
 	rt     runtimeCmd
 	id     string
 	bundle string
-
 	state  *statedir.Dir
-	idLock *os.File
-	idBase int
-	ln     *net.UnixListener
-
-	mu   sync.Mutex // serializes Start
-	proc *provider.Process
-}
-
-// newProcess returns the runtime process (runc run / crun run) of an
-// Instance, not started.
-func newProcess(kind string) *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return fmt.Errorf("container exited (%s run returned status 0)", kind)
-		}
-		return fmt.Errorf("sandbox runtime exited: %s: %w", kind, err)
-	}, fmt.Errorf("%s did not exit within 10s of SIGKILL", kind))
+	ids    *kit.IDs
 }
 
 // ContainerID returns the runtime's id of the container.
 func (in *Instance) ContainerID() string { return in.id }
-
-// HostPID returns the pid of the runtime process (runc run / crun run), 0
-// before Start.
-func (in *Instance) HostPID() int { return in.proc.HostPID() }
-
-// HostID implements provider.IDMapper.
-func (in *Instance) HostID(id int) (int, int) {
-	if id < 0 || id >= bwrap.IDRange {
-		return -1, -1
-	}
-	return in.idBase + id, in.idBase + id
-}
 
 // runtimeCmd returns an exec.Cmd running the runtime with args.
 func (in *Instance) runtimeCmd(args ...string) *exec.Cmd {
@@ -241,9 +176,9 @@ func (in *Instance) runtimeCmd(args ...string) *exec.Cmd {
 // a skeleton that the host's directories are bound into.
 func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 	dir := in.state.Path
-	root := in.idBase
+	root := in.ids.Base
 	c := bundleConfig{
-		AgentPath: in.spec.AgentPath, Hostname: in.spec.Hostname, IDBase: in.idBase, IDSize: bwrap.IDRange,
+		AgentPath: in.spec.AgentPath, Hostname: in.spec.Hostname, IDBase: in.ids.Base, IDSize: kit.IDRange,
 		CgroupsPath: cgroupsPath(in.spec.Name), NoNewPrivileges: p.NoNewPrivileges, Debug: p.Debug,
 	}
 	if st, err := os.Stat(in.spec.AgentPath); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
@@ -271,27 +206,19 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 			return c, err
 		}
 	}
-	c.RunDir = filepath.Join(dir, "run")
-	if err := os.Mkdir(c.RunDir, 0o700); err != nil {
-		return c, fmt.Errorf("create %s: %w", c.RunDir, err)
+	run, ln, err := kit.RunDir(dir)
+	if ln != nil {
+		in.Own(ln)
+		in.Listen(ln)
 	}
-	// The agent binary's mount point.
-	if err := os.WriteFile(filepath.Join(c.RunDir, "oac-guest"), nil, 0o644); err != nil {
-		return c, fmt.Errorf("create agent mount point: %w", err)
-	}
-	sock := filepath.Join(c.RunDir, "agent.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
-		return c, fmt.Errorf("listen on %s: %w", sock, err)
+		return c, err
 	}
-	in.ln = ln
-	for _, f := range []string{c.RunDir, sock} {
+	c.RunDir = run
+	for _, f := range []string{run, ln.Addr().String()} {
 		if err := os.Chown(f, root, root); err != nil {
 			return c, fmt.Errorf("chown %s: %w", f, err)
 		}
-	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		return c, fmt.Errorf("chmod %s: %w", sock, err)
 	}
 	return c, nil
 }
@@ -300,10 +227,9 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 // points of the host's /usr, /bin, /lib* (or symlinks to them), /etc with
 // the guest's own passwd, group and hosts and the host's TLS, linker and
 // name service files.
-func (in *Instance) skeleton(dir string) (string, []hostEntry, [][2]string, error) {
+func (in *Instance) skeleton(dir string) (string, []kit.HostEntry, [][2]string, error) {
 	rootfs := filepath.Join(dir, "rootfs")
-	entries := hostRoot()
-	var etc [][2]string
+	entries := kit.HostRoot()
 	mk := func(p string, mode os.FileMode) error {
 		if err := os.MkdirAll(p, mode); err != nil {
 			return fmt.Errorf("create %s: %w", p, err)
@@ -325,21 +251,9 @@ func (in *Instance) skeleton(dir string) (string, []hostEntry, [][2]string, erro
 			return "", nil, nil, err
 		}
 	}
-	etcDir := filepath.Join(dir, "etc")
-	if err := mk(etcDir, 0o755); err != nil {
+	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, nil)
+	if err != nil {
 		return "", nil, nil, err
-	}
-	for name, content := range map[string]string{"passwd": passwd(), "group": group(), "hosts": hosts(in.spec.Hostname)} {
-		path := filepath.Join(etcDir, name)
-		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-			return "", nil, nil, fmt.Errorf("write %s: %w", path, err)
-		}
-		etc = append(etc, [2]string{"/etc/" + name, path})
-	}
-	for _, name := range hostEtcFiles {
-		if _, err := os.Stat("/etc/" + name); err == nil {
-			etc = append(etc, [2]string{"/etc/" + name, "/etc/" + name})
-		}
 	}
 	// Mount points for the /etc binds.
 	for _, f := range etc {
@@ -360,111 +274,36 @@ func (in *Instance) skeleton(dir string) (string, []hostEntry, [][2]string, erro
 	return rootfs, entries, etc, nil
 }
 
-// hostRoot lists the top-level host paths of the default root.
-func hostRoot() []hostEntry {
-	var out []hostEntry
-	for _, p := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"} {
-		st, err := os.Lstat(p)
-		if err != nil {
-			continue
-		}
-		if st.Mode()&os.ModeSymlink != 0 {
-			if target, err := os.Readlink(p); err == nil {
-				out = append(out, hostEntry{Path: p, Symlink: target})
-			}
-			continue
-		}
-		if st.IsDir() {
-			out = append(out, hostEntry{Path: p})
-		}
-	}
-	return out
-}
-
 // Start implements provider.Instance: `runc run` (or crun) in the
 // foreground; the runtime process lives as long as the container.
 func (in *Instance) Start(ctx context.Context) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.proc.Started() {
-		return errors.New("oci: already started")
-	}
+	return in.StartOnce("oci", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	cmd := in.runtimeCmd(runArgs(in.bundle, in.id)...)
-	var out io.Writer = io.Discard
-	if in.spec.Stderr != nil {
-		out = in.spec.Stderr
-	}
-	// The container inherits the runtime's stdout and stderr: hand the
-	// runtime a pipe of our own, so that its exit is seen when it exits
-	// (os/exec would otherwise wait for the container to close them).
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return fmt.Errorf("oci: output pipe: %w", err)
-	}
-	defer pw.Close()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	go func() {
-		defer pr.Close()
-		_, _ = io.Copy(out, pr)
-	}()
 	// The runtime dies with the shim; the guest then loses its
 	// connection and stops, and Create of the same name deletes the
 	// leftover container.
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	if err := in.proc.Start(cmd); err != nil {
-		pr.Close()
+	if err := in.StartPiped(cmd, in.spec.Stderr); err != nil {
 		return fmt.Errorf("start %s: %w", in.rt.Kind, err)
 	}
 	return nil
 }
 
-// Accept implements provider.Instance.
-func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
-	if in.ln == nil {
-		return nil, provider.ErrNotStarted
+// delete deletes a started container from the runtime's state.
+func (in *Instance) delete() error {
+	if !in.Started() {
+		return nil
 	}
-	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
-}
-
-// Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
-
-// Err implements provider.Instance.
-func (in *Instance) Err() error { return in.proc.Err() }
-
-// Kill implements provider.Instance: SIGKILL to the container's init
-// through the runtime (its pid namespace dies with it), then to the
-// runtime process if it has not exited.
-func (in *Instance) Kill() error {
-	return in.proc.KillAsking(func() { _ = in.runtimeCmd(killArgs(in.id)...).Run() }, 3*time.Second)
-}
-
-// Destroy implements provider.Instance: kill, delete the container from
-// the runtime's state, remove the state directory.
-func (in *Instance) Destroy() error {
-	err := in.Kill()
-	if in.proc.Started() {
-		if out, derr := in.runtimeCmd(deleteArgs(in.id)...).CombinedOutput(); derr != nil && in.exists() {
-			err = errors.Join(err, fmt.Errorf("%s delete %s: %v: %s", in.rt.Kind, in.id, derr, out))
-		}
+	if out, err := in.runtimeCmd(deleteArgs(in.id)...).CombinedOutput(); err != nil && in.exists() {
+		return fmt.Errorf("%s delete %s: %v: %s", in.rt.Kind, in.id, err, out)
 	}
-	in.release()
-	return err
+	return nil
 }
 
 // exists reports whether the runtime still has state for the container.
 func (in *Instance) exists() bool {
 	return in.runtimeCmd("state", in.id).Run() == nil
-}
-
-func (in *Instance) release() {
-	if in.ln != nil {
-		in.ln.Close()
-		in.ln = nil
-	}
-	in.state.Release()
-	if in.idLock != nil {
-		in.idLock.Close()
-		in.idLock = nil
-	}
 }

@@ -5,26 +5,13 @@ import (
 	"path"
 	"sort"
 
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
-// Paths inside the guest (the same as the bwrap provider's).
-const (
-	GuestRunDir     = "/run/oac"
-	GuestAgentPath  = "/run/oac/oac-guest"
-	GuestSocketPath = "/run/oac/agent.sock"
-)
-
-// Limits every OCI sandbox gets: those hosted containers already run with
-// (docs/contract.md, "Hardening of hosted containers").
-const (
-	PidsLimit  = 128
-	TmpSizeMiB = 128
-	RunSizeMiB = 16
-	// specVersion is the runtime-spec version written into config.json:
-	// the one runc 1.1 and crun 1.8 implement.
-	specVersion = "1.0.2"
-)
+// specVersion is the runtime-spec version written into config.json: the
+// one runc 1.1 and crun 1.8 implement.
+const specVersion = "1.0.2"
 
 // AgentCaps are the only capabilities the agent keeps (bounding, effective,
 // permitted; none inheritable or ambient, so the daemon it starts as uid
@@ -44,14 +31,6 @@ var deniedSyscalls = []string{
 	"open_by_handle_at", "perf_event_open", "request_key", "userfaultfd",
 }
 
-// hostEntry is one top-level path of the default root: a directory bound
-// read-only, or a symlink recreated in the rootfs directory (merged-/usr
-// systems link /bin to usr/bin).
-type hostEntry struct {
-	Path    string
-	Symlink string
-}
-
 // bundleConfig is everything config.json depends on.
 type bundleConfig struct {
 	// RootPath is the host directory used as the read-only root: the
@@ -60,7 +39,7 @@ type bundleConfig struct {
 	RootPath string
 	// HostEntries are bound read-only into the default root (directories
 	// only; symlinks are made in the skeleton).
-	HostEntries []hostEntry
+	HostEntries []kit.HostEntry
 	// EtcFiles are bound read-only as guest path -> host path.
 	EtcFiles [][2]string
 	// RunDir is the host directory bound at /run/oac: it holds the
@@ -79,7 +58,7 @@ type bundleConfig struct {
 
 // buildSpec returns the container's config.json.
 func buildSpec(c bundleConfig) *specs.Spec {
-	args := []string{GuestAgentPath, "--transport", "unix://" + GuestSocketPath}
+	args := []string{kit.GuestAgentPath, "--transport", "unix://" + kit.GuestSocketPath}
 	if c.Debug {
 		args = append(args, "--debug")
 	}
@@ -108,7 +87,7 @@ func buildSpec(c bundleConfig) *specs.Spec {
 			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uint32(c.IDBase), Size: uint32(c.IDSize)}},
 			CgroupsPath: c.CgroupsPath,
 			Resources: &specs.LinuxResources{
-				Pids: &specs.LinuxPids{Limit: ptr(int64(PidsLimit))},
+				Pids: &specs.LinuxPids{Limit: ptr(int64(kit.PidsLimit))},
 				// No device but the runtime's defaults (null, zero, full,
 				// random, urandom, tty, ptmx).
 				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
@@ -167,10 +146,10 @@ func mounts(c bundleConfig) []specs.Mount {
 		ms = append(ms, specs.Mount{Destination: f[0], Type: "bind", Source: f[1], Options: []string{"bind", "ro", "nosuid", "nodev"}})
 	}
 	ms = append(ms,
-		specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=1777", fmt.Sprintf("size=%dm", TmpSizeMiB))},
-		specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=755", fmt.Sprintf("size=%dm", RunSizeMiB))},
-		specs.Mount{Destination: GuestRunDir, Type: "bind", Source: c.RunDir, Options: []string{"bind", "nosuid", "nodev", "noexec"}},
-		specs.Mount{Destination: GuestAgentPath, Type: "bind", Source: c.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=1777", fmt.Sprintf("size=%dm", kit.TmpSizeMiB))},
+		specs.Mount{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: append(nosuidNodev, "mode=755", fmt.Sprintf("size=%dm", kit.RunSizeMiB))},
+		specs.Mount{Destination: kit.GuestRunDir, Type: "bind", Source: c.RunDir, Options: []string{"bind", "nosuid", "nodev", "noexec"}},
+		specs.Mount{Destination: kit.GuestAgentPath, Type: "bind", Source: c.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
 	return ms
 }

@@ -10,12 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
 func testConfig() bundleConfig {
 	return bundleConfig{
 		RootPath:    "/run/oac/sandboxes/a/rootfs",
-		HostEntries: []hostEntry{{Path: "/usr"}, {Path: "/bin", Symlink: "usr/bin"}},
+		HostEntries: []kit.HostEntry{{Path: "/usr"}, {Path: "/bin", Symlink: "usr/bin"}},
 		EtcFiles:    [][2]string{{"/etc/passwd", "/run/oac/sandboxes/a/etc/passwd"}},
 		RunDir:      "/run/oac/sandboxes/a/run",
 		AgentPath:   "/opt/oac/oac-guest",

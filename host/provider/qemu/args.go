@@ -18,9 +18,6 @@ const (
 	DefaultMachine = "q35"
 	DefaultMemory  = 256 // MiB
 	DefaultCPUs    = 1   // -smp 2 is slower under software emulation
-	// DefaultConsoleLimit bounds how much serial console output one VM
-	// may forward to the diagnostics stream.
-	DefaultConsoleLimit = 1 << 20
 )
 
 // Accelerators.
@@ -136,37 +133,4 @@ func cpuHasVirt(r io.Reader) bool {
 		return false
 	}
 	return false
-}
-
-// consoleWriter forwards the serial console to w without carriage returns,
-// up to limit bytes; then it says so once and drops the rest (it keeps
-// accepting, so qemu never blocks on a full pipe).
-type consoleWriter struct {
-	w       io.Writer
-	limit   int64
-	written int64
-	capped  bool
-}
-
-func (c *consoleWriter) Write(p []byte) (int, error) {
-	n := len(p)
-	if c.capped {
-		return n, nil
-	}
-	out := make([]byte, 0, len(p))
-	for _, b := range p {
-		if b != '\r' {
-			out = append(out, b)
-		}
-	}
-	if c.written+int64(len(out)) > c.limit {
-		out = out[:c.limit-c.written]
-		c.capped = true
-	}
-	c.written += int64(len(out))
-	_, _ = c.w.Write(out)
-	if c.capped {
-		fmt.Fprintf(c.w, "\nconsole output limit of %d bytes reached; further console output dropped\n", c.limit)
-	}
-	return n, nil
 }

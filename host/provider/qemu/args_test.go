@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -62,18 +61,4 @@ func TestCPUHasVirtReadsTheFlagsLine(t *testing.T) {
 	// What the build machines report: a hypervisor, no vmx or svm.
 	assert.False(t, cpuHasVirt(strings.NewReader("flags\t\t: fpu hypervisor lahf_lm\nbugs\t\t: vmx_bug\n")))
 	assert.False(t, cpuHasVirt(strings.NewReader("")))
-}
-
-func TestConsoleWriterStripsCarriageReturnsAndStopsAtTheLimit(t *testing.T) {
-	var out bytes.Buffer
-	c := &consoleWriter{w: &out, limit: 10}
-	n, err := c.Write([]byte("abc\r\ndef\r\n"))
-	assert.NoError(t, err)
-	assert.Equal(t, 10, n)
-	assert.Equal(t, "abc\ndef\n", out.String())
-	n, _ = c.Write([]byte("0123456789"))
-	assert.Equal(t, 10, n, "always accepts, so qemu never blocks")
-	n, _ = c.Write([]byte("more"))
-	assert.Equal(t, 4, n)
-	assert.Equal(t, "abc\ndef\n01\nconsole output limit of 10 bytes reached; further console output dropped\n", out.String())
 }

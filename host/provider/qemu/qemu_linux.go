@@ -4,27 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/mdlayher/vsock"
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
-// Defaults.
+// Vsock guests get CID vsockCIDBase+slot and the host listens on
+// vsockPortBase+slot for them.
 const (
-	DefaultStateRoot = "/run/oac"
-	// Vsock guests get CID vsockCIDBase+slot and the host listens on
-	// vsockPortBase+slot for them.
 	vsockCIDBase  = 3
 	vsockPortBase = 20000
 	vsockSlots    = 4096
@@ -32,45 +28,10 @@ const (
 	devVhostVsock = "/dev/vhost-vsock"
 )
 
-// Provider boots guests as qemu virtual machines from a kernel and an
-// initramfs that has oac-guest as /init (see package initramfs).
-type Provider struct {
-	// Qemu is the qemu-system-x86_64 binary; default: found in PATH.
-	Qemu string
-	// Kernel and Initramfs are the boot images (required).
-	Kernel, Initramfs string
-	// Disk is an optional raw disk image attached read-only as virtio-blk.
-	Disk string
-	// Accel is AccelAuto (default), AccelKVM or AccelTCG.
-	Accel string
-	// Transport is TransportSerial (default) or TransportVsock.
-	Transport string
-	// MemoryMiB and CPUs size the VM (defaults DefaultMemory, DefaultCPUs).
-	MemoryMiB, CPUs int
-	// HostGrace is how long the guest waits for a lost host before it
-	// powers off (0: the guest's default).
-	HostGrace time.Duration
-	// ExtraAppend is added to the kernel command line.
-	ExtraAppend string
-	// ConsoleLimit bounds forwarded console output (default
-	// DefaultConsoleLimit).
-	ConsoleLimit int64
-	// StateRoot holds per-sandbox state; default DefaultStateRoot.
-	StateRoot string
-}
-
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "qemu" }
+func (p *Provider) driver() provider.Provider { return p }
 
 func (p *Provider) qemu() (string, error) {
-	if p.Qemu != "" {
-		return p.Qemu, nil
-	}
-	path, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		return "", fmt.Errorf("%w: qemu: qemu-system-x86_64 is not installed (apt-get install qemu-system-x86, or make deps)", provider.ErrUnavailable)
-	}
-	return path, nil
+	return kit.Binary("qemu", p.Qemu, "qemu-system-x86_64", "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86, or make deps)")
 }
 
 // kvmUsable reports whether hardware-assisted KVM can run a stock kernel:
@@ -123,13 +84,6 @@ func (p *Provider) transport() (string, error) {
 	return "", fmt.Errorf("%w: transport %q (want serial or vsock)", provider.ErrInvalidSpec, p.Transport)
 }
 
-func (p *Provider) stateRoot() string {
-	if p.StateRoot != "" {
-		return p.StateRoot
-	}
-	return DefaultStateRoot
-}
-
 // Check implements provider.Provider.
 func (p *Provider) Check(ctx context.Context) error {
 	if _, err := p.qemu(); err != nil {
@@ -151,10 +105,7 @@ func (p *Provider) Check(ctx context.Context) error {
 }
 
 // Create implements provider.Provider.
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: qemu guests run from their initramfs; --rootfs is a bwrap option (switch_root into a disk is not built yet)", provider.ErrInvalidSpec)
 	}
@@ -170,30 +121,22 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	accel, _ := p.accel()
 	tr, _ := p.transport()
 	in := &Instance{
-		spec: spec, qemu: qemuBin, proc: newProcess(),
+		Process: provider.NewProcess(provider.Exits("virtual machine powered off", "qemu exited"), errors.New("qemu did not exit within 10s of SIGKILL")), spec: spec, qemu: qemuBin,
 		cfg: vmConfig{
-			Name: spec.Name, Kernel: absPath(p.Kernel), Initramfs: absPath(p.Initramfs), Disk: absPath(p.Disk), Accel: accel,
+			Name: spec.Name, Kernel: provider.AbsPath(p.Kernel), Initramfs: provider.AbsPath(p.Initramfs), Disk: provider.AbsPath(p.Disk), Accel: accel,
 			MemoryMiB: orDefault(p.MemoryMiB, DefaultMemory), CPUs: orDefault(p.CPUs, DefaultCPUs),
 			HostGrace: p.HostGrace, ExtraAppend: p.ExtraAppend,
 		},
 		consoleLimit: p.ConsoleLimit,
 	}
-	if in.consoleLimit <= 0 {
-		in.consoleLimit = DefaultConsoleLimit
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			in.release()
-		}
-	}()
-	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	defer in.DestroyOnError(&err)
+	root := kit.StateRoot(p.StateRoot)
+	state, err := kit.ClaimState(in.Process, root, spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.state = state
 	if tr == TransportVsock {
-		if err := in.listenVsock(filepath.Join(p.stateRoot(), "vsock")); err != nil {
+		if err := in.listenVsock(filepath.Join(root, "vsock")); err != nil {
 			return nil, err
 		}
 	} else {
@@ -202,9 +145,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 		if err != nil {
 			return nil, fmt.Errorf("listen on %s: %w (paths of unix sockets are limited to 107 bytes: use a shorter state root)", in.cfg.Socket, err)
 		}
-		in.ln = ln
+		in.Own(ln)
+		in.Listen(ln)
 	}
-	ok = true
 	return in, nil
 }
 
@@ -215,29 +158,13 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// Instance is one qemu VM.
+// Instance is one qemu VM; the embedded Process is qemu's.
 type Instance struct {
+	*provider.Process
 	spec         provider.Spec
 	qemu         string
 	cfg          vmConfig
 	consoleLimit int64
-
-	state    *statedir.Dir
-	ln       provider.DeadlineListener
-	slotLock *os.File
-
-	mu   sync.Mutex // serializes Start
-	proc *provider.Process
-}
-
-// newProcess returns the qemu process of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("virtual machine powered off")
-		}
-		return fmt.Errorf("qemu exited: %w", err)
-	}, errors.New("qemu did not exit within 10s of SIGKILL"))
 }
 
 // listenVsock claims a CID/port slot and listens for the guest on the
@@ -254,7 +181,10 @@ func (in *Instance) listenVsock(dir string) error {
 		return fmt.Errorf("listen on vsock port %d: %w (is vhost_vsock loaded?)", port, err)
 	}
 	cid := uint32(vsockCIDBase + slot)
-	in.slotLock, in.ln = f, &cidListener{Listener: ln, cid: cid}
+	in.Own(f)
+	cl := &cidListener{Listener: ln, cid: cid}
+	in.Own(cl)
+	in.Listen(cl)
 	in.cfg.VsockCID, in.cfg.VsockPort = cid, port
 	return nil
 }
@@ -279,27 +209,19 @@ func (l *cidListener) Accept() (net.Conn, error) {
 	}
 }
 
-// HostPID returns the pid of the qemu process, 0 before Start.
-func (in *Instance) HostPID() int { return in.proc.HostPID() }
-
 // Args returns qemu's command line (without the binary).
 func (in *Instance) Args() []string { return buildArgs(in.cfg) }
 
 // Start implements provider.Instance.
 func (in *Instance) Start(ctx context.Context) error {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.proc.Started() {
-		return errors.New("qemu: already started")
-	}
+	return in.StartOnce("qemu", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	cmd := exec.Command(in.qemu, buildArgs(in.cfg)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
-	var out io.Writer = io.Discard
-	if in.spec.Stderr != nil {
-		out = in.spec.Stderr
-	}
-	console := &consoleWriter{w: out, limit: in.consoleLimit}
+	console := kit.NewConsole(in.spec.Stderr, in.consoleLimit)
 	// One writer for both: os/exec then copies through a single pipe
 	// and goroutine, so lines never interleave.
 	cmd.Stdout, cmd.Stderr = console, console
@@ -308,57 +230,8 @@ func (in *Instance) Start(ctx context.Context) error {
 		Pdeathsig: syscall.SIGKILL,
 		Setpgid:   true,
 	}
-	if err := in.proc.Start(cmd); err != nil {
+	if err := in.Process.Start(cmd); err != nil {
 		return fmt.Errorf("start qemu: %w", err)
 	}
 	return nil
-}
-
-// Accept implements provider.Instance: the guest's connection (qemu's, for
-// the serial transport).
-func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
-	if in.ln == nil {
-		return nil, provider.ErrNotStarted
-	}
-	return provider.Accept(ctx, in.ln, in.proc.Done(), in.proc.Err)
-}
-
-// Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.proc.Done() }
-
-// Err implements provider.Instance.
-func (in *Instance) Err() error { return in.proc.Err() }
-
-// Kill implements provider.Instance.
-func (in *Instance) Kill() error { return in.proc.Kill() }
-
-// Destroy implements provider.Instance.
-func (in *Instance) Destroy() error {
-	err := in.Kill()
-	in.release()
-	return err
-}
-
-func (in *Instance) release() {
-	if in.ln != nil {
-		in.ln.Close()
-		in.ln = nil
-	}
-	if in.slotLock != nil {
-		in.slotLock.Close()
-		in.slotLock = nil
-	}
-	in.state.Release()
-}
-
-// absPath makes a host path absolute: qemu runs in / and would otherwise
-// resolve a path given relative to the shim's working directory there.
-func absPath(p string) string {
-	if p == "" || filepath.IsAbs(p) {
-		return p
-	}
-	if a, err := filepath.Abs(p); err == nil {
-		return a
-	}
-	return p
 }

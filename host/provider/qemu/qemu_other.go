@@ -2,34 +2,10 @@
 
 package qemu
 
-import (
-	"context"
-	"fmt"
-	"time"
+import "github.com/oac/sandbox-agent/host/provider"
 
-	"github.com/oac/sandbox-agent/host/provider"
-)
-
-// Provider boots qemu VMs; on this OS it is not built (macOS uses the
-// Virtualization.framework provider).
-type Provider struct {
-	Qemu, Kernel, Initramfs, Disk, Accel, Transport string
-	MemoryMiB, CPUs                                 int
-	HostGrace                                       time.Duration
-	ExtraAppend                                     string
-	ConsoleLimit                                    int64
-	StateRoot                                       string
-}
-
-// Name implements provider.Provider.
-func (p *Provider) Name() string { return "qemu" }
-
-// Check implements provider.Provider.
-func (p *Provider) Check(context.Context) error {
-	return fmt.Errorf("%w: qemu: the qemu provider runs only on Linux", provider.ErrUnavailable)
-}
-
-// Create implements provider.Provider.
-func (p *Provider) Create(context.Context, provider.Spec) (provider.Instance, error) {
-	return nil, p.Check(context.Background())
+// driver: qemu is not built here (macOS uses the Virtualization.framework
+// provider).
+func (p *Provider) driver() provider.Provider {
+	return provider.Unavailable("qemu", "the qemu provider runs only on Linux")
 }

@@ -3,11 +3,9 @@
 package qemu
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,23 +14,6 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // fakeProvider returns a provider whose "qemu" is a shell script.
 func fakeProvider(t *testing.T, script string) *Provider {
@@ -113,7 +94,7 @@ func TestKillStopsQemuAndTheNameIsFreeAgain(t *testing.T) {
 	_, err = p.Create(context.Background(), provider.Spec{Name: "k", AgentPath: "/a"})
 	assert.ErrorIs(t, err, provider.ErrExists)
 	require.NoError(t, in.Start(context.Background()))
-	assert.NotZero(t, in.(provider.HostPIDer).HostPID())
+	assert.NotZero(t, in.(*Instance).HostPID())
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	_, err = in.Accept(ctx)

@@ -29,6 +29,10 @@ type Dir struct {
 // dead shim's) is taken over once its lock is ours and still the one at
 // the path (a Sweep may have removed it meanwhile: then Claim starts over).
 func Claim(root, name string) (*Dir, error) {
+	if !provider.ValidName(name) {
+		// The name becomes a path: nothing but a valid name gets this far.
+		return nil, fmt.Errorf("%w: sandbox name %q", provider.ErrInvalidSpec, name)
+	}
 	Sweep(root, name)
 	base := filepath.Join(root, "sandboxes")
 	if err := os.MkdirAll(base, 0o711); err != nil {
@@ -175,4 +179,10 @@ func ClaimSlot(dir string, slots int, what string) (int, *os.File, error) {
 		return slot, f, nil
 	}
 	return 0, nil, fmt.Errorf("all %d %s slots are in use: stop some sandboxes", slots, what)
+}
+
+// Close is Release, so a Dir is an io.Closer (provider.Process.Own).
+func (d *Dir) Close() error {
+	d.Release()
+	return nil
 }

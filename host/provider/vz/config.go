@@ -62,20 +62,23 @@ type VMConfig struct {
 
 // Settings are the provider's knobs that shape a VM.
 type Settings struct {
-	Kernel, Initramfs string
+	// Kernel and Initramfs are the boot images (the driver's default:
+	// vmlinuz and initramfs.img beside oac-shim).
+	Kernel    string `flag:"kernel,path" meta:"FILE" usage:"kernel image (default: vmlinuz beside oac-shim)"`
+	Initramfs string `flag:"initramfs,path" meta:"FILE" usage:"initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)"`
 	// Disk is an optional raw disk image (virtio-blk), read-only unless
 	// DiskWritable.
-	Disk         string
+	Disk         string `flag:"disk,path" meta:"FILE" usage:"raw disk image attached read-only as virtio-blk"`
 	DiskWritable bool
 	// Share is an optional host directory shared as ShareTag (read-write
 	// unless ShareReadOnly).
-	Share         string
+	Share         string `flag:"share,path" meta:"DIR" usage:"host directory shared with the guest over virtio-fs (tag workspace)"`
 	ShareReadOnly bool
-	MemoryMiB     int
-	CPUs          int
+	MemoryMiB     int `flag:"memory" meta:"MIB" usage:"guest memory in MiB (default 512)"`
+	CPUs          int `flag:"cpus" meta:"N" usage:"virtual CPUs (default 2, at most the host's)"`
 	// HostCPUs bounds CPUs (0: not checked).
 	HostCPUs    int
-	HostGrace   time.Duration
+	HostGrace   time.Duration `flag:"host-grace" meta:"DUR" usage:"the guest powers off after the host is gone this long (0: the guest's default, 30s)"`
 	ExtraAppend string
 	Debug       bool
 }

@@ -14,8 +14,8 @@
 // Machine interfaces; the only implementation, hypervisor_darwin.go, needs
 // cgo and the macOS SDK and is compiled and tested only on macOS (the
 // GitHub Actions workflow .github/workflows/macos.yml); elsewhere, and in
-// builds without cgo, the provider reports itself unavailable. Check applies
-// the OS policy first: below macOS 12 the provider is blocked.
+// builds without cgo, the provider reports itself unavailable. The OS
+// policy (macOS 12 or newer) is oac-shim's, applied before any provider.
 //
 // It owns the VM's configuration and lifecycle. It must not speak the
 // protocol (package sandbox does) nor build images.

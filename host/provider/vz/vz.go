@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"runtime"
-	"sync"
 
-	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
 // Provider boots guests as Virtualization.framework virtual machines from
@@ -22,14 +20,19 @@ type Provider struct {
 	// on macOS (cgo builds), unavailable elsewhere.
 	Hypervisor Hypervisor
 	// ConsoleLimit bounds forwarded console output (default
-	// DefaultConsoleLimit).
+	// kit.DefaultConsoleLimit).
 	ConsoleLimit int64
-	// OS describes the host for the policy check; default ospolicy.Detect.
-	OS func() ospolicy.OS
 }
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return "vz" }
+
+func init() {
+	provider.Register(provider.Driver[Provider]{Name: "vz", New: func(p *Provider) provider.Provider {
+		p.Kernel, p.Initramfs = kit.BootImages(p.Kernel, p.Initramfs)
+		return p
+	}})
+}
 
 func (p *Provider) hv() Hypervisor {
 	if p.Hypervisor != nil {
@@ -46,20 +49,10 @@ func (p *Provider) settings() Settings {
 	return s
 }
 
-// Check implements provider.Provider: the OS policy (macOS 12 or newer),
-// the hypervisor, and the boot images.
+// Check implements provider.Provider: the hypervisor and the boot images.
+// (The OS policy, macOS 12 or newer, is oac-shim's, applied once before
+// any provider runs.)
 func (p *Provider) Check(ctx context.Context) error {
-	if p.Hypervisor == nil || p.OS != nil {
-		detect := p.OS
-		if detect == nil {
-			detect = ospolicy.Detect
-		}
-		if o := detect(); o.GOOS == "darwin" {
-			if v := ospolicy.Evaluate(o); v.Level == ospolicy.Block {
-				return fmt.Errorf("%w: vz: %s", provider.ErrUnavailable, v.Message)
-			}
-		}
-	}
 	if err := p.hv().Available(); err != nil {
 		return mapError("check", err)
 	}
@@ -71,9 +64,6 @@ func (p *Provider) Check(ctx context.Context) error {
 
 // Create implements provider.Provider.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: vz guests run from their initramfs (and an optional --disk); --rootfs is not used", provider.ErrInvalidSpec)
 	}
@@ -84,15 +74,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, err
 	}
-	var out io.Writer = io.Discard
-	if spec.Stderr != nil {
-		out = spec.Stderr
-	}
-	limit := p.ConsoleLimit
-	if limit <= 0 {
-		limit = DefaultConsoleLimit
-	}
-	m, err := p.hv().NewMachine(cfg, &consoleWriter{w: out, limit: limit})
+	m, err := p.hv().NewMachine(cfg, kit.NewConsole(spec.Stderr, p.ConsoleLimit))
 	if err != nil {
 		return nil, mapError("create virtual machine", err)
 	}
@@ -100,42 +82,56 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, mapError(fmt.Sprintf("listen on vsock port %d", cfg.VsockPort), err)
 	}
-	return &Instance{cfg: cfg, m: m, ln: ln, vm: provider.NewProcess(func(err error) error { return err },
-		errors.New("vz: the virtual machine did not stop within 10s"))}, nil
+	in := &Instance{
+		Process: provider.NewProcess(func(err error) error { return err }, errors.New("vz: the virtual machine did not stop within 10s")),
+		cfg:     cfg, m: m, ln: ln,
+	}
+	in.Own(ln)
+	// Kill stops the machine at once.
+	in.KillBy(func() error {
+		if !in.Started() {
+			return nil
+		}
+		return in.KillWith(func() error {
+			if err := in.m.Stop(); err != nil {
+				if s := in.m.State(); s != StateStopped && s != StateError {
+					return mapError("stop virtual machine", err)
+				}
+			}
+			return nil
+		})
+	})
+	return in, nil
 }
 
-// Instance is one virtual machine.
+// Instance is one virtual machine; the embedded Process watches the
+// machine's states, and its Err says why the machine ended.
 type Instance struct {
+	*provider.Process
 	cfg VMConfig
 	m   Machine
 	ln  net.Listener
-
-	mu      sync.Mutex
-	started bool
-	vm      *provider.Process // watches the machine's states; Err is why it ended
-	closeLn sync.Once
 }
 
 // Config returns the machine's configuration.
 func (in *Instance) Config() VMConfig { return in.cfg }
 
-// Start implements provider.Instance.
+// Start implements provider.Instance. The guest's connection is accepted
+// from the machine's virtio socket from now on.
 func (in *Instance) Start(ctx context.Context) error {
-	in.mu.Lock()
-	if in.started {
-		in.mu.Unlock()
-		return errors.New("vz: already started")
-	}
-	in.started = true
-	in.mu.Unlock()
+	return in.StartOnce("vz", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
+	in.Listen(in.ln)
 	run := machineRun{m: in.m, changes: in.m.StateChanged()}
 	if err := in.m.Start(ctx); err != nil {
 		run.startErr = mapError("start virtual machine", err)
-		in.vm.Watch(run)
-		<-in.vm.Done()
+		in.Watch(run)
+		<-in.Done()
 		return run.startErr
 	}
-	in.vm.Watch(run)
+	in.Watch(run)
 	return nil
 }
 
@@ -159,108 +155,7 @@ func (r machineRun) Wait() error {
 	return errors.New("virtual machine state notifications ended")
 }
 
-// Kill is not used: Instance.Kill stops the machine and checks the error.
+// Kill is not used: the Instance's Kill stops the machine and checks the
+// error.
 func (r machineRun) Kill() error { return r.m.Stop() }
 func (r machineRun) Pid() int    { return 0 }
-
-// Accept implements provider.Instance: the guest's connection on the
-// virtio socket. The vz listener has no deadlines, so an interrupted
-// Accept closes it (a sandbox accepts one connection).
-func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
-	in.mu.Lock()
-	started := in.started
-	in.mu.Unlock()
-	if !started {
-		return nil, provider.ErrNotStarted
-	}
-	if dl, ok := in.ln.(provider.DeadlineListener); ok {
-		return provider.Accept(ctx, dl, in.vm.Done(), in.vm.Err)
-	}
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() { c, err := in.ln.Accept(); ch <- result{c, err} }()
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return nil, fmt.Errorf("accept guest connection: %w", r.err)
-		}
-		return r.c, nil
-	case <-ctx.Done():
-		in.closeListener()
-		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
-	case <-in.vm.Done():
-		in.closeListener()
-		return nil, in.Err()
-	}
-}
-
-func (in *Instance) closeListener() { in.closeLn.Do(func() { in.ln.Close() }) }
-
-// Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.vm.Done() }
-
-// Err implements provider.Instance.
-func (in *Instance) Err() error { return in.vm.Err() }
-
-// Kill implements provider.Instance: stop the machine at once.
-func (in *Instance) Kill() error {
-	in.mu.Lock()
-	started := in.started
-	in.mu.Unlock()
-	if !started {
-		return nil
-	}
-	return in.vm.KillWith(func() error {
-		if err := in.m.Stop(); err != nil {
-			if s := in.m.State(); s != StateStopped && s != StateError {
-				return mapError("stop virtual machine", err)
-			}
-		}
-		return nil
-	})
-}
-
-// Destroy implements provider.Instance.
-func (in *Instance) Destroy() error {
-	err := in.Kill()
-	in.closeListener()
-	return err
-}
-
-// consoleWriter forwards console output without carriage returns, up to
-// limit bytes; then it says so once and drops the rest.
-type consoleWriter struct {
-	mu      sync.Mutex
-	w       io.Writer
-	limit   int64
-	written int64
-	capped  bool
-}
-
-func (c *consoleWriter) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := len(p)
-	if c.capped {
-		return n, nil
-	}
-	out := make([]byte, 0, len(p))
-	for _, b := range p {
-		if b != '\r' {
-			out = append(out, b)
-		}
-	}
-	if c.written+int64(len(out)) > c.limit {
-		out = out[:c.limit-c.written]
-		c.capped = true
-	}
-	c.written += int64(len(out))
-	_, _ = c.w.Write(out)
-	if c.capped {
-		fmt.Fprintf(c.w, "\nconsole output limit of %d bytes reached; further console output dropped\n", c.limit)
-	}
-	return n, nil
-}

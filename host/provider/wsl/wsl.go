@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +13,7 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
@@ -31,13 +30,13 @@ const (
 type Provider struct {
 	// WSL is wsl.exe; default: %SystemRoot%\System32\wsl.exe, else PATH
 	// (on other OSes there is none unless given).
-	WSL string
+	WSL string `flag:"wsl" meta:"PATH" usage:"wsl.exe to run (default: %SystemRoot%\\System32\\wsl.exe)"`
 	// Rootfs is the root filesystem tarball (the image build's output)
 	// imported for each sandbox; Spec.Rootfs overrides it.
 	Rootfs string
 	// InstallerURL is the mirrored WSL installer named when WSL is
 	// missing or too old.
-	InstallerURL string
+	InstallerURL string `flag:"wsl-installer" meta:"URL" usage:"URL of the mirrored WSL installer named when WSL is missing or too old"`
 	// StateRoot holds per-sandbox state and the distributions' disks;
 	// default %LOCALAPPDATA%\oac.
 	StateRoot string
@@ -49,6 +48,13 @@ type Provider struct {
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return "wsl" }
+
+func init() {
+	provider.Register(provider.Driver[Provider]{Name: "wsl", Note: "(--rootfs is the tarball)", New: func(p *Provider) provider.Provider {
+		p.Rootfs = kit.BesideShim("oac-rootfs.tar.gz")
+		return p
+	}})
+}
 
 func (p *Provider) wslPath() string {
 	if p.WSL != "" {
@@ -69,6 +75,19 @@ func (p *Provider) stateRoot() string {
 		return p.StateRoot
 	}
 	return defaultStateRoot()
+}
+
+// Reset implements provider.Resetter: it unregisters a distribution the
+// sandbox called name left behind (an unregister that failed), so that
+// the next start imports a fresh one.
+func (p *Provider) Reset(ctx context.Context, name string) error {
+	in := &Instance{run: p.runner(), distro: DistroName(name)}
+	names, err := in.list(ctx)
+	if err != nil || !slices.Contains(names, in.distro) {
+		return err
+	}
+	in.imported = true
+	return in.unregister(ctx)
 }
 
 func (p *Provider) install() string {
@@ -140,10 +159,7 @@ func (p *Provider) Detail(ctx context.Context) string {
 
 // Create implements provider.Provider: it imports the sandbox's
 // distribution (removing a stale one of the same name first).
-func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
-	if err := spec.Validate(); err != nil {
-		return nil, err
-	}
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if _, err := p.Version(ctx); err != nil {
 		return nil, err
 	}
@@ -151,18 +167,18 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err != nil {
 		return nil, fmt.Errorf("%w: wsl: %v", provider.ErrInvalidSpec, err)
 	}
-	in := &Instance{p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar, rt: newProcess()}
-	ok := false
-	defer func() {
-		if !ok {
-			in.release(context.Background())
-		}
-	}()
-	state, err := statedir.Claim(p.stateRoot(), spec.Name)
+	in := &Instance{Process: provider.NewProcess(provider.Exits("the agent's wsl.exe exited with status 0", "sandbox runtime exited: wsl.exe"), errors.New("wsl.exe did not exit within 10s of being killed")), p: p, run: p.runner(), spec: spec, distro: DistroName(spec.Name), tarball: tar}
+	defer in.DestroyOnError(&err)
+	state, err := kit.ClaimState(in.Process, p.stateRoot(), spec.Name)
 	if err != nil {
 		return nil, err
 	}
-	in.state, in.dir = state, filepath.Join(state.Path, "distro")
+	in.dir = filepath.Join(state.Path, "distro")
+	// Destroy unregisters the distribution (which deletes its disk).
+	in.OnDestroy(func() error { return in.unregister(context.Background()) })
+	// Kill terminates the distribution (every process in it), then the
+	// wsl.exe that ran the agent.
+	in.KillBy(in.terminate)
 	// We hold the name's lock: a distribution of that name is a leftover.
 	names, err := in.list(ctx)
 	if err != nil {
@@ -176,49 +192,26 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	if err := in.importDistro(ctx); err != nil {
 		return nil, err
 	}
-	ok = true
 	return in, nil
 }
 
-// Instance is one sandbox's WSL distribution and its agent process.
+// Instance is one sandbox's WSL distribution; the embedded Process is
+// the wsl.exe running its agent.
 type Instance struct {
+	*provider.Process
 	p       *Provider
 	run     Runner
 	spec    provider.Spec
 	distro  string
 	tarball string
 	dir     string
-	state   *statedir.Dir
 
 	mu       sync.Mutex
 	imported bool
-	rt       *provider.Process // the wsl.exe running the agent; a new one after Reset
-	conn     net.Conn
-	accepted bool
-}
-
-// newProcess returns the agent's wsl.exe of an Instance, not started.
-func newProcess() *provider.Process {
-	return provider.NewProcess(func(err error) error {
-		if err == nil {
-			return errors.New("the agent's wsl.exe exited with status 0")
-		}
-		return fmt.Errorf("sandbox runtime exited: wsl.exe: %w", err)
-	}, errors.New("wsl.exe did not exit within 10s of being killed"))
-}
-
-// runtime returns the current wsl.exe Process.
-func (in *Instance) runtime() *provider.Process {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.rt
 }
 
 // Distro returns the WSL distribution's name.
 func (in *Instance) Distro() string { return in.distro }
-
-// HostPID returns the pid of the wsl.exe running the agent, 0 before Start.
-func (in *Instance) HostPID() int { return in.runtime().HostPID() }
 
 // wsl runs one wsl.exe command to completion.
 func (in *Instance) wsl(ctx context.Context, timeout time.Duration, what string, args ...string) error {
@@ -262,92 +255,44 @@ func (in *Instance) importDistro(ctx context.Context) error {
 
 // Start implements provider.Instance: wsl.exe runs the agent as root in
 // the distribution, speaking the session over the process's stdin and
-// stdout.
+// stdout, which Accept hands out once.
 func (in *Instance) Start(ctx context.Context) error {
+	return in.StartOnce("wsl", func() error { return in.start(ctx) })
+}
+
+func (in *Instance) start(ctx context.Context) error {
 	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.rt.Started() {
-		return errors.New("wsl: already started")
-	}
-	if !in.imported {
+	imported := in.imported
+	in.mu.Unlock()
+	if !imported {
 		return fmt.Errorf("%w: wsl: %s is not imported", provider.ErrNotStarted, in.distro)
 	}
 	proc, err := in.run.Start(agentArgs(in.distro, in.p.Debug), in.spec.Stderr)
 	if err != nil {
 		return err
 	}
-	in.rt.Watch(proc)
-	in.conn = transport.StreamConn(proc.Stdout(), proc.Stdin(), "wsl:"+in.distro)
+	in.Watch(proc)
+	conn := transport.StreamConn(proc.Stdout(), proc.Stdin(), "wsl:"+in.distro)
+	in.Own(conn)
+	ln := provider.ConnListener(conn)
+	in.Own(ln)
+	in.Listen(ln)
 	return nil
 }
 
-// Accept implements provider.Instance: the agent's stdio, once; later
-// calls wait for the runtime to end or ctx.
-func (in *Instance) Accept(ctx context.Context) (net.Conn, error) {
-	in.mu.Lock()
-	if !in.rt.Started() {
-		in.mu.Unlock()
-		return nil, provider.ErrNotStarted
-	}
-	if !in.accepted {
-		in.accepted = true
-		c := in.conn
-		in.mu.Unlock()
-		return c, nil
-	}
-	rt := in.rt
-	in.mu.Unlock()
-	select {
-	case <-ctx.Done():
-		return nil, fmt.Errorf("accept guest connection: %w", ctx.Err())
-	case <-rt.Done():
-		return nil, in.Err()
-	}
-}
-
-// Done implements provider.Instance.
-func (in *Instance) Done() <-chan struct{} { return in.runtime().Done() }
-
-// Err implements provider.Instance.
-func (in *Instance) Err() error { return in.runtime().Err() }
-
-// Kill implements provider.Instance: terminate the distribution (every
-// process in it), then the wsl.exe that ran the agent.
-func (in *Instance) Kill() error {
-	rt := in.runtime()
-	if !rt.Started() {
+// terminate is the Instance's Kill.
+func (in *Instance) terminate() error {
+	if !in.Started() {
 		return nil
 	}
 	terr := in.wsl(context.Background(), quickTimeout, "terminate "+in.distro, terminateArgs(in.distro)...)
 	if errors.Is(terr, ErrNotFound) {
 		terr = nil
 	}
-	if err := rt.Kill(); err != nil {
+	if err := in.KillProcess(); err != nil {
 		return errors.Join(terr, err)
 	}
 	return terr
-}
-
-// Destroy implements provider.Instance: kill, unregister the distribution
-// (which deletes its disk), remove the state directory.
-func (in *Instance) Destroy() error {
-	err := in.Kill()
-	return errors.Join(err, in.release(context.Background()))
-}
-
-// Reset returns the sandbox to a fresh distribution: unregister and import
-// again. The agent must be started again afterwards.
-func (in *Instance) Reset(ctx context.Context) error {
-	if err := in.Kill(); err != nil {
-		return err
-	}
-	if err := in.unregister(ctx); err != nil {
-		return err
-	}
-	in.mu.Lock()
-	in.rt, in.conn, in.accepted = newProcess(), nil, false
-	in.mu.Unlock()
-	return in.importDistro(ctx)
 }
 
 func (in *Instance) unregister(ctx context.Context) error {
@@ -362,17 +307,5 @@ func (in *Instance) unregister(ctx context.Context) error {
 	if errors.Is(err, ErrNotFound) {
 		return nil
 	}
-	return err
-}
-
-func (in *Instance) release(ctx context.Context) error {
-	err := in.unregister(ctx)
-	in.mu.Lock()
-	c := in.conn
-	in.mu.Unlock()
-	if c != nil {
-		c.Close()
-	}
-	in.state.Release()
 	return err
 }

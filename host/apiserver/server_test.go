@@ -1,4 +1,4 @@
-package control
+package apiserver
 
 import (
 	"bufio"
@@ -17,14 +17,15 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/internal/sockfile"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func echoHandler() Handler {
-	return HandlerFunc(func(_ context.Context, c Command) (any, error) {
-		if c.Cmd == CmdPushTime {
+	return HandlerFunc(func(_ context.Context, c api.Command) (any, error) {
+		if c.Cmd == api.CmdPushTime {
 			return nil, errors.New("the guest does not support this")
 		}
 		return map[string]string{"did": c.Cmd}, nil
@@ -35,7 +36,7 @@ func serve(t *testing.T, input string) []map[string]any {
 	t.Helper()
 	s := &Server{Sandbox: "sb", Handler: echoHandler()}
 	var out []map[string]any
-	err := s.ServeLines(context.Background(), strings.NewReader(input), func(a Answer) error {
+	err := s.ServeLines(context.Background(), strings.NewReader(input), func(a api.Answer) error {
 		b, err := json.Marshal(a)
 		require.NoError(t, err)
 		var m map[string]any
@@ -71,7 +72,7 @@ func TestServeLinesAnswersEachCommandInOrder(t *testing.T) {
 }
 
 func TestOverlongLinesAreAnsweredAndSkipped(t *testing.T) {
-	long := `{"cmd":"status","id":"` + strings.Repeat("x", MaxLine) + `"}`
+	long := `{"cmd":"status","id":"` + strings.Repeat("x", api.MaxLine) + `"}`
 	out := serve(t, long+"\n"+`{"cmd":"status","id":"after"}`+"\n"+long)
 	require.Len(t, out, 3)
 	assert.Contains(t, out[0]["error"], "line longer than 65536 bytes")
@@ -82,7 +83,7 @@ func TestOverlongLinesAreAnsweredAndSkipped(t *testing.T) {
 func TestAWriteErrorEndsServing(t *testing.T) {
 	s := &Server{Handler: echoHandler()}
 	err := s.ServeLines(context.Background(), strings.NewReader("{\"cmd\":\"status\"}\n{\"cmd\":\"status\"}\n"),
-		func(Answer) error { return io.ErrClosedPipe })
+		func(api.Answer) error { return io.ErrClosedPipe })
 	assert.ErrorIs(t, err, io.ErrClosedPipe)
 }
 
@@ -91,7 +92,7 @@ func TestSocketServesConnectionsAndCapsThem(t *testing.T) {
 	require.NoError(t, err)
 	block := make(chan struct{})
 	var once sync.Once
-	s := &Server{Sandbox: "sb", Handler: HandlerFunc(func(ctx context.Context, c Command) (any, error) {
+	s := &Server{Sandbox: "sb", Handler: HandlerFunc(func(ctx context.Context, c api.Command) (any, error) {
 		if c.ID == "block" {
 			<-block
 		}
@@ -107,7 +108,7 @@ func TestSocketServesConnectionsAndCapsThem(t *testing.T) {
 	defer c.Close()
 	_, err = c.Write([]byte(`{"id":"a","cmd":"status"}` + "\n"))
 	require.NoError(t, err)
-	var a Answer
+	var a api.Answer
 	require.NoError(t, json.NewDecoder(c).Decode(&a))
 	assert.True(t, a.OK)
 	assert.Equal(t, "status", a.Result)

@@ -1,4 +1,4 @@
-package controller
+package lifecycle
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -29,7 +30,7 @@ type fakes struct {
 	jobs    chan *fakeJob
 	hold    atomic.Bool
 	mu      sync.Mutex
-	changes []Status
+	changes []api.Status
 }
 
 func newFakes() *fakes { return &fakes{jobs: make(chan *fakeJob, 16)} }
@@ -50,12 +51,12 @@ func (f *fakes) job(ctx context.Context, attempt uint64, r Reporter) error {
 	}
 }
 
-func (f *fakes) onChange(s Status) { f.mu.Lock(); f.changes = append(f.changes, s); f.mu.Unlock() }
+func (f *fakes) onChange(s api.Status) { f.mu.Lock(); f.changes = append(f.changes, s); f.mu.Unlock() }
 
-func (f *fakes) states() []string {
+func (f *fakes) states() []api.State {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []string
+	var out []api.State
 	for _, s := range f.changes {
 		out = append(out, s.State)
 	}
@@ -86,7 +87,7 @@ func newController(f *fakes, destroy func(context.Context) error) *Controller {
 	return New(Config{Name: "demo", Job: f.job, OnChange: f.onChange, Destroy: destroy})
 }
 
-func waitState(t *testing.T, c *Controller, state string) Status {
+func waitState(t *testing.T, c *Controller, state api.State) api.Status {
 	t.Helper()
 	require.Eventually(t, func() bool { return c.Status().State == state }, 5*time.Second, time.Millisecond, "state %s", state)
 	return c.Status()
@@ -94,7 +95,7 @@ func waitState(t *testing.T, c *Controller, state string) Status {
 
 func TestInitialStateIsStoppedAtAttemptZero(t *testing.T) {
 	c := newController(newFakes(), nil)
-	assert.Equal(t, Status{ServerID: "sandbox:demo", State: StateStopped}, c.Status())
+	assert.Equal(t, api.Status{ServerID: "sandbox:demo", State: api.StateStopped}, c.Status())
 	select {
 	case <-c.Done():
 	default:
@@ -109,20 +110,20 @@ func TestStartingReadyStopped(t *testing.T) {
 	a, err := c.Start()
 	require.NoError(t, err)
 	assert.Equal(t, uint64(1), a)
-	assert.Equal(t, StateStarting, c.Status().State)
+	assert.Equal(t, api.StateStarting, c.Status().State)
 	j := f.next(t)
 	assert.Equal(t, uint64(1), j.attempt)
-	assert.True(t, j.r.Report(Update{State: StateStarting, Message: "creating sandbox"}))
-	assert.True(t, j.r.Report(Update{State: StateReady, URL: "http://127.0.0.1:1", Username: "runtime", Password: "pw"}))
+	assert.True(t, j.r.Report(Update{State: api.StateStarting, Message: "creating sandbox"}))
+	assert.True(t, j.r.Report(Update{State: api.StateReady, URL: "http://127.0.0.1:1", Username: "runtime", Password: "pw"}))
 	st := c.Status()
-	assert.Equal(t, Status{ServerID: "sandbox:demo", State: StateReady, URL: "http://127.0.0.1:1", Username: "runtime", Password: "pw", Attempt: 1}, st)
+	assert.Equal(t, api.Status{ServerID: "sandbox:demo", State: api.StateReady, URL: "http://127.0.0.1:1", Username: "runtime", Password: "pw", Attempt: 1}, st)
 
 	require.NoError(t, c.Stop(context.Background()))
 	st = c.Status()
-	assert.Equal(t, StateStopped, st.State)
+	assert.Equal(t, api.StateStopped, st.State)
 	assert.Equal(t, "stopped: stop requested", st.Message)
 	assert.Empty(t, st.Password, "a stopped sandbox has no credentials")
-	assert.Equal(t, []string{StateStarting, StateStarting, StateReady, StateStopped}, f.states())
+	assert.Equal(t, []api.State{api.StateStarting, api.StateStarting, api.StateReady, api.StateStopped}, f.states())
 	c.Wait()
 }
 
@@ -131,9 +132,9 @@ func TestJobErrorIsFailedAlsoAfterReady(t *testing.T) {
 	c := newController(f, nil)
 	_, _ = c.Start()
 	j := f.next(t)
-	j.r.Report(Update{State: StateReady})
+	j.r.Report(Update{State: api.StateReady})
 	j.result <- errors.New("daemon exited: exit status 1")
-	st := waitState(t, c, StateFailed)
+	st := waitState(t, c, api.StateFailed)
 	assert.Equal(t, "daemon exited: exit status 1", st.Message)
 	assert.Equal(t, uint64(1), st.Attempt)
 	c.Wait()
@@ -144,38 +145,38 @@ func TestJobReturningNilByItselfIsStopped(t *testing.T) {
 	c := newController(f, nil)
 	_, _ = c.Start()
 	f.next(t).result <- nil
-	assert.Equal(t, "stopped on its own", waitState(t, c, StateStopped).Message)
+	assert.Equal(t, "stopped on its own", waitState(t, c, api.StateStopped).Message)
 	c.Wait()
 }
 
 func TestTransitionsWithinAnAttempt(t *testing.T) {
 	for _, tc := range []struct {
-		from, to string
+		from, to api.State
 		ok       bool
 	}{
-		{StateStarting, StateStarting, true},
-		{StateStarting, StateReady, true},
-		{StateStarting, StateFailed, true},
-		{StateStarting, StateStopped, true},
-		{StateReady, StateFailed, true},
-		{StateReady, StateStopped, true},
-		{StateReady, StateStarting, false},
-		{StateReady, StateReady, false},
-		{StateFailed, StateReady, false},
-		{StateFailed, StateStarting, false},
-		{StateFailed, StateStopped, false},
-		{StateStopped, StateReady, false},
-		{StateStopped, StateFailed, false},
-		{StateStarting, "bogus", false},
+		{api.StateStarting, api.StateStarting, true},
+		{api.StateStarting, api.StateReady, true},
+		{api.StateStarting, api.StateFailed, true},
+		{api.StateStarting, api.StateStopped, true},
+		{api.StateReady, api.StateFailed, true},
+		{api.StateReady, api.StateStopped, true},
+		{api.StateReady, api.StateStarting, false},
+		{api.StateReady, api.StateReady, false},
+		{api.StateFailed, api.StateReady, false},
+		{api.StateFailed, api.StateStarting, false},
+		{api.StateFailed, api.StateStopped, false},
+		{api.StateStopped, api.StateReady, false},
+		{api.StateStopped, api.StateFailed, false},
+		{api.StateStarting, "bogus", false},
 	} {
-		t.Run(tc.from+"->"+tc.to, func(t *testing.T) {
+		t.Run(string(tc.from+"->"+tc.to), func(t *testing.T) {
 			f := newFakes()
 			c := newController(f, nil)
 			_, _ = c.Start()
 			j := f.next(t)
-			if tc.from != StateStarting {
-				if tc.from != StateReady {
-					require.True(t, j.r.Report(Update{State: StateReady}))
+			if tc.from != api.StateStarting {
+				if tc.from != api.StateReady {
+					require.True(t, j.r.Report(Update{State: api.StateReady}))
 				}
 				require.True(t, j.r.Report(Update{State: tc.from}))
 			}
@@ -199,7 +200,7 @@ func TestNewStartAbortsTheOneInFlightAndRunsAfterIt(t *testing.T) {
 	f.hold.Store(true)
 	_, _ = c.Start()
 	j1 := f.next(t)
-	j1.r.Report(Update{State: StateStarting, Message: "booting"})
+	j1.r.Report(Update{State: api.StateStarting, Message: "booting"})
 
 	// Hold attempt 1 in its orderly stop: the new start must wait for it.
 	hold := make(chan struct{})
@@ -216,7 +217,7 @@ func TestNewStartAbortsTheOneInFlightAndRunsAfterIt(t *testing.T) {
 	<-j1.ctx.Done()
 	assert.Equal(t, "superseded by attempt 2", context.Cause(j1.ctx).Error())
 	st := c.Status()
-	assert.Equal(t, StateStarting, st.State)
+	assert.Equal(t, api.StateStarting, st.State)
 	assert.Equal(t, uint64(2), st.Attempt)
 	assert.Equal(t, "start requested (attempt 2)", st.Message)
 	f.noJob(t) // single flight: attempt 2 waits for attempt 1
@@ -225,7 +226,7 @@ func TestNewStartAbortsTheOneInFlightAndRunsAfterIt(t *testing.T) {
 	<-j1Done
 	j2 := f.next(t)
 	assert.Equal(t, uint64(2), j2.attempt)
-	assert.Equal(t, StateStarting, c.Status().State, "attempt 1's stopped was stale and dropped")
+	assert.Equal(t, api.StateStarting, c.Status().State, "attempt 1's stopped was stale and dropped")
 	assert.GreaterOrEqual(t, c.Dropped(), uint64(1))
 	f.hold.Store(false)
 	require.NoError(t, c.Stop(context.Background()))
@@ -239,18 +240,18 @@ func TestLateResultsOfAnOldAttemptAreDropped(t *testing.T) {
 	j1 := f.next(t)
 	_, _ = c.Start()
 	j2 := f.next(t)
-	require.True(t, j2.r.Report(Update{State: StateStarting, Message: "attempt 2 booting"}))
+	require.True(t, j2.r.Report(Update{State: api.StateStarting, Message: "attempt 2 booting"}))
 
-	assert.False(t, j1.r.Report(Update{State: StateReady, URL: "http://old"}), "a late ready of attempt 1")
-	assert.False(t, j1.r.Report(Update{State: StateFailed, Message: "old failure"}))
+	assert.False(t, j1.r.Report(Update{State: api.StateReady, URL: "http://old"}), "a late ready of attempt 1")
+	assert.False(t, j1.r.Report(Update{State: api.StateFailed, Message: "old failure"}))
 	st := c.Status()
-	assert.Equal(t, StateStarting, st.State)
+	assert.Equal(t, api.StateStarting, st.State)
 	assert.Equal(t, uint64(2), st.Attempt)
 	assert.Empty(t, st.URL)
 	for _, s := range f.changes {
 		assert.NotEqual(t, "http://old", s.URL)
 	}
-	require.True(t, j2.r.Report(Update{State: StateReady, URL: "http://new"}))
+	require.True(t, j2.r.Report(Update{State: api.StateReady, URL: "http://new"}))
 	assert.Equal(t, "http://new", c.Status().URL)
 	require.NoError(t, c.Stop(context.Background()))
 	c.Wait()
@@ -273,7 +274,7 @@ func TestStartsInARowRunOnlyTheLast(t *testing.T) {
 	f.hold.Store(false)
 	require.NoError(t, c.Stop(context.Background()))
 	c.Wait()
-	assert.NotContains(t, f.states()[len(f.states())-1:], StateReady)
+	assert.NotContains(t, f.states()[len(f.states())-1:], api.StateReady)
 }
 
 func TestStopBeforeTheJobStartedIsStopped(t *testing.T) {
@@ -292,7 +293,7 @@ func TestStopBeforeTheJobStartedIsStopped(t *testing.T) {
 	close(hold)
 	require.NoError(t, c.Stop(context.Background()))
 	st := c.Status()
-	assert.Equal(t, StateStopped, st.State)
+	assert.Equal(t, api.StateStopped, st.State)
 	assert.Equal(t, uint64(2), st.Attempt)
 	assert.Equal(t, "stopped before it started: stop requested", st.Message)
 	f.noJob(t)
@@ -321,27 +322,27 @@ func TestResetStopsRemovesAndStartsAfresh(t *testing.T) {
 	var mu sync.Mutex
 	c := newController(f, func(context.Context) error {
 		mu.Lock()
-		order = append(order, "destroy:"+c0(f))
+		order = append(order, "destroy:"+string(c0(f)))
 		mu.Unlock()
 		return nil
 	})
 	_, _ = c.Start()
 	j1 := f.next(t)
-	j1.r.Report(Update{State: StateReady})
+	j1.r.Report(Update{State: api.StateReady})
 	a, err := c.Reset(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), a)
 	j2 := f.next(t)
 	assert.Equal(t, uint64(2), j2.attempt)
 	mu.Lock()
-	assert.Equal(t, []string{"destroy:" + StateStopped}, order, "persistent state is removed after attempt 1 stopped")
+	assert.Equal(t, []string{"destroy:" + string(api.StateStopped)}, order, "persistent state is removed after attempt 1 stopped")
 	mu.Unlock()
 	require.NoError(t, c.Stop(context.Background()))
 	c.Wait()
 }
 
 // c0 returns the last state OnChange saw.
-func c0(f *fakes) string {
+func c0(f *fakes) api.State {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.changes[len(f.changes)-1].State
@@ -355,7 +356,7 @@ func TestResetFailsWhenRemovalFails(t *testing.T) {
 	_, err := c.Reset(context.Background())
 	assert.ErrorContains(t, err, "reset: volume busy")
 	f.noJob(t)
-	assert.Equal(t, StateStopped, c.Status().State)
+	assert.Equal(t, api.StateStopped, c.Status().State)
 	c.Wait()
 }
 
@@ -364,11 +365,11 @@ func TestDestroyStopsRemovesAndRefusesStarts(t *testing.T) {
 	removed := false
 	c := newController(f, func(context.Context) error { removed = true; return nil })
 	_, _ = c.Start()
-	f.next(t).r.Report(Update{State: StateReady})
+	f.next(t).r.Report(Update{State: api.StateReady})
 	require.NoError(t, c.Destroy(context.Background()))
 	assert.True(t, removed)
 	st := c.Status()
-	assert.Equal(t, StateStopped, st.State)
+	assert.Equal(t, api.StateStopped, st.State)
 	assert.Equal(t, "destroyed", st.Message)
 	_, err := c.Start()
 	assert.ErrorIs(t, err, ErrDestroyed)
@@ -386,15 +387,15 @@ func TestOnChangeSeesChangesInOrderWithoutThePasswordInJSON(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := 0; i < 20; i++ {
 		wg.Add(1)
-		go func() { defer wg.Done(); j.r.Report(Update{State: StateStarting}) }()
+		go func() { defer wg.Done(); j.r.Report(Update{State: api.StateStarting}) }()
 	}
 	wg.Wait()
-	j.r.Report(Update{State: StateReady, Password: "SECRET"})
+	j.r.Report(Update{State: api.StateReady, Password: "SECRET"})
 	require.NoError(t, c.Stop(context.Background()))
 	c.Wait()
 	states := f.states()
-	assert.Equal(t, StateStopped, states[len(states)-1])
-	assert.Equal(t, StateReady, states[len(states)-2])
+	assert.Equal(t, api.StateStopped, states[len(states)-1])
+	assert.Equal(t, api.StateReady, states[len(states)-2])
 	b, err := jsonMarshal(c.Status())
 	require.NoError(t, err)
 	assert.NotContains(t, string(b), "SECRET")

@@ -1,19 +1,12 @@
-package controller
+package lifecycle
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"sync"
-)
 
-// Lifecycle states, as the callers know them (docs/contract.md, "The
-// callers").
-const (
-	StateStarting = "starting"
-	StateReady    = "ready"
-	StateFailed   = "failed"
-	StateStopped  = "stopped"
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // MsgStartRequested is the message of the starting state Start sets.
@@ -22,31 +15,15 @@ const MsgStartRequested = "start requested"
 // ErrDestroyed is returned by Start and Reset after Destroy.
 var ErrDestroyed = errors.New("sandbox destroyed")
 
-// ServerID is the server id of the sandbox called name.
-func ServerID(name string) string { return "sandbox:" + name }
-
 // Update is what a job reports: a state and its details.
 type Update struct {
-	State    string
+	State    api.State
 	Message  string
 	URL      string
 	GuestURL string
 	Username string
 	// Password is kept for Status callers and never serialized.
 	Password string
-}
-
-// Status is the sandbox's state as the controller holds it.
-type Status struct {
-	ServerID string `json:"server_id"`
-	State    string `json:"state"`
-	Message  string `json:"message,omitempty"`
-	URL      string `json:"url,omitempty"`
-	GuestURL string `json:"guest_url,omitempty"`
-	Username string `json:"username,omitempty"`
-	Password string `json:"-"`
-	// Attempt numbers the starts: the attempt this state belongs to.
-	Attempt uint64 `json:"attempt"`
 }
 
 // Reporter is handed to a job: Report passes an update of the job's
@@ -71,7 +48,7 @@ type Config struct {
 	Destroy func(ctx context.Context) error
 	// OnChange sees every accepted change, in order. It must not call back
 	// into the controller's Start, Stop, Reset or Destroy.
-	OnChange func(Status)
+	OnChange func(api.Status)
 }
 
 // Controller runs the jobs of one sandbox.
@@ -79,7 +56,7 @@ type Controller struct {
 	cfg Config
 
 	mu        sync.Mutex
-	status    Status
+	status    api.Status
 	cancel    context.CancelCauseFunc
 	done      chan struct{} // closed when the current attempt's job ended
 	destroyed bool
@@ -95,14 +72,14 @@ func New(cfg Config) *Controller {
 	close(done)
 	return &Controller{
 		cfg:    cfg,
-		status: Status{ServerID: ServerID(cfg.Name), State: StateStopped},
+		status: api.Status{ServerID: api.ServerID(cfg.Name), State: api.StateStopped},
 		cancel: func(error) {},
 		done:   done,
 	}
 }
 
 // Status returns the current state.
-func (c *Controller) Status() Status {
+func (c *Controller) Status() api.Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.status
@@ -126,7 +103,7 @@ func (c *Controller) Done() <-chan struct{} {
 
 // set applies st and hands it to OnChange in order; c.mu is held and is
 // released here.
-func (c *Controller) setLocked(st Status) {
+func (c *Controller) setLocked(st api.Status) {
 	c.status = st
 	c.emitMu.Lock()
 	c.mu.Unlock()
@@ -155,7 +132,7 @@ func (c *Controller) Start() (uint64, error) {
 		msg = fmt.Sprintf("%s (attempt %d)", MsgStartRequested, attempt)
 	}
 	c.wg.Add(1)
-	c.setLocked(Status{ServerID: c.status.ServerID, State: StateStarting, Message: msg, Attempt: attempt})
+	c.setLocked(api.Status{ServerID: c.status.ServerID, State: api.StateStarting, Message: msg, Attempt: attempt})
 	go c.run(ctx, cancel, attempt, prev, done)
 	return attempt, nil
 }
@@ -167,17 +144,17 @@ func (c *Controller) run(ctx context.Context, cancel context.CancelCauseFunc, at
 	<-prev // single flight: the previous job has fully ended
 	r := reporter{c: c, attempt: attempt}
 	if ctx.Err() != nil {
-		r.Report(Update{State: StateStopped, Message: "stopped before it started: " + cause(ctx)})
+		r.Report(Update{State: api.StateStopped, Message: "stopped before it started: " + cause(ctx)})
 		return
 	}
 	err := c.cfg.Job(ctx, attempt, r)
 	switch {
 	case err != nil:
-		r.Report(Update{State: StateFailed, Message: err.Error()})
+		r.Report(Update{State: api.StateFailed, Message: err.Error()})
 	case ctx.Err() != nil:
-		r.Report(Update{State: StateStopped, Message: "stopped: " + cause(ctx)})
+		r.Report(Update{State: api.StateStopped, Message: "stopped: " + cause(ctx)})
 	default:
-		r.Report(Update{State: StateStopped, Message: "stopped on its own"})
+		r.Report(Update{State: api.StateStopped, Message: "stopped on its own"})
 	}
 }
 
@@ -197,12 +174,12 @@ type reporter struct {
 func (r reporter) Report(u Update) bool { return r.c.report(r.attempt, u) }
 
 // allowed reports whether from -> to is a transition within one attempt.
-func allowed(from, to string) bool {
+func allowed(from, to api.State) bool {
 	switch from {
-	case StateStarting:
-		return to == StateStarting || to == StateReady || to == StateFailed || to == StateStopped
-	case StateReady:
-		return to == StateFailed || to == StateStopped
+	case api.StateStarting:
+		return to == api.StateStarting || to == api.StateReady || to == api.StateFailed || to == api.StateStopped
+	case api.StateReady:
+		return to == api.StateFailed || to == api.StateStopped
 	}
 	return false // failed and stopped end an attempt
 }
@@ -214,8 +191,8 @@ func (c *Controller) report(attempt uint64, u Update) bool {
 		c.mu.Unlock()
 		return false
 	}
-	st := Status{ServerID: c.status.ServerID, State: u.State, Message: u.Message, Attempt: attempt}
-	if u.State == StateReady {
+	st := api.Status{ServerID: c.status.ServerID, State: u.State, Message: u.Message, Attempt: attempt}
+	if u.State == api.StateReady {
 		st.URL, st.GuestURL, st.Username, st.Password = u.URL, u.GuestURL, u.Username, u.Password
 	}
 	c.setLocked(st)
@@ -281,7 +258,7 @@ func (c *Controller) Destroy(ctx context.Context) error {
 		}
 	}
 	c.mu.Lock()
-	c.setLocked(Status{ServerID: c.status.ServerID, State: StateStopped, Message: "destroyed", Attempt: c.status.Attempt})
+	c.setLocked(api.Status{ServerID: c.status.ServerID, State: api.StateStopped, Message: "destroyed", Attempt: c.status.Attempt})
 	return nil
 }
 

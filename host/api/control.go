@@ -1,13 +1,14 @@
-package control
+package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/oac/sandbox-agent/internal/safetext"
+	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
 // MaxLine bounds one command line in bytes (without the newline).
@@ -58,6 +59,12 @@ var keys = map[string]map[string]bool{
 	CmdRemoveForward: {"listen": true},
 }
 
+// IsCommand reports whether name is a known command.
+func IsCommand(name string) bool {
+	_, ok := keys[name]
+	return ok
+}
+
 // Commands returns the command names, for usage texts.
 func Commands() []string {
 	return []string{CmdStatus, CmdStop, CmdStart, CmdReset, CmdSetPolicy, CmdAddForward, CmdRemoveForward, CmdPushTime}
@@ -70,6 +77,20 @@ func bad(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadCommand, fmt.Sprintf(format, args...))
 }
 
+// commandSchema is what every command line must be before its command
+// is known: one object whose known keys have values of their types; the
+// keys a command takes are checked once its cmd is read.
+var commandSchema = &strictjson.Schema{Kind: strictjson.Object, OpenKeys: true, Fields: []strictjson.Field{
+	{Name: "id", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "cmd", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "allow", Schema: stringList},
+	{Name: "upstreams", Schema: stringList},
+	{Name: "listen", Schema: &strictjson.Schema{Kind: strictjson.String}},
+	{Name: "guest_port", Schema: &strictjson.Schema{Kind: strictjson.Int}},
+}}
+
+var stringList = &strictjson.Schema{Kind: strictjson.Array, MaxItems: maxList, Elem: &strictjson.Schema{Kind: strictjson.String}}
+
 // Decode decodes one command line strictly.
 func Decode(line []byte) (Command, error) {
 	var c Command
@@ -79,60 +100,32 @@ func Decode(line []byte) (Command, error) {
 	if !utf8.Valid(line) {
 		return c, bad("not UTF-8")
 	}
-	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil || tok != json.Delim('{') {
-		return c, bad("a command is one JSON object")
+	if err := strictjson.Check(line, commandSchema); err != nil {
+		return c, lineError(err)
 	}
 	raw := map[string]json.RawMessage{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return c, bad("malformed JSON")
-		}
-		k, ok := tok.(string)
-		if !ok {
-			return c, bad("malformed JSON")
-		}
-		if _, dup := raw[k]; dup {
-			return c, bad("key %q given twice", printable(k))
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return c, bad("malformed JSON")
-		}
-		raw[k] = v
-	}
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+	if err := json.Unmarshal(line, &raw); err != nil {
 		return c, bad("malformed JSON")
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return c, bad("trailing data after the command object")
-	}
-	if err := str(raw, "id", &c.ID); err != nil {
-		return c, err
-	}
+	_ = json.Unmarshal(raw["id"], &c.ID)
 	if len(c.ID) > MaxID || strings.ContainsFunc(c.ID, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
 		c.ID = ""
 		return c, bad("id must be at most %d bytes without control characters", MaxID)
 	}
-	if err := str(raw, "cmd", &c.Cmd); err != nil {
-		return c, err
-	}
+	_ = json.Unmarshal(raw["cmd"], &c.Cmd)
 	if c.Cmd == "" {
 		return c, bad(`"cmd" is required (one of %s)`, strings.Join(Commands(), ", "))
 	}
 	allowed, ok := keys[c.Cmd]
 	if !ok {
-		return c, bad("unknown command %q (known: %s)", printable(c.Cmd), strings.Join(Commands(), ", "))
+		return c, bad("unknown command %q (known: %s)", safetext.Clean(c.Cmd, 32, '?'), strings.Join(Commands(), ", "))
 	}
 	for k := range raw {
 		if k == "id" || k == "cmd" {
 			continue
 		}
 		if _, ok := allowed[k]; !ok {
-			return c, bad("%s takes no key %q", c.Cmd, printable(k))
+			return c, bad("%s takes no key %q", c.Cmd, safetext.Clean(k, 32, '?'))
 		}
 	}
 	for k, req := range allowed {
@@ -140,86 +133,49 @@ func Decode(line []byte) (Command, error) {
 			return c, bad("%s needs %q", c.Cmd, k)
 		}
 	}
-	if err := list(raw, "allow", &c.Allow); err != nil {
-		return c, err
-	}
-	if err := list(raw, "upstreams", &c.Upstreams); err != nil {
-		return c, err
-	}
-	if err := str(raw, "listen", &c.Listen); err != nil {
-		return c, err
+	// The values' types were checked: these cannot fail.
+	for k, dst := range map[string]any{"allow": &c.Allow, "upstreams": &c.Upstreams, "listen": &c.Listen, "guest_port": &c.GuestPort} {
+		if v, ok := raw[k]; ok {
+			_ = json.Unmarshal(v, dst)
+		}
 	}
 	if _, ok := raw["listen"]; ok && c.Listen == "" {
 		return c, bad(`"listen" must not be empty`)
 	}
-	if v, ok := raw["guest_port"]; ok {
-		n, err := strictInt(v)
-		if err != nil || n < 1 || n > 65535 {
-			return c, bad(`"guest_port" must be an integer 1..65535`)
-		}
-		c.GuestPort = n
+	if _, ok := raw["guest_port"]; ok && (c.GuestPort < 1 || c.GuestPort > 65535) {
+		return c, bad(`"guest_port" must be an integer 1..65535`)
 	}
 	return c, nil
 }
 
-func printable(s string) string {
-	if len(s) > 32 {
-		s = s[:32] + "..."
+// lineError words the walker's refusal of a line: the rule, never the
+// value.
+func lineError(err error) error {
+	var e *strictjson.Error
+	if !errors.As(err, &e) {
+		return bad("malformed JSON")
 	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return '?'
-		}
-		return r
-	}, strings.ToValidUTF8(s, "?"))
-}
-
-func str(raw map[string]json.RawMessage, k string, dst *string) error {
-	v, ok := raw[k]
-	if !ok {
-		return nil
+	key := e.Key
+	if key == "" {
+		key = strings.TrimSuffix(e.Path, "[]")
 	}
-	if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, dst) != nil {
-		return bad("%q must be a string", k)
+	switch {
+	case errors.Is(err, strictjson.ErrSyntax) && e.Offset == 0, errors.Is(err, strictjson.ErrType) && key == "":
+		return bad("a command is one JSON object")
+	case errors.Is(err, strictjson.ErrTrailing):
+		return bad("trailing data after the command object")
+	case errors.Is(err, strictjson.ErrDuplicate):
+		return bad("key %q given twice", safetext.Clean(e.Key, 32, '?'))
+	case errors.Is(err, strictjson.ErrTooMany):
+		return bad("%q has more than %d items", key, maxList)
+	case errors.Is(err, strictjson.ErrType) && key == "guest_port":
+		return bad(`"guest_port" must be an integer 1..65535`)
+	case errors.Is(err, strictjson.ErrType) && (key == "allow" || key == "upstreams"):
+		return bad("%q must be a list of strings", key)
+	case errors.Is(err, strictjson.ErrType):
+		return bad("%q must be a string", key)
+	case errors.Is(err, strictjson.ErrDepth):
+		return bad("nested too deeply")
 	}
-	return nil
-}
-
-func list(raw map[string]json.RawMessage, k string, dst *[]string) error {
-	v, ok := raw[k]
-	if !ok {
-		return nil
-	}
-	if len(v) == 0 || v[0] != '[' {
-		return bad("%q must be a list of strings", k)
-	}
-	var items []json.RawMessage
-	if json.Unmarshal(v, &items) != nil {
-		return bad("%q must be a list of strings", k)
-	}
-	if len(items) > maxList {
-		return bad("%q has more than %d items", k, maxList)
-	}
-	out := make([]string, 0, len(items))
-	for _, it := range items {
-		var s string
-		if len(it) == 0 || it[0] != '"' || json.Unmarshal(it, &s) != nil {
-			return bad("%q must be a list of strings", k)
-		}
-		out = append(out, s)
-	}
-	*dst = out
-	return nil
-}
-
-func strictInt(v json.RawMessage) (int, error) {
-	s := string(v)
-	if s == "" || strings.TrimLeft(s, "0123456789") != "" || len(s) > 6 || (len(s) > 1 && s[0] == '0') {
-		return 0, errors.New("not an integer")
-	}
-	n := 0
-	for _, c := range s {
-		n = n*10 + int(c-'0')
-	}
-	return n, nil
+	return bad("malformed JSON")
 }

@@ -1,10 +1,12 @@
-package events
+package api
 
 import (
 	"encoding/json"
 	"io"
 	"sync"
 	"time"
+
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Event kinds.
@@ -36,12 +38,16 @@ const (
 	KindAnswer = "answer"
 )
 
-// Sandbox states.
+// State is a sandbox's lifecycle state: starting, ready, failed or
+// stopped, the states the guest reports in the protocol's State messages.
+type State string
+
+// States.
 const (
-	StateStarting = "starting"
-	StateReady    = "ready"
-	StateFailed   = "failed"
-	StateStopped  = "stopped"
+	StateStarting State = protocol.StateStarting
+	StateReady    State = protocol.StateReady
+	StateFailed   State = protocol.StateFailed
+	StateStopped  State = protocol.StateStopped
 )
 
 // Event is one line of oac-shim output.
@@ -49,7 +55,7 @@ type Event struct {
 	Time         time.Time `json:"time"`
 	Sandbox      string    `json:"sandbox"`
 	Event        string    `json:"event"`
-	State        string    `json:"state,omitempty"`
+	State        State     `json:"state,omitempty"`
 	Message      string    `json:"message,omitempty"`
 	Process      string    `json:"process,omitempty"`
 	PID          int       `json:"pid,omitempty"`

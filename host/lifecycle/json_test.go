@@ -1,4 +1,4 @@
-package controller
+package lifecycle
 
 import "encoding/json"
 

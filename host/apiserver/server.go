@@ -1,4 +1,4 @@
-package control
+package apiserver
 
 import (
 	"bufio"
@@ -10,39 +10,26 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/oac/sandbox-agent/host/api"
 )
 
 // MaxConns bounds the control socket's concurrent connections; the next
 // one gets an error answer and is closed.
 const MaxConns = 8
 
-// Answer answers one command; on the wire it is one JSON object per line
-// with "event":"answer", so it can share stdout with the events.
-type Answer struct {
-	Time    time.Time `json:"time"`
-	Sandbox string    `json:"sandbox"`
-	Event   string    `json:"event"`
-	ID      string    `json:"id,omitempty"`
-	Command string    `json:"command,omitempty"`
-	OK      bool      `json:"ok"`
-	Error   string    `json:"error,omitempty"`
-	// Result is the command's result (status, the forward added, the
-	// policy in force, the time pushed); absent on error.
-	Result any `json:"result,omitempty"`
-}
-
 // Handler carries out decoded commands. Handle must be safe for
 // concurrent use and return promptly (a stop is answered when it has been
 // requested, not when it has finished).
 type Handler interface {
-	Handle(ctx context.Context, c Command) (result any, err error)
+	Handle(ctx context.Context, c api.Command) (result any, err error)
 }
 
 // HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, c Command) (any, error)
+type HandlerFunc func(ctx context.Context, c api.Command) (any, error)
 
 // Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, c Command) (any, error) { return f(ctx, c) }
+func (f HandlerFunc) Handle(ctx context.Context, c api.Command) (any, error) { return f(ctx, c) }
 
 // Server serves commands for one sandbox.
 type Server struct {
@@ -59,20 +46,20 @@ func (s *Server) log() *slog.Logger {
 }
 
 // answer runs one line and returns its answer.
-func (s *Server) answer(ctx context.Context, line []byte, lineErr error) Answer {
-	a := Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer"}
+func (s *Server) answer(ctx context.Context, line []byte, lineErr error) api.Answer {
+	a := api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer"}
 	if lineErr != nil {
 		a.Error = lineErr.Error()
 		return a
 	}
-	c, err := Decode(line)
+	c, err := api.Decode(line)
 	a.ID, a.Command = c.ID, c.Cmd
 	if err != nil {
-		if !errors.Is(err, ErrBadCommand) {
-			err = errors.Join(ErrBadCommand, err)
+		if !errors.Is(err, api.ErrBadCommand) {
+			err = errors.Join(api.ErrBadCommand, err)
 		}
 		a.Command = ""
-		if _, known := keys[c.Cmd]; known {
+		if api.IsCommand(c.Cmd) {
 			a.Command = c.Cmd
 		}
 		a.Error = err.Error()
@@ -90,12 +77,12 @@ func (s *Server) answer(ctx context.Context, line []byte, lineErr error) Answer 
 
 // ServeLines reads command lines from r and writes each answer with
 // write, until r ends (it returns nil), ctx ends, or write fails. Blank
-// lines are skipped; a line over MaxLine is answered with an error and
+// lines are skipped; a line over api.MaxLine is answered with an error and
 // skipped.
-func (s *Server) ServeLines(ctx context.Context, r io.Reader, write func(Answer) error) error {
+func (s *Server) ServeLines(ctx context.Context, r io.Reader, write func(api.Answer) error) error {
 	br := bufio.NewReaderSize(r, 4096)
 	for {
-		line, lerr, err := readLine(br, MaxLine)
+		line, lerr, err := readLine(br, api.MaxLine)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -139,7 +126,7 @@ func readLine(br *bufio.Reader, max int) (line []byte, lineErr, err error) {
 		break
 	}
 	if tooLong {
-		return nil, errors.Join(ErrBadCommand, errors.New("line longer than 65536 bytes")), nil
+		return nil, errors.Join(api.ErrBadCommand, errors.New("line longer than 65536 bytes")), nil
 	}
 	if n := len(buf); n > 0 && buf[n-1] == '\n' {
 		buf = buf[:n-1]
@@ -148,7 +135,7 @@ func readLine(br *bufio.Reader, max int) (line []byte, lineErr, err error) {
 		}
 	}
 	if len(buf) > max {
-		return nil, errors.Join(ErrBadCommand, errors.New("line longer than 65536 bytes")), nil
+		return nil, errors.Join(api.ErrBadCommand, errors.New("line longer than 65536 bytes")), nil
 	}
 	return buf, nil, nil
 }
@@ -195,7 +182,7 @@ func (s *Server) ServeSocket(ctx context.Context, ln net.Listener) {
 		case sem <- struct{}{}:
 		default:
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = json.NewEncoder(c).Encode(Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer",
+			_ = json.NewEncoder(c).Encode(api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer",
 				Error: "too many control connections"})
 			c.Close()
 			continue
@@ -215,7 +202,7 @@ func (s *Server) ServeSocket(ctx context.Context, ln net.Listener) {
 			}()
 			enc := json.NewEncoder(c)
 			enc.SetEscapeHTML(false)
-			err := s.ServeLines(ctx, c, func(a Answer) error {
+			err := s.ServeLines(ctx, c, func(a api.Answer) error {
 				_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
 				return enc.Encode(a)
 			})

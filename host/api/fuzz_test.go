@@ -1,8 +1,6 @@
-package control
+package api
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"testing"
 
@@ -51,22 +49,5 @@ func FuzzDecode(f *testing.F) {
 			c.Upstreams, c2.Upstreams = nil, nil
 		}
 		require.Equal(t, c, c2)
-	})
-}
-
-// FuzzServeLines feeds an arbitrary byte stream to the line framing: it
-// must never panic, answer at most one line per input line, and never
-// answer with more than MaxLine bytes of input accepted as one command.
-func FuzzServeLines(f *testing.F) {
-	f.Add([]byte("{\"cmd\":\"status\"}\n{\"cmd\":\"stop\"}\r\n\n"))
-	f.Add([]byte("{\"cmd\":\"status\"}"))
-	f.Add([]byte("\n\n\r\n  \n"))
-	f.Add(append(bytes.Repeat([]byte("x"), MaxLine+10), '\n'))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		s := &Server{Handler: HandlerFunc(func(context.Context, Command) (any, error) { return nil, nil })}
-		n := 0
-		err := s.ServeLines(context.Background(), bytes.NewReader(data), func(Answer) error { n++; return nil })
-		require.NoError(t, err)
-		require.LessOrEqual(t, n, bytes.Count(data, []byte("\n"))+1)
 	})
 }

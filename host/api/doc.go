@@ -1,0 +1,15 @@
+// Package api is the published schema of oac-shim's output and control
+// API, the one its callers (TypeScript programs, host/client) code
+// against: the events, one JSON object per line (Event, the event kinds,
+// the lifecycle State), the control commands and their strict decoder
+// (Command, Decode: at most MaxLine bytes a line; exactly one JSON
+// object; only the keys the command takes, each once, exactly as written;
+// values of the documented types; nothing after the object), the answers
+// (Answer and each command's result, Status, ForwardInfo), and the sinks
+// that write events as JSON lines. docs/events-and-control.md documents it.
+//
+// It is a leaf: it imports nothing of the host (only protocol's state
+// names), so a parent's client depends on the schema alone. It must not
+// decide anything about sandboxes, serve the API (package apiserver) or
+// run the lifecycle (package lifecycle).
+package api

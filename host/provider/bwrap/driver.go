@@ -1,0 +1,27 @@
+package bwrap
+
+import (
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Provider runs guests under bubblewrap (Linux only; elsewhere the
+// registered driver is unavailable).
+type Provider struct {
+	// Bwrap is the bwrap binary; default: found in PATH.
+	Bwrap string
+	// StateRoot holds per-sandbox state; default kit.UserStateRoot's.
+	StateRoot string
+	// IDBase is the first host id of the id slots; default
+	// kit.DefaultIDBase.
+	IDBase int
+	// SingleUID allows the rootless fallback without subordinate ids (see
+	// SingleUIDLoss); it is never chosen silently.
+	SingleUID bool `flag:"single-uid" usage:"without root and without subordinate ids: run with one uid (guest uid 1000 is you; there is no guest root)"`
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "bwrap" }
+
+func init() {
+	provider.Register(provider.Driver[Provider]{Name: "bwrap", New: (*Provider).driver})
+}

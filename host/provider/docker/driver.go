@@ -1,0 +1,25 @@
+package docker
+
+import (
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Provider runs guests as containers of a Docker engine through the docker
+// command line client (Linux only; elsewhere the registered driver is
+// unavailable).
+type Provider struct {
+	// Docker is the docker client; default: found in PATH.
+	Docker string `flag:"docker" meta:"PATH" usage:"the docker client (default: docker in PATH)"`
+	// Image is the guest image (required); it is never pulled.
+	Image string `flag:"docker-image" meta:"!IMAGE" usage:"the guest image to run (never pulled)"`
+	// StateRoot holds per-sandbox state; default kit.DefaultStateRoot.
+	StateRoot string
+	Debug     bool
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "docker" }
+
+func init() {
+	provider.Register(provider.Driver[Provider]{Name: "docker", New: (*Provider).driver})
+}
