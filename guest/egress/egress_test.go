@@ -440,7 +440,9 @@ func TestAKilledClientEndsTheUpstreamConnectionAtOnce(t *testing.T) {
 			select {
 			case at := <-ended:
 				t.Logf("upstream ended %s after the client was killed", at.Sub(killed).Round(time.Millisecond))
-				assert.Less(t, at.Sub(killed), 100*time.Millisecond, "the abort reaches the upstream within 100 ms")
+				// Nothing waits in between (0-7 ms measured): the bound is
+				// margin for a busy machine, far below the response's end.
+				assert.Less(t, at.Sub(killed), time.Second, "the abort reaches the upstream at once")
 			case <-time.After(10 * time.Second):
 				t.Fatal("the upstream connection outlived its killed client")
 			}

@@ -772,7 +772,10 @@ func TestHostileGuestThatStopsReadingIsCutOffByKeepalive(t *testing.T) {
 	rec.waitState(t, api.StateReady)
 	close(stalled.stall)
 	endsWith(t, done, rec, "guest connection lost")
-	m.within(t, 2*mib, 30)
+	// About 10 goroutines of the two sessions and the run; the rest is
+	// margin: under the race detector with both cores busy, 52 were seen
+	// once in ten runs of the whole suite.
+	m.within(t, 2*mib, 60)
 	h.check(t)
 }
 

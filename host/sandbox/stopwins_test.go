@@ -526,7 +526,10 @@ func TestAnAbortFromTheGuestClosesTheUpstreamAtOnce(t *testing.T) {
 	select {
 	case at := <-ended:
 		t.Logf("upstream closed %s after the abort", at.Sub(aborted).Round(time.Millisecond))
-		assert.Less(t, at.Sub(aborted), 100*time.Millisecond, "the abort reaches the upstream within 100 ms")
+		// Nothing waits between the two (0-7 ms measured); the bound is
+		// far below the 30 s it took and leaves room for the race
+		// detector on a busy machine (up to 131 ms seen).
+		assert.Less(t, at.Sub(aborted), time.Second, "the abort reaches the upstream at once")
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream connection outlived the abort")
 	}
