@@ -492,6 +492,11 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 		case <-ctx.Done():
 			reason := stopReason(ctx)
 			s.shutdown(reason)
+			if err := s.guardErr(); err != nil {
+				// The guest broke a bound before or while it was stopped:
+				// that is what ended it.
+				return err
+			}
 			s.setState(api.StateStopped, "stopped: "+reason)
 			return nil
 		case <-bootDone:

@@ -72,6 +72,18 @@ func endsWithin(t *testing.T, done chan result, since time.Time, d time.Duration
 	}
 }
 
+// stopInOrder stops a sandbox whose guest answers Shutdown by exiting,
+// and checks that it ended within stopBound.
+func stopInOrder(t *testing.T, cancel context.CancelCauseFunc, g *fakeGuest, done chan result) {
+	t.Helper()
+	start := time.Now()
+	cancel(nil)
+	var sd protocol.Shutdown
+	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
+	g.exit()
+	require.NoError(t, endsWithin(t, done, start, stopBound))
+}
+
 // finalIsLast asserts that exactly one final state was emitted, last.
 func finalIsLast(t *testing.T, rec *recorder) api.Event {
 	t.Helper()
@@ -294,12 +306,7 @@ func TestWorkloadConnectLoopThroughTheGateIsNeverHostile(t *testing.T) {
 	}
 	assert.Positive(t, answered.Load())
 	m.within(t, 32*mib, 1024+protocol.MaxStreams*3+60)
-	start := time.Now()
-	cancel(nil)
-	var sd protocol.Shutdown
-	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
-	g.exit()
-	require.NoError(t, endsWithin(t, done, start, stopBound))
+	stopInOrder(t, cancel, g, done)
 	assert.Equal(t, api.StateStopped, finalIsLast(t, rec).State)
 }
 
@@ -354,12 +361,7 @@ func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 	require.Eventually(t, func() bool { return processEvents.Load()+processDropped.Load() == processMsgs }, 20*time.Second, 10*time.Millisecond,
 		"every process message is an event or counted dropped")
 	m.within(t, 16*mib, 16+protocol.MaxStreams+60)
-	stop := time.Now()
-	cancel(nil)
-	var sd protocol.Shutdown
-	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
-	g.exit()
-	require.NoError(t, endsWithin(t, done, stop, stopBound))
+	stopInOrder(t, cancel, g, done)
 	finalIsLast(t, rec)
 	warnings := strings.Count(logBuf.String(), "\n")
 	t.Logf("floods over %s: %d warning lines, %d process events + %d counted dropped", elapsed.Round(time.Millisecond), warnings, processEvents.Load(), processDropped.Load())
@@ -437,12 +439,7 @@ func TestTerminalEscapesReachNeitherEventsNorStderr(t *testing.T) {
 		}
 		return false
 	}, 5*time.Second, 10*time.Millisecond)
-	start := time.Now()
-	cancel(nil)
-	var sd protocol.Shutdown
-	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
-	g.exit()
-	require.NoError(t, endsWithin(t, done, start, stopBound))
+	stopInOrder(t, cancel, g, done)
 	finalIsLast(t, rec)
 	controls := func(s string) bool {
 		return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 && r != '\t' || r >= 0x7f && r <= 0x9f })
@@ -547,11 +544,6 @@ func TestAnAbortFromTheGuestClosesTheUpstreamAtOnce(t *testing.T) {
 	}, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, protocol.EgressCancelled.String(), closed.Code)
 	assert.Equal(t, "the guest aborted the connection (its client went away)", closed.Reason)
-	start := time.Now()
-	cancel(nil)
-	var sd protocol.Shutdown
-	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
-	g.exit()
-	require.NoError(t, endsWithin(t, done, start, stopBound))
+	stopInOrder(t, cancel, g, done)
 	finalIsLast(t, rec)
 }
