@@ -12,7 +12,7 @@ KERNEL_CACHE ?= .cache/kernel
 # virtio for the transport, nftables for transparent egress capture.
 VM_MODULES ?= virtio_pci,virtio_console,nf_tables,nft_chain_nat,nft_redir,nft_ct,nft_objref
 
-.PHONY: all build fixtures deps test fmt-check vet unit e2e demo cross fuzz fuzz-short bench bench-load clean distclean kernel initramfs image
+.PHONY: all build fixtures deps test fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel initramfs image
 
 all: build
 
@@ -51,7 +51,7 @@ image: build kernel
 deps:
 	@scripts/deps.sh $(APT_PKGS)
 
-test: deps fmt-check vet cross unit fuzz-short e2e
+test: deps fmt-check vet cross unit fuzz-short e2e ts-test
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -66,6 +66,13 @@ unit:
 # e2e builds its own binaries once per run and boots real guests.
 e2e: kernel
 	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) $(GO) test -count=1 -timeout 15m ./e2e/...
+
+# The TypeScript client (clients/typescript): types generated from schema/,
+# built with tsc, tested with Node's test runner against the real oac-shim
+# booting bwrap guests. Needs Node.js 20+ and the npm registry for its
+# development dependencies; make demo does not.
+ts-test: build fixtures
+	@scripts/ts-test.sh $(abspath $(BIN))
 
 demo: deps build fixtures
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
@@ -88,9 +95,11 @@ cross:
 	$(GO) run ./internal/darwincheck ./host/provider/vz
 
 # Every fuzz target in turn for FUZZTIME; `make test` runs each one briefly
-# (fuzz-short, FUZZTIME_SHORT). Corpora live in each package's testdata/fuzz.
+# (fuzz-short, FUZZTIME_SHORT: a count of inputs, not a duration, so a loaded
+# machine cannot end a run while its workers are still starting). Corpora
+# live in each package's testdata/fuzz.
 FUZZTIME ?= 30s
-FUZZTIME_SHORT ?= 1s
+FUZZTIME_SHORT ?= 1000x
 fuzz:
 	@GO=$(GO) scripts/fuzz.sh $(FUZZTIME)
 

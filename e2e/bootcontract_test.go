@@ -156,7 +156,7 @@ func TestDaemonThatNeverGetsHealthyFailsByTheDeadline(t *testing.T) {
 	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, `guest: daemon not healthy within 1s: tried GET http://127.0.0.1:4096/global/health with Basic auth as "runtime" every 100ms (3s per request)`)
 	assert.Contains(t, failed.Message, "last: HTTP 503 Service Unavailable")
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeDaemonUnhealthy, 15*time.Second)
 	all, _ := s.allEvents()
 	for _, e := range all {
 		assert.NotEqual(t, api.StateReady, e.State, "never ready")
@@ -178,7 +178,7 @@ func TestDaemonKilledAfterReadyIsFailed(t *testing.T) {
 	assert.Equal(t, "guest: daemon exited: killed by signal killed", failed.Message)
 	exited := s.waitFor(isProcess("daemon", "exited"), time.Second, "daemon exit event")
 	assert.Equal(t, "killed", exited.Signal)
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeDaemonFailed, 15*time.Second)
 }
 
 func TestCrashLoopingSandboxIOIsRestartedWithGrowingBackoff(t *testing.T) {
@@ -218,7 +218,7 @@ func TestSandboxIOUsageExitIsFailedAndNotRestarted(t *testing.T) {
 	s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("usage.link.example.com")), args: identityArgs()})
 	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "guest: oac-sandbox-io exit status 2: not restarted")
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeSandboxIOFailed, 15*time.Second)
 	all, _ := s.allEvents()
 	for _, e := range all {
 		assert.False(t, e.Event == api.KindProcess && e.Process == "oac-sandbox-io" && e.Restarts > 0, "no restart after exit 2")
@@ -295,7 +295,7 @@ func symlinkRefused(t *testing.T, home, victim, what string) {
 	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, what)
 	assert.Contains(t, failed.Message, "refused")
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeSandboxIOFailed, 15*time.Second)
 	got, err := os.ReadFile(victim)
 	require.NoError(t, err)
 	assert.Equal(t, "precious", string(got), "the target is untouched")
@@ -403,7 +403,7 @@ func TestEveryInvalidBootstrapRuleCreatesNothing(t *testing.T) {
 			assert.Contains(t, failed.Message, "nothing created")
 			assert.Contains(t, failed.Message+s.stderr.String(), r.want.Error())
 			assert.NotContains(t, failed.Message+s.stderr.String(), "SECRET", "messages never echo submitted values")
-			assert.Equal(t, 1, s.exit(10*time.Second))
+			s.exitFailed(bootstrapCode(r.want), 10*time.Second)
 			all, _ := s.allEvents()
 			assert.Len(t, all, 1, "only the failed event: no sandbox was started")
 			_, err := os.Stat(filepath.Join("/run/oac/sandboxes", s.name))
@@ -412,4 +412,17 @@ func TestEveryInvalidBootstrapRuleCreatesNothing(t *testing.T) {
 			assert.True(t, os.IsNotExist(err), "no password file")
 		})
 	}
+}
+
+// bootstrapCode is the failure code an invalid bootstrap breaking rule
+// gets: the Link rules have codes of their own (the node provider's 409
+// configuration error), every other rule is invalid_bootstrap.
+func bootstrapCode(rule error) string {
+	switch rule {
+	case bootstrap.ErrNoLink:
+		return api.CodeNoLink
+	case bootstrap.ErrPublicURLUnreachable:
+		return api.CodePublicURLUnreachable
+	}
+	return api.CodeInvalidBootstrap
 }

@@ -134,7 +134,7 @@ func TestGuestKilledFromOutsideIsReportedFailed(t *testing.T) {
 
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeRuntimeFailed, 10*time.Second)
 	assert.Contains(t, s.stderr.String(), "oac-shim: ", "a one-line reason on stderr")
 	// The kernel tears the pid namespace down asynchronously.
 	assert.Eventually(t, func() bool { return len(hostProcs(marker)) == 0 }, 5*time.Second, 20*time.Millisecond,
@@ -152,7 +152,7 @@ func TestDaemonExitAfterReadyIsFailed(t *testing.T) {
 	assert.Equal(t, 3, *exited.ExitCode)
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Equal(t, "guest: daemon exited: exit status 3", failed.Message)
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeDaemonFailed, 15*time.Second)
 }
 
 func TestInvalidBootstrapCreatesNothing(t *testing.T) {
@@ -162,7 +162,7 @@ func TestInvalidBootstrapCreatesNothing(t *testing.T) {
 	assert.Contains(t, failed.Message, "nothing created")
 	assert.Contains(t, failed.Message, "argv")
 	assert.NotContains(t, failed.Message, "secret-value", "messages never echo submitted values")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeInvalidBootstrap, 10*time.Second)
 	_, err := os.Stat(filepath.Join("/run/oac/sandboxes", s.name))
 	assert.True(t, os.IsNotExist(err), "no state directory was created")
 }
@@ -172,7 +172,7 @@ func TestGuestSpeakingAnotherProtocolVersionFailsClearly(t *testing.T) {
 	s := startShim(t, sandboxSpec{agent: bins.badVersion})
 	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "protocol version mismatch: guest speaks 2..3, host 1..1")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeGuestIncompatible, 10*time.Second)
 	assert.Contains(t, s.stderr.String(), "badguest: handshake: protocol version mismatch: guest speaks 2..3, host 1..1",
 		"the guest side fails with the same message")
 	assert.NotContains(t, s.stderr.String(), "panic")
@@ -183,7 +183,7 @@ func TestPeerSendingGarbageFailsClearly(t *testing.T) {
 	s := startShim(t, sandboxSpec{agent: bins.badGarbage})
 	failed := s.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "handshake with guest: guest sent bytes that are not an oac session")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeGuestIncompatible, 10*time.Second)
 	assert.NotContains(t, s.stderr.String(), "panic")
 }
 
@@ -195,7 +195,7 @@ func TestTwoSandboxesWithTheSameNameCannotRunAtOnce(t *testing.T) {
 	second := startShim(t, sandboxSpec{name: name, bootstrap: daemon("exec sleep 1000")})
 	failed := second.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "sandbox already exists")
-	assert.Equal(t, 1, second.exit(10*time.Second))
+	second.exitFailed(api.CodeInvalidConfig, 10*time.Second)
 	first.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, first.exit(15*time.Second))
 }
@@ -240,7 +240,7 @@ func TestSIGTERMToTheAgentStopsTheGuestInOrder(t *testing.T) {
 	assert.Equal(t, "", s.waitLog("daemon got TERM", 10*time.Second), "the daemon was asked to stop first")
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Equal(t, "guest stopped on its own: agent received a stop signal", failed.Message)
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeGuestFailed, 10*time.Second)
 	assert.Empty(t, hostProcs(marker))
 }
 
@@ -265,6 +265,9 @@ func TestEventsCanGoToAFile(t *testing.T) {
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	require.GreaterOrEqual(t, len(lines), 3)
+	for _, l := range lines {
+		validLine(t, []byte(l))
+	}
 	assert.Contains(t, lines[len(lines)-1], `"state":"stopped"`)
 	assert.Contains(t, lines[len(lines)-1], `run time limit of 300ms reached`)
 	assert.Empty(t, s.all, "nothing on stdout")

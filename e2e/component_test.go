@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,6 +40,7 @@ func ctl(t *testing.T, sock string, cmd map[string]any) map[string]any {
 	require.NoError(t, err)
 	reply, err := bufio.NewReader(c).ReadBytes('\n')
 	require.NoError(t, err)
+	validLine(t, bytes.TrimSpace(reply))
 	var a map[string]any
 	require.NoError(t, json.Unmarshal(reply, &a), "%s", reply)
 	assert.Equal(t, "answer", a["event"])
@@ -305,6 +307,7 @@ func TestShellOneLinerDrivesStartReadyForwardStop(t *testing.T) {
 	assert.Contains(t, stderr.String(), `{"healthy":true}`, "curl reached the daemon through the forward")
 	var answers, states []string
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		validLine(t, []byte(l))
 		var e map[string]any
 		require.NoError(t, json.Unmarshal([]byte(l), &e), l)
 		switch e["event"] {

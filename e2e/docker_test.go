@@ -106,7 +106,7 @@ func TestDockerClientKilledIsFailedAndTheContainerRemoved(t *testing.T) {
 
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "sandbox runtime exited: docker run")
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 	calls := d.calls(t)
 	assert.Equal(t, []string{"rm", "--force", "oac-" + s.name}, calls[len(calls)-1], "the container outlives its client: it is removed")
 	assert.Eventually(t, func() bool { return len(hostProcs(marker)) == 0 }, 5*time.Second, 20*time.Millisecond)
@@ -124,14 +124,14 @@ func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
 	s := startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args()})
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "no Docker engine reachable")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 
 	d = newFakeDocker(t, "noimage")
 	s = startShim(t, sandboxSpec{provider: "docker", env: d.env, args: d.args()})
 	failed = s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "invalid sandbox spec: docker: image registry.example/oac/guest:1: Error: No such image")
 	assert.Contains(t, failed.Message, "the provider never pulls")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeInvalidConfig, 10*time.Second)
 	for _, c := range d.calls(t) {
 		assert.NotEqual(t, "run", c[0], "nothing was run")
 	}

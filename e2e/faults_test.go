@@ -116,7 +116,7 @@ func TestFaultMatrixKill9(t *testing.T) {
 		{"oac-daemon-stan", func(t *testing.T, s *shim) { // comm is cut at 15 bytes
 			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Equal(t, "guest: daemon exited: killed by signal killed", failed.Message)
-			assert.Equal(t, 1, s.exit(15*time.Second))
+			s.exitFailed(api.CodeDaemonFailed, 15*time.Second)
 		}},
 		{"oac-sandbox-io", func(t *testing.T, s *shim) {
 			// The contract: restarted with backoff, the sandbox stays ready.
@@ -135,12 +135,12 @@ func TestFaultMatrixKill9(t *testing.T) {
 		{"oac-guest", func(t *testing.T, s *shim) {
 			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
-			assert.Equal(t, 1, s.exit(15*time.Second))
+			s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 		}},
 		{"bwrap", func(t *testing.T, s *shim) {
 			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Regexp(t, `guest connection lost|sandbox runtime exited|killed`, failed.Message)
-			assert.Equal(t, 1, s.exit(15*time.Second))
+			s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 		}},
 		{"shim", func(t *testing.T, s *shim) {
 			s.exit(10 * time.Second)

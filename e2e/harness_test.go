@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -20,9 +21,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/schema"
 )
 
 // bins are the binaries under test, built once per run.
@@ -196,6 +199,10 @@ type sandboxSpec struct {
 	// /etc/resolv.conf for a stand-in DNS server, a CA bundle the guest
 	// sees through the default root's /etc/ssl.
 	files map[string]string
+	// stdin is the shim's standard input; extraFiles its descriptors 3,
+	// 4, ... (a bootstrap or password handed over without a file).
+	stdin      io.Reader
+	extraFiles []*os.File
 }
 
 // startShim starts `oac-shim run` for a sandbox and collects its events.
@@ -258,6 +265,8 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), spec.env...)
+	cmd.Stdin = spec.stdin
+	cmd.ExtraFiles = spec.extraFiles
 	if spec.user != "" {
 		cmd.Dir = "/"
 	}
@@ -286,6 +295,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 		for sc.Scan() {
+			validLine(t, sc.Bytes())
 			var e api.Event
 			if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
 				t.Errorf("oac-shim printed a line that is not a JSON event: %q", sc.Text())
@@ -320,6 +330,15 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		}
 	})
 	return s
+}
+
+// validLine checks one line oac-shim printed against the published event
+// schema: every event every e2e test sees is validated.
+func validLine(t *testing.T, line []byte) {
+	t.Helper()
+	if err := schema.Validate(schema.Event, line); err != nil {
+		t.Errorf("oac-shim printed a line the event schema refuses: %s\n%v", line, err)
+	}
 }
 
 // waitFor returns the first event matching pred since the shim started,
@@ -382,6 +401,23 @@ func (s *shim) exit(timeout time.Duration) int {
 		s.t.Fatalf("oac-shim did not exit within %s", timeout)
 	}
 	return s.cmd.ProcessState.ExitCode()
+}
+
+// exitFailed waits for oac-shim to exit after a failure and checks the
+// promise to callers: the last state event is failed with code, and the
+// exit status is the one documented for code.
+func (s *shim) exitFailed(code string, timeout time.Duration) api.Event {
+	s.t.Helper()
+	status := s.exit(timeout)
+	states := s.find(func(e api.Event) bool { return e.Event == api.KindState })
+	if !assert.NotEmpty(s.t, states, "no state event") {
+		return api.Event{}
+	}
+	last := states[len(states)-1]
+	assert.Equal(s.t, api.StateFailed, last.State, "the last state")
+	assert.Equal(s.t, code, last.Code, "the failure code of %q", last.Message)
+	assert.Equal(s.t, api.FailureOf(code).Exit, status, "the exit status for %s", code)
+	return last
 }
 
 func (s *shim) signal(sig syscall.Signal) {

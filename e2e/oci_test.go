@@ -120,7 +120,7 @@ func TestOCIRuntimeKilledIsReportedFailedAndCleanedUp(t *testing.T) {
 
 			failed := s.waitState(api.StateFailed, 10*time.Second)
 			assert.Regexp(t, `sandbox runtime exited|guest connection lost`, failed.Message)
-			assert.Equal(t, 1, s.exit(15*time.Second))
+			s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 			assert.Eventually(t, func() bool { return len(hostProcs(marker)) == 0 }, 5*time.Second, 20*time.Millisecond,
 				"the container is deleted with its daemon")
 			assert.NoDirExists(t, filepath.Join(runtimeRoot(rt), "oac-"+s.name))

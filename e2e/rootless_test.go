@@ -152,7 +152,7 @@ func TestRootlessWithoutSubordinateIDsRefusesUnlessSingleUIDIsAsked(t *testing.T
 	refused := startShim(t, sandboxSpec{user: singleUser, bootstrap: daemon("exec sleep 1000")})
 	failed := refused.waitState(api.StateFailed, bootTimeout)
 	assert.Contains(t, failed.Message, "no subordinate id range")
-	assert.Equal(t, 1, refused.exit(10*time.Second))
+	refused.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 
 	s := startShim(t, sandboxSpec{user: singleUser, args: []string{"--single-uid"}, bootstrap: daemon(`echo "uid=$(id -u)"; exec sleep 1000`)})
 	s.waitState(api.StateReady, bootTimeout)

@@ -123,7 +123,7 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
-	assert.Equal(t, 1, s.exit(15*time.Second))
+	s.exitFailed(api.CodeRuntimeFailed, 15*time.Second)
 	assert.Contains(t, w.calls(t), "--unregister oac-"+s.name)
 	assert.Empty(t, w.distros())
 }
@@ -157,7 +157,7 @@ func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), "--wsl-installer", url)})
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, url)
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 	assert.Contains(t, s.stderr.String(), "run 'oac-shim check'")
 	assert.Equal(t, []string{"--version", "--version"}, w.calls(t), "nothing imported")
 }
@@ -169,7 +169,7 @@ func TestWSLImportFailureCreatesNothing(t *testing.T) {
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, "HCS_E_HYPERV_NOT_INSTALLED")
 	assert.Contains(t, failed.Message, "enable the Virtual Machine Platform")
-	assert.Equal(t, 1, s.exit(10*time.Second))
+	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)
 	for _, c := range w.calls(t) {
 		assert.False(t, strings.HasPrefix(c, "-d "), "no agent started: %s", c)
 	}

@@ -36,7 +36,7 @@
 //	0x0001  Hello         guest -> host  {"min_version","max_version","agent_version","pid","capabilities"}
 //	0x0002  Welcome       host -> guest  {"version","host_version","capabilities","time_unix_nano"}
 //	0x0003  Bootstrap     host -> guest  bootstrap.Bootstrap (package bootstrap)
-//	0x0004  State         guest -> host  {"state","message","process","url","username"}
+//	0x0004  State         guest -> host  {"state","message","reason","process","url","username"}
 //	0x0005  Shutdown      host -> guest  {"reason","grace_ms"}
 //	0x0006  Error         either way     {"code","message","min_version","max_version"}
 //	0x0007  StreamHeader  stream opener  {"kind","name","host","port","via"}
@@ -222,12 +222,16 @@
 //	     (0x000B) behind the guest's "time" capability. A 1.3 guest lists
 //	     neither, so a newer host opens no forward streams to it and sends
 //	     no Time; a 1.3 host never opens forward streams or sends Time.
-//	1.5  the host enforces the session bounds above on every yamux frame
-//	     (a 1.4 host bounded only the streams, at 576 with its default
-//	     broker), and a guest keeps under them (StreamGate). A 1.4 guest
+//	1.5  a failed State gains "reason", one of the Reason* constants, so
+//	     the host gives the failure its code without reading the message.
+//	     A 1.4 guest sends none (the host then says guest_failed); a 1.4
+//	     host ignores it.
+//	1.6  the host enforces the session bounds above on every yamux frame
+//	     (a 1.5 host bounded only the streams, at 576 with its default
+//	     broker), and a guest keeps under them (StreamGate). A 1.5 guest
 //	     lets a workload open as many streams as it makes connections, so
-//	     a 1.5 host may fail it as hostile under a connect loop: update the
+//	     a 1.6 host may fail it as hostile under a connect loop: update the
 //	     guest image with the shim. The Abort message (0x000C) behind the
-//	     host's "abort" capability; a 1.4 host never lists it, so a newer
+//	     host's "abort" capability; a 1.5 host never lists it, so a newer
 //	     guest sends none there.
 package protocol

@@ -38,6 +38,15 @@ const (
 	StateStopped  = "stopped"
 )
 
+// Reasons of a failed State.
+const (
+	ReasonBootstrap       = "bootstrap_invalid" // the guest refused the bootstrap
+	ReasonDaemonUnhealthy = "daemon_unhealthy"  // no healthy answer before the deadline
+	ReasonDaemonFailed    = "daemon_failed"     // the daemon could not start, or exited
+	ReasonSandboxIO       = "sandbox_io_failed" // the private file or oac-sandbox-io failed
+	ReasonGuest           = "guest_failed"      // anything else the agent could not do
+)
+
 // Capabilities named in Hello and Welcome.
 const (
 	// CapProcess: the sender accepts (Welcome) or sends (Hello) Process
@@ -97,8 +106,12 @@ type ProcessStatus struct {
 // State reports a change in the guest. A ready State carries the daemon's
 // URL inside the guest and the Basic auth username; never the password.
 type State struct {
-	State    string         `json:"state"`
-	Message  string         `json:"message,omitempty"`
+	State   string `json:"state"`
+	Message string `json:"message,omitempty"`
+	// Reason says, on a failed State, which part failed (Reason*). The
+	// host maps it to a failure code and trusts it no further: a guest
+	// can only misname its own failure.
+	Reason   string         `json:"reason,omitempty"`
 	Process  *ProcessStatus `json:"process,omitempty"`
 	URL      string         `json:"url,omitempty"`
 	Username string         `json:"username,omitempty"`

@@ -9,11 +9,17 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/oac/sandbox-agent/internal/errmark"
 )
 
 // ErrVersionMismatch is returned by both sides when their version ranges do
 // not overlap.
 var ErrVersionMismatch = errors.New("protocol version mismatch")
+
+// ErrHandshakeTimeout is matched by a handshake that ran out of time
+// waiting for the peer (read deadlines also match os.ErrDeadlineExceeded).
+var ErrHandshakeTimeout = errors.New("handshake timed out")
 
 // Negotiate returns the highest version in both ranges.
 func Negotiate(guestMin, guestMax, hostMin, hostMax int) (int, error) {
@@ -268,7 +274,7 @@ func HostHandshake(s Acceptor, minV, maxV int, welcome Welcome, timeout time.Dur
 		st = a.c
 	case <-time.After(time.Until(deadline)):
 		s.Close()
-		return nil, hello, welcome, fmt.Errorf("guest sent no control stream within %s", timeout)
+		return nil, hello, welcome, errmark.With(ErrHandshakeTimeout, fmt.Errorf("guest sent no control stream within %s", timeout))
 	}
 	h, err := ReadStreamHeader(st, time.Until(deadline))
 	if err != nil {

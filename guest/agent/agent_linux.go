@@ -24,6 +24,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/supervise"
 	"github.com/oac/sandbox-agent/guest/transparent"
+	"github.com/oac/sandbox-agent/internal/errmark"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/protocol/transport"
@@ -308,10 +309,10 @@ func (a *agent) startAll(ctx context.Context) error {
 	var started []string
 	if b.SandboxIO != nil {
 		if err := a.prepareSandboxIOFile(b); err != nil {
-			return err
+			return errmark.With(errSandboxIO, err)
 		}
 		if err := a.superviseSandboxIO(ctx); err != nil {
-			return err
+			return errmark.With(errSandboxIO, err)
 		}
 		started = append(started, "oac-sandbox-io")
 	}
@@ -325,7 +326,7 @@ func (a *agent) startAll(ctx context.Context) error {
 			a.daemonExit <- e
 		})
 		if err != nil {
-			return err
+			return errmark.With(errDaemon, err)
 		}
 		a.cfg.Log.Debug("daemon started", "pid", p.cmd.Process.Pid)
 		started = append(started, "the daemon")
@@ -481,15 +482,37 @@ func (a *agent) reportProcess(ps protocol.ProcessStatus) {
 	}
 }
 
+// Kinds of failure the agent marks where they happen (errmark), for
+// reasonOf.
+var (
+	errSandboxIO = errors.New("oac-sandbox-io failed")
+	errDaemon    = errors.New("the daemon failed")
+)
+
+// reasonOf names the part that failed for the host (protocol.Reason*).
+func reasonOf(err error) string {
+	switch {
+	case errors.Is(err, bootstrap.ErrInvalid):
+		return protocol.ReasonBootstrap
+	case errors.Is(err, health.ErrUnhealthy):
+		return protocol.ReasonDaemonUnhealthy
+	case errors.Is(err, errDaemon):
+		return protocol.ReasonDaemonFailed
+	case errors.Is(err, errSandboxIO), errors.Is(err, supervise.ErrFatal):
+		return protocol.ReasonSandboxIO
+	}
+	return protocol.ReasonGuest
+}
+
 // fail reports an error to the host; failures to send are moot.
 func (a *agent) fail(code string, err error) {
-	_ = a.state(protocol.State{State: protocol.StateFailed, Message: err.Error()})
+	_ = a.state(protocol.State{State: protocol.StateFailed, Message: err.Error(), Reason: reasonOf(err)})
 	_ = a.ctl.Send(protocol.TypeError, protocol.Error{Code: code, Message: err.Error()})
 }
 
 // failed reports a failure of the running sandbox. The host answers with
 // Shutdown, which stops everything in order.
-func (a *agent) failed(msg string) error {
+func (a *agent) failed(err error) error {
 	if a.hasFailed {
 		return nil
 	}
@@ -497,7 +520,7 @@ func (a *agent) failed(msg string) error {
 	if a.healthCancel != nil {
 		a.healthCancel()
 	}
-	return a.state(protocol.State{State: protocol.StateFailed, Message: msg})
+	return a.state(protocol.State{State: protocol.StateFailed, Message: err.Error(), Reason: reasonOf(err)})
 }
 
 func (a *agent) loop(ctx context.Context) error {
@@ -522,17 +545,17 @@ func (a *agent) loop(ctx context.Context) error {
 			return nil
 		case e := <-a.daemonExit:
 			if a.ready {
-				err = a.failed("daemon exited: " + e.String())
+				err = a.failed(errmark.With(errDaemon, errors.New("daemon exited: "+e.String())))
 			} else {
-				err = a.failed("daemon exited before it was healthy: " + e.String())
+				err = a.failed(errmark.With(errDaemon, errors.New("daemon exited before it was healthy: "+e.String())))
 			}
 		case serr := <-a.superErr:
-			err = a.failed(serr.Error())
+			err = a.failed(errmark.With(errSandboxIO, serr))
 		case hr := <-a.healthc:
 			switch {
 			case a.hasFailed:
 			case hr.err != nil:
-				err = a.failed(hr.err.Error())
+				err = a.failed(hr.err)
 			default:
 				err = a.reportReady(fmt.Sprintf("daemon healthy after %d attempt(s) in %s", hr.res.Attempts, hr.res.Took.Round(time.Millisecond)))
 			}

@@ -6,7 +6,11 @@
 // object; only the keys the command takes, each once, exactly as written;
 // values of the documented types; nothing after the object), the answers
 // (Answer and each command's result, Status, ForwardInfo), and the sinks
-// that write events as JSON lines. docs/events-and-control.md documents it.
+// that write events as JSON lines, the failure codes a failed state carries
+// with what each means to a caller (Failures: exit status, HTTP status,
+// action), and SchemaVersion, which every line carries. The JSON Schema
+// files in schema/ describe the same JSON, and their tests hold the two
+// together. docs/events-and-control.md and docs/schema.md document it.
 //
 // It is a leaf: it imports nothing of the host (only protocol's state
 // names), so a parent's client depends on the schema alone. It must not

@@ -50,31 +50,41 @@ const (
 	StateStopped  State = protocol.StateStopped
 )
 
+// SchemaVersion is the version of the published schema (schema/*.json)
+// that describes what this build writes and reads; every event and answer
+// carries it. Any change to the schema files bumps it, so a line is
+// described exactly by the schema of its version (docs/schema.md).
+const SchemaVersion = 1
+
 // Event is one line of oac-shim output.
 type Event struct {
-	Time         time.Time `json:"time"`
-	Sandbox      string    `json:"sandbox"`
-	Event        string    `json:"event"`
-	State        State     `json:"state,omitempty"`
-	Message      string    `json:"message,omitempty"`
-	Process      string    `json:"process,omitempty"`
-	PID          int       `json:"pid,omitempty"`
-	Running      *bool     `json:"running,omitempty"`
-	ExitCode     *int      `json:"exit_code,omitempty"`
-	Signal       string    `json:"signal,omitempty"`
-	Protocol     int       `json:"protocol,omitempty"`
-	AgentVersion string    `json:"agent_version,omitempty"`
-	Stream       string    `json:"stream,omitempty"`
-	Line         string    `json:"line,omitempty"`
-	Dropped      int64     `json:"dropped,omitempty"`
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	Event   string    `json:"event"`
+	// SchemaVersion is set by the sink (JSONLines) when zero.
+	SchemaVersion int    `json:"schema_version"`
+	State         State  `json:"state,omitempty"`
+	Message       string `json:"message,omitempty"`
+	Process       string `json:"process,omitempty"`
+	PID           int    `json:"pid,omitempty"`
+	Running       *bool  `json:"running,omitempty"`
+	ExitCode      *int   `json:"exit_code,omitempty"`
+	Signal        string `json:"signal,omitempty"`
+	Protocol      int    `json:"protocol,omitempty"`
+	AgentVersion  string `json:"agent_version,omitempty"`
+	Stream        string `json:"stream,omitempty"`
+	Line          string `json:"line,omitempty"`
+	Dropped       int64  `json:"dropped,omitempty"`
 	// Egress fields (egress, egress_closed). Conn links the two events of
 	// one connection; bytes_out went from the guest to the upstream.
-	Conn       uint64 `json:"conn,omitempty"`
-	Via        string `json:"via,omitempty"`
-	Target     string `json:"target,omitempty"`
-	Decision   string `json:"decision,omitempty"`
-	Rule       string `json:"rule,omitempty"`
-	Reason     string `json:"reason,omitempty"`
+	Conn     uint64 `json:"conn,omitempty"`
+	Via      string `json:"via,omitempty"`
+	Target   string `json:"target,omitempty"`
+	Decision string `json:"decision,omitempty"`
+	Rule     string `json:"rule,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	// Code is the egress failure code (egress, egress_closed) or, on a
+	// failed state, the failure code (see Failures).
 	Code       string `json:"code,omitempty"`
 	Effect     string `json:"effect,omitempty"`
 	Address    string `json:"address,omitempty"`
@@ -120,6 +130,9 @@ func NewJSONLines(w io.Writer) *JSONLines {
 // Emit writes e; a write error is dropped (events must never block or fail
 // the sandbox).
 func (j *JSONLines) Emit(e Event) {
+	if e.SchemaVersion == 0 {
+		e.SchemaVersion = SchemaVersion
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	_ = j.enc.Encode(e)

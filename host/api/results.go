@@ -41,10 +41,12 @@ type Answer struct {
 	Time    time.Time `json:"time"`
 	Sandbox string    `json:"sandbox"`
 	Event   string    `json:"event"`
-	ID      string    `json:"id,omitempty"`
-	Command string    `json:"command,omitempty"`
-	OK      bool      `json:"ok"`
-	Error   string    `json:"error,omitempty"`
+	// SchemaVersion is SchemaVersion, as on every event.
+	SchemaVersion int    `json:"schema_version"`
+	ID            string `json:"id,omitempty"`
+	Command       string `json:"command,omitempty"`
+	OK            bool   `json:"ok"`
+	Error         string `json:"error,omitempty"`
 	// Result is the command's result (status, the forward added, the
 	// policy in force, the time pushed); absent on error.
 	Result any `json:"result,omitempty"`
@@ -56,6 +58,8 @@ type Status struct {
 	ServerID string `json:"server_id"`
 	State    State  `json:"state"`
 	Message  string `json:"message,omitempty"`
+	// Code is the failure code when State is failed (Failures).
+	Code     string `json:"code,omitempty"`
 	URL      string `json:"url,omitempty"`
 	GuestURL string `json:"guest_url,omitempty"`
 	Username string `json:"username,omitempty"`

@@ -47,7 +47,7 @@ func (s *Server) log() *slog.Logger {
 
 // answer runs one line and returns its answer.
 func (s *Server) answer(ctx context.Context, line []byte, lineErr error) api.Answer {
-	a := api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer"}
+	a := api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: api.KindAnswer, SchemaVersion: api.SchemaVersion}
 	if lineErr != nil {
 		a.Error = lineErr.Error()
 		return a
@@ -182,7 +182,7 @@ func (s *Server) ServeSocket(ctx context.Context, ln net.Listener) {
 		case sem <- struct{}{}:
 		default:
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_ = json.NewEncoder(c).Encode(api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: "answer",
+			_ = json.NewEncoder(c).Encode(api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: api.KindAnswer, SchemaVersion: api.SchemaVersion,
 				Error: "too many control connections"})
 			c.Close()
 			continue

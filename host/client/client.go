@@ -197,7 +197,7 @@ func (s *Shim) WaitEvent(ctx context.Context, pred func(api.Event) bool) (api.Ev
 }
 
 // WaitState waits for a state event in one of states and returns it. A
-// failed state that was not asked for is returned as an error.
+// failed state that was not asked for is returned as a *FailedError.
 func (s *Shim) WaitState(ctx context.Context, states ...api.State) (api.Event, error) {
 	e, err := s.WaitEvent(ctx, func(e api.Event) bool {
 		if e.Event != api.KindState {
@@ -221,7 +221,19 @@ func (s *Shim) WaitState(ctx context.Context, states ...api.State) (api.Event, e
 			return e, nil
 		}
 	}
-	return e, fmt.Errorf("sandbox failed: %s", e.Message)
+	return e, &FailedError{Code: e.Code, Message: e.Message, Event: e}
+}
+
+// FailedError is a failed state a caller did not wait for: Code is its
+// failure code (api.Failures says what to do about each).
+type FailedError struct {
+	Code    string
+	Message string
+	Event   api.Event
+}
+
+func (e *FailedError) Error() string {
+	return fmt.Sprintf("sandbox failed (%s): %s", e.Code, e.Message)
 }
 
 // Do sends one command and waits for its answer; result, when non-nil,
@@ -327,7 +339,8 @@ func (s *Shim) Stop(ctx context.Context) error {
 }
 
 // Wait waits for the shim to exit and returns its exit error (nil after a
-// clean stop; *exec.ExitError with status 1 after a failure).
+// clean stop; *exec.ExitError with the status of the failure code's class
+// after a failure, api.FailureOf(code).Exit).
 func (s *Shim) Wait() error {
 	<-s.done
 	s.mu.Lock()

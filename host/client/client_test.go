@@ -40,9 +40,10 @@ func fakeShim(mode string) int {
 	attempt := uint64(1)
 	state("starting", "start requested", "", attempt)
 	if mode == "fail" {
-		state("failed", "guest not ready within 1s", "", attempt)
+		out(api.Event{Time: time.Now().UTC(), Sandbox: "fake", Event: api.KindState, State: "failed",
+			Message: "guest not ready within 1s", Code: api.CodeBootTimeout, Attempt: attempt})
 		fmt.Fprintln(os.Stderr, "oac-shim: guest not ready within 1s")
-		return 1
+		return api.FailureOf(api.CodeBootTimeout).Exit
 	}
 	state("ready", "guest ready", "http://127.0.0.1:4096", attempt)
 	srv := &apiserver.Server{Sandbox: "fake", Handler: apiserver.HandlerFunc(func(_ context.Context, c api.Command) (any, error) {
@@ -120,14 +121,17 @@ func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 	assert.ErrorIs(t, err, ErrExited)
 }
 
-func TestAFailedSandboxIsAnErrorAndExitStatusOne(t *testing.T) {
+func TestAFailedSandboxIsAnErrorWithItsCodeAndExitStatus(t *testing.T) {
 	s := start(t, "fail", nil)
 	_, err := s.WaitState(ctx(t), api.StateReady)
-	assert.EqualError(t, err, "sandbox failed: guest not ready within 1s")
+	assert.EqualError(t, err, "sandbox failed (boot_timeout): guest not ready within 1s")
+	var fe *FailedError
+	require.ErrorAs(t, err, &fe)
+	assert.Equal(t, api.CodeBootTimeout, fe.Code)
 	err = s.Wait()
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee)
-	assert.Equal(t, 1, ee.ExitCode())
+	assert.Equal(t, api.FailureOf(api.CodeBootTimeout).Exit, ee.ExitCode())
 }
 
 func TestClosingStdinStopsTheShim(t *testing.T) {

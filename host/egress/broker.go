@@ -129,7 +129,9 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 	defer st.Close()
 	id := b.nextID.Add(1)
 	start := time.Now()
-	ev := api.Event{Event: api.KindEgress, Conn: id, Via: h.Via, Target: safeText(joinRaw(h.Host, h.Port), 300)}
+	// Via is the guest's word: it goes into the event once the header
+	// is valid (an unknown via is refused, and not echoed).
+	ev := api.Event{Event: api.KindEgress, Conn: id, Target: safeText(joinRaw(h.Host, h.Port), 300)}
 	answer := func(f *Failure) {
 		ev.Decision = DecisionFailed
 		if f.Code == protocol.EgressDenied {
@@ -149,6 +151,7 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 		answer(fail(protocol.EgressInvalidArgument, "", "invalid egress header: %s", safeText(err.Error(), 200)))
 		return
 	}
+	ev.Via = h.Via
 	select {
 	case b.sem <- struct{}{}:
 		defer func() { <-b.sem }()

@@ -17,8 +17,10 @@ var ErrDestroyed = errors.New("sandbox destroyed")
 
 // Update is what a job reports: a state and its details.
 type Update struct {
-	State    api.State
-	Message  string
+	State   api.State
+	Message string
+	// Code is the failure code of a failed state.
+	Code     string
 	URL      string
 	GuestURL string
 	Username string
@@ -49,6 +51,9 @@ type Config struct {
 	// OnChange sees every accepted change, in order. It must not call back
 	// into the controller's Start, Stop, Reset or Destroy.
 	OnChange func(api.Status)
+	// Classify gives the failure code of a job's error when the job did
+	// not report its failure itself; nil leaves the code empty.
+	Classify func(error) string
 }
 
 // Controller runs the jobs of one sandbox.
@@ -150,7 +155,11 @@ func (c *Controller) run(ctx context.Context, cancel context.CancelCauseFunc, at
 	err := c.cfg.Job(ctx, attempt, r)
 	switch {
 	case err != nil:
-		r.Report(Update{State: api.StateFailed, Message: err.Error()})
+		u := Update{State: api.StateFailed, Message: err.Error()}
+		if c.cfg.Classify != nil {
+			u.Code = c.cfg.Classify(err)
+		}
+		r.Report(u)
 	case ctx.Err() != nil:
 		r.Report(Update{State: api.StateStopped, Message: "stopped: " + cause(ctx)})
 	default:
@@ -192,6 +201,9 @@ func (c *Controller) report(attempt uint64, u Update) bool {
 		return false
 	}
 	st := api.Status{ServerID: c.status.ServerID, State: u.State, Message: u.Message, Attempt: attempt}
+	if u.State == api.StateFailed {
+		st.Code = u.Code
+	}
 	if u.State == api.StateReady {
 		st.URL, st.GuestURL, st.Username, st.Password = u.URL, u.GuestURL, u.Username, u.Password
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
@@ -73,6 +75,10 @@ type Config struct {
 	// created exclusively) once the bootstrap is valid: the way a caller
 	// learns a password the shim generated. Events never carry it.
 	PasswordFile string
+	// PasswordOut, when set, is handed the daemon's password the same way
+	// (a descriptor the caller reads: no file on disk). An error fails the
+	// start before anything is created.
+	PasswordOut func(password string) error
 	// Attach, when set, is called with the live session once the guest
 	// has connected and negotiated, and with nil when the session ends
 	// (before the runtime is destroyed). Forwards and the control API use
@@ -111,8 +117,9 @@ type Config struct {
 }
 
 // ErrHostileGuest is wrapped by the error of a sandbox ended because its
-// guest exceeded a bound no correct guest reaches.
-var ErrHostileGuest = muxguard.ErrHostile
+// guest exceeded a bound no correct guest reaches (the failure kind of
+// package failure, code hostile_guest).
+var ErrHostileGuest = failure.ErrHostileGuest
 
 // Run runs the sandbox until ctx is cancelled (then it stops the guest in
 // order and returns nil) or the sandbox fails (it returns the reason). The
@@ -144,7 +151,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if s.cfg.StreamHeaderTimeout <= 0 {
 		s.cfg.StreamHeaderTimeout = DefaultStreamHeaderTimeout
 	}
-	s.hostile = make(chan error, 1)
 	s.aborts = map[uint32]context.CancelCauseFunc{}
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
 	s.warn = limitWarnings(s.cfg.Log)
@@ -170,9 +176,6 @@ type run struct {
 	recvErr chan error
 	// quit is closed when nobody reads frames any more.
 	quit chan struct{}
-	// hostile receives the first bound a guest exceeded outside the
-	// control stream (ErrHostileGuest).
-	hostile chan error
 
 	// guestDone: the guest said it stopped or failed for good, or is gone.
 	guestDone bool
@@ -237,14 +240,17 @@ func (s *run) reportDropsEverySecond() {
 
 // setState emits a state event; terminal states are final, and held back
 // until the run has ended (emitFinal).
-func (s *run) setState(state api.State, msg string) {
+func (s *run) setState(state api.State, msg string) { s.setStateCode(state, msg, "") }
+
+// setStateCode is setState with the failure code of a failed state.
+func (s *run) setStateCode(state api.State, msg, code string) {
 	s.mu.Lock()
 	if s.state == api.StateFailed || s.state == api.StateStopped || s.state == state && state != api.StateStarting {
 		s.mu.Unlock()
 		return
 	}
 	s.state = state
-	e := api.Event{Event: api.KindState, State: state, Message: msg}
+	e := api.Event{Event: api.KindState, State: state, Message: msg, Code: code}
 	if state == api.StateFailed || state == api.StateStopped {
 		s.final = &e
 		s.mu.Unlock()
@@ -271,11 +277,19 @@ func (s *run) guardErr() error {
 	if s.guard == nil {
 		return nil
 	}
-	return s.guard.Err()
+	err := s.guard.Err()
+	switch {
+	case errors.Is(err, muxguard.ErrHostile):
+		return failure.With(failure.ErrHostileGuest, err)
+	case err != nil:
+		return failure.With(failure.ErrRuntimeFailed, err)
+	}
+	return nil
 }
 
+// fail reports err as the failed state, with its failure code.
 func (s *run) fail(err error) error {
-	s.setState(api.StateFailed, err.Error())
+	s.setStateCode(api.StateFailed, err.Error(), failure.Code(err))
 	return err
 }
 
@@ -307,14 +321,19 @@ func (s *run) run(ctx context.Context) error {
 		s.cfg.Bootstrap = b
 		if s.cfg.PasswordFile != "" {
 			if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
-				return s.fail(fmt.Errorf("nothing created: %w", err))
+				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
+			}
+		}
+		if s.cfg.PasswordOut != nil {
+			if err := s.cfg.PasswordOut(cc.Password); err != nil {
+				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: password output: %w", err)))
 			}
 		}
 	}
 	s.setState(api.StateStarting, "creating sandbox")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
 	if err != nil {
-		return s.fail(fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err))
+		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	s.inst = inst
 	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
@@ -336,7 +355,7 @@ func (s *run) run(ctx context.Context) error {
 	}()
 	start := time.Now()
 	if err := inst.Start(ctx); err != nil {
-		return s.fail(fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err))
+		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	bootCtx, cancelBoot := context.WithTimeout(ctx, s.cfg.BootTimeout)
 	defer cancelBoot()
@@ -347,7 +366,11 @@ func (s *run) run(ctx context.Context) error {
 			s.setState(api.StateStopped, "stopped before the guest connected: "+stopReason(ctx))
 			return nil
 		}
-		return s.fail(s.withDiag(fmt.Errorf("guest did not connect: %w", err)))
+		kind := failure.ErrRuntimeFailed
+		if bootCtx.Err() != nil {
+			kind = failure.ErrBootTimeout
+		}
+		return s.fail(failure.With(kind, s.withDiag(fmt.Errorf("guest did not connect: %w", err))))
 	}
 	helloWait := s.cfg.HelloTimeout
 	if s.helloUntilBoot {
@@ -373,7 +396,11 @@ func (s *run) run(ctx context.Context) error {
 		case <-s.inst.Done():
 		case <-time.After(handshakeExitWait):
 		}
-		return s.fail(s.withDiag(err))
+		kind := failure.ErrRuntimeFailed
+		if isTimeout(err) {
+			kind = failure.ErrBootTimeout
+		}
+		return s.fail(failure.With(kind, s.withDiag(err)))
 	}
 	s.wg.Add(1)
 	go s.acceptStreams()
@@ -382,7 +409,7 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(fmt.Errorf("encode bootstrap: %w", err))
 	}
 	if err := s.ctl.Send(protocol.TypeBootstrap, json.RawMessage(body)); err != nil {
-		return s.fail(fmt.Errorf("send bootstrap: %w", err))
+		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("send bootstrap: %w", err)))
 	}
 	s.wg.Add(1)
 	go s.readControl()
@@ -442,7 +469,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 		s.cfg.Attach(&Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
 	}
 	s.emit(api.Event{
-		Event: api.KindAgent, PID: hello.PID, Protocol: welcome.Version,
+		Event: api.KindAgent, PID: max(hello.PID, 0), Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
 	})
 	if s.cfg.Egress != nil {
@@ -504,7 +531,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				continue
 			}
 			if !ready {
-				return fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout)
+				return failure.With(failure.ErrBootTimeout, fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout))
 			}
 			bootDone = nil
 		case <-s.guard.Violated():
@@ -517,9 +544,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				continue
 			}
 			s.guestDone = true
-			return s.withDiag(s.inst.Err())
-		case err := <-s.hostile:
-			return err
+			return failure.With(failure.ErrRuntimeFailed, s.withDiag(s.inst.Err()))
 		case err := <-s.recvErr:
 			if gerr := s.guardErr(); gerr != nil {
 				return gerr
@@ -532,7 +557,7 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			if isViolation(err) {
 				return fmt.Errorf("guest broke the protocol on the control stream: %w", err)
 			}
-			return s.withDiag(fmt.Errorf("guest connection lost: %w", err))
+			return failure.With(failure.ErrRuntimeFailed, s.withDiag(fmt.Errorf("guest connection lost: %w", err)))
 		case f := <-s.frames:
 			switch f.Type {
 			case protocol.TypeState:
@@ -558,19 +583,19 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					}
 					s.setReady(m, guestText(st.URL, 256), guestText(st.Username, 64))
 				case protocol.StateFailed:
-					return fmt.Errorf("guest: %s", msg)
+					return failure.With(failure.GuestReason(st.Reason), fmt.Errorf("guest: %s", msg))
 				case protocol.StateStopped:
 					s.guestDone = true
-					return fmt.Errorf("guest stopped on its own: %s", msg)
+					return failure.With(failure.ErrGuestFailed, fmt.Errorf("guest stopped on its own: %s", msg))
 				default:
-					return fmt.Errorf("guest sent an unknown state %q", guestText(st.State, 32))
+					return failure.With(protocol.ErrBadBody, fmt.Errorf("guest sent an unknown state %q", guestText(st.State, 32)))
 				}
 			case protocol.TypeError:
 				var e protocol.Error
 				if err := f.Decode(&e); err != nil {
 					return fmt.Errorf("guest sent a bad Error: %w", err)
 				}
-				return fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText))
+				return failure.With(guestErrorKind(e.Code), fmt.Errorf("guest error %s: %s", guestText(e.Code, 32), guestText(e.Message, maxGuestText)))
 			case protocol.TypeProcess:
 				var ps protocol.ProcessStatus
 				if err := f.Decode(&ps); err != nil {
@@ -596,6 +621,24 @@ func stopReason(ctx context.Context) string {
 		return c.Error()
 	}
 	return "stop requested"
+}
+
+// guestErrorKind is the failure kind of an Error frame the guest sent.
+func guestErrorKind(code string) error {
+	switch code {
+	case protocol.CodeBootstrap:
+		return failure.ErrGuestBootstrap
+	case protocol.CodeVersionMismatch:
+		return protocol.ErrVersionMismatch
+	}
+	return failure.ErrGuestFailed
+}
+
+// isTimeout reports whether a handshake failed because time ran out.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, protocol.ErrHandshakeTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		(errors.As(err, &ne) && ne.Timeout())
 }
 
 // isViolation reports whether a control-stream read failed because the
@@ -634,7 +677,7 @@ func (s *run) emitProcess(p *protocol.ProcessStatus) {
 	}
 	running := p.Running
 	e := api.Event{
-		Event: api.KindProcess, Process: guestText(p.Name, 64), PID: p.PID, Running: &running,
+		Event: api.KindProcess, Process: orUnnamed(guestText(p.Name, 64)), PID: max(p.PID, 0), Running: &running,
 		ExitCode: p.ExitCode, Signal: guestText(p.Signal, 32),
 		Restarts: max(p.Restarts, 0), RestartInMS: max(p.RestartInMS, 0),
 	}
@@ -852,6 +895,15 @@ func (s *run) serveStream(st net.Conn, release func()) {
 	default:
 		s.warn.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}
+}
+
+// orUnnamed names what the guest left unnamed: the event schema requires
+// a process's and a log stream's name.
+func orUnnamed(s string) string {
+	if s == "" {
+		return "unnamed"
+	}
+	return s
 }
 
 // guestText makes a guest-supplied string safe to put in an event: valid

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 )
 
@@ -46,8 +47,12 @@ func TestCheckTextAndABlockedOS(t *testing.T) {
 
 	out.Reset()
 	code = Main([]string{"run", "--provider", "bwrap", "--name", "x", "--agent", "/nonexistent"}, nil, &out, &errOut)
-	assert.Equal(t, 1, code)
+	assert.Equal(t, api.FailureOf(api.CodeOSUnsupported).Exit, code)
 	assert.Contains(t, errOut.String(), "oac-shim: macOS 11.7.10 is not supported")
+	var e api.Event
+	require.NoError(t, json.Unmarshal(out.Bytes(), &e), "one failed event: %s", out.String())
+	assert.Equal(t, api.StateFailed, e.State)
+	assert.Equal(t, api.CodeOSUnsupported, e.Code)
 }
 
 func TestUnknownProviderIsAUsageError(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -37,6 +38,8 @@ type runFlags struct {
 	maxStreams, forwardMaxStreams                       int
 	connectTimeout, idleTimeout                         time.Duration
 	control, controlSocket                              string
+	bootFormat                                          string
+	passwordFD                                          int
 }
 
 func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
@@ -46,7 +49,9 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
 	fs.StringVar(&f.name, "name", "", "sandbox name (a-z, 0-9, '-'; required)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
-	fs.StringVar(&f.bootFile, "bootstrap", "", "bootstrap JSON file (default: no daemon)")
+	fs.StringVar(&f.bootFile, "bootstrap", "", `bootstrap JSON: a file, "-" for stdin (before the commands with --control stdin) or "fd:N" for an inherited descriptor (default: no daemon)`)
+	fs.StringVar(&f.bootFormat, "bootstrap-format", formatOAC, `"oac" (the bootstrap) or "core" (Core's sandbox.Bootstrap: runtime and sandbox_io)`)
+	passwordFD := fs.String("password-fd", "", "write each attempt's daemon password as a line \"ATTEMPT PASSWORD\" to this inherited descriptor (3 or more)")
 	fs.StringVar(&f.eventsFile, "events", "", "write events to this file instead of stdout")
 	fs.DurationVar(&f.timeout, "timeout", 0, "stop the sandbox in order after this long (0: run until SIGINT/SIGTERM)")
 	fs.DurationVar(&f.bootTimeout, "boot-timeout", sandbox.DefaultBootTimeout, "fail if the guest is not ready within this long")
@@ -85,6 +90,22 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	if f.name == "" {
 		fmt.Fprintln(stderr, "oac-shim run: --name is required")
 		return nil, 2
+	}
+	if _, _, err := bootstrapSource(f.bootFile); err != nil {
+		fmt.Fprintf(stderr, "oac-shim run: --bootstrap: %v\n", err)
+		return nil, 2
+	}
+	if f.bootFormat != formatOAC && f.bootFormat != formatCore {
+		fmt.Fprintf(stderr, "oac-shim run: --bootstrap-format takes %q or %q\n", formatOAC, formatCore)
+		return nil, 2
+	}
+	if *passwordFD != "" {
+		n, err := parseFD(*passwordFD)
+		if err != nil {
+			fmt.Fprintf(stderr, "oac-shim run: --password-fd: %v\n", err)
+			return nil, 2
+		}
+		f.passwordFD = n
 	}
 	if f.control != "" && f.control != "stdin" {
 		fmt.Fprintln(stderr, `oac-shim run: --control takes "stdin" (use --control-socket PATH for a socket)`)
@@ -135,15 +156,16 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		debug.SetMemoryLimit(sandbox.SoftMemoryLimit)
 	}
 	log := newLogger(stderr, f.debug)
+	// Every failure exits with its code's status (api.Failures).
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "oac-shim: %v\n", err)
-		return 1
+		return failure.Exit(err)
 	}
 	out := stdout
 	if f.eventsFile != "" {
 		ef, err := os.OpenFile(f.eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 		if err != nil {
-			return fail(fmt.Errorf("open events file: %w", err))
+			return fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("open events file: %w", err)))
 		}
 		defer ef.Close()
 		out = ef
@@ -152,13 +174,14 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// Input errors are reported like every other failure: one failed
 	// event (the last event is always failed or stopped) and a reason.
 	failedEvent := func(err error) int {
-		sink.Emit(api.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: api.KindState, State: api.StateFailed, Message: err.Error()})
+		sink.Emit(api.Event{Time: time.Now().UTC(), Sandbox: f.name, Event: api.KindState, State: api.StateFailed,
+			Message: err.Error(), Code: failure.Code(err)})
 		return fail(err)
 	}
 	inputFail := func(err error) int {
 		return failedEvent(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
 	}
-	boot, err := loadBootstrap(f)
+	boot, stdin, err := loadBootstrap(f, stdin)
 	if err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
@@ -192,14 +215,14 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if f.agentPath == "" {
 		p, err := defaultAgentPath()
 		if err != nil {
-			return fail(err)
+			return failedEvent(failure.With(failure.ErrInvalidConfig, err))
 		}
 		f.agentPath = p
 	}
 	_, verdict := osVerdict()
 	switch verdict.Level {
 	case ospolicy.Block:
-		return fail(errors.New(verdict.Message))
+		return failedEvent(failure.With(failure.ErrOSUnsupported, errors.New(verdict.Message)))
 	case ospolicy.Warn:
 		log.Warn(verdict.Message)
 	}
@@ -211,9 +234,17 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	s := newShim(f, sink, log, broker)
 	defer s.fwd.Close()
+	if f.passwordFD != 0 {
+		pw, err := openFD(f.passwordFD, "--password-fd")
+		if err != nil {
+			return failedEvent(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
+		}
+		defer pw.Close()
+		s.passwordOut = pw
+	}
 	for _, sp := range specs {
 		if _, err := s.fwd.Add(sp); err != nil {
-			return failedEvent(fmt.Errorf("nothing created: %w", err))
+			return failedEvent(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
 		}
 	}
 	s.base = sandbox.Config{
@@ -247,20 +278,37 @@ type usageError string
 
 func (e usageError) Error() string { return string(e) }
 
-// loadBootstrap reads --bootstrap and applies the identity flags.
-func loadBootstrap(f *runFlags) (*bootstrap.Bootstrap, error) {
-	var boot *bootstrap.Bootstrap
-	if f.bootFile != "" {
-		bf, err := os.Open(f.bootFile)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", f.bootFile, err)
-		}
-		boot, err = bootstrap.Decode(bf)
-		bf.Close()
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", f.bootFile, err)
+// loadBootstrap reads --bootstrap and applies the identity flags; it
+// returns what remains of stdin for the control API.
+func loadBootstrap(f *runFlags, stdin io.Reader) (*bootstrap.Bootstrap, io.Reader, error) {
+	boot, rest, err := readAndDecode(f, stdin)
+	if err != nil {
+		return nil, rest, err
+	}
+	boot, err = withIdentity(f, boot)
+	return boot, rest, err
+}
+
+func readAndDecode(f *runFlags, stdin io.Reader) (*bootstrap.Bootstrap, io.Reader, error) {
+	if f.bootFile == "" {
+		return nil, stdin, nil
+	}
+	data, rest, err := readBootstrap(f, stdin)
+	if err == nil {
+		var boot *bootstrap.Bootstrap
+		if boot, err = decodeBootstrap(f.bootFormat, data); err == nil {
+			return boot, rest, nil
 		}
 	}
+	what := f.bootFile
+	if what == "-" {
+		what = "stdin"
+	}
+	return nil, rest, fmt.Errorf("read %s: %w", what, err)
+}
+
+// withIdentity applies --tenant, --environment and --allocation.
+func withIdentity(f *runFlags, boot *bootstrap.Bootstrap) (*bootstrap.Bootstrap, error) {
 	if f.tenant != "" || f.environment != "" || f.allocation != "" || f.allowLoopback {
 		if f.tenant == "" || f.environment == "" || f.allocation == "" {
 			return nil, usageError("--tenant, --environment and --allocation go together")
@@ -271,7 +319,7 @@ func loadBootstrap(f *runFlags) (*bootstrap.Bootstrap, error) {
 		id := &bootstrap.Identity{TenantID: f.tenant, EnvironmentID: f.environment, AllocationID: f.allocation, AllowLoopbackLink: f.allowLoopback}
 		if b := boot.Sandbox; b != nil {
 			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
-				return nil, errors.New("the bootstrap's sandbox identity differs from --tenant, --environment and --allocation")
+				return nil, bootstrap.ErrIdentityMismatch
 			}
 			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
 		}

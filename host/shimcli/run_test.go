@@ -54,11 +54,11 @@ func registerFailing(t *testing.T) {
 	t.Cleanup(func() { provider.Unregister("failing-test") })
 }
 
-func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
+func TestAFailedStartExitsWithItsCodesStatusAndAttemptedEvents(t *testing.T) {
 	registerFailing(t)
 	var stdout, stderr bytes.Buffer
 	code := Main([]string{"run", "--provider", "failing-test", "--name", "x", "--agent", "/nonexistent"}, nil, &stdout, &stderr)
-	assert.Equal(t, 1, code)
+	assert.Equal(t, api.FailureOf(api.CodeRuntimeFailed).Exit, code)
 	assert.Contains(t, stderr.String(), "oac-shim: create failing sandbox: no runtime here")
 	var states []api.Event
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
@@ -71,6 +71,7 @@ func TestAFailedStartExitsOneWithAttemptedEvents(t *testing.T) {
 	require.Len(t, states, 2)
 	assert.Equal(t, "creating sandbox", states[0].Message, "the first start is reported by the sandbox")
 	assert.Equal(t, api.StateFailed, states[1].State)
+	assert.Equal(t, api.CodeRuntimeFailed, states[1].Code)
 	for _, e := range states {
 		assert.Equal(t, uint64(1), e.Attempt)
 	}
@@ -92,7 +93,7 @@ func TestControlStdinAnswersShareTheEventStreamAndEndWithTheShim(t *testing.T) {
 		}
 	}()
 	code := Main([]string{"run", "--provider", "failing-test", "--name", "x", "--agent", "/nonexistent", "--control", "stdin"}, r, &stdout, &stderr)
-	assert.Equal(t, 1, code)
+	assert.Equal(t, api.FailureOf(api.CodeRuntimeFailed).Exit, code)
 	r.Close()
 	for _, l := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
 		assert.True(t, json.Valid([]byte(l)), l)
@@ -135,7 +136,7 @@ func TestHandlerStatusPolicyForwardsAndTime(t *testing.T) {
 	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}})
 	assert.Error(t, err)
 	assert.Equal(t, []string{"a.example.com:443"}, s.broker.Policy().Rules(), "a refused policy keeps the old one")
-	assert.Contains(t, out.String(), `"event":"egress_policy","message":"egress policy replaced by a control command`)
+	assert.Contains(t, out.String(), `"event":"egress_policy","schema_version":1,"message":"egress policy replaced by a control command`)
 	assert.Contains(t, out.String(), "policy replacement refused, previous policy kept")
 
 	res, err = s.Handle(ctx, api.Command{Cmd: api.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})

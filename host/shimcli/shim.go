@@ -12,6 +12,7 @@ import (
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/lifecycle"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -33,6 +34,9 @@ type shim struct {
 	notify *systemd.Notifier
 	// base is the sandbox configuration each attempt starts from.
 	base sandbox.Config
+	// passwordOut, when set, receives each attempt's password as a line
+	// "ATTEMPT PASSWORD" (--password-fd).
+	passwordOut io.Writer
 
 	mu      sync.Mutex
 	sess    *sandbox.Session
@@ -63,7 +67,7 @@ func newShim(f *runFlags, sink *api.JSONLines, log *slog.Logger, broker *egress.
 	s := &shim{f: f, name: f.name, sink: sink, log: log, broker: broker,
 		notify: systemd.NewNotifier(log), results: map[uint64]error{}, resets: map[uint64]bool{}, stopReq: make(chan error, 1)}
 	s.fwd = forward.New(forward.Config{MaxStreams: f.forwardMaxStreams, Log: log.With("part", "forward"), Emit: s.emit})
-	s.ctrl = lifecycle.New(lifecycle.Config{Name: f.name, Job: s.job, OnChange: s.onChange})
+	s.ctrl = lifecycle.New(lifecycle.Config{Name: f.name, Job: s.job, OnChange: s.onChange, Classify: failure.Code})
 	return s
 }
 
@@ -89,7 +93,7 @@ func (s *shim) onChange(st api.Status) {
 		s.notify.Status(statusLine(st))
 		return
 	}
-	s.emit(api.Event{Event: api.KindState, State: st.State, Message: st.Message, URL: st.URL,
+	s.emit(api.Event{Event: api.KindState, State: st.State, Message: st.Message, Code: st.Code, URL: st.URL,
 		GuestURL: st.GuestURL, Username: st.Username, Attempt: st.Attempt})
 	switch st.State {
 	case api.StateReady:
@@ -110,7 +114,7 @@ func (s *shim) job(ctx context.Context, attempt uint64, r lifecycle.Reporter) er
 	cfg.Events = api.Func(func(e api.Event) {
 		e.Attempt = attempt
 		if e.Event == api.KindState {
-			r.Report(lifecycle.Update{State: e.State, Message: e.Message, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
+			r.Report(lifecycle.Update{State: e.State, Message: e.Message, Code: e.Code, URL: e.URL, GuestURL: e.GuestURL, Username: e.Username})
 			return
 		}
 		s.sink.Emit(e)
@@ -126,6 +130,12 @@ func (s *shim) job(ctx context.Context, attempt uint64, r lifecycle.Reporter) er
 		}
 	}
 	cfg.MapURL = s.fwd.URLFor
+	if s.passwordOut != nil {
+		cfg.PasswordOut = func(password string) error {
+			_, err := fmt.Fprintf(s.passwordOut, "%d %s\n", attempt, password)
+			return err
+		}
+	}
 	err := sandbox.Run(ctx, cfg)
 	s.mu.Lock()
 	s.results[attempt] = err
@@ -184,8 +194,8 @@ func (s *shim) run(stdin io.Reader) error {
 	if s.f.controlSocket != "" {
 		ln, err := sockfile.Listen(s.f.controlSocket)
 		if err != nil {
-			err = fmt.Errorf("nothing created: control socket: %w", err)
-			s.emit(api.Event{Event: api.KindState, State: api.StateFailed, Message: err.Error()})
+			err = failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: control socket: %w", err))
+			s.emit(api.Event{Event: api.KindState, State: api.StateFailed, Message: err.Error(), Code: failure.Code(err)})
 			return err
 		}
 		bg.Add(1)
@@ -243,7 +253,7 @@ func (s *shim) result() error {
 		return err
 	}
 	if st.State == api.StateFailed {
-		return errors.New(st.Message)
+		return failure.WithCode(st.Code, errors.New(st.Message))
 	}
 	return nil
 }

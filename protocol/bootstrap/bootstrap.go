@@ -9,6 +9,8 @@ import (
 	"path"
 	"strings"
 	"time"
+
+	"github.com/oac/sandbox-agent/internal/strictjson"
 )
 
 // Version is the Bootstrap schema version this build understands.
@@ -32,36 +34,37 @@ const (
 
 // Errors, one per rule; test with errors.Is.
 var (
-	ErrVersion   = errors.New("bootstrap: version must be 1")
-	ErrHostname  = errors.New("bootstrap: hostname must be 1 to 64 characters of a-z, 0-9 and '-', not starting or ending with '-'")
-	ErrArgv      = errors.New("bootstrap: daemon argv must have 1 to 256 entries, the first an absolute clean path, none containing NUL")
-	ErrEnv       = errors.New("bootstrap: daemon env entries must be KEY=VALUE with KEY of A-Z, a-z, 0-9 and '_' not starting with a digit, at most 256, none containing NUL, no KEY twice")
-	ErrArgsSize  = errors.New("bootstrap: daemon argv and env together exceed 64 KiB")
-	ErrDir       = errors.New("bootstrap: daemon dir must be an absolute clean path without NUL")
-	ErrStopGrace = errors.New("bootstrap: stop_grace must be between 0 and 60s")
-	ErrDecode    = errors.New("bootstrap: malformed JSON")
-	ErrTooLarge  = errors.New("bootstrap: larger than 256 KiB")
+	ErrVersion   = rule("bootstrap: version must be 1")
+	ErrHostname  = rule("bootstrap: hostname must be 1 to 64 characters of a-z, 0-9 and '-', not starting or ending with '-'")
+	ErrArgv      = rule("bootstrap: daemon argv must have 1 to 256 entries, the first an absolute clean path, none containing NUL")
+	ErrEnv       = rule("bootstrap: daemon env entries must be KEY=VALUE with KEY of A-Z, a-z, 0-9 and '_' not starting with a digit, at most 256, none containing NUL, no KEY twice")
+	ErrArgsSize  = rule("bootstrap: daemon argv and env together exceed 64 KiB")
+	ErrDir       = rule("bootstrap: daemon dir must be an absolute clean path without NUL")
+	ErrStopGrace = rule("bootstrap: stop_grace must be between 0 and 60s")
+	ErrDecode    = rule("bootstrap: malformed JSON")
+	ErrTooLarge  = rule("bootstrap: larger than 256 KiB")
 
-	ErrDuplicateKey = errors.New("bootstrap: a key appears more than once in one object")
-	ErrUnknownKey   = errors.New("bootstrap: unknown key (keys are lowercase and exactly as documented)")
+	ErrDuplicateKey = rule("bootstrap: a key appears more than once in one object")
+	ErrUnknownKey   = rule("bootstrap: unknown key (keys are lowercase and exactly as documented)")
 
-	ErrNoIdentity      = errors.New("bootstrap: sandbox_io needs the sandbox's own tenant, environment and allocation (oac-shim run --tenant, --environment, --allocation)")
-	ErrIdentity        = errors.New("bootstrap: sandbox tenant_id, environment_id and allocation_id must be canonical lowercase non-zero UUIDs")
-	ErrSandboxIOPath   = errors.New("bootstrap: sandbox_io.path must be an absolute clean path without NUL")
-	ErrSandboxIOSource = errors.New("bootstrap: sandbox_io needs exactly one of bootstrap (the guest writes the file) and provided (the provider placed it)")
+	ErrNoIdentity       = rule("bootstrap: sandbox_io needs the sandbox's own tenant, environment and allocation (oac-shim run --tenant, --environment, --allocation)")
+	ErrIdentity         = rule("bootstrap: sandbox tenant_id, environment_id and allocation_id must be canonical lowercase non-zero UUIDs")
+	ErrSandboxIOPath    = rule("bootstrap: sandbox_io.path must be an absolute clean path without NUL")
+	ErrIdentityMismatch = rule("bootstrap: the sandbox identity differs from the one the host gives (oac-shim run --tenant, --environment, --allocation)")
+	ErrSandboxIOSource  = rule("bootstrap: sandbox_io needs exactly one of bootstrap (the guest writes the file) and provided (the provider placed it)")
 
-	ErrCredentialsNeedDaemon = errors.New("bootstrap: credentials need a daemon")
-	ErrUsername              = errors.New("bootstrap: credentials.username must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'")
-	ErrPassword              = errors.New("bootstrap: credentials.password must be empty (oac-shim generates one) or 16 to 1024 printable ASCII characters without spaces")
-	ErrPasswordMissing       = errors.New("bootstrap: credentials.password is empty: the host must generate one before sending the bootstrap")
-	ErrCredentialEnv         = errors.New("bootstrap: credentials.username_env and password_env must be two different valid environment variable names not set in daemon.env")
+	ErrCredentialsNeedDaemon = rule("bootstrap: credentials need a daemon")
+	ErrUsername              = rule("bootstrap: credentials.username must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_' and '-'")
+	ErrPassword              = rule("bootstrap: credentials.password must be empty (oac-shim generates one) or 16 to 1024 printable ASCII characters without spaces")
+	ErrPasswordMissing       = rule("bootstrap: credentials.password is empty: the host must generate one before sending the bootstrap")
+	ErrCredentialEnv         = rule("bootstrap: credentials.username_env and password_env must be two different valid environment variable names not set in daemon.env")
 
-	ErrHealthNeedsCredentials = errors.New("bootstrap: health needs a daemon and credentials (the check uses HTTP Basic auth)")
-	ErrHealthPort             = errors.New("bootstrap: health.port must be between 1 and 65535")
-	ErrHealthPath             = errors.New("bootstrap: health.path must be an absolute URL path of at most 256 bytes without whitespace, control characters or fragment")
-	ErrHealthInterval         = errors.New("bootstrap: health.interval must be more than 0 and at most 10s")
-	ErrHealthTimeout          = errors.New("bootstrap: health.timeout must be more than 0 and at most 60s")
-	ErrHealthDeadline         = errors.New("bootstrap: health.deadline must be more than 0 and at most 10m")
+	ErrHealthNeedsCredentials = rule("bootstrap: health needs a daemon and credentials (the check uses HTTP Basic auth)")
+	ErrHealthPort             = rule("bootstrap: health.port must be between 1 and 65535")
+	ErrHealthPath             = rule("bootstrap: health.path must be an absolute URL path of at most 256 bytes without whitespace, control characters or fragment")
+	ErrHealthInterval         = rule("bootstrap: health.interval must be more than 0 and at most 10s")
+	ErrHealthTimeout          = rule("bootstrap: health.timeout must be more than 0 and at most 60s")
+	ErrHealthDeadline         = rule("bootstrap: health.deadline must be more than 0 and at most 10m")
 )
 
 // Health check defaults and bounds (docs/contract.md, "The daemon": GET
@@ -245,26 +248,36 @@ func (b *Bootstrap) Grace() time.Duration {
 // no trailing data; the sandbox_io bootstrap by DecodeSandboxIO's rules. It
 // does not validate; call Validate.
 func Decode(r io.Reader) (*Bootstrap, error) {
+	var b Bootstrap
+	if err := decodeStrict(r, bootstrapSchema, &b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// decodeStrict reads one JSON object into v (a pointer to a struct) by
+// Decode's rules: at most MaxSize bytes, the exact keys of v's type at
+// every level, none twice, no trailing data.
+func decodeStrict(r io.Reader, s *strictjson.Schema, v any) error {
 	data, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDecode, err)
+		return fmt.Errorf("%w: %v", ErrDecode, err)
 	}
 	if len(data) > MaxSize {
-		return nil, ErrTooLarge
+		return ErrTooLarge
 	}
-	if err := checkKeys(data); err != nil {
-		return nil, err
+	if err := checkKeys(data, s); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	var b Bootstrap
-	if err := dec.Decode(&b); err != nil {
+	if err := dec.Decode(v); err != nil {
 		if isSandboxIOError(err) {
-			return nil, err
+			return err
 		}
-		return nil, fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
+		return fmt.Errorf("%w: %s", ErrDecode, safeJSONError(err))
 	}
-	return &b, nil
+	return nil
 }
 
 // safeJSONError describes a decode error without echoing input values.
@@ -510,3 +523,18 @@ func validHostname(h string) bool {
 	}
 	return true
 }
+
+// ErrInvalid is matched (errors.Is) by every rule error of this package:
+// whatever rule failed, the bootstrap is invalid and nothing should be
+// created. Callers that need the rule test for its own sentinel.
+var ErrInvalid = errors.New("bootstrap: invalid")
+
+// ruleError is one rule's sentinel; it is also ErrInvalid.
+type ruleError struct{ msg string }
+
+func rule(msg string) error { return &ruleError{msg} }
+
+func (e *ruleError) Error() string { return e.msg }
+
+// Is makes every rule error match ErrInvalid.
+func (e *ruleError) Is(target error) bool { return target == ErrInvalid }

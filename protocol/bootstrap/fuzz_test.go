@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -93,6 +94,37 @@ func FuzzDecodeBootstrap(f *testing.F) {
 		}
 		if (b2.Validate() == nil) != (verr == nil) {
 			t.Fatalf("validation differs after a round trip")
+		}
+	})
+}
+
+// FuzzDecodeCore feeds the decoder of Core's shape arbitrary bytes: what
+// decodes maps to a Bootstrap that maps back (ToCore) to Core's shape
+// decoding to the same Bootstrap. Seeds: testdata/fuzz/FuzzDecodeCore.
+func FuzzDecodeCore(f *testing.F) {
+	f.Add([]byte(coreDoc))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := DecodeCore(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		if verr := b.Validate(); verr != nil && strings.Contains(verr.Error(), "%!") {
+			t.Fatalf("bad format in %q", verr)
+		}
+		c, err := ToCore(b)
+		if err != nil {
+			return // a repeated env name, which Validate refuses too
+		}
+		out, err := json.Marshal(c)
+		if err != nil {
+			return // a private file over 16 KiB
+		}
+		b2, err := DecodeCore(bytes.NewReader(out))
+		if err != nil {
+			t.Fatalf("Core's shape of a decoded bootstrap does not decode: %v\n%s", err, out)
+		}
+		if !reflect.DeepEqual(b, b2) {
+			t.Fatalf("round trip changed the bootstrap:\n%s", out)
 		}
 	})
 }

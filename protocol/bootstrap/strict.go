@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 
 	"github.com/oac/sandbox-agent/internal/strictjson"
 )
@@ -17,11 +18,31 @@ import (
 // encoding/json, and values of types with their own strict decoder
 // (SandboxIO) to that decoder.
 
-var bootstrapSchema = strictjson.ForType(reflect.TypeFor[Bootstrap]())
+var (
+	bootstrapSchema = strictjson.ForType(reflect.TypeFor[Bootstrap]())
+	coreSchema      = withMapKeysOnce(strictjson.ForType(reflect.TypeFor[Core]()), "runtime", "env")
+)
 
-// checkKeys checks data against the Bootstrap schema's keys.
-func checkKeys(data []byte) error {
-	err := strictjson.Check(data, bootstrapSchema)
+// withMapKeysOnce makes the map at path (object keys) refuse a key given
+// twice: strictjson leaves maps alone, and encoding/json would keep the
+// last of two values.
+func withMapKeysOnce(s *strictjson.Schema, path ...string) *strictjson.Schema {
+	at := s
+	for i, name := range path {
+		j := slices.IndexFunc(at.Fields, func(f strictjson.Field) bool { return f.Name == name })
+		if i == len(path)-1 {
+			at.Fields[j].Schema = &strictjson.Schema{Fields: []strictjson.Field{}, OpenKeys: true}
+		} else {
+			at = at.Fields[j].Schema
+		}
+	}
+	return s
+}
+
+// checkKeys checks data against the keys of schema s (bootstrapSchema,
+// coreSchema).
+func checkKeys(data []byte, s *strictjson.Schema) error {
+	err := strictjson.Check(data, s)
 	var e *strictjson.Error
 	if !errors.As(err, &e) {
 		return err

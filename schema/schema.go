@@ -1,0 +1,96 @@
+package schema
+
+import (
+	"bytes"
+	"embed"
+	"fmt"
+	"io/fs"
+	"sync"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Base is the URL every schema's $id starts with.
+const Base = "https://github.com/oac/sandbox-agent/schema/v1/"
+
+// The schema files.
+const (
+	Event         = "event.schema.json"
+	Answer        = "answer.schema.json"
+	Command       = "command.schema.json"
+	Bootstrap     = "bootstrap.schema.json"
+	SandboxIO     = "sandbox-io.schema.json"
+	CoreBootstrap = "core-bootstrap.schema.json"
+	Policy        = "policy.schema.json"
+)
+
+// Names lists the schema files.
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy}
+
+//go:embed *.schema.json
+var files embed.FS
+
+// File returns a schema file's bytes.
+func File(name string) ([]byte, error) { return fs.ReadFile(files, name) }
+
+var (
+	once     sync.Once
+	compiled map[string]*jsonschema.Schema
+	errComp  error
+)
+
+func compile() {
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	for _, n := range Names {
+		data, err := File(n)
+		if err != nil {
+			errComp = err
+			return
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+		if err != nil {
+			errComp = fmt.Errorf("schema %s: %w", n, err)
+			return
+		}
+		if err := c.AddResource(Base+n, doc); err != nil {
+			errComp = fmt.Errorf("schema %s: %w", n, err)
+			return
+		}
+	}
+	compiled = map[string]*jsonschema.Schema{}
+	for _, n := range Names {
+		s, err := c.Compile(Base + n)
+		if err != nil {
+			errComp = fmt.Errorf("schema %s: %w", n, err)
+			return
+		}
+		compiled[n] = s
+	}
+}
+
+// Compiled returns the compiled schema of a file (one of Names).
+func Compiled(name string) (*jsonschema.Schema, error) {
+	once.Do(compile)
+	if errComp != nil {
+		return nil, errComp
+	}
+	s, ok := compiled[name]
+	if !ok {
+		return nil, fmt.Errorf("schema: no file %q", name)
+	}
+	return s, nil
+}
+
+// Validate checks one JSON document against the schema of a file.
+func Validate(name string, doc []byte) error {
+	s, err := Compiled(name)
+	if err != nil {
+		return err
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	return s.Validate(v)
+}

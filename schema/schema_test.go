@@ -1,0 +1,385 @@
+package schema_test
+
+import (
+	"context"
+	"encoding/json"
+	"go/ast"
+	"go/constant"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apiserver"
+	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+	"github.com/oac/sandbox-agent/schema"
+)
+
+func TestEverySchemaCompiles(t *testing.T) {
+	for _, n := range schema.Names {
+		_, err := schema.Compiled(n)
+		assert.NoError(t, err, n)
+	}
+}
+
+// goConsts returns the string constants of a Go package directory whose
+// names start with prefix, read from the source: a kind added in Go is seen
+// here without anyone listing it.
+func goConsts(t *testing.T, dir, prefix string) map[string]string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	require.NoError(t, err)
+	out := map[string]string{}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		require.NoError(t, err)
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.CONST {
+				continue
+			}
+			for _, sp := range g.Specs {
+				vs := sp.(*ast.ValueSpec)
+				for i, id := range vs.Names {
+					if !strings.HasPrefix(id.Name, prefix) || i >= len(vs.Values) {
+						continue
+					}
+					lit, ok := vs.Values[i].(*ast.BasicLit)
+					if !ok || lit.Kind != token.STRING {
+						continue
+					}
+					out[id.Name] = constant.StringVal(constant.MakeFromLiteral(lit.Value, lit.Kind, 0))
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, out, "no %s constants in %s", prefix, dir)
+	return out
+}
+
+func values(m map[string]string) []string {
+	var out []string
+	for _, v := range m {
+		out = append(out, v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func enum(t *testing.T, a at) []string {
+	t.Helper()
+	var out []string
+	e, ok := a.n["enum"].([]any)
+	require.True(t, ok, "not an enum")
+	for _, v := range e {
+		out = append(out, v.(string))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// eventConsts collects, per alternative of the event schema, the const of
+// "event" (and of "state" for state events).
+func eventConsts(d docs) (kinds, states []string) {
+	seen := map[string]bool{}
+	for _, alt := range d.alternatives(at{schema.Event, d[schema.Event]}) {
+		props := alt.n["properties"].(node)
+		k := props["event"].(node)["const"].(string)
+		if !seen[k] {
+			seen[k] = true
+			kinds = append(kinds, k)
+		}
+		if s, ok := props["state"].(node); ok {
+			states = append(states, s["const"].(string))
+		}
+	}
+	sort.Strings(kinds)
+	sort.Strings(states)
+	return kinds, states
+}
+
+// Every event kind the Go side declares (a Kind* constant of package
+// events) has a schema, and the schema has no kind Go does not declare.
+func TestEveryEventKindHasASchema(t *testing.T) {
+	d := loadDocs(t)
+	kinds, states := eventConsts(d)
+	assert.Equal(t, values(goConsts(t, "../host/api", "Kind")), kinds)
+	assert.Equal(t, values(goConsts(t, "../protocol", "State")), states, "the one lifecycle State type's values")
+}
+
+func TestEnumsAgreeWithGo(t *testing.T) {
+	d := loadDocs(t)
+	var codes []string
+	for _, f := range api.Failures {
+		codes = append(codes, f.Code)
+	}
+	sort.Strings(codes)
+	assert.Equal(t, codes, enum(t, d.def(schema.Event, "FailureCode")), "failure codes")
+	assert.Equal(t, values(goConsts(t, "../host/api", "Code")), codes, "every Code* constant is a listed failure")
+
+	var egressCodes []string
+	for c := protocol.EgressInvalidArgument; c.Valid(); c++ {
+		egressCodes = append(egressCodes, c.String())
+	}
+	sort.Strings(egressCodes)
+	assert.Equal(t, egressCodes, enum(t, d.def(schema.Event, "EgressCode")))
+	assert.Equal(t, values(goConsts(t, "../protocol", "Via")), enum(t, d.def(schema.Event, "Via")))
+	assert.Equal(t, []string{protocol.EffectNone, protocol.EffectPossible}, enum(t, d.def(schema.Event, "Effect")))
+	decision := d.def(schema.Event, "EgressEvent").n["properties"].(node)["decision"].(node)
+	assert.Equal(t, values(goConsts(t, "../host/egress", "Decision")), enum(t, at{schema.Event, decision}))
+
+	names := append([]string(nil), api.Commands()...)
+	sort.Strings(names)
+	assert.Equal(t, names, enum(t, d.def(schema.Command, "CommandName")))
+	state := d.def(schema.Answer, "StatusResult").n["properties"].(node)["state"].(node)
+	assert.Equal(t, values(goConsts(t, "../protocol", "State")), enum(t, at{schema.Answer, state}))
+}
+
+// The Go types and the schema describe the same JSON.
+func TestGoTypesAgreeWithTheSchema(t *testing.T) {
+	d := loadDocs(t)
+	// Events: the event schema without its answer alternative.
+	evs := node{"oneOf": []any{}}
+	for _, x := range d[schema.Event]["oneOf"].([]any) {
+		if x.(node)["$ref"] != schema.Answer {
+			evs["oneOf"] = append(evs["oneOf"].([]any), x)
+		}
+	}
+	d.agree(t, "Event", reflect.TypeFor[api.Event](), at{schema.Event, evs}, true)
+	d.agree(t, "Answer", reflect.TypeFor[api.Answer](), at{schema.Answer, d[schema.Answer]}, true)
+	for def, typ := range map[string]reflect.Type{
+		"StatusResult":  reflect.TypeFor[api.StatusResult](),
+		"ForwardResult": reflect.TypeFor[api.ForwardResult](),
+		"ForwardInfo":   reflect.TypeFor[api.ForwardInfo](),
+		"StartResult":   reflect.TypeFor[api.StartResult](),
+		"PolicyResult":  reflect.TypeFor[api.PolicyResult](),
+		"TimeResult":    reflect.TypeFor[api.TimeResult](),
+	} {
+		d.agree(t, def, typ, d.def(schema.Answer, def), true)
+	}
+	d.agree(t, "Command", reflect.TypeFor[api.Command](), at{schema.Command, d[schema.Command]}, false)
+	d.agree(t, "Bootstrap", reflect.TypeFor[bootstrap.Bootstrap](), at{schema.Bootstrap, d[schema.Bootstrap]}, false)
+	d.agree(t, "SandboxIO", reflect.TypeFor[bootstrap.SandboxIO](), at{schema.SandboxIO, d[schema.SandboxIO]}, false)
+	d.agree(t, "Core", reflect.TypeFor[bootstrap.Core](), at{schema.CoreBootstrap, d[schema.CoreBootstrap]}, false)
+	d.agree(t, "PolicyFile", reflect.TypeFor[egress.File](), at{schema.Policy, d[schema.Policy]}, false)
+}
+
+// sample is a valid value for a command key, from its schema.
+func sample(key string) any {
+	switch key {
+	case "id":
+		return "c1"
+	case "guest_port":
+		return 4096
+	case "listen":
+		return "127.0.0.1:0"
+	case "allow", "upstreams":
+		return []string{}
+	}
+	panic("no sample for " + key)
+}
+
+// Each command's schema takes exactly the keys api.Decode takes: a
+// command with all its keys decodes, and any other key of the Command type
+// is refused by both.
+func TestCommandSchemasTakeTheKeysTheDecoderTakes(t *testing.T) {
+	d := loadDocs(t)
+	all := fieldsOf(reflect.TypeFor[api.Command]())
+	for _, alt := range d.alternatives(at{schema.Command, d[schema.Command]}) {
+		props := alt.n["properties"].(node)
+		cmd := props["cmd"].(node)["const"].(string)
+		doc := map[string]any{"cmd": cmd}
+		for k := range props {
+			if k != "cmd" {
+				doc[k] = sample(k)
+			}
+		}
+		line, _ := json.Marshal(doc)
+		_, err := api.Decode(line)
+		assert.NoError(t, err, "%s", line)
+		assert.NoError(t, schema.Validate(schema.Command, line), "%s", line)
+		for _, f := range all {
+			if _, ok := props[f.name]; ok {
+				continue
+			}
+			extra := map[string]any{"cmd": cmd, f.name: sample(f.name)}
+			for _, r := range required(alt) {
+				if r != "cmd" {
+					extra[r] = sample(r)
+				}
+			}
+			line, _ := json.Marshal(extra)
+			_, err := api.Decode(line)
+			assert.Error(t, err, "the decoder refuses %s", line)
+			assert.Error(t, schema.Validate(schema.Command, line), "the schema refuses %s", line)
+		}
+	}
+}
+
+// Documents on which the schema and the Go decoders must agree.
+func TestSchemaAndDecodersAgreeOnDocuments(t *testing.T) {
+	const link = `{"version":1,"link_url":"wss://link.example.com/api/v1/sandbox-link","credential":"c-1",` +
+		`"resource":{"tenant_id":"0b5e7f5a-3c1d-4e2f-9a8b-7c6d5e4f3a21","environment_id":"1c6f8a6b-4d2e-4f30-8b9c-8d7e6f5a4b32",` +
+		`"kind":"allocation","id":"2d7a9b7c-5e3f-4a41-9cad-9e8f7a6b5c43","generation":1}}`
+	const ident = `{"tenant_id":"0b5e7f5a-3c1d-4e2f-9a8b-7c6d5e4f3a21","environment_id":"1c6f8a6b-4d2e-4f30-8b9c-8d7e6f5a4b32","allocation_id":"2d7a9b7c-5e3f-4a41-9cad-9e8f7a6b5c43"}`
+	full := `{"version":1,"hostname":"demo","stop_grace":"6s","sandbox":` + ident + `,"sandbox_io":{"bootstrap":` + link + `},` +
+		`"daemon":{"argv":["/usr/bin/server","serve"],"env":["XDG_STATE_HOME=/home/runtime/.state"],"dir":"/environment/workspace"},` +
+		`"credentials":{"username":"runtime","password":"","username_env":"U","password_env":"P"},` +
+		`"health":{"port":4096,"path":"/global/health","interval":"100ms","timeout":"3s","deadline":"30s"}}`
+	bootstrapOK := func(doc string) bool {
+		b, err := bootstrap.Decode(strings.NewReader(doc))
+		return err == nil && b.Validate() == nil
+	}
+	for _, tc := range []struct {
+		name, doc string
+	}{
+		{"full", full},
+		{"minimal", `{"version":1}`},
+		{"provided file", `{"version":1,"sandbox":` + ident + `,"sandbox_io":{"provided":true}}`},
+		{"no version", `{"hostname":"demo"}`},
+		{"version 2", `{"version":2}`},
+		{"unknown key", `{"version":1,"Version":1}`},
+		{"relative argv", `{"version":1,"daemon":{"argv":["server"]}}`},
+		{"empty argv", `{"version":1,"daemon":{"argv":[]}}`},
+		{"bad env", `{"version":1,"daemon":{"argv":["/x"],"env":["1A=b"]}}`},
+		{"credentials without daemon", `{"version":1,"credentials":{"username_env":"U","password_env":"P"}}`},
+		{"health without credentials", `{"version":1,"daemon":{"argv":["/x"]},"health":{"port":1}}`},
+		{"port 0", `{"version":1,"daemon":{"argv":["/x"]},"credentials":{"username_env":"U","password_env":"P"},"health":{"port":0}}`},
+		{"short password", `{"version":1,"daemon":{"argv":["/x"]},"credentials":{"password":"short","username_env":"U","password_env":"P"}}`},
+		{"bad hostname", `{"version":1,"hostname":"-x"}`},
+		{"bad duration", `{"version":1,"stop_grace":"six seconds"}`},
+		{"identity without sandbox_io", `{"version":1,"sandbox":` + ident + `}`},
+		{"both bootstrap and provided", `{"version":1,"sandbox":` + ident + `,"sandbox_io":{"bootstrap":` + link + `,"provided":true}}`},
+		{"neither", `{"version":1,"sandbox":` + ident + `,"sandbox_io":{}}`},
+		{"uppercase uuid", strings.Replace(full, "0b5e7f5a", "0B5E7F5A", 2)},
+		// (ws:// is a rule beyond the schema: --allow-loopback-link
+		// accepts it on a loopback host.)
+		{"https link", strings.Replace(full, "wss://", "https://", 1)},
+		{"link with a query", strings.Replace(full, "sandbox-link", "sandbox-link?x=1", 1)},
+		{"other kind", strings.Replace(full, `"allocation"`, `"enrollment"`, 1)},
+		{"generation 0", strings.Replace(full, `"generation":1`, `"generation":0`, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := schema.Validate(schema.Bootstrap, []byte(tc.doc))
+			assert.Equal(t, bootstrapOK(tc.doc), err == nil, "Go says %v, the schema says %v", bootstrapOK(tc.doc), err)
+		})
+	}
+	policyOK := func(doc string) bool {
+		f, err := egress.DecodeFile(strings.NewReader(doc))
+		if err != nil {
+			return false
+		}
+		_, err = egress.ParsePolicy(f.Allow, f.Upstreams)
+		return err == nil
+	}
+	for _, doc := range []string{
+		`{"version":1,"allow":["api.example.com:443","*.example.org:8000-8100"],"upstreams":["llm-gateway:443=127.0.0.1:8443"]}`,
+		`{"version":1}`,
+		`{"version":2}`,
+		`{"allow":[]}`,
+		`{"version":1,"rules":[]}`,
+		`{"version":1,"upstreams":["no-address"]}`,
+	} {
+		err := schema.Validate(schema.Policy, []byte(doc))
+		assert.Equal(t, policyOK(doc), err == nil, "%s: the schema says %v", doc, err)
+	}
+}
+
+// Events built the way the shim builds them validate, and a line that
+// breaks a kind's shape does not.
+func TestEventsOfEveryKindValidate(t *testing.T) {
+	yes, zero := true, 0
+	n := int64(5)
+	for _, e := range []api.Event{
+		{Event: api.KindState, State: api.StateStarting, Message: "creating sandbox", Attempt: 1},
+		{Event: api.KindState, State: api.StateReady, Message: "guest ready", URL: "http://127.0.0.1:41123", GuestURL: "http://127.0.0.1:4096", Username: "runtime", Attempt: 1},
+		{Event: api.KindState, State: api.StateFailed, Message: "invalid bootstrap", Code: api.CodeInvalidBootstrap},
+		{Event: api.KindState, State: api.StateStopped, Message: "stopped: stop command", Attempt: 2},
+		{Event: api.KindAgent, PID: 1, Protocol: 1, AgentVersion: "e6a45d4", Message: "guest agent connected", Attempt: 1},
+		{Event: api.KindProcess, Process: "daemon", PID: 10, Running: &yes, Message: "started", Attempt: 1},
+		{Event: api.KindProcess, Process: "daemon", PID: 10, Running: new(bool), ExitCode: &zero, Message: "exited", Attempt: 1},
+		{Event: api.KindLog, Stream: "daemon/stdout", Line: "hello", Attempt: 1},
+		{Event: api.KindDropped, Dropped: 1 << 20, Message: "dropped", Attempt: 1},
+		{Event: api.KindEgressPolicy, Rules: []string{"a.example.com:443"}, Message: "egress policy in force"},
+		{Event: api.KindEgress, Conn: 2, Via: protocol.ViaHTTP, Target: "blocked.example.com:80", Decision: egress.DecisionDenied,
+			Rule: "*.example.com:443", Reason: "port 80 is not allowed", Code: protocol.EgressDenied.String(), Effect: protocol.EffectNone, Message: "egress denied", Attempt: 1},
+		{Event: api.KindEgressClosed, Conn: 1, Via: protocol.ViaConnect, Target: "a.example.com:443", Address: "203.0.113.5:443",
+			BytesOut: &n, BytesIn: &n, DurationMS: &n, Message: "egress closed", Attempt: 1},
+		{Event: api.KindForward, Listen: "127.0.0.1:41123", GuestPort: 4096, Message: "listening"},
+	} {
+		line := encodeEvent(t, e)
+		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)
+	}
+	for name, e := range map[string]api.Event{
+		"failed without a code":        {Event: api.KindState, State: api.StateFailed, Message: "x"},
+		"an unknown failure code":      {Event: api.KindState, State: api.StateFailed, Code: "oops"},
+		"a state with an egress field": {Event: api.KindState, State: api.StateStopped, Attempt: 1, Conn: 3},
+		"an unknown kind":              {Event: "mystery"},
+		"a code on a ready state":      {Event: api.KindState, State: api.StateReady, Attempt: 1, Code: api.CodeInternal},
+	} {
+		line := encodeEvent(t, e)
+		assert.Error(t, schema.Validate(schema.Event, line), "%s: %s", name, line)
+	}
+}
+
+func encodeEvent(t *testing.T, e api.Event) []byte {
+	t.Helper()
+	var b strings.Builder
+	e.Sandbox = "demo"
+	api.NewJSONLines(&b).Emit(e)
+	return []byte(strings.TrimSpace(b.String()))
+}
+
+// Answers as the control server writes them validate against the answer
+// schema, inside the event schema.
+func TestAnswersValidate(t *testing.T) {
+	st := api.StatusResult{Status: api.Status{ServerID: "sandbox:demo", State: "ready", Attempt: 1},
+		Forwards: []api.ForwardInfo{{Listen: "127.0.0.1:1", GuestPort: 4096}}, Egress: []string{}}
+	for cmd, result := range map[string]any{
+		api.CmdStatus:        st,
+		api.CmdStop:          st,
+		api.CmdStart:         api.StartResult{Attempt: 2},
+		api.CmdReset:         api.StartResult{Attempt: 3},
+		api.CmdSetPolicy:     api.PolicyResult{Egress: []string{"a.example.com:443"}},
+		api.CmdAddForward:    api.ForwardResult{ForwardInfo: api.ForwardInfo{Listen: "127.0.0.1:2", GuestPort: 4096}, URL: "http://127.0.0.1:2"},
+		api.CmdRemoveForward: struct{}{},
+		api.CmdPushTime:      api.TimeResult{TimeUnixNano: 1},
+	} {
+		line := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"`+cmd+`"}`)
+		if cmd == api.CmdAddForward {
+			line = answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`)
+		}
+		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)
+		assert.NoError(t, schema.Validate(schema.Answer, line), "%s", line)
+	}
+	bad := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return nil, nil }), `{"cmd":"status","Cmd":"stop"}`)
+	assert.NoError(t, schema.Validate(schema.Answer, bad), "%s", bad)
+	wrong := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return api.StartResult{Attempt: 1}, nil }), `{"cmd":"status"}`)
+	assert.Error(t, schema.Validate(schema.Answer, wrong), "a status answer with a start's result: %s", wrong)
+}
+
+func answerLine(t *testing.T, h apiserver.Handler, command string) []byte {
+	t.Helper()
+	srv := &apiserver.Server{Sandbox: "demo", Handler: h}
+	var out []byte
+	err := srv.ServeLines(context.Background(), strings.NewReader(command+"\n"), func(a api.Answer) error {
+		b, err := json.Marshal(a)
+		out = b
+		return err
+	})
+	require.NoError(t, err)
+	return out
+}
