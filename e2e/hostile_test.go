@@ -241,6 +241,7 @@ func TestHostileAgentAgainstTheRealShim(t *testing.T) {
 				failed := s.waitState(api.StateFailed, 30*time.Second)
 				since = time.Now()
 				assert.Contains(t, failed.Message, c.fails)
+				assert.Equal(t, api.CodeHostileGuest, failed.Code)
 			} else {
 				time.Sleep(c.attack)
 				since = time.Now()

@@ -138,6 +138,7 @@ func TestStopWinsOverAWindowUpdateThatWrapsTheSendWindow(t *testing.T) {
 			final := finalIsLast(t, rec)
 			assert.Equal(t, api.StateFailed, final.State)
 			assert.Contains(t, final.Message, "hostile guest: window update on stream 1 takes the host's send window")
+			assert.Equal(t, api.CodeHostileGuest, final.Code)
 			m.within(t, 4*mib, 40)
 		})
 	}
