@@ -400,6 +400,22 @@ func (s *shim) exit(timeout time.Duration) int {
 	case <-time.After(timeout):
 		s.t.Fatalf("oac-shim did not exit within %s", timeout)
 	}
+	// What it printed last may still be in the pipe: read to its end, so
+	// that "the last event" is the shim's last line.
+	deadline := time.After(10 * time.Second)
+	for {
+		s.mu.Lock()
+		eof, notify := s.eof, s.notify
+		s.mu.Unlock()
+		if eof {
+			break
+		}
+		select {
+		case <-notify:
+		case <-deadline:
+			s.t.Fatalf("oac-shim's output did not end within 10 s of its exit")
+		}
+	}
 	return s.cmd.ProcessState.ExitCode()
 }
 

@@ -55,7 +55,11 @@ type watched struct {
 	peakRSS           atomic.Int64 // bytes (VmHWM)
 	peakThreads       atomic.Int64
 	asked, unanswered atomic.Int64
-	stop              chan struct{}
+	// stopping is set once the test stopped the shim or saw it fail: the
+	// control socket goes with the run, and the final line may still be
+	// on its way.
+	stopping atomic.Bool
+	stop     chan struct{}
 	done              sync.WaitGroup
 }
 
@@ -98,14 +102,23 @@ func watch(t *testing.T, s *shim, sock string) *watched {
 			if w.final() {
 				return // the control socket goes with the run
 			}
+			if w.stopping.Load() {
+				return
+			}
 			w.asked.Add(1)
-			if !statusAnswers(sock) && !w.final() {
+			if !statusAnswers(sock) && !w.final() && !w.stopping.Load() {
 				w.unanswered.Add(1)
 			}
 		}
 	}()
 	t.Cleanup(func() { close(w.stop); w.done.Wait() })
 	return w
+}
+
+// sigterm stops the shim.
+func (w *watched) sigterm() {
+	w.stopping.Store(true)
+	w.s.signal(syscall.SIGTERM)
 }
 
 // final reports whether the final state was printed.
@@ -240,12 +253,13 @@ func TestHostileAgentAgainstTheRealShim(t *testing.T) {
 			if c.fails != "" {
 				failed := s.waitState(api.StateFailed, 30*time.Second)
 				since = time.Now()
+				w.stopping.Store(true)
 				assert.Contains(t, failed.Message, c.fails)
 				assert.Equal(t, api.CodeHostileGuest, failed.Code)
 			} else {
 				time.Sleep(c.attack)
 				since = time.Now()
-				s.signal(syscall.SIGTERM)
+				w.sigterm()
 			}
 			w.check(t, since, stopBound(hostileGrace))
 			if c.after != nil {
@@ -299,7 +313,7 @@ func TestSIGTERMClosesUpstreamConnectionsThatKeepTheirHalfOpen(t *testing.T) {
 	require.Eventually(t, func() bool { return accepted.Load() == 32 }, 10*time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
 	since := time.Now()
-	s.signal(syscall.SIGTERM)
+	w.sigterm()
 	w.check(t, since, stopBound(hostileGrace))
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(closedAt) == 32 }, 5*time.Second, 10*time.Millisecond,
 		"every upstream connection is closed")
@@ -333,7 +347,7 @@ func TestWorkloadConnectLoopNeverEndsTheSandbox(t *testing.T) {
 	n := len(s.find(func(e api.Event) bool { return e.Event == api.KindEgress }))
 	t.Logf("connect loop: %d egress events in about 10 s", n)
 	since := time.Now()
-	s.signal(syscall.SIGTERM)
+	w.sigterm()
 	w.check(t, since, stopBound(time.Second)) // egressBootstrap's stop grace
 	assert.Equal(t, api.StateStopped, s.lastEvent().State)
 }
@@ -386,7 +400,7 @@ func TestShimMemoryStaysUnderTheCeiling(t *testing.T) {
 			require.Eventually(t, func() bool { return accepted.Load() == 256 }, 30*time.Second, 10*time.Millisecond)
 			time.Sleep(3 * time.Second)
 			since := time.Now()
-			s.signal(syscall.SIGTERM)
+			w.sigterm()
 			w.check(t, since, stopBound(hostileGrace))
 			ln.Close()
 			conns.Wait()
