@@ -60,7 +60,7 @@ type watched struct {
 	// on its way.
 	stopping atomic.Bool
 	stop     chan struct{}
-	done              sync.WaitGroup
+	done     sync.WaitGroup
 }
 
 func watch(t *testing.T, s *shim, sock string) *watched {
