@@ -3,33 +3,56 @@ GO      ?= go
 BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
-# Debian packages the build, the demo and the tests use.
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun
+# Debian packages the build, the demo and the tests use (qemu-system-arm and
+# qemu-efi-aarch64 boot the arm64 image; qemu-system-x86 brings virtiofsd).
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
-KERNEL_CACHE ?= .cache/kernel
-# Modules the VM guest loads at boot (dependencies are added from modules.dep):
-# virtio for the transport, nftables for transparent egress capture.
-VM_MODULES ?= virtio_pci,virtio_console,nf_tables,nft_chain_nat,nft_redir,nft_ct,nft_objref
+# The guest architecture of the VM targets (kernel, initramfs, image):
+# amd64 or arm64 (Apple silicon). The Debian kernel of each lives in its
+# own cache; oac-guest for another architecture is cross-built.
+HOST_ARCH := $(shell $(GO) env GOARCH 2>/dev/null || echo amd64)
+ARCH ?= $(HOST_ARCH)
+KERNEL_CACHE ?= $(if $(filter amd64,$(ARCH)),.cache/kernel,.cache/kernel-$(ARCH))
+GUEST_BIN = $(if $(filter $(HOST_ARCH),$(ARCH)),$(BIN)/oac-guest,$(BIN)/linux-$(ARCH)/oac-guest)
+# Modules the VM guest loads at boot (dependencies are added from
+# modules.dep); empty: oac-image's default list (virtio transports, the
+# disk, erofs, overlay, virtio-fs, nftables).
+VM_MODULES ?=
 
-.PHONY: all build fixtures deps test fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel initramfs image
+.PHONY: all build guest fixtures deps test fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image
 
 all: build
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/oac-guest ./cmd/oac-shim ./cmd/oac-image
 
-# Debian's cloud kernel, fetched with apt-get download, unpacked and
-# depmod'ed into $(KERNEL_CACHE); a no-op when the cache exists.
+# oac-guest for ARCH: bin/oac-guest when it is this host's, else
+# cross-built (static, no cgo) into bin/linux-ARCH/.
+guest: build
+ifneq ($(ARCH),$(HOST_ARCH))
+	GOOS=linux GOARCH=$(ARCH) CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(GUEST_BIN) ./cmd/oac-guest
+endif
+
+# Debian's cloud kernel for ARCH, fetched with apt-get download (a foreign
+# architecture is added to dpkg first), unpacked and depmod'ed into
+# $(KERNEL_CACHE); a no-op when the cache exists.
 kernel:
-	@scripts/kernel.sh $(KERNEL_CACHE)
+	@scripts/kernel.sh $(KERNEL_CACHE) $(ARCH)
+
+# Both kernels the tests boot.
+kernels:
+	@scripts/kernel.sh .cache/kernel amd64
+	@scripts/kernel.sh .cache/kernel-arm64 arm64
 
 # The VM image beside oac-shim: bin/vmlinuz and bin/initramfs.img (oac-guest
-# as /init plus the virtio modules), the qemu provider's defaults.
-initramfs: build kernel
-	cp $(KERNEL_CACHE)/vmlinuz $(BIN)/vmlinuz
-	$(BIN)/oac-image initramfs --agent $(BIN)/oac-guest --kernel-modules $(KERNEL_CACHE)/modules \
-	  --module $(VM_MODULES) -o $(BIN)/initramfs.img
+# as /init plus the modules), the qemu provider's defaults. With ARCH other
+# than the host's they go to bin/linux-ARCH/.
+INITRAMFS_DIR = $(dir $(GUEST_BIN))
+initramfs: guest kernel
+	cp $(KERNEL_CACHE)/vmlinuz $(INITRAMFS_DIR)vmlinuz
+	$(BIN)/oac-image initramfs --agent $(GUEST_BIN) --kernel-modules $(KERNEL_CACHE)/modules \
+	  $(if $(VM_MODULES),--module $(VM_MODULES)) -o $(INITRAMFS_DIR)initramfs.img
 
 # Test fixtures standing in for oac-sandbox-io and the daemon (make demo).
 fixtures:
@@ -37,16 +60,20 @@ fixtures:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/fixtures/daemon-standin ./e2e/internal/standin/daemon
 
 # Every guest image output from a base rootfs (BASE: a directory or a
-# tar/tar.gz; empty: the injected parts only) into $(IMAGE_OUT). The
-# oac-sandbox-io binary comes from its own project: set SANDBOX_IO.
-IMAGE_OUT ?= $(BIN)/image
+# tar/tar.gz; empty: the injected parts only) into $(IMAGE_OUT), for ARCH
+# (make image ARCH=arm64 for Apple silicon: a cross-built oac-guest and
+# Debian's arm64 kernel). The oac-sandbox-io binary comes from its own
+# project: set SANDBOX_IO (built for ARCH). Outputs are reproducible: the
+# same inputs give the same bytes (SOURCE_DATE_EPOCH sets the timestamps,
+# default 0).
+IMAGE_OUT ?= $(BIN)/image$(if $(filter amd64,$(ARCH)),,-$(ARCH))
 BASE ?=
 SANDBOX_IO ?=
-image: build kernel
+image: guest kernel
 	@[ -n "$(SANDBOX_IO)" ] || { echo "make image: set SANDBOX_IO=/path/to/oac-sandbox-io"; exit 2; }
 	rm -rf $(IMAGE_OUT)
-	$(BIN)/oac-image build $(if $(BASE),--base $(BASE)) --agent $(BIN)/oac-guest --sandbox-io $(SANDBOX_IO) \
-	  --kernel $(KERNEL_CACHE)/vmlinuz --kernel-modules $(KERNEL_CACHE)/modules -o $(IMAGE_OUT)
+	$(BIN)/oac-image build --arch $(ARCH) $(if $(BASE),--base $(BASE)) --agent $(GUEST_BIN) --sandbox-io $(SANDBOX_IO) \
+	  --kernel $(KERNEL_CACHE)/vmlinuz --kernel-modules $(KERNEL_CACHE)/modules $(if $(VM_MODULES),--module $(VM_MODULES)) -o $(IMAGE_OUT)
 
 deps:
 	@scripts/deps.sh $(APT_PKGS)
@@ -63,9 +90,11 @@ vet:
 unit:
 	$(GO) test -race -count=1 $(UNIT_PKGS)
 
-# e2e builds its own binaries once per run and boots real guests.
-e2e: kernel
-	OAC_KERNEL_CACHE=$(abspath $(KERNEL_CACHE)) $(GO) test -count=1 -timeout 15m ./e2e/...
+# e2e builds its own binaries once per run and boots real guests (amd64 and
+# arm64 VMs among them).
+e2e: kernels
+	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
+	  $(GO) test -count=1 -timeout 15m ./e2e/...
 
 # The TypeScript client (clients/typescript): types generated from schema/,
 # built with tsc, tested with Node's test runner against the real oac-shim
@@ -115,8 +144,9 @@ distclean: clean
 # Speed and memory figures beside their baselines; writes bench/results.md and .json.
 BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
-bench: deps build initramfs
-	$(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
+bench: deps build kernels
+	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
+	  $(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
 	$(MAKE) bench-load
 
 # Load at full scale: one guest with BENCH_LOAD_CONNS concurrent egress

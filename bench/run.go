@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 )
 
@@ -88,12 +87,12 @@ func Run(o Options) error {
 		}
 	}
 	if o.want("qemu") {
-		kernel, initrd := filepath.Join(o.Bin, "vmlinuz"), filepath.Join(o.Bin, "initramfs.img")
-		_, errK := os.Stat(kernel)
-		_, errI := os.Stat(initrd)
-		if _, errQ := exec.LookPath("qemu-system-x86_64"); errQ != nil || errK != nil || errI != nil || !root {
-			r.Skip("qemu boot figure", "needs qemu-system-x86_64, root and make initramfs (bin/vmlinuz, bin/initramfs.img)")
-		} else if err := QemuFigures(r, b, kernel, initrd, min(o.Runs, 5)); err != nil {
+		if !root {
+			r.Skip("qemu boot figures", "need root (the image's disk is written with owners 0 and 1000)")
+		} else if err := QemuFigures(r, b, []VMArch{
+			{Arch: "amd64", KernelCache: envOr("OAC_KERNEL_CACHE", ".cache/kernel")},
+			{Arch: "arm64", KernelCache: envOr("OAC_KERNEL_CACHE_ARM64", ".cache/kernel-arm64")},
+		}, min(o.Runs, 5)); err != nil {
 			return err
 		}
 	}
@@ -105,4 +104,11 @@ func Run(o Options) error {
 	}
 	fmt.Printf("wrote %s/results.md and %s/results.json\n", o.Out, o.Out)
 	return nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
 }

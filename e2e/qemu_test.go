@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,10 +36,6 @@ const (
 )
 
 var vmSlots = make(chan struct{}, 2)
-
-// vmModules are the Makefile's VM_MODULES: the transport and nftables for
-// transparent egress.
-const vmModules = "virtio_pci,virtio_console,nf_tables,nft_chain_nat,nft_redir,nft_ct,nft_objref"
 
 var vmImage struct {
 	once              sync.Once
@@ -72,7 +69,7 @@ func needVM(t *testing.T) (kernel, initramfs string) {
 		vmImage.kernel = filepath.Join(cache, "vmlinuz")
 		vmImage.initramfs = filepath.Join(bins.dir, "initramfs.img")
 		cmd := exec.Command(bins.image, "initramfs", "--agent", bins.guest,
-			"--kernel-modules", filepath.Join(cache, "modules"), "--module", vmModules,
+			"--kernel-modules", filepath.Join(cache, "modules"),
 			"--file", bins.vmdaemon+":"+vmDaemon, "-o", vmImage.initramfs)
 		vmImage.out, vmImage.err = cmd.CombinedOutput()
 	})
@@ -232,4 +229,54 @@ func TestVMPowersOffWhenNoHostEverAnswers(t *testing.T) {
 	// the guest's Hello is never answered.
 	waitPowerOff(t, in, vmBootTimeout+vmHostGrace)
 	assert.Contains(t, diag.String(), `reason="no host connection for 2s"`)
+}
+
+// An unprivileged user runs VMs under software emulation with its state
+// in its own directory; check says so, and says what needs root.
+func TestVMCheckAndRunAsAnUnprivilegedUser(t *testing.T) {
+	t.Parallel()
+	needRootless(t)
+	kernel, initramfs := needVM(t)
+	uid := lookupUID(t, singleUser)
+	check := func(extra ...string) ProviderReport {
+		t.Helper()
+		args := append([]string{"--reuid", singleUser, "--regid", singleUser, "--init-groups", "--reset-env",
+			bins.shim, "check", "--json", "--kernel", kernel, "--initramfs", initramfs}, extra...)
+		out, _ := exec.Command("setpriv", args...).Output()
+		var r struct{ Providers []ProviderReport }
+		require.NoError(t, json.Unmarshal(out, &r), "%s", out)
+		for _, p := range r.Providers {
+			if p.Name == "qemu" {
+				return p
+			}
+		}
+		t.Fatalf("no qemu in %s", out)
+		return ProviderReport{}
+	}
+	q := check()
+	require.True(t, q.Available, q.Reason)
+	assert.Contains(t, q.Detail, "amd64 q35 under TCG software emulation")
+	assert.Contains(t, q.Detail, "virtio-serial transport")
+	assert.Contains(t, q.Detail, fmt.Sprintf("state in /tmp/oac-%d", uid), "not /run/oac, which the user cannot write")
+	assert.Contains(t, q.Detail, "no shares or volumes: shares and volumes need root")
+	q = check("--share", t.TempDir())
+	assert.False(t, q.Available)
+	assert.Contains(t, q.Reason, "shares and volumes need root")
+
+	name := uniqueName("vmuser")
+	s := startShim(t, sandboxSpec{provider: "qemu", name: name, user: singleUser, bootstrap: vmBootstrap(name),
+		args: []string{"--kernel", kernel, "--initramfs", initramfs, "--boot-timeout", vmBootTimeout.String(), "--host-grace", vmHostGrace.String()}})
+	s.waitState(api.StateReady, vmBootTimeout)
+	assert.Equal(t, "uid=1000 gid=1000 groups=", s.waitLog("ids=", 10*time.Second))
+	s.signal(syscall.SIGTERM)
+	s.waitState(api.StateStopped, 20*time.Second)
+	assert.Equal(t, 0, s.exit(15*time.Second))
+}
+
+// ProviderReport is one provider of oac-shim check --json.
+type ProviderReport struct {
+	Name      string
+	Available bool
+	Reason    string
+	Detail    string
 }

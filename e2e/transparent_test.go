@@ -299,7 +299,7 @@ func TestTransparentEgressOnAVM(t *testing.T) {
 	require.NoError(t, os.WriteFile(ca, []byte(caPEM), 0o644))
 	img := dir + "/initramfs.img"
 	out, err := exec.Command(bins.image, "initramfs", "--agent", bins.guest,
-		"--kernel-modules", kernelCache()+"/modules", "--module", vmModules,
+		"--kernel-modules", kernelCache()+"/modules",
 		"--file", bins.vmdaemon+":"+vmDaemon,
 		"--file", bins.sandboxIO+":/usr/local/bin/oac-sandbox-io",
 		"--file", ca+":/etc/ssl/certs/ca-certificates.crt:0644",

@@ -131,10 +131,20 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 	needRootForState(t)
 	w := newFakeWSL(t, "missing")
+	// The release tooling pins the mirrored installer in the manifest; the
+	// provider names it from there.
+	dir := t.TempDir()
+	msi := filepath.Join(dir, "wsl.2.1.5.0.x64.msi")
+	require.NoError(t, os.WriteFile(msi, []byte("a mirrored MSI"), 0o644))
+	out := filepath.Join(dir, "release")
+	build, err := exec.Command(bins.image, "build", "--agent", bins.guest, "--sandbox-io", bins.sandboxIO, "--output", "tar",
+		"--wsl-installer", msi, "--base-url", "https://downloads.example.com/oac", "--release", "e2e-1", "-o", out).CombinedOutput()
+	require.NoError(t, err, "%s", build)
+	mf := filepath.Join(out, "manifest.json")
 	const url = "https://downloads.example.com/oac/wsl.2.1.5.0.x64.msi"
-	cmd := exec.Command(bins.shim, "check", "--json", "--wsl-installer", url, "--wsl", bins.fakeWSL)
+	cmd := exec.Command(bins.shim, "check", "--json", "--manifest", mf, "--wsl", bins.fakeWSL)
 	cmd.Env = append(os.Environ(), w.env...)
-	out, _ := cmd.Output()
+	checkOut, _ := cmd.Output()
 	var report struct {
 		Providers []struct {
 			Name      string
@@ -142,19 +152,20 @@ func TestWSLMissingPointsAtTheMirroredInstaller(t *testing.T) {
 			Reason    string
 		}
 	}
-	require.NoError(t, json.Unmarshal(out, &report), string(out))
+	require.NoError(t, json.Unmarshal(checkOut, &report), string(checkOut))
 	found := false
 	for _, p := range report.Providers {
 		if p.Name == "wsl" {
 			found = true
 			assert.False(t, p.Available)
 			assert.Contains(t, p.Reason, "WSL is not installed, or is the Windows component without --version")
+			assert.Contains(t, p.Reason, "install WSL with the pinned installer wsl.2.1.5.0.x64.msi (14 bytes, sha256 ")
 			assert.Contains(t, p.Reason, url)
 		}
 	}
 	assert.True(t, found, "check lists the wsl provider")
 
-	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), "--wsl-installer", url)})
+	s := startShim(t, sandboxSpec{provider: "wsl", env: w.env, args: append(w.args(), "--manifest", mf)})
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Contains(t, failed.Message, url)
 	s.exitFailed(api.CodeProviderUnavailable, 10*time.Second)

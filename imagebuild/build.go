@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -26,6 +27,9 @@ const (
 	OutErofs = "erofs" // disk.erofs: raw erofs disk image (lz4hc)
 	OutOCI   = "oci"   // oci/: an OCI image layout
 	OutVM    = "vm"    // vmlinuz and initramfs.img for qemu and macOS
+	// OutWSLInstaller is the copied WSL installer (Spec.WSLInstaller); it
+	// is not a kind of image and not in AllOutputs.
+	OutWSLInstaller = "wsl-installer"
 )
 
 // AllOutputs lists every output kind in build order.
@@ -43,11 +47,6 @@ const (
 	SumsName      = "SHA256SUMS"
 	ManifestName  = "manifest.json"
 )
-
-// DefaultVMModules are loaded by a VM guest's initramfs: the virtio
-// transport, the console port and the disk (ext4 is built into Debian's
-// cloud kernel; erofs is added when an erofs disk is built).
-var DefaultVMModules = []string{"virtio_pci", "virtio_console", "virtio_blk"}
 
 // Spec is one build.
 type Spec struct {
@@ -68,8 +67,8 @@ type Spec struct {
 	// to vmlinuz and the modules directory (with modules.dep) the
 	// initramfs's modules come from.
 	Kernel, ModulesDir string
-	// Modules are the initramfs's modules (default DefaultVMModules, plus
-	// erofs with the erofs output).
+	// Modules are the initramfs's modules (default
+	// initramfs.DefaultModules).
 	Modules []string
 	// InitramfsFiles are extra files for the initramfs (a VM guest without
 	// switch_root runs from it).
@@ -79,6 +78,11 @@ type Spec struct {
 	// BaseURL, when set, makes the build write manifest.json pinning its
 	// file outputs at BaseURL + file name; Release names it.
 	BaseURL, Release string
+	// WSLInstaller, when set, is the mirrored WSL installer (an MSI): it
+	// is copied into the output under its own name, listed in SHA256SUMS
+	// and pinned in the manifest (kind wsl-installer, for windows), where
+	// the WSL provider finds it.
+	WSLInstaller string
 	// WorkDir holds temporary files (default: the system's).
 	WorkDir string
 	// Log gets one line per output (nil: none).
@@ -141,8 +145,19 @@ func Build(spec Spec) (res *Result, err error) {
 	if want[OutVM] && (spec.Kernel == "" || spec.ModulesDir == "") {
 		return nil, errors.New("the vm output needs a kernel and its modules directory (make kernel caches Debian's in .cache/kernel)")
 	}
+	if err := checkArch(spec, want[OutVM]); err != nil {
+		return nil, err
+	}
 	if spec.BaseURL != "" && spec.Release == "" {
 		return nil, errors.New("a manifest (base URL given) needs a release name")
+	}
+	if w := spec.WSLInstaller; w != "" {
+		if st, err := os.Stat(w); err != nil || !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("wsl installer %s is not a readable file", w)
+		}
+		if name := filepath.Base(w); !safeName.MatchString(name) || contains(reservedNames, name) {
+			return nil, fmt.Errorf("wsl installer %s: its file name must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', '-' and not one of the image's own", w)
+		}
 	}
 	if err := emptyDir(spec.Out); err != nil {
 		return nil, err
@@ -285,10 +300,7 @@ func Build(spec Spec) (res *Result, err error) {
 		start = time.Now()
 		mods := spec.Modules
 		if len(mods) == 0 {
-			mods = append([]string(nil), DefaultVMModules...)
-			if want[OutErofs] {
-				mods = append(mods, "erofs")
-			}
+			mods = initramfs.DefaultModules
 		}
 		ip := filepath.Join(spec.Out, InitramfsName)
 		made = append(made, ip)
@@ -296,6 +308,18 @@ func Build(spec Spec) (res *Result, err error) {
 			return nil, fmt.Errorf("initramfs: %w", err)
 		}
 		if err := add("initramfs", ip, start); err != nil {
+			return nil, err
+		}
+	}
+	if spec.WSLInstaller != "" {
+		start := time.Now()
+		name := filepath.Base(spec.WSLInstaller)
+		p := filepath.Join(spec.Out, name)
+		made = append(made, p)
+		if err := copyFile(spec.WSLInstaller, p); err != nil {
+			return nil, fmt.Errorf("wsl installer: %w", err)
+		}
+		if err := add(OutWSLInstaller, p, start); err != nil {
 			return nil, err
 		}
 	}
@@ -313,6 +337,43 @@ func Build(spec Spec) (res *Result, err error) {
 	}
 	return res, nil
 }
+
+// checkArch makes sure the binaries (when they are ELF files) and, for the
+// vm output, the kernel are built for spec.Arch: an arm64 image with an
+// amd64 agent would boot and fail at its first exec.
+func checkArch(spec Spec, vm bool) error {
+	for _, b := range []struct{ what, path, how string }{
+		{"agent", spec.Agent, "make image ARCH=" + spec.Arch + " cross-builds it"},
+		{"oac-sandbox-io", spec.SandboxIO, "build it for " + spec.Arch},
+	} {
+		if b.path == "" {
+			continue
+		}
+		arch, err := initramfs.BinaryArch(b.path)
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.what, err)
+		}
+		if arch != "" && arch != spec.Arch {
+			return fmt.Errorf("%s %s is an %s binary but the image is for %s (%s)", b.what, b.path, arch, spec.Arch, b.how)
+		}
+	}
+	if vm {
+		arch, err := initramfs.KernelArch(spec.Kernel)
+		if err != nil {
+			return err
+		}
+		if arch != spec.Arch {
+			return fmt.Errorf("kernel %s is for %s but the image is for %s (make kernel ARCH=%s fetches Debian's)", spec.Kernel, arch, spec.Arch, spec.Arch)
+		}
+	}
+	return nil
+}
+
+// safeName is a file name the output directory and a URL both take as is.
+var safeName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// reservedNames are the output directory's own names.
+var reservedNames = []string{DirName, TarName, Ext4Name, ErofsName, OCIName, KernelName, InitramfsName, SumsName, ManifestName, ".", ".."}
 
 func contains(list []string, s string) bool {
 	for _, v := range list {
@@ -447,16 +508,39 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// writeSums writes "HEX  NAME" lines (directories: their DirDigest, name
-// with a trailing slash), sorted by name.
+// writeSums writes "HEX  NAME" lines, sorted by name, that `sha256sum -c`
+// checks in the output directory: every file output and every file of the
+// OCI layout. The rootfs/ directory is left out (its tree is
+// rootfs.tar.gz's, whose line is there; its DirDigest is in the build's
+// log).
 func writeSums(p, out string, outs []Output) error {
 	var lines []string
 	for _, o := range outs {
-		name := rel(out, o.Path)
-		if st, err := os.Stat(o.Path); err == nil && st.IsDir() {
-			name += "/"
+		st, err := os.Stat(o.Path)
+		if err != nil {
+			return err
 		}
-		lines = append(lines, o.SHA256+"  "+name)
+		if !st.IsDir() {
+			lines = append(lines, o.SHA256+"  "+rel(out, o.Path))
+			continue
+		}
+		if o.Kind != OutOCI {
+			continue
+		}
+		err = filepath.Walk(o.Path, func(p string, fi os.FileInfo, err error) error {
+			if err != nil || !fi.Mode().IsRegular() {
+				return err
+			}
+			sum, err := fileDigest(p)
+			if err != nil {
+				return err
+			}
+			lines = append(lines, sum+"  "+rel(out, p))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
 	}
 	sort.Slice(lines, func(i, j int) bool { return lines[i][66:] < lines[j][66:] })
 	return os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
@@ -482,6 +566,8 @@ func writeManifest(p string, spec Spec, outs []Output) error {
 			kind = manifest.KindKernel
 		case "initramfs":
 			kind = manifest.KindInitramfs
+		case OutWSLInstaller:
+			kind, platforms = manifest.KindWSLInstaller, []string{"windows"}
 		default:
 			continue
 		}

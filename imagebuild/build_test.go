@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -180,6 +181,12 @@ func TestBuildIsReproducibleAndADirAndItsTarGiveTheSameImage(t *testing.T) {
 			require.NoError(t, err, "%s", out)
 		}
 	}
+	check := exec.Command("sha256sum", "--strict", "-c", SumsName)
+	check.Dir = filepath.Dir(tarPath)
+	out, err := check.CombinedOutput()
+	require.NoError(t, err, "sha256sum -c SHA256SUMS: %s", out)
+	assert.Contains(t, string(out), "oci/index.json: OK", "the OCI layout's files are listed one by one")
+	assert.NotContains(t, string(out), "rootfs/", "directories are not")
 	mf, err := os.Open(filepath.Join(filepath.Dir(tarPath), ManifestName))
 	require.NoError(t, err)
 	defer mf.Close()
@@ -228,3 +235,49 @@ func TestTarOutputIsNormalized(t *testing.T) {
 }
 
 func time1() time.Time { return time.Unix(1800000000, 0) }
+
+func TestTheWSLInstallerIsCopiedListedAndPinned(t *testing.T) {
+	msi := filepath.Join(t.TempDir(), "wsl.2.6.1.0.x64.msi")
+	require.NoError(t, os.WriteFile(msi, []byte("MSI bytes"), 0o644))
+	out := filepath.Join(t.TempDir(), "out")
+	_, err := Build(Spec{Injection: testInjection(t), Arch: "amd64", Outputs: []string{OutTar}, Out: out,
+		BaseURL: "https://images.example.com/oac/1", Release: "test-1", WSLInstaller: msi})
+	require.NoError(t, err)
+	b, err := os.ReadFile(filepath.Join(out, "wsl.2.6.1.0.x64.msi"))
+	require.NoError(t, err)
+	assert.Equal(t, "MSI bytes", string(b))
+	sums, err := os.ReadFile(filepath.Join(out, SumsName))
+	require.NoError(t, err)
+	assert.Contains(t, string(sums), "  wsl.2.6.1.0.x64.msi\n")
+	f, err := os.Open(filepath.Join(out, ManifestName))
+	require.NoError(t, err)
+	defer f.Close()
+	m, err := manifest.Decode(f)
+	require.NoError(t, err)
+	arts := m.Find("", manifest.KindWSLInstaller, "windows", "amd64")
+	require.Len(t, arts, 1)
+	assert.Equal(t, "https://images.example.com/oac/1/wsl.2.6.1.0.x64.msi", arts[0].URL)
+	assert.NoError(t, manifest.VerifyFile(arts[0], filepath.Join(out, arts[0].FileName())))
+
+	_, err = Build(Spec{Injection: testInjection(t), Outputs: []string{OutTar}, Out: filepath.Join(t.TempDir(), "o"), WSLInstaller: filepath.Join(t.TempDir(), "none.msi")})
+	assert.ErrorContains(t, err, "is not a readable file")
+}
+
+func TestBuildRefusesBinariesAndKernelsOfAnotherArchitecture(t *testing.T) {
+	exe, err := os.Executable() // an ELF binary of this host's architecture
+	require.NoError(t, err)
+	other := map[string]string{"amd64": "arm64", "arm64": "amd64"}[runtime.GOARCH]
+	inj := testInjection(t)
+	inj.Agent = exe
+	_, err = Build(Spec{Injection: inj, Arch: other, Outputs: []string{OutTar}, Out: filepath.Join(t.TempDir(), "o")})
+	assert.ErrorContains(t, err, "is an "+runtime.GOARCH+" binary but the image is for "+other)
+	assert.ErrorContains(t, err, "make image ARCH="+other+" cross-builds it")
+
+	kernel := filepath.Join(t.TempDir(), "vmlinuz")
+	k := make([]byte, 0x400)
+	copy(k[0x202:], "HdrS")
+	require.NoError(t, os.WriteFile(kernel, k, 0o644))
+	_, err = Build(Spec{Injection: testInjection(t), Arch: "arm64", Outputs: []string{OutVM}, Kernel: kernel, ModulesDir: t.TempDir(),
+		Out: filepath.Join(t.TempDir(), "o")})
+	assert.ErrorContains(t, err, "is for amd64 but the image is for arm64 (make kernel ARCH=arm64 fetches Debian's)")
+}

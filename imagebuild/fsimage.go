@@ -91,7 +91,12 @@ func buildExt4(t *Tree, staging, out, work string, epoch time.Time, digest strin
 	}
 	size, inodes := ext4Size(t)
 	e := strconv.FormatInt(epoch.Unix(), 10)
-	env := []string{"MKE2FS_CONFIG=" + conf, "E2FSPROGS_FAKE_TIME=" + e, "SOURCE_DATE_EPOCH=" + e, "MKE2FS_SYNC=0", "LC_ALL=C"}
+	// e2fsprogs reads a fake time of 0 as none and takes the wall clock
+	// for the superblock (and the reserved inodes): at epoch 0 (the
+	// default) they get 1970-01-01T00:00:01 instead, so the default build
+	// is reproducible too.
+	fake := strconv.FormatInt(max(epoch.Unix(), 1), 10)
+	env := []string{"MKE2FS_CONFIG=" + conf, "E2FSPROGS_FAKE_TIME=" + fake, "SOURCE_DATE_EPOCH=" + e, "MKE2FS_SYNC=0", "LC_ALL=C"}
 	uuid := FSID("ext4 uuid", digest)
 	seed := FSID("ext4 hash seed", digest)
 	if _, err := run(env, "mkfs.ext4", "-q", "-F", "-t", "ext4", "-L", "oac-root", "-m", "0",

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/oac/sandbox-agent/initramfs"
 )
 
 // Paths and identities every guest image has. They are contract: oac-shim,
@@ -138,13 +140,17 @@ func Inject(t *Tree, in Injection) error {
 			return err
 		}
 	}
-	r, err := t.Resolve("etc/hosts", true)
-	if err != nil {
-		return err
-	}
-	if t.nodes[r] == nil {
-		if _, err := t.Put(Node{Path: "etc/hosts", Mode: 0o644, Data: []byte(defaultHosts), Size: int64(len(defaultHosts))}); err != nil {
+	// A VM's root is read-only: the agent can bind its resolver's
+	// resolv.conf over an existing file but not create one.
+	for _, f := range []struct{ path, content string }{{"etc/hosts", defaultHosts}, {"etc/resolv.conf", initramfs.ResolvConf}} {
+		r, err := t.Resolve(f.path, true)
+		if err != nil {
 			return err
+		}
+		if t.nodes[r] == nil {
+			if _, err := t.Put(Node{Path: f.path, Mode: 0o644, Data: []byte(f.content), Size: int64(len(f.content))}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/imagebuild"
+	"github.com/oac/sandbox-agent/initramfs"
 )
 
 const buildHelp = `usage: oac-image build --agent PATH --sandbox-io PATH -o DIR [options]
 
 Builds a guest image from a base rootfs and writes every requested output
-into DIR (which must be new or empty), then DIR/SHA256SUMS:
+into DIR (which must be new or empty), then DIR/SHA256SUMS (every file output and
+every file of the OCI layout, for sha256sum -c):
 
   dir    DIR/rootfs/        a directory: oac-shim run --provider bwrap --rootfs DIR/rootfs
   tar    DIR/rootfs.tar.gz  for Windows: wsl --import NAME PATH DIR/rootfs.tar.gz
@@ -23,8 +25,10 @@ into DIR (which must be new or empty), then DIR/SHA256SUMS:
   ext4   DIR/disk.ext4      a raw ext4 disk (qemu, macOS); needs mkfs.ext4 and debugfs (e2fsprogs)
   erofs  DIR/disk.erofs     a raw erofs disk, lz4hc; needs mkfs.erofs (erofs-utils)
   vm     DIR/vmlinuz, DIR/initramfs.img   the kernel and an initramfs with oac-guest as
-         /init and the virtio modules (serial port, disk); needs --kernel and
-         --kernel-modules (make kernel caches Debian's cloud kernel in .cache/kernel)
+         /init and the modules a VM guest loads (virtio transports, disk, erofs,
+         overlay, virtio-fs, nftables); needs --kernel and --kernel-modules
+         (make kernel caches Debian's cloud kernel in .cache/kernel). The VM boots
+         the initramfs, which mounts disk.ext4 or disk.erofs as its root
 
 Every image gets /sbin/oac-guest, /usr/local/bin/oac-sandbox-io, the CA bundle at
 /etc/ssl/certs/ca-certificates.crt, the user and group runtime (1000) with home
@@ -65,12 +69,13 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	kernel := fs.String("kernel", "", "vm: kernel image to ship as vmlinuz (e.g. .cache/kernel/vmlinuz)")
 	modDir := fs.String("kernel-modules", "", "vm: the kernel's modules directory with modules.dep (e.g. .cache/kernel/modules)")
 	var modules listFlag
-	fs.Var(&modules, "module", "vm: initramfs module (default virtio_pci,virtio_console,virtio_blk, plus erofs with the erofs output)")
+	fs.Var(&modules, "module", "vm: initramfs module (default "+strings.Join(initramfs.DefaultModules, ",")+")")
 	var irdFiles fileFlag
 	fs.Var(&irdFiles, "initramfs-file", "vm: extra file SRC:DST[:MODE] for the initramfs (repeatable)")
 	ref := fs.String("ref", "latest", "oci: the image's tag (org.opencontainers.image.ref.name)")
 	baseURL := fs.String("base-url", "", "write DIR/manifest.json pinning the file outputs at URL/NAME (https)")
 	release := fs.String("release", "", "the manifest's release name (required with --base-url)")
+	wslInstaller := fs.String("wsl-installer", "", "the mirrored WSL installer (MSI): copied into DIR, listed in SHA256SUMS and pinned in the manifest (kind wsl-installer) for the WSL provider")
 	out := fs.String("o", "", "output directory, new or empty (required)")
 	if wantsHelp(args, fs, buildHelp, stdout) {
 		return 0
@@ -94,7 +99,7 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 		Injection: imagebuild.Injection{Agent: *agent, SandboxIO: *sio, CABundle: *ca, Files: extra, AllRoot: *allRoot},
 		Epoch:     *epoch, Arch: *arch, Outputs: outputs, Out: *out,
 		Kernel: *kernel, ModulesDir: *modDir, Modules: modules, InitramfsFiles: irdFiles,
-		Ref: *ref, BaseURL: *baseURL, Release: *release, Log: stderr,
+		Ref: *ref, BaseURL: *baseURL, Release: *release, WSLInstaller: *wslInstaller, Log: stderr,
 	}
 	start := time.Now()
 	res, err := imagebuild.Build(spec)

@@ -92,7 +92,7 @@ func buildCmd(args []string, stderr io.Writer) int {
 	agent := fs.String("agent", "", "static oac-guest binary, becomes /init (required)")
 	modDir := fs.String("kernel-modules", "", "kernel modules directory with modules.dep (e.g. .cache/kernel/modules)")
 	var modules listFlag
-	fs.Var(&modules, "module", "module to load at boot, with its dependencies (repeatable or comma-separated)")
+	fs.Var(&modules, "module", "module to load at boot, with its dependencies (repeatable or comma-separated; default with --kernel-modules: "+strings.Join(initramfs.DefaultModules, ",")+")")
 	var files fileFlag
 	fs.Var(&files, "file", "extra file SRC:DST[:MODE] (repeatable)")
 	out := fs.String("o", "", "output file (required)")
@@ -102,6 +102,9 @@ func buildCmd(args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 || *agent == "" || *out == "" {
 		fmt.Fprint(stderr, "oac-image initramfs: --agent and -o are required and no other arguments are taken\n", usage)
 		return 2
+	}
+	if len(modules) == 0 && *modDir != "" {
+		modules = initramfs.DefaultModules
 	}
 	spec := initramfs.Spec{Agent: *agent, ModulesDir: *modDir, Modules: modules, Files: files}
 	tmp, err := os.CreateTemp(filepath.Dir(*out), "."+filepath.Base(*out)+".*")

@@ -26,7 +26,8 @@ the end). Two runs staging the same file share one download.
 
 With --manifest, every artifact matching the filters is staged (default: all).
 Progress goes to stderr: a bar on a terminal, else one JSON event per line
-({"event":"start"|"progress"|"wait"|"verify"|"retry"|"done"|"error",...});
+({"event":"start"|"progress"|"wait"|"verify"|"repair"|"retry"|"done"|"error",...};
+repair: a staged file was damaged and is staged again);
 --quiet prints nothing but errors.
 
 Exit status 0 when everything is staged; 1 on a failure, with one line saying
@@ -122,6 +123,10 @@ func stageCmd(args []string, stdout, stderr io.Writer) int {
 		label := t.Name
 		if label == "" {
 			label = t.SHA256
+		}
+		if res.Repaired != "" && *quiet {
+			// Progress output said so already; quiet still does.
+			fmt.Fprintf(stderr, "oac-image: %s: the staged file was damaged (%s): removed it and staged it again\n", label, res.Repaired)
 		}
 		fmt.Fprintf(stdout, "%s %s\n", label, res.Path)
 	}

@@ -26,6 +26,24 @@ const (
 	RuntimeHome = "/home/runtime"
 )
 
+// DefaultModules are the modules a VM guest loads at boot when none are
+// named: the virtio PCI transport and console (virtio-serial, qemu's
+// transport), the virtio socket transport (vsock, Virtualization.framework's),
+// the block device and the filesystems of the root disk (ext4 is built into
+// Debian's cloud kernel; erofs and the overlay of the writable layers are
+// modules), virtio-fs for shares, and nftables for transparent egress.
+var DefaultModules = []string{
+	"virtio_pci", "virtio_console", "vmw_vsock_virtio_transport",
+	"virtio_blk", "erofs", "overlay", "virtiofs",
+	"nf_tables", "nft_chain_nat", "nft_redir", "nft_ct", "nft_objref",
+}
+
+// ResolvConf is every image's /etc/resolv.conf: the agent's resolver on
+// loopback (package guest/transparent), which the host's egress policy
+// answers. guest/initsys.ResolvConf must stay equal.
+const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
+	"nameserver 127.0.0.1\noptions edns0\n"
+
 // File is an extra file copied into the image.
 type File struct {
 	// Src is the host path.
@@ -108,11 +126,9 @@ func Entries(spec Spec) ([]Entry, Summary, error) {
 		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n" +
 			fmt.Sprintf("runtime:x:%d:%d:runtime:%s:/bin/sh\n", RuntimeUID, RuntimeGID, RuntimeHome) +
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		"etc/group": fmt.Sprintf("root:x:0:\nruntime:x:%d:\nnogroup:x:65534:\n", RuntimeGID),
-		"etc/hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		// The agent's resolver (package guest/transparent).
-		"etc/resolv.conf": "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
-			"nameserver 127.0.0.1\noptions edns0\n",
+		"etc/group":       fmt.Sprintf("root:x:0:\nruntime:x:%d:\nnogroup:x:65534:\n", RuntimeGID),
+		"etc/hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+		"etc/resolv.conf": ResolvConf,
 	} {
 		t.m[name] = Entry{Name: name, Mode: 0o644, Data: []byte(content)}
 	}
@@ -223,5 +239,76 @@ func (t tree) addFile(e Entry) error {
 		t.m[d] = Entry{Name: d, Mode: fs.ModeDir | 0o755}
 	}
 	t.m[e.Name] = e
+	return nil
+}
+
+// WriteOverlay writes a gzip-compressed newc archive holding only files
+// (and their parent directories, 0755, root-owned) to w: appended to an
+// initramfs, it adds those files to what the kernel unpacks, or replaces
+// files of the same name, because the kernel unpacks concatenated
+// archives in order. The archive must start at an offset that is a
+// multiple of 4 (ComposeOverlay pads). Same inputs give the same bytes.
+func WriteOverlay(w io.Writer, files []File) error {
+	t := tree{m: map[string]Entry{}}
+	for _, f := range files {
+		if !path.IsAbs(f.Dst) || path.Clean(f.Dst) != f.Dst || f.Dst == "/" {
+			return fmt.Errorf("overlay file destination %q must be an absolute clean path", f.Dst)
+		}
+		data, err := os.ReadFile(f.Src)
+		if err != nil {
+			return fmt.Errorf("overlay file: %w", err)
+		}
+		mode := f.Mode.Perm()
+		if mode == 0 {
+			mode = 0o755
+		}
+		if err := t.addFile(Entry{Name: strings.TrimPrefix(f.Dst, "/"), Mode: mode, Data: data}); err != nil {
+			return err
+		}
+	}
+	zw, err := gzip.NewWriterLevel(w, gzip.BestSpeed)
+	if err != nil {
+		return err
+	}
+	cw := NewCpioWriter(zw)
+	for _, n := range sortedKeys(t.m) {
+		if err := cw.WriteEntry(t.m[n]); err != nil {
+			return err
+		}
+	}
+	if err := cw.Close(); err != nil {
+		return err
+	}
+	return zw.Close()
+}
+
+// ComposeOverlay writes base (an initramfs file) followed by an overlay
+// archive of files to out: the initramfs a VM boots when the host installs
+// binaries for one start. The base is padded with zeros to a multiple of 4
+// bytes, which the kernel skips between archives.
+func ComposeOverlay(base, out string, files []File) error {
+	in, err := os.Open(base)
+	if err != nil {
+		return fmt.Errorf("compose initramfs: %w", err)
+	}
+	defer in.Close()
+	f, err := os.OpenFile(out, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("compose initramfs: %w", err)
+	}
+	n, err := io.Copy(f, in)
+	if err == nil {
+		_, err = f.Write(make([]byte, (4-n%4)%4))
+	}
+	if err == nil {
+		err = WriteOverlay(f, files)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(out)
+		return fmt.Errorf("compose initramfs %s: %w", out, err)
+	}
 	return nil
 }

@@ -7,7 +7,10 @@
 // transfer is resumed with an HTTP Range request (a server that ignores
 // ranges sends the whole file again), and the whole file is verified at
 // the end. Two stagers of the same digest, in one process or several,
-// share one download through STORE/tmp/HEX.lock. Each failure wraps one
+// share one download through STORE/tmp/HEX.lock, which its holder removes
+// when it is done (a lock won on a removed file is taken again). A store
+// file that no longer verifies is removed, reported (a repair event: what
+// was wrong, what was done) and staged again. Each failure wraps one
 // sentinel (ErrCorrupt, ErrTruncated, ErrWrongSize, ErrHTTP, ErrStalled,
 // ErrStore) with a message that says what happened and what was kept.
 // Progress is reported as events: a bar on a terminal, JSON lines

@@ -44,6 +44,8 @@ func BarProgress(w io.Writer) func(Event) {
 			fmt.Fprintf(w, "\r%s", bar(e, rate))
 		case EventWait:
 			fmt.Fprintf(w, "%s: another oac-image is downloading it; waiting\n", e.Name)
+		case EventRepair:
+			fmt.Fprintf(w, "%s: %s\n", e.Name, e.Error)
 		case EventRetry:
 			fmt.Fprintf(w, "\n%s: the resumed file did not verify; downloading it again from the start\n", e.Name)
 		case EventDone:

@@ -90,6 +90,9 @@ type Result struct {
 	Shared bool
 	// ResumedFrom is the partial file's size a resume started at (0: none).
 	ResumedFrom int64
+	// Repaired says what was wrong with a damaged file the store held
+	// (it was removed and staged again); empty when nothing was.
+	Repaired string
 	// Downloaded counts the bytes received.
 	Downloaded int64
 }
@@ -122,6 +125,7 @@ const (
 	EventWait     = "wait"     // another stager holds the lock
 	EventVerify   = "verify"   // hashing a file already present
 	EventRetry    = "retry"    // a resumed file did not verify; starting over
+	EventRepair   = "repair"   // a damaged file in the store (Error says how) was removed; staging it again
 	EventDone     = "done"     // the file is in the store
 	EventError    = "error"    // staging failed; Error and Code say why
 )
@@ -219,7 +223,7 @@ func (s *Stager) Stage(ctx context.Context, t Target) (res Result, err error) {
 		}
 	}
 	res.Path = final
-	if ok, err := s.present(t, final); err != nil || ok {
+	if ok, err := s.present(t, final, &res); err != nil || ok {
 		res.Cached = ok
 		if ok {
 			s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, Cached: true})
@@ -232,7 +236,7 @@ func (s *Stager) Stage(ctx context.Context, t Target) (res Result, err error) {
 	}
 	defer unlock()
 	if waited {
-		if ok, err := s.present(t, final); err != nil || ok {
+		if ok, err := s.present(t, final, &res); err != nil || ok {
 			res.Shared = ok
 			if ok {
 				s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, Shared: true})
@@ -267,8 +271,9 @@ func (s *Stager) Stage(ctx context.Context, t Target) (res Result, err error) {
 
 // present reports whether final exists and verifies. A file that does not
 // verify is removed (the store only holds verified files, so it was
-// damaged after staging) and staged again.
-func (s *Stager) present(t Target, final string) (bool, error) {
+// damaged after staging), said so in a repair event and in res, and
+// staged again.
+func (s *Stager) present(t Target, final string, res *Result) (bool, error) {
 	st, err := os.Stat(final)
 	if os.IsNotExist(err) {
 		return false, nil
@@ -278,46 +283,66 @@ func (s *Stager) present(t Target, final string) (bool, error) {
 	}
 	s.emit(Event{Event: EventVerify, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Path: final})
 	a := manifest.Artifact{Name: t.Name, Size: t.Size, SHA256: t.SHA256}
-	if st.Mode().IsRegular() && manifest.VerifyFile(a, final) == nil {
+	var bad error
+	if !st.Mode().IsRegular() {
+		bad = errors.New("not a regular file")
+	} else {
+		bad = manifest.VerifyFile(a, final)
+	}
+	if bad == nil {
 		return true, nil
 	}
 	if err := os.Remove(final); err != nil {
-		return false, fmt.Errorf("%w: remove damaged %s: %v", ErrStore, final, err)
+		return false, fmt.Errorf("%w: remove damaged %s (%v): %v", ErrStore, final, bad, err)
 	}
+	res.Repaired = bad.Error()
+	s.emit(Event{Event: EventRepair, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Path: final,
+		Error: "the staged file was damaged (" + bad.Error() + "): removed it; staging it again"})
 	return false, nil
 }
 
 // lock takes the digest's lock, waiting (and saying so once) while
-// another stager holds it.
+// another stager holds it. The lock file is removed when it is released,
+// so none stays in the store; a lock won on a file that its holder
+// removed meanwhile is not the lock at the path, and is taken again.
 func (s *Stager) lock(ctx context.Context, p string, t Target) (func(), bool, error) {
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, false, fmt.Errorf("%w: %v", ErrStore, err)
-	}
 	poll := s.LockPoll
 	if poll <= 0 {
 		poll = 50 * time.Millisecond
 	}
 	waited := false
 	for {
-		ok, err := tryLock(f)
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
-			f.Close()
-			return nil, false, fmt.Errorf("%w: lock %s: %v", ErrStore, p, err)
+			return nil, false, fmt.Errorf("%w: %v", ErrStore, err)
 		}
-		if ok {
-			return func() { unlockFile(f); f.Close() }, waited, nil
+		for {
+			ok, err := tryLock(f)
+			if err != nil {
+				f.Close()
+				return nil, false, fmt.Errorf("%w: lock %s: %v", ErrStore, p, err)
+			}
+			if ok {
+				break
+			}
+			if !waited {
+				waited = true
+				s.emit(Event{Event: EventWait, Name: t.Name, SHA256: t.SHA256, Total: t.Size})
+			}
+			select {
+			case <-ctx.Done():
+				f.Close()
+				return nil, false, context.Cause(ctx)
+			case <-time.After(poll):
+			}
 		}
-		if !waited {
-			waited = true
-			s.emit(Event{Event: EventWait, Name: t.Name, SHA256: t.SHA256, Total: t.Size})
+		if held, err := f.Stat(); err == nil {
+			if cur, err := os.Stat(p); err == nil && os.SameFile(held, cur) {
+				return func() { _ = os.Remove(p); unlockFile(f); f.Close() }, waited, nil
+			}
 		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, false, context.Cause(ctx)
-		case <-time.After(poll):
-		}
+		unlockFile(f)
+		f.Close()
 	}
 }
 

@@ -301,17 +301,72 @@ func TestTwoStagersOfOneDigestShareOneDownload(t *testing.T) {
 	assert.True(t, results[0].Shared != results[1].Shared, "one waited and shared the other's download")
 }
 
-func TestStageReplacesADamagedStoreFile(t *testing.T) {
+func TestStageReplacesADamagedStoreFileAndSaysSo(t *testing.T) {
 	s := newServer(t, serveGood)
-	st, _ := newStager(t)
+	st, rec := newStager(t)
 	p := filepath.Join(st.Store, "sha256", digest(payload))
 	require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 	require.NoError(t, os.WriteFile(p, []byte("damaged"), 0o444))
 	res, err := st.Stage(context.Background(), target(s))
 	require.NoError(t, err)
 	assert.False(t, res.Cached)
+	assert.Contains(t, res.Repaired, "wrong size")
 	b, _ := os.ReadFile(p)
 	assert.Equal(t, payload, b)
+	assert.Equal(t, []string{EventVerify, EventRepair, EventStart, EventDone}, rec.kinds())
+	for _, e := range rec.ev {
+		if e.Event == EventRepair {
+			assert.Regexp(t, `^the staged file was damaged \(wrong size: .*\): removed it; staging it again$`, e.Error)
+		}
+	}
+
+	// A file of the right size with other bytes.
+	bad := append([]byte(nil), payload...)
+	bad[7] ^= 1
+	require.NoError(t, os.Chmod(p, 0o644))
+	require.NoError(t, os.WriteFile(p, bad, 0o444))
+	res, err = st.Stage(context.Background(), target(s))
+	require.NoError(t, err)
+	assert.Contains(t, res.Repaired, "sha256")
+}
+
+func TestNoLockFileStaysInTheStore(t *testing.T) {
+	s := newServer(t, serveGood)
+	st, _ := newStager(t)
+	_, err := st.Stage(context.Background(), target(s))
+	require.NoError(t, err)
+	bad := target(s)
+	bad.SHA256 = digest([]byte("other"))
+	_, err = st.Stage(context.Background(), bad)
+	require.ErrorIs(t, err, ErrCorrupt)
+	ents, err := os.ReadDir(filepath.Join(st.Store, "tmp"))
+	require.NoError(t, err)
+	assert.Empty(t, ents, "neither a staged nor a failed download leaves a lock file")
+}
+
+func TestManyStagersOfOneDigestStillShareOneDownloadWithLockFilesRemoved(t *testing.T) {
+	s := newServer(t, func(_ *server, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		serveGood(nil, w, r)
+	})
+	store := t.TempDir()
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := &Stager{Store: store, LockPoll: time.Millisecond}
+			_, errs[i] = st.Stage(context.Background(), target(s))
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int32(1), s.gets.Load(), "a lock removed by its holder is never held twice")
+	ents, _ := os.ReadDir(filepath.Join(store, "tmp"))
+	assert.Empty(t, ents)
 }
 
 func TestStageRefusesBadTargets(t *testing.T) {

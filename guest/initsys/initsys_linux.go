@@ -46,7 +46,7 @@ type Result struct {
 func EnsureMounts(ms []Mount) ([]Result, error) {
 	var res []Result
 	for _, m := range ms {
-		mounted, err := isMountPoint(m.Target)
+		mounted, err := IsMountPoint(m.Target)
 		if err == nil && mounted {
 			res = append(res, Result{Target: m.Target, Action: "present"})
 			continue
@@ -74,9 +74,9 @@ func mountOne(m Mount) error {
 	return nil
 }
 
-// isMountPoint reports whether path is a mount point according to
+// IsMountPoint reports whether path is a mount point according to
 // /proc/self/mountinfo; before /proc is mounted nothing is.
-func isMountPoint(path string) (bool, error) {
+func IsMountPoint(path string) (bool, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return false, err

@@ -9,20 +9,7 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/protocol/transport"
-)
-
-// Kernel command line parameters oac-guest reads.
-const (
-	// ParamTransport selects the transport: serial:NAME (a virtio-serial
-	// port with that name) or vsock:PORT (the host, CID 2) or
-	// vsock:CID:PORT.
-	ParamTransport = "oac.transport"
-	// ParamHostGrace is how long the guest waits for the host to come
-	// back after the connection is gone (or to appear at boot) before it
-	// powers off, as a Go duration ("30s").
-	ParamHostGrace = "oac.host_grace"
-	// ParamDebug set to 1 turns on debug logging.
-	ParamDebug = "oac.debug"
+	"github.com/oac/sandbox-agent/protocol/vmparams"
 )
 
 // Defaults and bounds.
@@ -107,7 +94,7 @@ func ParseTransport(v string) (Transport, error) {
 	switch kind {
 	case "serial":
 		if !portNameRE.MatchString(rest) {
-			return Transport{}, fmt.Errorf("%s: serial port name must be 1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-' (write serial:NAME)", ParamTransport)
+			return Transport{}, fmt.Errorf("%s: serial port name must be 1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-' (write serial:NAME)", vmparams.Transport)
 		}
 		return Transport{SerialName: rest}, nil
 	case "vsock":
@@ -116,17 +103,17 @@ func ParseTransport(v string) (Transport, error) {
 		if c, p, ok := strings.Cut(rest, ":"); ok {
 			var err error
 			if cid, err = strconv.ParseUint(c, 10, 32); err != nil {
-				return Transport{}, fmt.Errorf("%s: vsock CID must be a decimal 32-bit number (write vsock:PORT or vsock:CID:PORT)", ParamTransport)
+				return Transport{}, fmt.Errorf("%s: vsock CID must be a decimal 32-bit number (write vsock:PORT or vsock:CID:PORT)", vmparams.Transport)
 			}
 			port = p
 		}
 		p, err := strconv.ParseUint(port, 10, 32)
 		if err != nil {
-			return Transport{}, fmt.Errorf("%s: vsock port must be a decimal 32-bit number (write vsock:PORT or vsock:CID:PORT)", ParamTransport)
+			return Transport{}, fmt.Errorf("%s: vsock port must be a decimal 32-bit number (write vsock:PORT or vsock:CID:PORT)", vmparams.Transport)
 		}
 		return Transport{Vsock: &transport.Endpoint{Scheme: transport.SchemeVsock, CID: uint32(cid), Port: uint32(p)}}, nil
 	}
-	return Transport{}, fmt.Errorf("%s: want serial:NAME or vsock:PORT", ParamTransport)
+	return Transport{}, fmt.Errorf("%s: want serial:NAME or vsock:PORT", vmparams.Transport)
 }
 
 // Params are the oac.* settings of the kernel command line.
@@ -134,15 +121,19 @@ type Params struct {
 	Transport Transport
 	HostGrace time.Duration
 	Debug     bool
+	// Root is the block device of the image's root ("vda"); empty: the
+	// guest runs from its initramfs.
+	Root   string
+	Shares []vmparams.Share
 }
 
 // ErrNotVM is returned by ParseParams when the command line has no
 // oac.transport: oac-guest is not PID 1 of an oac VM.
-var ErrNotVM = errors.New("no " + ParamTransport + " on the kernel command line")
+var ErrNotVM = errors.New("no " + vmparams.Transport + " on the kernel command line")
 
 // ParseParams extracts the oac.* parameters from a kernel command line.
 func ParseParams(cmdline string) (Params, error) {
-	if !strings.Contains(cmdline, ParamTransport+"=") {
+	if !strings.Contains(cmdline, vmparams.Transport+"=") {
 		// Not an oac VM (under bubblewrap this is the host's command
 		// line, which is none of our business).
 		return Params{}, ErrNotVM
@@ -151,7 +142,7 @@ func ParseParams(cmdline string) (Params, error) {
 	if err != nil {
 		return Params{}, err
 	}
-	tv, ok := kv[ParamTransport]
+	tv, ok := kv[vmparams.Transport]
 	if !ok {
 		return Params{}, ErrNotVM
 	}
@@ -159,13 +150,21 @@ func ParseParams(cmdline string) (Params, error) {
 	if p.Transport, err = ParseTransport(tv); err != nil {
 		return Params{}, err
 	}
-	if g, ok := kv[ParamHostGrace]; ok {
+	if g, ok := kv[vmparams.HostGrace]; ok {
 		d, err := time.ParseDuration(g)
 		if err != nil || d < MinHostGrace || d > MaxHostGrace {
-			return Params{}, fmt.Errorf("%s must be a duration between %s and %s", ParamHostGrace, MinHostGrace, MaxHostGrace)
+			return Params{}, fmt.Errorf("%s must be a duration between %s and %s", vmparams.HostGrace, MinHostGrace, MaxHostGrace)
 		}
 		p.HostGrace = d
 	}
-	p.Debug = kv[ParamDebug] == "1"
+	p.Debug = kv[vmparams.Debug] == "1"
+	if r, ok := kv[vmparams.Root]; ok {
+		if p.Root, err = vmparams.ParseRoot(r); err != nil {
+			return Params{}, err
+		}
+	}
+	if p.Shares, err = vmparams.ParseShares(kv[vmparams.Shares]); err != nil {
+		return Params{}, err
+	}
 	return p, nil
 }

@@ -10,8 +10,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/initramfs"
 	"github.com/oac/sandbox-agent/protocol/transport"
+	"github.com/oac/sandbox-agent/protocol/vmparams"
 )
 
 func TestParseCmdlineSplitsLikeTheKernel(t *testing.T) {
@@ -60,6 +62,10 @@ func TestModuleListPathMatchesTheImageBuilder(t *testing.T) {
 	assert.Equal(t, initramfs.ModuleListPath, ModuleListPath)
 }
 
+func TestResolvConfMatchesTheImageBuilder(t *testing.T) {
+	assert.Equal(t, initramfs.ResolvConf, initsys.ResolvConf)
+}
+
 // FuzzParseParams: the kernel command line is input the guest did not
 // write; parsing never panics and whatever parses is well-formed.
 func FuzzParseParams(f *testing.F) {
@@ -81,4 +87,18 @@ func FuzzParseParams(f *testing.F) {
 			t.Fatalf("port name could name a path: %q", p.Transport.SerialName)
 		}
 	})
+}
+
+func TestParseParamsRootAndShares(t *testing.T) {
+	p, err := ParseParams("oac.transport=serial:oac.agent oac.root=vda oac.shares=workspace:/environment/workspace,home:/home")
+	require.NoError(t, err)
+	assert.Equal(t, "vda", p.Root)
+	assert.Equal(t, []vmparams.Share{{Tag: "workspace", Path: "/environment/workspace"}, {Tag: "home", Path: "/home"}}, p.Shares)
+	for _, bad := range []string{
+		"oac.transport=serial:a oac.root=/dev/vda", "oac.transport=serial:a oac.root=",
+		"oac.transport=serial:a oac.shares=w:/proc", "oac.transport=serial:a oac.shares=w",
+	} {
+		_, err := ParseParams(bad)
+		assert.Error(t, err, bad)
+	}
 }

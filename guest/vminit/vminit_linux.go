@@ -34,18 +34,31 @@ func ReadParams() (Params, error) {
 
 // Boot runs oac-guest as PID 1 of a VM and never returns. It expects the
 // caller to have mounted what initsys.Mounts lists and brought lo up. It
-// mounts cgroup2, loads the modules listed in ModuleListPath, finds the
-// transport, then runs agent sessions: each Welcome sets the clock; a
+// loads the modules listed in ModuleListPath, switches into the image's
+// root disk when p.Root names one (SwitchRoot), mounts the virtio-fs
+// shares, mounts cgroup2, finds the transport, then runs agent sessions: each Welcome sets the clock; a
 // Shutdown (or ctx ending) powers the VM off; a lost host connection is
 // retried until p.HostGrace has passed without one, then the VM powers
 // off. A fatal error is logged on the console (stderr) and powers off too.
 func Boot(ctx context.Context, p Params, cfg agent.Config) {
 	log := cfg.Log
-	if res, _ := initsys.EnsureMounts([]initsys.Mount{initsys.CgroupMount}); len(res) > 0 && res[0].Err != nil {
-		log.Warn("cgroup2 unavailable", "err", res[0].Err)
-	}
 	if err := loadModules(log); err != nil {
 		Fatal(log, err)
+	}
+	if p.Root != "" {
+		keep := map[string]bool{}
+		for _, s := range p.Shares {
+			keep[s.Path] = true
+		}
+		if err := SwitchRoot(ctx, log, p.Root, keep); err != nil {
+			Fatal(log, err)
+		}
+	}
+	if err := MountShares(log, p.Shares); err != nil {
+		Fatal(log, err)
+	}
+	if res, _ := initsys.EnsureMounts([]initsys.Mount{initsys.CgroupMount}); len(res) > 0 && res[0].Err != nil {
+		log.Warn("cgroup2 unavailable", "err", res[0].Err)
 	}
 	ep, err := endpoint(ctx, p)
 	if err != nil {

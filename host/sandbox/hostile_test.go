@@ -569,6 +569,10 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	broker := egress.New(egress.Config{Policy: pol, Resolver: countingResolver{&lookups}})
 	var egressEvents, egressDropped atomic.Int64
 	cfg := hostileConfig(p, rec)
+	// What is tested is each refusal, not how fast a header arrives: 128
+	// streams open at once under -race on a loaded machine took more
+	// than the 300 ms the header tests use.
+	cfg.StreamHeaderTimeout = 5 * time.Second
 	cfg.Egress = broker
 	// Every header is sent at once: the production bound, so that a busy
 	// machine does not make a header late (the stream would be closed
@@ -851,6 +855,10 @@ func TestHealthySandboxKeepsMovingBytesWhileAnotherIsAttacked(t *testing.T) {
 			hp, hrec := newFakeProvider(), newRecorder()
 			hcfg := hostileConfig(hp, hrec)
 			hcfg.Name = fmt.Sprintf("hostile-%d", i)
+			// The attack comes after the handshake: under -race on a
+			// loaded machine, with 32 MiB moving beside it, the Hello
+			// took more than the 300 ms the handshake tests use.
+			hcfg.HelloTimeout = 5 * time.Second
 			_, hdone := runSandbox(t, hcfg)
 			hg := rawConnect(t, hp, nil)
 			_, _ = hg.ctl.Write(frameHeader(0x7777, 0, 0))

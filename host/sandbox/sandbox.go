@@ -434,6 +434,21 @@ func (s *run) run(ctx context.Context) error {
 }
 
 func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Duration) error {
+	// A VM's serial transport is connected by qemu when it starts, long
+	// before the guest speaks: a session started now would end on its
+	// first unanswered keepalive (15 s plus a 10 s write timeout) while a
+	// slow, emulated guest is still booting. The session starts with the
+	// guest's first byte, waited for until the Hello is due.
+	start := time.Now()
+	// A stop request ends the wait.
+	raw := conn
+	stopWait := context.AfterFunc(ctx, func() { raw.Close() })
+	conn, err := firstByte(conn, helloWait)
+	stopWait()
+	if err != nil {
+		return err
+	}
+	helloWait -= time.Since(start)
 	mc := protocol.MuxConfig(nil)
 	if s.cfg.KeepAliveInterval > 0 {
 		mc.KeepAliveInterval = s.cfg.KeepAliveInterval
@@ -924,4 +939,39 @@ func (t trackedSession) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return t.guard.Track(st), nil
+}
+
+// firstByte waits up to d for the first byte from conn and returns a
+// connection that reads it first. A connection without read deadlines is
+// returned as it is.
+func firstByte(conn net.Conn, d time.Duration) (net.Conn, error) {
+	if err := conn.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return conn, nil
+	}
+	b := make([]byte, 1)
+	n, err := conn.Read(b)
+	_ = conn.SetReadDeadline(time.Time{})
+	if n == 0 {
+		conn.Close()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, fmt.Errorf("guest sent no control stream within %s", d)
+		}
+		return nil, fmt.Errorf("guest connection: %w", err)
+	}
+	return &replayConn{Conn: conn, first: b[:n]}, nil
+}
+
+// replayConn reads first before the rest of Conn.
+type replayConn struct {
+	net.Conn
+	first []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.first) > 0 {
+		n := copy(p, c.first)
+		c.first = c.first[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }

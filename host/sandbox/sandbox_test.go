@@ -336,3 +336,21 @@ func TestGuestTextIsBoundedAndPrintable(t *testing.T) {
 	assert.Equal(t, "...", guestText("é", 1), "never cuts a rune in half")
 	assert.Equal(t, " [31mred  [2J", guestText("\x1b[31mred \u009b[2J", 64), "ESC and C1 (CSI) never reach an event")
 }
+
+// A VM's serial transport is connected before the guest boots: a guest
+// that speaks long after the connection (longer than the session's
+// keepalive and write timeout) still gets its session, until the boot
+// timeout.
+func TestAGuestThatSpeaksLongAfterItsConnectionGetsItsSession(t *testing.T) {
+	p, rec := newFakeProvider(), newRecorder()
+	_, done := runSandbox(t, Config{Provider: p, Events: rec, BootTimeout: 10 * time.Second,
+		KeepAliveInterval: 50 * time.Millisecond, ConnectionWriteTimeout: 50 * time.Millisecond})
+	conn := <-p.guest
+	time.Sleep(500 * time.Millisecond) // the kernel boots; nothing is said yet
+	p.guest <- conn
+	g := connectGuest(t, p)
+	g.send(t, protocol.State{State: protocol.StateReady})
+	rec.waitState(t, api.StateReady)
+	g.exit()
+	assert.Error(t, wait(t, done))
+}

@@ -1,18 +1,30 @@
 //go:build linux
 
 // Command vmdaemon is the daemon the VM end-to-end tests put in their
-// initramfs: the image has no shell, so this static binary reports what
-// the tests check (one "key=value" line each) and then waits for SIGTERM.
+// images: the image has no shell, so this static binary reports what the
+// tests check (one "key=value" line each) and then waits for SIGTERM.
+//
+// Flags: --write DIR (repeatable) creates DIR/written-by-vmdaemon and
+// reports "wrote DIR=ok" or the error; --read FILE reports "read
+// FILE=CONTENT" or the error.
 package main
 
 import (
+	"bufio"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 )
+
+type list []string
+
+func (l *list) String() string     { return strings.Join(*l, ",") }
+func (l *list) Set(v string) error { *l = append(*l, v); return nil }
 
 func status(field string) string {
 	b, _ := os.ReadFile("/proc/self/status")
@@ -25,6 +37,10 @@ func status(field string) string {
 }
 
 func main() {
+	var writes, reads list
+	flag.Var(&writes, "write", "directory to create written-by-vmdaemon in (repeatable)")
+	flag.Var(&reads, "read", "file to report the content of (repeatable)")
+	flag.Parse()
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 	groups, _ := os.Getgroups()
@@ -53,6 +69,19 @@ func main() {
 	fmt.Printf("cwd=%s\n", wd)
 	fmt.Printf("unix_ms=%d\n", time.Now().UnixMilli())
 	fmt.Printf("vda=%s\n", disk())
+	fmt.Printf("root=%s\n", rootMount())
+	for _, d := range writes {
+		err := os.WriteFile(filepath.Join(d, "written-by-vmdaemon"), []byte("written in the guest\n"), 0o644)
+		fmt.Printf("wrote %s=%s\n", d, errText(err))
+	}
+	for _, f := range reads {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			fmt.Printf("read %s=%s\n", f, errText(err))
+			continue
+		}
+		fmt.Printf("read %s=%s\n", f, strings.TrimSpace(string(b)))
+	}
 	<-term
 	fmt.Println("term")
 }
@@ -73,4 +102,44 @@ func disk() string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return "none"
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	return err.Error()
+}
+
+// rootMount describes / as mounted ("FSTYPE ro|rw") from mountinfo.
+func rootMount() string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "?"
+	}
+	defer f.Close()
+	found := "?"
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options ... - fstype source superoptions
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 7 || fields[4] != "/" {
+			continue
+		}
+		sep := 6
+		for sep < len(fields) && fields[sep] != "-" {
+			sep++
+		}
+		if sep+1 >= len(fields) {
+			continue
+		}
+		mode := "rw"
+		for _, o := range strings.Split(fields[5], ",") {
+			if o == "ro" {
+				mode = "ro"
+			}
+		}
+		found = fields[sep+1] + " " + mode // the last one mounted on / is what the process sees
+	}
+	return found
 }

@@ -13,15 +13,18 @@ import (
 const DefaultConsoleLimit = 1 << 20
 
 // Console forwards a VM's console to the sandbox's diagnostics: without
-// carriage returns, up to a limit; then it says so once and drops the
-// rest. It keeps accepting, so the VM never blocks on a full pipe, and is
-// safe for concurrent writers.
+// carriage returns and terminal escape sequences (UEFI firmware clears
+// the screen), up to a limit; then it says so once and drops the rest. It
+// keeps accepting, so the VM never blocks on a full pipe, and is safe for
+// concurrent writers.
 type Console struct {
 	mu      sync.Mutex
 	w       io.Writer
 	limit   int64
 	written int64
 	capped  bool
+	// esc is 1 after ESC, 2 inside a control sequence (ESC [ ...).
+	esc int
 }
 
 // NewConsole returns a Console writing to w (nothing when w is nil), at
@@ -42,7 +45,19 @@ func (c *Console) Write(p []byte) (int, error) {
 	}
 	out := make([]byte, 0, len(p))
 	for _, b := range p {
-		if b != '\r' {
+		switch {
+		case c.esc == 1:
+			c.esc = 0
+			if b == '[' {
+				c.esc = 2
+			}
+		case c.esc == 2:
+			if b >= 0x40 && b <= 0x7e {
+				c.esc = 0
+			}
+		case b == 0x1b:
+			c.esc = 1
+		case b != '\r':
 			out = append(out, b)
 		}
 	}

@@ -30,3 +30,11 @@ func TestConsoleWriterStripsCarriageReturnsAndStopsAtTheLimit(t *testing.T) {
 	_, _ = w.Write([]byte("more"))
 	assert.Equal(t, "ab\ncd\nconsole output limit of 5 bytes reached; further console output dropped\n", out.String())
 }
+
+func TestConsoleDropsTerminalEscapes(t *testing.T) {
+	var out bytes.Buffer
+	c := NewConsole(&out, 1<<10)
+	_, _ = c.Write([]byte("UEFI firmware\r\n\x1b[2J\x1b[01;01H\x1b[=3h\x1b"))
+	_, _ = c.Write([]byte("[2Jtime=1 msg=modules\n"))
+	assert.Equal(t, "UEFI firmware\ntime=1 msg=modules\n", out.String(), "sequences split across writes too")
+}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/oac/sandbox-agent/host/provider/vmguest"
 )
 
 func argString(a []string) string { return strings.Join(a, " ") }
@@ -29,7 +31,7 @@ func TestBuildArgsForASerialGuestUnderEmulation(t *testing.T) {
 	assert.NotContains(t, s, "-cpu host", "no host CPU model without KVM")
 	assert.NotContains(t, s, "vsock")
 	i := indexOf(a, "-append")
-	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 oac.transport=serial:oac.agent oac.host_grace=5s", a[i+1])
+	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 no_timer_check oac.transport=serial:oac.agent oac.host_grace=5s", a[i+1])
 }
 
 func TestBuildArgsWithKVMVsockAndADisk(t *testing.T) {
@@ -43,7 +45,33 @@ func TestBuildArgsWithKVMVsockAndADisk(t *testing.T) {
 	assert.NotContains(t, s, "virtio-serial-pci", "vsock replaces the serial port")
 	assert.Contains(t, s, "-drive if=none,id=disk0,format=raw,readonly=on,file=/data/a,,b.img", "commas escaped")
 	assert.Contains(t, s, "-device virtio-blk-pci,drive=disk0")
-	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 oac.transport=vsock:20004 oac.debug=1", a[indexOf(a, "-append")+1])
+	assert.Equal(t, "console=ttyS0 panic=-1 quiet loglevel=3 no_timer_check oac.transport=vsock:20004 oac.root=vda oac.debug=1", a[indexOf(a, "-append")+1],
+		"with a disk the guest boots the image's root")
+	assert.NotContains(t, s, "memory-backend", "no shared memory without shares")
+}
+
+func TestBuildArgsForAnARM64GuestWithSharesUnderEmulation(t *testing.T) {
+	a := buildArgs(vmConfig{
+		Name: "arm", Arch: vmguest.ArchARM64, Kernel: "/k/Image", Initramfs: "/k/i.img", Firmware: "/fw/QEMU_EFI.fd",
+		Accel: AccelTCG, MemoryMiB: 384, CPUs: 1, Socket: "/s/agent.sock", Disk: "/img/disk.erofs",
+		Shares: []share{
+			{Share: vmguest.Share{Tag: "home", HostPath: "/h", GuestPath: "/home"}, Socket: "/s/fs0.sock"},
+			{Share: vmguest.Share{Tag: "workspace", HostPath: "/w", GuestPath: "/environment/workspace"}, Socket: "/s/fs1.sock"},
+		},
+	})
+	s := argString(a)
+	for _, want := range []string{
+		"-machine virt,memory-backend=mem", "-cpu cortex-a72", "-m 384",
+		"-object memory-backend-memfd,id=mem,size=384M,share=on",
+		"-bios /fw/QEMU_EFI.fd", "-kernel /k/Image",
+		"-chardev socket,id=fs0,path=/s/fs0.sock -device vhost-user-fs-pci,chardev=fs0,tag=home",
+		"-chardev socket,id=fs1,path=/s/fs1.sock -device vhost-user-fs-pci,chardev=fs1,tag=workspace",
+		"-device virtio-serial-pci,id=vser0",
+	} {
+		assert.Contains(t, s, want)
+	}
+	assert.Equal(t, "console=ttyAMA0 panic=-1 quiet loglevel=3 oac.transport=serial:oac.agent oac.root=vda "+
+		"oac.shares=home:/home,workspace:/environment/workspace", a[indexOf(a, "-append")+1])
 }
 
 func indexOf(a []string, s string) int {

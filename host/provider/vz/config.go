@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/vmguest"
 )
 
 // Defaults and limits of a vz guest.
@@ -20,8 +21,8 @@ const (
 	// the agent's default (guest/agent.DefaultVsockPort).
 	VsockPort uint32 = 1024
 	// ShareTag is the virtio-fs tag of the optional workspace share; the
-	// guest mounts it with `mount -t virtiofs workspace DIR`.
-	ShareTag = "workspace"
+	// guest mounts it on /environment/workspace.
+	ShareTag = vmguest.WorkspaceTag
 	// maxTagLen is Virtualization.framework's limit on virtio-fs tags.
 	maxTagLen = 36
 	// DefaultConsoleLimit bounds forwarded console output.
@@ -66,16 +67,24 @@ type Settings struct {
 	// vmlinuz and initramfs.img beside oac-shim).
 	Kernel    string `flag:"kernel,path" meta:"FILE" usage:"kernel image (default: vmlinuz beside oac-shim)"`
 	Initramfs string `flag:"initramfs,path" meta:"FILE" usage:"initramfs with oac-guest as /init (default: initramfs.img beside oac-shim)"`
-	// Disk is an optional raw disk image (virtio-blk), read-only unless
-	// DiskWritable.
-	Disk         string `flag:"disk,path" meta:"FILE" usage:"raw disk image attached read-only as virtio-blk"`
+	// Disk is the image's root disk (oac-image build's disk.ext4 or
+	// disk.erofs), attached as virtio-blk read-only unless DiskWritable;
+	// the guest mounts it as its root (read-only either way). Without it
+	// the guest runs from its initramfs.
+	Disk         string `flag:"disk,path" meta:"FILE" usage:"the image's root disk, attached read-only: the guest boots from it"`
 	DiskWritable bool
-	// Share is an optional host directory shared as ShareTag (read-write
-	// unless ShareReadOnly).
-	Share         string `flag:"share,path" meta:"DIR" usage:"host directory shared with the guest over virtio-fs (tag workspace)"`
+	// Share is an optional host directory shared as ShareTag and mounted
+	// on /environment/workspace (read-write unless ShareReadOnly).
+	Share         string `flag:"share,path" meta:"DIR" usage:"host directory shared over virtio-fs as the guest's workspace, /environment/workspace (tag workspace)"`
 	ShareReadOnly bool
-	MemoryMiB     int `flag:"memory" meta:"MIB" usage:"guest memory in MiB (default 512)"`
-	CPUs          int `flag:"cpus" meta:"N" usage:"virtual CPUs (default 2, at most the host's)"`
+	// Volumes replace guest runtime directories with host directories
+	// (provider.Spec.Volumes), each a virtio-fs share.
+	Volumes map[string]string
+	// HostArch is the architecture guests must have (the host's; empty:
+	// not checked).
+	HostArch  string
+	MemoryMiB int `flag:"memory" meta:"MIB" usage:"guest memory in MiB (default 512)"`
+	CPUs      int `flag:"cpus" meta:"N" usage:"virtual CPUs (default 2, at most the host's)"`
 	// HostCPUs bounds CPUs (0: not checked).
 	HostCPUs    int
 	HostGrace   time.Duration `flag:"host-grace" meta:"DUR" usage:"the guest powers off after the host is gone this long (0: the guest's default, 30s)"`
@@ -126,17 +135,24 @@ func Assemble(s Settings) (VMConfig, error) {
 		}
 		c.Disks = append(c.Disks, Disk{Path: s.Disk, ReadOnly: !s.DiskWritable})
 	}
-	if s.Share != "" {
-		st, err := os.Stat(s.Share)
-		if err != nil || !st.IsDir() {
-			return bad("shared directory %s is not a directory", s.Share)
+	if s.HostArch != "" {
+		arch, err := vmguest.KernelArch(s.Kernel)
+		if err != nil {
+			return bad("%v", err)
 		}
-		c.Shares = append(c.Shares, Share{Tag: ShareTag, Path: s.Share, ReadOnly: s.ShareReadOnly})
+		if arch != s.HostArch {
+			return bad("kernel %s is for %s; this Mac runs %s guests only (make image ARCH=%s builds them)", s.Kernel, arch, s.HostArch, s.HostArch)
+		}
 	}
-	for _, sh := range c.Shares {
+	shares, err := vmguest.Shares(s.Share, s.ShareReadOnly, s.Volumes)
+	if err != nil {
+		return VMConfig{}, fmt.Errorf("vz: %w", err)
+	}
+	for _, sh := range shares {
 		if err := validTag(sh.Tag); err != nil {
 			return bad("%v", err)
 		}
+		c.Shares = append(c.Shares, Share{Tag: sh.Tag, Path: sh.HostPath, ReadOnly: sh.ReadOnly})
 	}
 	if s.HostGrace < 0 || s.HostGrace > time.Hour {
 		return bad("host grace %s is outside 0..1h", s.HostGrace)
@@ -144,14 +160,14 @@ func Assemble(s Settings) (VMConfig, error) {
 	if strings.ContainsAny(s.ExtraAppend, "\n\x00") {
 		return bad("the extra kernel command line holds a newline or NUL")
 	}
-	c.CommandLine = kernelCmdline(c.VsockPort, s.HostGrace, s.Debug, s.ExtraAppend)
+	c.CommandLine = kernelCmdline(c.VsockPort, s.HostGrace, s.Debug, vmguest.KernelParams(s.Disk != "", shares), s.ExtraAppend)
 	return c, nil
 }
 
 // kernelCmdline returns the guest kernel's command line: console on the
 // virtio console, reboot (and so stop) at once on panic, and the oac.*
 // settings guest/vminit reads; the guest dials the host (CID 2) on port.
-func kernelCmdline(port uint32, grace time.Duration, debug bool, extra string) string {
+func kernelCmdline(port uint32, grace time.Duration, debug bool, guest []string, extra string) string {
 	parts := []string{"console=hvc0", "panic=-1", "quiet", "loglevel=3", fmt.Sprintf("oac.transport=vsock:%d", port)}
 	if grace > 0 {
 		parts = append(parts, "oac.host_grace="+grace.String())
@@ -159,6 +175,7 @@ func kernelCmdline(port uint32, grace time.Duration, debug bool, extra string) s
 	if debug {
 		parts = append(parts, "oac.debug=1")
 	}
+	parts = append(parts, guest...)
 	if extra != "" {
 		parts = append(parts, extra)
 	}

@@ -2,10 +2,15 @@
 // virtual machine (through github.com/Code-Hex/vz/v3) booted with the Linux
 // boot loader from a kernel and an initramfs whose /init is oac-guest, with
 // a virtio console into the sandbox's diagnostics (bounded), an entropy
-// device, a memory balloon, an optional virtio-blk disk, an optional
-// virtio-fs share of the workspace (tag "workspace"), no network device,
-// and a virtio socket device: the host listens on port 1024 and the guest
-// dials it (oac.transport=vsock:1024 on the kernel command line).
+// device, a memory balloon, the image's root disk (virtio-blk; the guest
+// mounts it read-only as its root, oac.root=vda), virtio-fs shares of the
+// workspace (tag "workspace", on /environment/workspace) and of the
+// volumes (tags "home", "environment"), no network device, and a virtio
+// socket device: the host listens on port 1024 and the guest dials it
+// (oac.transport=vsock:1024 on the kernel command line). Binaries the host
+// installs for one start (--sandbox-io, --install) are appended to a copy
+// of the initramfs. The kernel must be the host's architecture (arm64 on
+// Apple silicon: make image ARCH=arm64).
 //
 // All decisions are portable and unit-tested on every OS: Assemble turns the
 // settings into a VMConfig (paths, sizes, kernel command line), ended maps

@@ -5,15 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/host/provider/vmguest"
 )
 
 // Provider boots guests as Virtualization.framework virtual machines from
-// a Linux kernel and an initramfs whose /init is oac-guest, connected over
-// a virtio socket the guest dials.
+// a Linux kernel and an initramfs whose /init is oac-guest and, with a
+// disk, the image's root disk, connected over a virtio socket the guest
+// dials.
 type Provider struct {
 	Settings
 	// Hypervisor creates the machines; default: Virtualization.framework
@@ -46,6 +50,9 @@ func (p *Provider) settings() Settings {
 	if s.HostCPUs == 0 {
 		s.HostCPUs = runtime.NumCPU()
 	}
+	if s.HostArch == "" {
+		s.HostArch = runtime.GOARCH
+	}
 	return s
 }
 
@@ -65,27 +72,59 @@ func (p *Provider) Check(ctx context.Context) error {
 // Create implements provider.Provider.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Instance, error) {
 	if spec.Rootfs != "" {
-		return nil, fmt.Errorf("%w: vz guests run from their initramfs (and an optional --disk); --rootfs is not used", provider.ErrInvalidSpec)
+		return nil, fmt.Errorf("%w: vz guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs), not --rootfs", provider.ErrInvalidSpec)
 	}
 	if err := p.Check(ctx); err != nil {
 		return nil, err
 	}
-	cfg, err := Assemble(p.settings())
+	s := p.settings()
+	s.Volumes = spec.Volumes
+	installs := spec.Installs()
+	if _, err := vmguest.InstallFiles(installs); err != nil {
+		return nil, err
+	}
+	if _, err := Assemble(s); err != nil {
+		return nil, err
+	}
+	// The binaries the host installs for this start go in an archive
+	// appended to a copy of the initramfs (the guest lays them over the
+	// root disk's /usr/local/bin).
+	tmp := ""
+	removeTmp := func() {
+		if tmp != "" {
+			os.RemoveAll(tmp)
+		}
+	}
+	if len(installs) > 0 {
+		var err error
+		if tmp, err = os.MkdirTemp("", "oac-vz-"); err != nil {
+			return nil, fmt.Errorf("vz: %w", err)
+		}
+		if s.Initramfs, err = vmguest.ComposeInitramfs(s.Initramfs, filepath.Join(tmp, "initramfs.img"), installs); err != nil {
+			removeTmp()
+			return nil, err
+		}
+	}
+	cfg, err := Assemble(s)
 	if err != nil {
+		removeTmp()
 		return nil, err
 	}
 	m, err := p.hv().NewMachine(cfg, kit.NewConsole(spec.Stderr, p.ConsoleLimit))
 	if err != nil {
+		removeTmp()
 		return nil, mapError("create virtual machine", err)
 	}
 	ln, err := m.ListenVsock(cfg.VsockPort)
 	if err != nil {
+		removeTmp()
 		return nil, mapError(fmt.Sprintf("listen on vsock port %d", cfg.VsockPort), err)
 	}
 	in := &Instance{
 		Process: provider.NewProcess(func(err error) error { return err }, errors.New("vz: the virtual machine did not stop within 10s")),
 		cfg:     cfg, m: m, ln: ln,
 	}
+	in.OnDestroy(func() error { removeTmp(); return nil })
 	in.Own(ln)
 	// Kill stops the machine at once.
 	in.KillBy(func() error {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -20,9 +21,21 @@ func images(t *testing.T) (kernel, initramfs string) {
 	t.Helper()
 	dir := t.TempDir()
 	kernel, initramfs = filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initramfs.img")
-	require.NoError(t, os.WriteFile(kernel, []byte("k"), 0o644))
+	require.NoError(t, os.WriteFile(kernel, kernelFor(runtime.GOARCH), 0o644))
 	require.NoError(t, os.WriteFile(initramfs, []byte("i"), 0o644))
 	return
+}
+
+// kernelFor returns the start of a kernel image of arch: the boot header's
+// magic where the kernel has it.
+func kernelFor(arch string) []byte {
+	b := make([]byte, 0x400)
+	if arch == "arm64" {
+		copy(b[0x38:], "ARM\x64")
+	} else {
+		copy(b[0x202:], "HdrS")
+	}
+	return b
 }
 
 func TestAssembleDefaults(t *testing.T) {
@@ -49,12 +62,46 @@ func TestAssembleEverything(t *testing.T) {
 	assert.Equal(t, []Share{{Tag: "workspace", Path: share}}, c.Shares)
 	assert.Equal(t, uint(4), c.CPUs)
 	assert.Equal(t, uint64(1<<30), c.MemoryBytes)
-	assert.Equal(t, "console=hvc0 panic=-1 quiet loglevel=3 oac.transport=vsock:1024 oac.host_grace=45s oac.debug=1 foo=bar", c.CommandLine)
+	assert.Equal(t, "console=hvc0 panic=-1 quiet loglevel=3 oac.transport=vsock:1024 oac.host_grace=45s oac.debug=1 "+
+		"oac.root=vda oac.shares=workspace:/environment/workspace foo=bar", c.CommandLine, "the guest boots the disk and mounts the workspace")
 
-	c, err = Assemble(Settings{Kernel: k, Initramfs: i, Disk: disk, DiskWritable: true, Share: share, ShareReadOnly: true})
+	home := t.TempDir()
+	c, err = Assemble(Settings{Kernel: k, Initramfs: i, Disk: disk, DiskWritable: true, Share: share, ShareReadOnly: true,
+		Volumes: map[string]string{"/home": home}})
 	require.NoError(t, err)
 	assert.False(t, c.Disks[0].ReadOnly)
-	assert.True(t, c.Shares[0].ReadOnly)
+	assert.Equal(t, []Share{{Tag: "workspace", Path: share, ReadOnly: true}, {Tag: "home", Path: home}}, c.Shares, "volumes are shares too")
+	assert.Contains(t, c.CommandLine, "oac.shares=workspace:/environment/workspace:ro,home:/home")
+}
+
+func TestAssembleRefusesAKernelOfAnotherArchitecture(t *testing.T) {
+	_, i := images(t)
+	k := filepath.Join(t.TempDir(), "vmlinuz")
+	require.NoError(t, os.WriteFile(k, kernelFor("amd64"), 0o644))
+	_, err := Assemble(Settings{Kernel: k, Initramfs: i, HostArch: "arm64"})
+	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "is for amd64; this Mac runs arm64 guests only (make image ARCH=arm64 builds them)")
+}
+
+func TestCreateAppendsInstallsToACopyOfTheInitramfsAndDestroyRemovesIt(t *testing.T) {
+	hv := &fakeHV{}
+	p := newTestProvider(t, hv)
+	bin := filepath.Join(t.TempDir(), "tool")
+	require.NoError(t, os.WriteFile(bin, []byte("#!tool"), 0o755))
+	inst, err := p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x", SandboxIOPath: bin})
+	require.NoError(t, err)
+	composed := hv.cfg.Initramfs
+	assert.NotEqual(t, p.Initramfs, composed)
+	b, err := os.ReadFile(composed)
+	require.NoError(t, err)
+	assert.True(t, bytes.HasPrefix(b, []byte("i\x00\x00\x00\x1f\x8b")), "the base, padded, then a gzip archive")
+	require.NoError(t, inst.Destroy())
+	_, err = os.Stat(composed)
+	assert.True(t, os.IsNotExist(err), "Destroy removes the copy")
+
+	_, err = p.Create(context.Background(), provider.Spec{Name: "mac", AgentPath: "x", Install: map[string]string{"x": filepath.Join(t.TempDir(), "missing")}})
+	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "install x:")
 }
 
 func TestAssembleDefaultCPUsFitTheHost(t *testing.T) {

@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/manifest"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
@@ -34,9 +36,12 @@ type Provider struct {
 	// Rootfs is the root filesystem tarball (the image build's output)
 	// imported for each sandbox; Spec.Rootfs overrides it.
 	Rootfs string
-	// InstallerURL is the mirrored WSL installer named when WSL is
-	// missing or too old.
-	InstallerURL string `flag:"wsl-installer" meta:"URL" usage:"URL of the mirrored WSL installer named when WSL is missing or too old"`
+	// Manifest is the pinned manifest (oac-image build --base-url
+	// --wsl-installer writes it): its wsl-installer artifact for Windows
+	// on this architecture is the installer named when WSL is missing or
+	// too old. The driver's default: manifest.json beside oac-shim, when
+	// there.
+	Manifest string `flag:"manifest,path" meta:"FILE" usage:"the pinned manifest; its wsl-installer is named when WSL is missing or too old (default: manifest.json beside oac-shim, when there)"`
 	// StateRoot holds per-sandbox state and the distributions' disks;
 	// default %LOCALAPPDATA%\oac.
 	StateRoot string
@@ -52,6 +57,13 @@ func (p *Provider) Name() string { return "wsl" }
 func init() {
 	provider.Register(provider.Driver[Provider]{Name: "wsl", Note: "(--rootfs is the tarball)", New: func(p *Provider) provider.Provider {
 		p.Rootfs = kit.BesideShim("oac-rootfs.tar.gz")
+		if p.Manifest == "" {
+			if m := kit.BesideShim("manifest.json"); m != "" {
+				if _, err := os.Stat(m); err == nil {
+					p.Manifest = m
+				}
+			}
+		}
 		return p
 	}})
 }
@@ -91,10 +103,37 @@ func (p *Provider) Reset(ctx context.Context, name string) error {
 }
 
 func (p *Provider) install() string {
-	if p.InstallerURL != "" {
-		return "install WSL with the installer at " + p.InstallerURL
+	const fallback = "install WSL (the app's bundled installer, or wsl.exe --install --no-distribution)"
+	a, err := p.installer()
+	switch {
+	case err != nil:
+		return fallback + "; " + err.Error()
+	case a == nil:
+		return fallback
 	}
-	return "install WSL (the app's bundled installer, or wsl.exe --install --no-distribution)"
+	return fmt.Sprintf("install WSL with the pinned installer %s (%d bytes, sha256 %s) from %s", a.FileName(), a.Size, a.SHA256, a.URL)
+}
+
+// installer returns the manifest's wsl-installer artifact for Windows on
+// this architecture; nil without a manifest.
+func (p *Provider) installer() (*manifest.Artifact, error) {
+	if p.Manifest == "" {
+		return nil, nil
+	}
+	f, err := os.Open(p.Manifest)
+	if err != nil {
+		return nil, fmt.Errorf("the pinned manifest cannot be read: %w", err)
+	}
+	defer f.Close()
+	m, err := manifest.Decode(f)
+	if err != nil {
+		return nil, fmt.Errorf("the pinned manifest %s: %w", p.Manifest, err)
+	}
+	arts := m.Find("", manifest.KindWSLInstaller, "windows", runtime.GOARCH)
+	if len(arts) == 0 {
+		return nil, fmt.Errorf("the pinned manifest %s has no %s for windows/%s (oac-image build --wsl-installer adds it)", p.Manifest, manifest.KindWSLInstaller, runtime.GOARCH)
+	}
+	return &arts[0], nil
 }
 
 // Version returns the installed WSL's version, or an error wrapping

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/manifest"
 )
 
 func newTestProvider(t *testing.T, r Runner) *Provider {
@@ -23,7 +25,7 @@ func newTestProvider(t *testing.T, r Runner) *Provider {
 	dir := t.TempDir()
 	tar := filepath.Join(dir, "rootfs.tar.gz")
 	require.NoError(t, os.WriteFile(tar, []byte("not really"), 0o644))
-	return &Provider{Runner: r, Rootfs: tar, StateRoot: filepath.Join(dir, "state"), InstallerURL: "https://mirror.example/wsl.msi"}
+	return &Provider{Runner: r, Rootfs: tar, StateRoot: filepath.Join(dir, "state"), Manifest: pinnedManifest(t)}
 }
 
 func TestLifecycleRunsTheExpectedCommands(t *testing.T) {
@@ -119,15 +121,18 @@ func TestMissingOrOldWSLPointsAtTheInstaller(t *testing.T) {
 	err := p.Check(context.Background())
 	assert.ErrorIs(t, err, provider.ErrUnavailable)
 	assert.ErrorContains(t, err, "WSL is not installed, or is the Windows component without --version")
-	assert.ErrorContains(t, err, "https://mirror.example/wsl.msi")
+	assert.ErrorContains(t, err, "install WSL with the pinned installer wsl.msi (7 bytes, sha256 "+strings.Repeat("ab", 32)+") from https://mirror.example/oac/wsl.msi",
+		"the installer comes from the pinned manifest")
 
 	r.version = "WSL version: 0.70.4\r\n"
 	err = p.Check(context.Background())
 	assert.ErrorIs(t, err, provider.ErrUnavailable)
 	assert.ErrorContains(t, err, "WSL 0.70.4 is older than 1.0.0")
 
-	p.InstallerURL = ""
-	assert.ErrorContains(t, p.Check(context.Background()), "wsl.exe --install --no-distribution")
+	p.Manifest = filepath.Join(t.TempDir(), "missing.json")
+	assert.ErrorContains(t, p.Check(context.Background()), "wsl.exe --install --no-distribution); the pinned manifest cannot be read")
+	p.Manifest = ""
+	assert.ErrorContains(t, p.Check(context.Background()), "wsl.exe --install --no-distribution)")
 	_, err = p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "x"})
 	assert.ErrorIs(t, err, provider.ErrUnavailable)
 }
@@ -193,4 +198,19 @@ func TestExecRunnerRunsAProgram(t *testing.T) {
 	assert.Equal(t, "got ping\n", string(b))
 	require.NoError(t, p.Wait())
 	assert.Positive(t, p.Pid())
+}
+
+// pinnedManifest writes a manifest pinning a WSL installer for Windows on
+// this architecture.
+func pinnedManifest(t *testing.T) string {
+	t.Helper()
+	m := &manifest.Manifest{Schema: manifest.SchemaVersion, Release: "test-1", Artifacts: []manifest.Artifact{{
+		Name: "wsl-installer-windows-" + runtime.GOARCH, Kind: manifest.KindWSLInstaller, Platform: "windows", Arch: runtime.GOARCH,
+		URL: "https://mirror.example/oac/wsl.msi", Size: 7, SHA256: strings.Repeat("ab", 32),
+	}}}
+	var b bytes.Buffer
+	require.NoError(t, manifest.Encode(m, &b))
+	p := filepath.Join(t.TempDir(), "manifest.json")
+	require.NoError(t, os.WriteFile(p, b.Bytes(), 0o644))
+	return p
 }

@@ -1,0 +1,341 @@
+package vminit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
+	"github.com/oac/sandbox-agent/protocol/vmparams"
+)
+
+// Paths of the switch into the image's root.
+const (
+	// NewRoot is where the root disk is mounted in the initramfs before
+	// the switch.
+	NewRoot = "/newroot"
+	// rwDir holds the upper and work directories of the writable layers,
+	// on the tmpfs of /run; 0700, so the workload cannot reach around the
+	// overlay.
+	rwDir = "/run/oac/rw"
+	// installDir holds the binaries the host installed through the
+	// initramfs (its /usr/local/bin), laid over the image's
+	// /usr/local/bin.
+	installDir = "/run/oac/install"
+	// InstallBin is where installed binaries appear.
+	InstallBin = "/usr/local/bin"
+	// rootWait bounds the wait for the root disk to appear.
+	rootWait = 15 * time.Second
+)
+
+// WritableDirs get a writable layer (an overlay whose upper layer is on
+// tmpfs) over the image's content, unless a share is mounted there; /run
+// and /tmp are fresh tmpfs mounts carried over from the initramfs.
+var WritableDirs = []string{"/home", "/environment"}
+
+// movedMounts are the initramfs's mounts carried into the new root.
+var movedMounts = []string{"/dev", "/proc", "/sys", "/run", "/tmp"}
+
+// Filesystem superblock magics.
+const (
+	ext4Magic  = 0xEF53     // le16 at 1024+56
+	erofsMagic = 0xE0F5E1E2 // le32 at 1024
+)
+
+// DetectFS tells ext4 (ext2 and ext3 too, which the ext4 driver mounts)
+// and erofs apart by their superblocks.
+func DetectFS(r io.ReaderAt) (string, error) {
+	b := make([]byte, 1088)
+	if _, err := r.ReadAt(b, 0); err != nil {
+		return "", fmt.Errorf("read superblock: %w", err)
+	}
+	switch {
+	case uint32(b[1024])|uint32(b[1025])<<8|uint32(b[1026])<<16|uint32(b[1027])<<24 == erofsMagic:
+		return "erofs", nil
+	case uint16(b[1080])|uint16(b[1081])<<8 == ext4Magic:
+		return "ext4", nil
+	}
+	return "", errors.New("neither an ext4 nor an erofs filesystem (oac-image build makes disk.ext4 and disk.erofs)")
+}
+
+// SwitchRoot mounts the block device dev read-only as the new root, carries
+// the initramfs's mounts over, lays the writable layers and the installed
+// binaries over it, frees the initramfs and makes the new root the
+// process's root. oac-guest stays PID 1 throughout: nothing is executed.
+// keep lists the WritableDirs a share replaces (no overlay there).
+func SwitchRoot(ctx context.Context, log *slog.Logger, dev string, keep map[string]bool) error {
+	start := time.Now()
+	devPath := "/dev/" + dev
+	if err := waitDevice(ctx, devPath, rootWait); err != nil {
+		return err
+	}
+	f, err := os.Open(devPath)
+	if err != nil {
+		return fmt.Errorf("root disk: %w", err)
+	}
+	fstype, err := DetectFS(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("root disk %s: %w", devPath, err)
+	}
+	if err := os.MkdirAll(NewRoot, 0o755); err != nil {
+		return fmt.Errorf("root disk: %w", err)
+	}
+	if err := unix.Mount(devPath, NewRoot, fstype, unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount the root disk %s (%s) read-only: %w (is %s in the image's module list?)", devPath, fstype, err, fstype)
+	}
+	need := append(append([]string{}, movedMounts...), WritableDirs...)
+	for _, d := range need {
+		if st, err := os.Lstat(NewRoot + d); err != nil || !st.IsDir() {
+			return fmt.Errorf("the root disk has no directory %s to mount on (images from oac-image build have every mount point)", d)
+		}
+	}
+	// Which are mount points is read before any moves: /proc goes too.
+	mounted := map[string]bool{}
+	for _, m := range movedMounts {
+		mounted[m], _ = initsys.IsMountPoint(m)
+	}
+	for _, m := range movedMounts {
+		switch {
+		case mounted[m]:
+			if err := unix.Mount(m, NewRoot+m, "", unix.MS_MOVE, ""); err != nil {
+				return fmt.Errorf("move %s into the new root: %w", m, err)
+			}
+		case m == "/run" || m == "/tmp":
+			mode := "mode=0755"
+			if m == "/tmp" {
+				mode = "mode=1777"
+			}
+			if err := unix.Mount("tmpfs", NewRoot+m, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, mode); err != nil {
+				return fmt.Errorf("mount tmpfs on %s: %w", m, err)
+			}
+		}
+	}
+	for _, d := range WritableDirs {
+		if keep[d] {
+			continue
+		}
+		if err := writableLayer(d); err != nil {
+			return err
+		}
+	}
+	n, err := carryInstalls()
+	if err != nil {
+		return err
+	}
+	freed := freeInitramfs()
+	if err := os.Chdir(NewRoot); err != nil {
+		return fmt.Errorf("switch root: %w", err)
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("switch root: move the new root onto /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("switch root: chroot: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return fmt.Errorf("switch root: %w", err)
+	}
+	log.Info("switched into the image's root", "device", devPath, "fstype", fstype, "installed", n,
+		"initramfs_freed_kib", freed>>10, "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+// waitDevice waits for a device node devtmpfs creates once the driver
+// probed the device.
+func waitDevice(ctx context.Context, p string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	for {
+		if _, err := os.Stat(p); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("root disk %s did not appear within %s (is virtio_blk in the image's module list, and is a disk attached?)", p, d)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// writableLayer mounts an overlay on NewRoot+d: the image's directory
+// below, a fresh tmpfs directory above. The overlay's root takes its owner
+// and mode from the upper directory, so they are copied from the image's.
+func writableLayer(d string) error {
+	lower := NewRoot + d
+	var st unix.Stat_t
+	if err := unix.Stat(lower, &st); err != nil {
+		return fmt.Errorf("writable layer on %s: %w", d, err)
+	}
+	base := NewRoot + rwDir + "/" + strings.TrimPrefix(d, "/")
+	upper, work := base+"/upper", base+"/work"
+	if err := os.MkdirAll(NewRoot+rwDir, 0o700); err != nil {
+		return fmt.Errorf("writable layer on %s: %w", d, err)
+	}
+	for _, p := range []string{upper, work} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return fmt.Errorf("writable layer on %s: %w", d, err)
+		}
+	}
+	if err := unix.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+		return fmt.Errorf("writable layer on %s: %w", d, err)
+	}
+	if err := unix.Chmod(upper, st.Mode&0o7777); err != nil {
+		return fmt.Errorf("writable layer on %s: %w", d, err)
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", lower, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("writable layer on %s: mount overlay: %w (is overlay in the image's module list?)", d, err)
+	}
+	return nil
+}
+
+// carryInstalls lays the initramfs's /usr/local/bin (what the host
+// installed for this start) over the image's: the files are copied to a
+// root-owned directory on /run and a read-only overlay puts them in front
+// of the image's own. It returns how many files it carried.
+func carryInstalls() (int, error) {
+	ents, err := os.ReadDir(InstallBin)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(ents) == 0) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("installed binaries: %w", err)
+	}
+	if st, err := os.Stat(NewRoot + InstallBin); err != nil || !st.IsDir() {
+		return 0, fmt.Errorf("installed binaries: the root disk has no %s to lay them over", InstallBin)
+	}
+	dst := NewRoot + installDir
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return 0, fmt.Errorf("installed binaries: %w", err)
+	}
+	n := 0
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if err := copyFile(filepath.Join(InstallBin, e.Name()), filepath.Join(dst, e.Name()), 0o755); err != nil {
+			return 0, fmt.Errorf("installed binaries: %w", err)
+		}
+		n++
+	}
+	opts := "lowerdir=" + dst + ":" + NewRoot + InstallBin
+	if err := unix.Mount("overlay", NewRoot+InstallBin, "overlay", unix.MS_RDONLY|unix.MS_NODEV, opts); err != nil {
+		return 0, fmt.Errorf("installed binaries: mount overlay on %s: %w", InstallBin, err)
+	}
+	return n, nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// freeInitramfs removes the initramfs's files (what switch_root does), so
+// their memory returns to the guest; it returns the bytes freed. It only
+// acts when / is the initramfs (ramfs or tmpfs) and never crosses into
+// another filesystem, NewRoot included.
+func freeInitramfs() int64 {
+	var sfs unix.Statfs_t
+	if err := unix.Statfs("/", &sfs); err != nil || (sfs.Type != unix.RAMFS_MAGIC && sfs.Type != unix.TMPFS_MAGIC) {
+		return 0
+	}
+	var root unix.Stat_t
+	if err := unix.Lstat("/", &root); err != nil {
+		return 0
+	}
+	return removeTree("/", root.Dev, NewRoot)
+}
+
+// removeTree removes what dir holds on device dev, except keep, and
+// returns the bytes of the files it removed.
+func removeTree(dir string, dev uint64, keep string) int64 {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	var freed int64
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if p == keep {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) != nil || st.Dev != dev {
+			continue // gone, or another filesystem mounted here
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			freed += removeTree(p, dev, keep)
+			_ = unix.Rmdir(p)
+			continue
+		}
+		if unix.Unlink(p) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			freed += st.Size
+		}
+	}
+	return freed
+}
+
+// MountShares mounts each virtio-fs share on its path, shallowest first
+// (so /environment comes before /environment/workspace), creating the
+// mount point where the root is writable. A writable share whose root
+// uid 1000 cannot write is given to 1000:1000 when the host allows it.
+func MountShares(log *slog.Logger, shares []vmparams.Share) error {
+	sorted := append([]vmparams.Share(nil), shares...)
+	sort.SliceStable(sorted, func(i, j int) bool {
+		return strings.Count(sorted[i].Path, "/") < strings.Count(sorted[j].Path, "/")
+	})
+	for _, s := range sorted {
+		if err := os.MkdirAll(s.Path, 0o755); err != nil {
+			return fmt.Errorf("share %s: mount point %s: %w", s.Tag, s.Path, err)
+		}
+		flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV)
+		if s.ReadOnly {
+			flags |= unix.MS_RDONLY
+		}
+		if err := unix.Mount(s.Tag, s.Path, "virtiofs", flags, ""); err != nil {
+			return fmt.Errorf("share %s: mount virtiofs on %s: %w (is virtiofs in the image's module list, and does the host share the tag?)", s.Tag, s.Path, err)
+		}
+		if !s.ReadOnly {
+			ensureWritableBy1000(log, s)
+		}
+		log.Info("share mounted", "tag", s.Tag, "path", s.Path, "read_only", s.ReadOnly)
+	}
+	return nil
+}
+
+func ensureWritableBy1000(log *slog.Logger, s vmparams.Share) {
+	var st unix.Stat_t
+	if err := unix.Stat(s.Path, &st); err != nil {
+		return
+	}
+	if st.Uid == bootstrap.DaemonUID || st.Mode&0o002 != 0 || (st.Gid == bootstrap.DaemonGID && st.Mode&0o020 != 0) {
+		return
+	}
+	if err := unix.Chown(s.Path, bootstrap.DaemonUID, bootstrap.DaemonGID); err != nil {
+		log.Warn("uid 1000 cannot write this share and it cannot be given to 1000:1000", "tag", s.Tag, "path", s.Path,
+			"owner", st.Uid, "mode", fmt.Sprintf("%#o", st.Mode&0o7777), "err", err)
+	}
+}
