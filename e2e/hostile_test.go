@@ -67,7 +67,7 @@ func watch(t *testing.T, s *shim, sock string) *watched {
 	w := &watched{s: s, sock: sock, stop: make(chan struct{})}
 	pid := s.cmd.Process.Pid
 	w.asked.Add(1)
-	if !statusAnswers(sock) && !w.final() {
+	if !statusAnswers(sock) && !w.ended() {
 		w.unanswered.Add(1)
 	}
 	w.done.Add(2)
@@ -106,7 +106,7 @@ func watch(t *testing.T, s *shim, sock string) *watched {
 				return
 			}
 			w.asked.Add(1)
-			if !statusAnswers(sock) && !w.final() && !w.stopping.Load() {
+			if !statusAnswers(sock) && !w.ended() {
 				w.unanswered.Add(1)
 			}
 		}
@@ -119,6 +119,26 @@ func watch(t *testing.T, s *shim, sock string) *watched {
 func (w *watched) sigterm() {
 	w.stopping.Store(true)
 	w.s.signal(syscall.SIGTERM)
+}
+
+// ended reports whether the run was ending when a status went
+// unanswered: the socket goes with the run, just before the final line is
+// printed and the shim exits, so within a second of it one of those
+// happens (or the test had stopped it).
+func (w *watched) ended() bool {
+	deadline := time.After(time.Second)
+	for {
+		if w.final() || w.stopping.Load() {
+			return true
+		}
+		select {
+		case <-w.s.done:
+			return true
+		case <-deadline:
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // final reports whether the final state was printed.
