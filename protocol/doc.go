@@ -44,6 +44,7 @@
 //	0x0009  Process       guest -> host  {"name","pid","running","exit_code","signal","restarts","restart_in_ms"}
 //	0x000A  DNSReply      host -> guest  {"code","error","effect","reason","rule"} (dns streams only)
 //	0x000B  Time          host -> guest  {"time_unix_nano"} (only to a guest whose Hello lists "time")
+//	0x000C  Abort         guest -> host  {"stream"} (only to a host whose Welcome lists "abort")
 //
 // Capabilities (Hello and Welcome "capabilities"): "process" in Welcome
 // means the host accepts Process messages; a guest never sends one to a
@@ -53,6 +54,13 @@
 // counting this one, restart_in_ms the backoff before it). A ready State
 // carries the daemon's URL inside the guest and the Basic auth username;
 // no message ever carries the daemon's password except Bootstrap.
+//
+// "abort" in Welcome means the host takes Abort: the guest's side of its
+// egress stream with that yamux id is gone for good (the workload's
+// client was killed or reset the connection), and the host closes the
+// upstream connection at once. A yamux close is only a half-close, so
+// without Abort the host would carry the upstream's bytes into a stream
+// nobody reads until yamux's StreamCloseTimeout.
 //
 // In Hello, "forward" means the guest accepts forward streams (the host
 // opens none otherwise) and "time" means the guest sets its clock from Time
@@ -180,6 +188,18 @@
 //	MaxDNSName           254  bytes of a dns stream's host
 //	DNSReplyTimeout     10 s  a guest waiting for the host's DNSReply
 //
+// # Session bounds (a host fails a guest over one)
+//
+//	MaxStreamWindow     1 MiB  a stream's window: no window update may take the
+//	                           other side's send window beyond it
+//	MaxGuestStreams       512  streams a guest opened not yet closed by both sides
+//	MaxStreamOpenRate    2000  stream opens a second (burst MaxStreamOpenBurst 2000)
+//	MaxPingRate             4  yamux pings a second (burst MaxPingBurst 16)
+//
+// A correct guest keeps under them with StreamGate (at most
+// MaxGuestStreams - GuestStreamReserve streams, GuestStreamOpenRate 1000
+// opens a second).
+//
 // # Versions
 //
 //	1  first version: frames, Hello/Welcome/Bootstrap/State/Shutdown/Error,
@@ -213,4 +233,12 @@
 //	     --allow-loopback-link); Bootstrap's sandbox loses it (a document
 //	     naming it is refused). A 1.5 guest ignores the Welcome field and
 //	     refuses a loopback Link URL; a 1.5 host never sets it.
+//	1.7  the host enforces the session bounds above on every yamux frame
+//	     (a 1.6 host bounded only the streams, at 576 with its default
+//	     broker), and a guest keeps under them (StreamGate). A 1.6 guest
+//	     lets a workload open as many streams as it makes connections, so
+//	     a 1.7 host may fail it as hostile under a connect loop: update the
+//	     guest image with the shim. The Abort message (0x000C) behind the
+//	     host's "abort" capability; a 1.6 host never lists it, so a newer
+//	     guest sends none there.
 package protocol

@@ -170,6 +170,9 @@ type agent struct {
 	boot     *bootstrap.Bootstrap
 	procMsgs bool // the host accepts Process messages
 	welcome  protocol.Welcome
+	// gate paces and bounds the egress and dns streams of the proxies and
+	// the capture (the workload's connections).
+	gate *protocol.StreamGate
 	// proxies are the egress proxies, nil when the host offers no egress.
 	proxies *egress.Proxies
 	// transparent is the resolver and TCP capture, nil when the host does
@@ -253,7 +256,13 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		open := egress.SessionOpener(a.sess)
+		a.gate = protocol.NewStreamGate(a.sess)
+		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapAbort) {
+			a.gate.OnAbort = func(id uint32) {
+				_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
+			}
+		}
+		open := egress.SessionOpener(a.gate)
 		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
 			// The resolver's made-up addresses map back to their names on
 			// every path: a client that resolves itself (curl --socks5)
@@ -289,8 +298,8 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open: egress.SessionOpener(a.sess),
-		Ask:  transparent.SessionAsker(a.sess),
+		Open: egress.SessionOpener(a.gate),
+		Ask:  transparent.SessionAsker(a.gate),
 		Log:  a.cfg.Log,
 		Pool: a.pool,
 		OnUDPDropped: func(n uint64) {

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
@@ -29,13 +27,17 @@ const (
 	udpPoll = 2 * time.Second
 )
 
-// SessionAsker asks over a yamux session, one dns stream per question.
-func SessionAsker(sess *yamux.Session) Asker {
+// SessionAsker asks over a yamux session, one dns stream per question,
+// opened through gate (see egress.SessionOpener).
+func SessionAsker(gate *protocol.StreamGate) Asker {
 	return func(ctx context.Context, name string) protocol.DNSReply {
 		local := func(code protocol.EgressCode, reason string) protocol.DNSReply {
 			return protocol.DNSReply{Code: code, Error: code.String(), Effect: protocol.EffectNone, Reason: reason}
 		}
-		st, err := protocol.OpenStream(sess, protocol.StreamHeader{Kind: protocol.KindDNS, Host: name})
+		st, err := egress.OpenGated(ctx, gate, protocol.StreamHeader{Kind: protocol.KindDNS, Host: name})
+		if errors.Is(err, protocol.ErrGateTimeout) {
+			return local(protocol.EgressResourceExhausted, err.Error())
+		}
 		if err != nil {
 			return local(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
 		}
@@ -254,7 +256,9 @@ func (t *Transparent) Handle(c net.Conn, host string, port int) {
 		return
 	}
 	defer st.Close()
-	_, _, _ = pipe.Join(c, st, nil)
+	if _, _, err := pipe.Join(c, st, nil); err != nil {
+		egress.Abort(st) // the host closes the upstream at once
+	}
 }
 
 // Bounds of the answer to a refused port-80 connection.

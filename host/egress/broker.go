@@ -197,7 +197,13 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 		guest.abort()
 		up.Close()
 	})
+	// The sandbox stopping ends the connection at once, both sides.
+	stopOnCancel := context.AfterFunc(ctx, func() {
+		guest.abort()
+		up.Close()
+	})
 	out, in, err := pipe.Join(guest, up, &act)
+	stopOnCancel()
 	stopIdle()
 	closed := api.Event{Event: api.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}
@@ -207,6 +213,9 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 			fmt.Sprintf("no byte crossed for %s (idle timeout)", b.cfg.IdleTimeout)
 	case ctx.Err() != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, "the sandbox is stopping"
+		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+			closed.Reason = safeText(c.Error(), 200)
+		}
 	case err != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
 	}

@@ -70,10 +70,11 @@ func startGuestAndHost(t *testing.T, b *Broker) *guestAndHost {
 			}()
 		}
 	}()
-	open := g.pool.Opener(gegress.SessionOpener(gs))
+	gate := protocol.NewStreamGate(gs)
+	open := g.pool.Opener(gegress.SessionOpener(gate))
 	g.proxies, err = gegress.Start(open, "127.0.0.1:0", "127.0.0.1:0", nil)
 	require.NoError(t, err)
-	g.tr, err = transparent.Start(transparent.Config{Open: gegress.SessionOpener(gs), Ask: transparent.SessionAsker(gs),
+	g.tr, err = transparent.Start(transparent.Config{Open: gegress.SessionOpener(gate), Ask: transparent.SessionAsker(gate),
 		Pool: g.pool, DNSAddr: "127.0.0.1:0", NoInstall: true})
 	require.NoError(t, err)
 	t.Cleanup(func() {
