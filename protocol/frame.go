@@ -30,6 +30,8 @@ const (
 	TypeDNSReply Type = 0x000A
 	// TypeTime is sent only to a guest whose Hello lists CapTime.
 	TypeTime Type = 0x000B
+	// TypeAbort is sent only to a host whose Welcome lists CapAbort.
+	TypeAbort Type = 0x000C
 )
 
 var typeNames = map[Type]string{
@@ -44,6 +46,7 @@ var typeNames = map[Type]string{
 	TypeProcess:      "Process",
 	TypeDNSReply:     "DNSReply",
 	TypeTime:         "Time",
+	TypeAbort:        "Abort",
 }
 
 func (t Type) String() string {

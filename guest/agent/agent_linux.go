@@ -173,6 +173,9 @@ type agent struct {
 	boot     *bootstrap.Bootstrap
 	procMsgs bool // the host accepts Process messages
 	welcome  protocol.Welcome
+	// gate paces and bounds the egress and dns streams of the proxies and
+	// the capture (the workload's connections).
+	gate *protocol.StreamGate
 	// proxies are the egress proxies, nil when the host offers no egress.
 	proxies *egress.Proxies
 	// transparent is the resolver and TCP capture, nil when the host does
@@ -182,6 +185,8 @@ type agent struct {
 	// and the capture serve there, the health check and forwards dial
 	// there, and the workload starts there.
 	wl *workloadNet
+	// pool is the resolver's made-up addresses, shared by the proxies.
+	pool *transparent.Pool
 
 	mu    sync.Mutex
 	procs []*proc
@@ -236,6 +241,11 @@ func (a *agent) serve(ctx context.Context) error {
 	}
 	b, err := bootstrap.Decode(bytes.NewReader(f.Body))
 	if err == nil {
+		if b.Sandbox != nil {
+			// The operator's relaxation comes from the host's Welcome,
+			// never from the document.
+			b.Sandbox.AllowLoopbackLink = a.welcome.AllowLoopbackLink
+		}
 		err = b.ValidateInGuest()
 	}
 	if err != nil {
@@ -259,7 +269,21 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		p, err := egress.StartWith(a.wl.get().Listen, egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		a.gate = protocol.NewStreamGate(a.sess)
+		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapAbort) {
+			a.gate.OnAbort = func(id uint32) {
+				_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
+			}
+		}
+		open := egress.SessionOpener(a.gate)
+		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
+			// The resolver's made-up addresses map back to their names on
+			// every path: a client that resolves itself (curl --socks5)
+			// and then names the address to a proxy reaches the name.
+			a.pool = transparent.NewPool(transparent.DefaultPrefix)
+			open = a.pool.Opener(open)
+		}
+		p, err := egress.StartWith(a.wl.get().Listen, open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
@@ -287,9 +311,10 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open:  egress.SessionOpener(a.sess),
-		Ask:   transparent.SessionAsker(a.sess),
+		Open:  egress.SessionOpener(a.gate),
+		Ask:   transparent.SessionAsker(a.gate),
 		Log:   a.cfg.Log,
+		Pool:  a.pool,
 		NetNS: a.wl.get(),
 		OnUDPDropped: func(n uint64) {
 			udpLog.report(n)

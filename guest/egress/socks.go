@@ -171,5 +171,7 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 	}
 	// The handshake reader was bounded to 1 KiB: whatever it holds past
 	// the request is payload the client sent early.
-	_, _, _ = pipe.Join(&bufConn{Conn: c, br: br}, st, nil)
+	if _, _, err := pipe.Join(&bufConn{Conn: c, br: br}, st, nil); err != nil {
+		Abort(st)
+	}
 }

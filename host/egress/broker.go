@@ -50,6 +50,10 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Resolver defaults to net.DefaultResolver.
 	Resolver Resolver
+	// HostAddrs are this host's own addresses, refused unless a named
+	// upstream or a CIDR rule naming the address allows them; default
+	// SystemHostAddrs.
+	HostAddrs HostAddrs
 	// Log receives the broker's own diagnostics (never payloads).
 	Log *slog.Logger
 }
@@ -57,6 +61,7 @@ type Config struct {
 // Broker answers the egress streams of one sandbox.
 type Broker struct {
 	cfg    Config
+	own    HostAddrs
 	policy atomic.Pointer[Policy]
 	sem    chan struct{}
 	nextID atomic.Uint64
@@ -81,7 +86,10 @@ func New(cfg Config) *Broker {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	b := &Broker{cfg: cfg, sem: make(chan struct{}, cfg.MaxStreams)}
+	if cfg.HostAddrs == nil {
+		cfg.HostAddrs = SystemHostAddrs()
+	}
+	b := &Broker{cfg: cfg, own: cfg.HostAddrs, sem: make(chan struct{}, cfg.MaxStreams)}
 	p := cfg.Policy
 	if p == nil {
 		p = &Policy{}
@@ -189,7 +197,13 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 		guest.abort()
 		up.Close()
 	})
+	// The sandbox stopping ends the connection at once, both sides.
+	stopOnCancel := context.AfterFunc(ctx, func() {
+		guest.abort()
+		up.Close()
+	})
 	out, in, err := pipe.Join(guest, up, &act)
+	stopOnCancel()
 	stopIdle()
 	closed := api.Event{Event: api.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}
@@ -199,6 +213,9 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 			fmt.Sprintf("no byte crossed for %s (idle timeout)", b.cfg.IdleTimeout)
 	case ctx.Err() != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, "the sandbox is stopping"
+		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+			closed.Reason = safeText(c.Error(), 200)
+		}
 	case err != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
 	}
@@ -282,7 +299,7 @@ func (b *Broker) watchIdle(act *pipe.Activity, onIdle func()) func() {
 // that allowed it, and the connection or the failure.
 func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, string, string, *Failure) {
 	pol := b.policy.Load()
-	pl, f := pol.plan(host, port)
+	pl, f := pol.plan(host, port, b.own)
 	if f != nil {
 		return nil, pl.target, f.Rule, f
 	}
@@ -311,7 +328,10 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 	if f != nil {
 		return nil, pl.target, f.Rule, f
 	}
-	c, f := b.dialChecked(ctx, netip.AddrPortFrom(a, uint16(port)))
+	c, f := b.dialChecked(ctx, netip.AddrPortFrom(a, uint16(port)), func() *Failure {
+		_, f := pol.check(pl, a)
+		return f
+	})
 	if f != nil {
 		f.Rule = rule
 		return nil, pl.target, rule, f
@@ -321,8 +341,11 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 
 // dialChecked dials exactly ap: an IP literal, so nothing is resolved, and
 // the Control hook refuses any socket whose address is not ap (no second
-// resolution, no rebinding window, no surprise from a future dialer).
-func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort) (net.Conn, *Failure) {
+// resolution, no rebinding window, no surprise from a future dialer). The
+// hook also runs recheck, the policy's check of ap, once more: an address
+// that became one of this host's since it was checked is refused at the
+// moment of the dial.
+func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort, recheck func() *Failure) (net.Conn, *Failure) {
 	d := net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
 		if b.dialed != nil {
 			b.dialed(network, address)
@@ -331,10 +354,17 @@ func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort) (net.Conn, 
 		if err != nil || got.Addr().Unmap() != ap.Addr() || got.Port() != ap.Port() {
 			return fmt.Errorf("dial of %s refused: only the checked address %s may be dialed", address, ap)
 		}
+		if f := recheck(); f != nil {
+			return f
+		}
 		return nil
 	}}
 	c, err := d.DialContext(ctx, "tcp", ap.String())
 	if err != nil {
+		var f *Failure
+		if errors.As(err, &f) {
+			return nil, f
+		}
 		return nil, dialFailure(ctx, ap.String(), err)
 	}
 	return c, nil

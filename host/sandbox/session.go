@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -20,9 +21,10 @@ var ErrNotSupported = errors.New("the guest does not support this")
 // guest is connected. Its methods are safe for concurrent use and fail
 // once the session has ended.
 type Session struct {
-	sess *yamux.Session
-	ctl  *protocol.Control
-	caps []string
+	sess  *yamux.Session
+	guard *muxguard.Conn
+	ctl   *protocol.Control
+	caps  []string
 }
 
 // Can reports whether the guest listed capability c in its Hello.
@@ -38,7 +40,11 @@ func (s *Session) OpenForward(port int, name string) (net.Conn, error) {
 	if err := h.Validate(); err != nil {
 		return nil, err
 	}
-	return protocol.OpenStream(s.sess, h)
+	st, err := s.sess.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream: %w", h.Kind, err)
+	}
+	return protocol.StartStream(s.guard.Track(st), h)
 }
 
 // PushTime sends the host's wall clock to the guest, which sets its clock

@@ -9,11 +9,16 @@ import (
 	"time"
 )
 
-// Buffer sizes and the release delay.
+// Buffer sizes, the release delay, and how many big buffers the copy
+// loops of a process may hold at once: beyond MaxBigBuffers (8 MiB) a busy
+// loop keeps its small buffer, so a guest that makes many connections
+// carry bulk data (or read none of it) costs at most that much in big
+// buffers (docs/threat-model.md, the shim's memory ceiling).
 const (
-	SmallBuffer  = 8 << 10
-	BigBuffer    = 256 << 10
-	ReleaseAfter = time.Second
+	SmallBuffer   = 8 << 10
+	BigBuffer     = 256 << 10
+	ReleaseAfter  = time.Second
+	MaxBigBuffers = 32
 )
 
 var (
@@ -24,8 +29,12 @@ var (
 // BigBuffersInUse returns how many large buffers copy loops hold now.
 func BigBuffersInUse() int64 { return bigInUse.Load() }
 
+// getBig returns a big buffer, or nil when MaxBigBuffers are in use.
 func getBig() *[]byte {
-	bigInUse.Add(1)
+	if bigInUse.Add(1) > MaxBigBuffers {
+		bigInUse.Add(-1)
+		return nil
+	}
 	return bigPool.Get().(*[]byte)
 }
 

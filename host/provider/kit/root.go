@@ -44,6 +44,15 @@ var hostEtcFiles = []string{
 	"localtime", "timezone", "os-release", "protocols", "services", "mime.types",
 }
 
+// ResolvConf points the guest at the agent's resolver on loopback
+// (package guest/transparent); the same text as initsys.ResolvConf, which
+// the agent checks before placing its own (and finds present: it could
+// not bind its own without CAP_SYS_ADMIN). The default roots of the bwrap
+// and oci providers bind it; docker, and oci over a --rootfs that has one,
+// bind it over the image's.
+const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
+	"nameserver 127.0.0.1\noptions edns0\n"
+
 // Passwd and Group list the identities every guest has.
 func Passwd() string {
 	return "root:x:0:0:root:/root:/bin/sh\n" +
@@ -62,14 +71,6 @@ func Hosts(hostname string) string {
 	}
 	return s
 }
-
-// ResolvConf is the guest's /etc/resolv.conf where the provider supplies
-// one: the agent's resolver on loopback (package guest/transparent). It
-// is the same text as initsys.ResolvConf, which the agent finds present
-// and then leaves alone (it could not bind its own without
-// CAP_SYS_ADMIN).
-const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
-	"nameserver 127.0.0.1\noptions edns0\n"
 
 // EtcFiles writes the guest's passwd, group and hosts (and the extra
 // files, name -> content) into dir and returns what the default root
