@@ -30,6 +30,12 @@ const (
 	TypeDNSReply Type = 0x000A
 	// TypeTime is sent only to a guest whose Hello lists CapTime.
 	TypeTime Type = 0x000B
+	// Data plane frames, only between a host and a guest that agreed on
+	// CapDataFD or CapDataDial, never on the session.
+	TypeChannel   Type = 0x000D
+	TypeConnect   Type = 0x000E
+	TypeConnected Type = 0x000F
+	TypeForward   Type = 0x0010
 )
 
 var typeNames = map[Type]string{
@@ -44,6 +50,10 @@ var typeNames = map[Type]string{
 	TypeProcess:      "Process",
 	TypeDNSReply:     "DNSReply",
 	TypeTime:         "Time",
+	TypeChannel:      "Channel",
+	TypeConnect:      "Connect",
+	TypeConnected:    "Connected",
+	TypeForward:      "Forward",
 }
 
 func (t Type) String() string {

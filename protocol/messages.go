@@ -28,6 +28,9 @@ type Welcome struct {
 	// TimeUnixNano is the host's wall clock when Welcome was sent; VM
 	// guests set their clock from it.
 	TimeUnixNano int64 `json:"time_unix_nano"`
+	// DataToken authenticates the guest's data plane connections; set
+	// when Capabilities lists CapDataFD or CapDataDial.
+	DataToken string `json:"data_token,omitempty"`
 }
 
 // Guest states reported in State messages.

@@ -73,7 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("start session: %w", err)
 	}
 	defer sess.Close()
-	caps := []string{protocol.CapProcess, protocol.CapForward}
+	caps := append([]string{protocol.CapProcess, protocol.CapForward}, dataPlaneCaps(cfg.Endpoint)...)
 	if cfg.OnTime != nil {
 		caps = append(caps, protocol.CapTime)
 	}
@@ -106,6 +106,7 @@ func Run(ctx context.Context, cfg Config) error {
 		healthc:    make(chan healthResult, 1),
 		superStop:  func() {},
 	}
+	a.data = a.startDataPlane(ctx)
 	defer func() {
 		if a.transparent != nil {
 			a.transparent.Close()
@@ -113,6 +114,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if a.proxies != nil {
 			a.proxies.Close()
 		}
+		a.data.close()
 	}()
 	err = a.serve(ctx)
 	// The last message (stopped, failed) is written; give the host up to
@@ -167,6 +169,9 @@ type agent struct {
 	// transparent is the resolver and TCP capture, nil when the host does
 	// not answer dns streams or the guest cannot set them up.
 	transparent *transparent.Transparent
+	// data carries egress connections beside the session when the host
+	// offered a data plane.
+	data *dataPlane
 
 	mu    sync.Mutex
 	procs []*proc
@@ -211,7 +216,7 @@ func (a *agent) serve(ctx context.Context) error {
 		}
 	}
 	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		p, err := egress.Start(egress.SessionOpener(a.sess), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		p, err := egress.Start(a.data.opener(egress.SessionOpener(a.sess)), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
@@ -239,7 +244,7 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open: egress.SessionOpener(a.sess),
+		Open: a.data.opener(egress.SessionOpener(a.sess)),
 		Ask:  transparent.SessionAsker(a.sess),
 		Log:  a.cfg.Log,
 		OnUDPDropped: func(n uint64) {

@@ -71,6 +71,12 @@ func SessionOpener(sess *yamux.Session) Opener {
 	}
 }
 
+// LocalFailure is a refusal the guest makes itself (the host could not be
+// asked, or did not answer): what an Opener returns then.
+func LocalFailure(code protocol.EgressCode, reason string) protocol.EgressReply {
+	return localFailure(code, reason)
+}
+
 func localFailure(code protocol.EgressCode, reason string) protocol.EgressReply {
 	effect := protocol.EffectNone
 	if code == protocol.EgressTimedOut {

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -171,5 +170,5 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 	}
 	// The handshake reader was bounded to 1 KiB: whatever it holds past
 	// the request is payload the client sent early.
-	_, _, _ = pipe.Join(&bufConn{Conn: c, br: br}, st, nil)
+	_, _, _ = joinClient(c, br, st)
 }

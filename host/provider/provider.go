@@ -138,6 +138,16 @@ type Instance interface {
 	Destroy() error
 }
 
+// DataPlane is implemented by instances whose guest can carry connections
+// beside the session (see package host/dataplane). DataCarriers lists
+// what the transport allows: protocol.CapDataFD (the guest shares this
+// kernel and its transport is a unix socket: descriptors can be passed),
+// protocol.CapDataDial (the guest can dial the transport's listener once
+// per connection, which Accept then returns), or nothing.
+type DataPlane interface {
+	DataCarriers() []string
+}
+
 // Detailer is implemented by providers that can say how sandboxes would
 // run here (after a nil Check); oac-shim check prints it.
 type Detailer interface {

@@ -113,7 +113,16 @@ type Config struct {
 	// broken: the sandbox fails and the runtime is killed. Default
 	// protocol.MaxStreams + the broker's MaxStreams + SessionStreamSlack.
 	MaxSessionStreams int
+	// DataPlane restricts the data plane the host offers (see package
+	// host/dataplane): "" offers every carrier the provider's transport
+	// allows, DataPlaneOff none (every connection is an egress stream of
+	// the session), protocol.CapDataFD or protocol.CapDataDial that one
+	// only, when allowed.
+	DataPlane string
 }
+
+// DataPlaneOff is Config.DataPlane's value for no data plane.
+const DataPlaneOff = "off"
 
 // ErrHostileGuest is wrapped by the error of a sandbox ended because its
 // guest exceeded a bound no correct guest reaches (the failure kind of
@@ -183,6 +192,13 @@ type run struct {
 	// egressCtx ends in-flight egress dials when the sandbox run ends.
 	egressCtx    context.Context
 	egressCancel context.CancelFunc
+	// session is what Attach was given; the data plane's fd channel joins
+	// it once it is up.
+	session *Session
+	// dataOffer are the data plane carriers Welcome offered, dataToken
+	// their token.
+	dataOffer []string
+	dataToken string
 
 	mu    sync.Mutex
 	state api.State
@@ -374,9 +390,16 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	if s.cfg.Egress != nil {
 		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
 	}
+	if s.dataOffer = s.dataCarriers(); len(s.dataOffer) > 0 {
+		if s.dataToken, err = protocol.NewDataToken(); err != nil {
+			return err
+		}
+		caps = append(caps, s.dataOffer...)
+	}
 	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:  buildinfo.Version,
 		Capabilities: caps,
+		DataToken:    s.dataToken,
 	}, helloWait)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)
@@ -385,9 +408,11 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 		ctl.SetFrameBodyTimeout(s.cfg.FrameBodyTimeout)
 	}
 	s.ctl = ctl
+	s.session = &Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)}
 	if s.cfg.Attach != nil {
-		s.cfg.Attach(&Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
+		s.cfg.Attach(s.session)
 	}
+	s.startDataPlane(hello)
 	s.emit(api.Event{
 		Event: api.KindAgent, PID: max(hello.PID, 0), Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/dataplane"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -23,6 +25,9 @@ type Session struct {
 	sess *yamux.Session
 	ctl  *protocol.Control
 	caps []string
+	// channel is the data plane's fd channel once it is up: forwards go
+	// over it instead of as streams.
+	channel atomic.Pointer[dataplane.Channel]
 }
 
 // Can reports whether the guest listed capability c in its Hello.
@@ -37,6 +42,13 @@ func (s *Session) OpenForward(port int, name string) (net.Conn, error) {
 	h := protocol.StreamHeader{Kind: protocol.KindForward, Name: name, Port: port}
 	if err := h.Validate(); err != nil {
 		return nil, err
+	}
+	if ch := s.channel.Load(); ch != nil {
+		select {
+		case <-ch.Done():
+		default:
+			return ch.Forward(port, name)
+		}
 	}
 	return protocol.OpenStream(s.sess, h)
 }

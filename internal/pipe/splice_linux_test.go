@@ -53,7 +53,7 @@ func ioChars(t *testing.T) int64 {
 }
 
 func TestSocketsAreJoinedInTheKernelNotCopiedThroughThisProcess(t *testing.T) {
-	client, proxyIn := tcpPair(t)  // a workload's connection, as the guest accepted it
+	client, proxyIn := tcpPair(t)    // a workload's connection, as the guest accepted it
 	guestEnd, hostEnd := unixPair(t) // the data plane's pair
 	require.True(t, Spliced(proxyIn, guestEnd))
 	require.False(t, Spliced(guestEnd, hostEnd), "Go splices from and to TCP sockets only")

@@ -20,6 +20,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 func (p *Provider) driver() provider.Provider { return p }
@@ -318,7 +319,9 @@ func (in *Instance) prepare() error {
 		return err
 	}
 	in.Own(ln)
-	in.Listen(ln)
+	// The guest shares this kernel and dials a unix socket: the data
+	// plane can pass it descriptors, or take a dial per connection.
+	in.ListenData(ln, protocol.CapDataFD, protocol.CapDataDial)
 	if in.mode == ModeRoot {
 		if err := os.Chown(sockPath, guestRoot, guestRootGID); err != nil {
 			return fmt.Errorf("chown %s: %w", sockPath, err)
