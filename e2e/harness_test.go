@@ -40,6 +40,8 @@ var bins struct {
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
 	shimClient string
+	// probe plays a hostile daemon (internal/probe).
+	probe string
 }
 
 func TestMain(m *testing.M) {
@@ -66,6 +68,7 @@ func TestMain(m *testing.M) {
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.fakeDocker = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
+	bins.probe = filepath.Join(dir, "probe")
 	for _, b := range []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -78,6 +81,7 @@ func TestMain(m *testing.M) {
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.fakeDocker, "./internal/fakedocker", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
+		{bins.probe, "./internal/probe", ""},
 	} {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
@@ -212,6 +216,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	args := []string{"run", "--provider", spec.provider, "--name", spec.name, "--agent", spec.agent}
 	if spec.bootstrap != "" {
 		dir := t.TempDir()
+		owner := -1
 		if spec.user != "" {
 			// The unprivileged shim must be able to read it.
 			var err error
@@ -220,12 +225,13 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 			t.Cleanup(func() { os.RemoveAll(dir) })
 			u, err := user.Lookup(spec.user)
 			require.NoError(t, err)
-			uid, _ := strconv.Atoi(u.Uid)
-			require.NoError(t, os.Chown(dir, uid, -1))
-			defer func() { require.NoError(t, os.Chown(filepath.Join(dir, "bootstrap.json"), uid, -1)) }()
+			owner, _ = strconv.Atoi(u.Uid)
+			require.NoError(t, os.Chown(dir, owner, -1))
 		}
 		f := filepath.Join(dir, "bootstrap.json")
 		require.NoError(t, os.WriteFile(f, []byte(spec.bootstrap), 0o600))
+		// Before the shim starts, not when this function returns.
+		require.NoError(t, os.Chown(f, owner, -1))
 		args = append(args, "--bootstrap", f)
 	}
 	args = append(args, spec.args...)

@@ -54,7 +54,8 @@ func kernelCache() string {
 }
 
 // needVM checks what VM tests need, builds the test initramfs once (the
-// real oac-guest as /init, the virtio modules, vmdaemon) with the real
+// real oac-guest as /init, the virtio modules, vmdaemon, oac-sandbox-io's
+// stand-in and the probe) with the real
 // oac-image, and holds one of the two VM slots until the test ends. Call it
 // after t.Parallel.
 func needVM(t *testing.T) (kernel, initramfs string) {
@@ -70,7 +71,8 @@ func needVM(t *testing.T) (kernel, initramfs string) {
 		vmImage.initramfs = filepath.Join(bins.dir, "initramfs.img")
 		cmd := exec.Command(bins.image, "initramfs", "--agent", bins.guest,
 			"--kernel-modules", filepath.Join(cache, "modules"),
-			"--file", bins.vmdaemon+":"+vmDaemon, "-o", vmImage.initramfs)
+			"--file", bins.vmdaemon+":"+vmDaemon, "--file", bins.sandboxIO+":/usr/local/bin/oac-sandbox-io",
+			"--file", bins.probe+":"+probeBin, "-o", vmImage.initramfs)
 		vmImage.out, vmImage.err = cmd.CombinedOutput()
 	})
 	require.NoError(t, vmImage.err, "oac-image: %s", vmImage.out)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +25,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/supervise"
 	"github.com/oac/sandbox-agent/guest/transparent"
+	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/internal/errmark"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -52,6 +54,9 @@ type Config struct {
 	// OnState, when set, sees every State the agent reports to the host
 	// (oac-guest tells systemd about them when it runs as a service).
 	OnState func(protocol.State)
+	// Confinement starts workload processes (package workload); nil:
+	// decided by Run.
+	Confinement *workload.Confinement
 }
 
 // Run runs the agent until the host asks it to stop (returns nil), ctx is
@@ -62,6 +67,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Confinement == nil {
+		cfg.Confinement = workload.Prepare(cfg.Log)
 	}
 	conn, err := dialWithRetry(ctx, cfg.Endpoint, cfg.DialTimeout)
 	if err != nil {
@@ -184,6 +192,33 @@ type agent struct {
 	healthCancel context.CancelFunc
 	ready        bool
 	hasFailed    bool
+	// notes are what the launcher could not apply (see workload.Launch),
+	// under mu.
+	notes []string
+}
+
+// confinement describes how the workload is confined here, for the host.
+func (a *agent) confinement() string {
+	c := a.cfg.Confinement
+	parts := []string{"workload: seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd refused)"}
+	if a.boot.SandboxIO != nil && a.boot.Daemon != nil {
+		if ok, why := c.Isolated(); ok {
+			parts = append(parts, "the daemon in a mount namespace of its own without oac-sandbox-io's private file")
+		} else {
+			parts = append(parts, "the daemon NOT kept from oac-sandbox-io's private file ("+why+")")
+		}
+	}
+	if a.boot.SandboxIO != nil {
+		parts = append(parts, "oac-sandbox-io not dumpable")
+	}
+	parts = append(parts, "limits: "+c.Limits())
+	msg := strings.Join(parts, "; ")
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.notes) > 0 {
+		msg += "; not applied: " + strings.Join(a.notes, "; ")
+	}
+	return msg
 }
 
 // owner owns the private file and the runtime directories.
@@ -318,7 +353,11 @@ func (a *agent) startAll(ctx context.Context) error {
 			// Only the daemon: oac-sandbox-io starts with an empty environment.
 			env = egress.WithProxyEnv(env, a.proxies.Env())
 		}
-		p, err := a.start("daemon", b.Daemon.Argv, env, a.daemonDir(b.Daemon), 0, func(e reaper.Exit) {
+		var mask []string
+		if b.SandboxIO != nil {
+			mask = []string{bootstrap.SandboxIOFile}
+		}
+		p, err := a.start(workload.Spec{Name: "daemon", Argv: b.Daemon.Argv, Env: env, Dir: a.daemonDir(b.Daemon), OwnMountNS: true, Mask: mask}, 0, func(e reaper.Exit) {
 			a.daemonExit <- e
 		})
 		if err != nil {
@@ -328,6 +367,9 @@ func (a *agent) startAll(ctx context.Context) error {
 		started = append(started, "the daemon")
 	}
 	if len(started) > 0 {
+		if err := a.state(protocol.State{State: protocol.StateStarting, Message: a.confinement()}); err != nil {
+			return err
+		}
 		msg := "bootstrap complete: " + strings.Join(started, " and ") + " started"
 		if err := a.state(protocol.State{State: protocol.StateStarting, Message: msg}); err != nil {
 			return err
@@ -406,7 +448,7 @@ func (a *agent) superviseSandboxIO(ctx context.Context) error {
 		Name: name,
 		Start: func(restarts int) (supervise.Run, error) {
 			exited := make(chan supervise.Exit, 1)
-			p, err := a.start(name, bootstrap.SandboxIOArgv(path), []string{}, dir, restarts, func(e reaper.Exit) {
+			p, err := a.start(workload.Spec{Name: name, Argv: bootstrap.SandboxIOArgv(path), Env: []string{}, Dir: dir, NoDump: true}, restarts, func(e reaper.Exit) {
 				exited <- toSuperviseExit(e)
 			})
 			if restarts == 0 {
@@ -606,56 +648,85 @@ func (a *agent) loop(ctx context.Context) error {
 	}
 }
 
-// start starts argv as the runtime user (no supplementary groups, new
-// session, no-new-privileges) with its output streamed to the host, and
-// reports it. onExit runs once with the exit status, after the exit was
-// reported.
-func (a *agent) start(name string, argv, env []string, dir string, restarts int, onExit func(reaper.Exit)) (*proc, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Args = argv
-	cmd.Env = env
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if os.Getuid() != bootstrap.DaemonUID {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: bootstrap.DaemonUID, Gid: bootstrap.DaemonGID, Groups: []uint32{}}
+// start starts a workload process as the runtime user (no supplementary
+// groups, new session, no-new-privileges, the workload's seccomp filter and
+// limits; package workload's launcher applies them) with its output
+// streamed to the host, and reports it. onExit runs once with the exit
+// status, after the exit was reported.
+func (a *agent) start(s workload.Spec, restarts int, onExit func(reaper.Exit)) (*proc, error) {
+	name := s.Name
+	path, err := exec.LookPath(s.Argv[0])
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	// else: a single-uid sandbox, where the agent already is the runtime
-	// user and has no privilege to switch or drop groups.
+	s.Path, s.UID, s.GID = path, bootstrap.DaemonUID, bootstrap.DaemonGID
 	devnull, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: open %s: %w", name, os.DevNull, err)
 	}
 	defer devnull.Close()
-	cmd.Stdin = devnull
-	pr := &proc{name: name, cmd: cmd, exited: make(chan struct{})}
 	var closeAfterStart, closeOnError []*os.File
 	defer func() {
 		for _, f := range closeAfterStart {
 			f.Close()
 		}
 	}()
-	for _, fd := range []struct {
-		suffix string
-		set    func(*os.File)
-	}{{"stdout", func(f *os.File) { cmd.Stdout = f }}, {"stderr", func(f *os.File) { cmd.Stderr = f }}} {
-		r, w, err := os.Pipe()
-		if err != nil {
-			for _, f := range closeOnError {
-				f.Close()
-			}
-			return nil, fmt.Errorf("start %s: pipe: %w", name, err)
-		}
-		fd.set(w)
-		closeAfterStart = append(closeAfterStart, w)
-		closeOnError = append(closeOnError, r)
-	}
-	exitc, err := a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true})
-	if err != nil {
+	failed := func(err error) (*proc, error) {
 		for _, f := range closeOnError {
 			f.Close()
 		}
-		return nil, fmt.Errorf("start %s (%s) as %d:%d: %w", name, argv[0], bootstrap.DaemonUID, bootstrap.DaemonGID, err)
+		return nil, fmt.Errorf("start %s (%s) as %d:%d: %w", name, s.Argv[0], bootstrap.DaemonUID, bootstrap.DaemonGID, err)
 	}
+	var stdio [2]*os.File
+	for i := range stdio {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return failed(fmt.Errorf("pipe: %w", err))
+		}
+		stdio[i] = w
+		closeAfterStart = append(closeAfterStart, w)
+		closeOnError = append(closeOnError, r)
+	}
+	var cmd *exec.Cmd
+	var exitc <-chan reaper.Exit
+	for {
+		l, err := a.cfg.Confinement.Command(s)
+		if err != nil {
+			return failed(err)
+		}
+		cmd = l.Cmd
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, stdio[0], stdio[1]
+		exitc, err = a.cfg.Reaper.Start(cmd, reaper.Options{NoNewPrivs: true})
+		l.Started()
+		if err != nil {
+			l.Close()
+			if a.cfg.Confinement.Fallback(err) {
+				continue
+			}
+			return failed(err)
+		}
+		notes, err := l.Finish()
+		a.mu.Lock()
+		for _, n := range notes {
+			if !slices.Contains(a.notes, n) {
+				a.cfg.Log.Warn(n, "process", name)
+				a.notes = append(a.notes, n)
+			}
+		}
+		a.mu.Unlock()
+		if err != nil {
+			// The launcher exits right after saying why.
+			select {
+			case <-exitc:
+			case <-time.After(5 * time.Second):
+				_ = cmd.Process.Kill()
+				<-exitc
+			}
+			return failed(err)
+		}
+		break
+	}
+	pr := &proc{name: name, cmd: cmd, exited: make(chan struct{})}
 	for i, suffix := range []string{"stdout", "stderr"} {
 		pr.logs.Add(1)
 		go a.streamLog(name+"/"+suffix, closeOnError[i], &pr.logs)

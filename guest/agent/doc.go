@@ -16,7 +16,9 @@
 //     health) and "ready" is reported with the URL and username.
 //
 // Every process runs as UID/GID 1000 with no supplementary groups, in a new
-// session, with no-new-privileges; its stdout and stderr go to the host as
+// session, with no-new-privileges, started through package workload's
+// launcher (seccomp filter, no capabilities, limits; the daemon in a mount
+// namespace without the private file; oac-sandbox-io never dumpable); its stdout and stderr go to the host as
 // log streams (with the egress proxy environment when the host offers
 // egress: package egress; and, when it also offers dns, the guest's
 // resolver and transparent capture of outgoing TCP: package transparent); its start, exit and restart are reported as

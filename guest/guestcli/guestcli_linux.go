@@ -15,6 +15,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/vminit"
+	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
@@ -22,8 +23,13 @@ import (
 )
 
 // Main runs oac-guest with args (without the program name) and returns its
-// exit code.
+// exit code. With workload.LaunchArg first it is the workload launcher
+// the agent starts for each workload process (it returns only if that
+// process could not be started).
 func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == workload.LaunchArg {
+		return workload.Main()
+	}
 	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")

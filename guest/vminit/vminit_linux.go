@@ -11,6 +11,7 @@ import (
 
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
@@ -59,6 +60,10 @@ func Boot(ctx context.Context, p Params, cfg agent.Config) {
 	}
 	if res, _ := initsys.EnsureMounts([]initsys.Mount{initsys.CgroupMount}); len(res) > 0 && res[0].Err != nil {
 		log.Warn("cgroup2 unavailable", "err", res[0].Err)
+	}
+	// Once per boot (it creates the workload's cgroup), not per session.
+	if cfg.Confinement == nil {
+		cfg.Confinement = workload.Prepare(log)
 	}
 	ep, err := endpoint(ctx, p)
 	if err != nil {

@@ -32,7 +32,12 @@ func TestCheckJSONReportsPolicyAndEveryProvider(t *testing.T) {
 		names = append(names, p.Name)
 		if !p.Available {
 			assert.NotEmpty(t, p.Reason, p.Name)
+			assert.Empty(t, p.Workload, p.Name)
+			continue
 		}
+		// Every provider says how the workload is confined and limited.
+		assert.Contains(t, p.Workload, "seccomp filter", p.Name)
+		assert.Contains(t, p.Workload, "limits: ", p.Name)
 	}
 	assert.Equal(t, []string{"bwrap", "docker", "oci", "qemu", "vz", "wsl"}, names)
 }

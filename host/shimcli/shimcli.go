@@ -96,6 +96,9 @@ type ProviderStatus struct {
 	Reason string `json:"reason,omitempty"`
 	// Detail says how sandboxes would run (available only).
 	Detail string `json:"detail,omitempty"`
+	// Workload says how oac-sandbox-io and the daemon are confined in
+	// this provider's sandboxes here, limits included (available only).
+	Workload string `json:"workload,omitempty"`
 }
 
 // detectOS is replaced in tests.
@@ -125,6 +128,9 @@ func Check(ctx context.Context, providers map[string]func() provider.Provider) C
 			st.Available = true
 			if d, ok := p.(provider.Detailer); ok {
 				st.Detail = d.Detail(ctx)
+			}
+			if c, ok := p.(provider.Confiner); ok {
+				st.Workload = c.Workload(ctx)
 			}
 		}
 		r.Providers = append(r.Providers, st)
@@ -168,6 +174,9 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 			detail = " (" + p.Detail + ")"
 		}
 		fmt.Fprintf(stdout, "%s: available%s\n", p.Name, detail)
+		if p.Workload != "" {
+			fmt.Fprintf(stdout, "  workload: %s\n", p.Workload)
+		}
 	}
 	return code
 }

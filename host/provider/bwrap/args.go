@@ -50,7 +50,10 @@ type argsConfig struct {
 	// alone with one uid (ModeSingleUID).
 	Mode            Mode
 	InfoFD, BlockFD int
-	Hostname        string
+	// DisableUserns passes --disable-userns (ModeSingleUID only; see
+	// features).
+	DisableUserns bool
+	Hostname      string
 	// Tmpfs are the RuntimeDirs to mount (with a rootfs: those it has).
 	Tmpfs []string
 	// Volumes are RuntimeDirs bound from host directories instead.
@@ -74,6 +77,12 @@ func buildArgs(c argsConfig) []string {
 			"--uid", "0", "--gid", "0", "--cap-add", "ALL")
 	case ModeSingleUID:
 		a = append(a, "--unshare-user", "--uid", "1000", "--gid", "1000")
+		for _, c := range SingleUIDCaps {
+			a = append(a, "--cap-add", c)
+		}
+		if c.DisableUserns {
+			a = append(a, "--disable-userns")
+		}
 	}
 	if c.Hostname != "" {
 		a = append(a, "--hostname", c.Hostname)

@@ -63,7 +63,11 @@ func (p *Provider) Detail(ctx context.Context) string {
 	case ModeSubIDs:
 		return "rootless: guest root is your uid, guest ids 1.. are your subordinate ids (newuidmap/newgidmap)"
 	}
-	return "rootless, " + SingleUIDLoss
+	detail := "rootless, " + SingleUIDLoss
+	if bw, err := p.bwrap(); err == nil && bwrapFeatures(bw).DisableUserns {
+		detail += "; user namespaces disabled in the guest (bwrap --disable-userns)"
+	}
+	return detail
 }
 
 // mode gathers the facts of this host and decides the mode.
@@ -362,6 +366,7 @@ func (in *Instance) start(ctx context.Context) error {
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
 	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
+	cfg.DisableUserns = in.mode == ModeSingleUID && bwrapFeatures(in.bwrap).DisableUserns
 	cfg.AgentFD = fd(in.agentFD)
 	cfg.SocketFD = fd(in.sockFD)
 	if in.rootFile != nil {

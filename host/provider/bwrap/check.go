@@ -45,7 +45,8 @@ func (m Mode) String() string {
 
 // SingleUIDLoss says plainly what --single-uid gives up.
 const SingleUIDLoss = "single-uid mode: guest uid 1000 is your own host uid and the agent runs as that same uid " +
-	"without a guest root, so the daemon is not a distinct identity from the agent and can signal or trace it"
+	"without a guest root, so the daemon is not a distinct identity from the agent and can signal it " +
+	"(not trace it or read its memory: the agent is not dumpable and the workload's seccomp filter refuses ptrace)"
 
 // Problem is one reason bwrap cannot run, with what to do about it.
 type Problem struct {

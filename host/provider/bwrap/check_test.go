@@ -86,6 +86,12 @@ func TestDiagnoseVerdicts(t *testing.T) {
 func TestRootlessArgsLetBwrapBlockUntilTheHelpersMapIDs(t *testing.T) {
 	a := strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSubIDs, InfoFD: 5, BlockFD: 6}), " ")
 	assert.Contains(t, a, "--unshare-user --userns-block-fd 6 --info-fd 5 --uid 0 --gid 0 --cap-add ALL")
+	assert.NotContains(t, a, "--disable-userns")
 	a = strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSingleUID, Hostname: "h"}), " ")
-	assert.Contains(t, a, "--unshare-user --uid 1000 --gid 1000 --hostname h")
+	assert.Contains(t, a, "--unshare-user --uid 1000 --gid 1000 --cap-add CAP_SYS_ADMIN --cap-add CAP_SETPCAP --hostname h",
+		"the agent may give workload processes mount namespaces of their own")
+	a = strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSingleUID, DisableUserns: true}), " ")
+	assert.Contains(t, a, "--cap-add CAP_SETPCAP --disable-userns")
+	a = strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSubIDs, DisableUserns: true}), " ")
+	assert.NotContains(t, a, "--disable-userns", "it would map one id: guest root and uid 1000 need two")
 }

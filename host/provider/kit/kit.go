@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
 // DefaultStateRoot holds per-sandbox state (every provider's, so that
@@ -102,7 +103,7 @@ func RunDir(dir string) (run string, ln *net.UnixListener, err error) {
 // containers already run with (docs/contract.md, "Hardening of hosted
 // containers").
 const (
-	PidsLimit  = 128
+	PidsLimit  = bootstrap.WorkloadPids
 	TmpSizeMiB = 128
 	RunSizeMiB = 16
 )
