@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -48,6 +49,8 @@ func serveChannel(c *net.UnixConn, cfg Config) error {
 		return fmt.Errorf("fd channel: %w", err)
 	}
 	cfg.OnChannel(ch)
+	stop := context.AfterFunc(cfg.Ctx, func() { ch.Close() })
+	defer stop()
 	if err := ch.serve(); err != nil {
 		cfg.violation(err)
 	}
@@ -106,7 +109,14 @@ func (ch *Channel) connect(req protocol.Connect) {
 		guestFD = g
 		return host, err
 	}, func(r protocol.Connected) error {
-		return ch.send(protocol.TypeConnected, r, guestFD)
+		err := ch.send(protocol.TypeConnected, r, guestFD)
+		if guestFD >= 0 {
+			// The guest has its end now (or never will): the host keeps
+			// none of it, so the guest closing it ends the connection.
+			_ = closeFD(guestFD)
+			guestFD = -1
+		}
+		return err
 	})
 }
 
@@ -147,8 +157,8 @@ func (ch *Channel) Forward(port int, name string) (net.Conn, error) {
 	return host, nil
 }
 
-// send writes one frame, with fd attached when fd >= 0, within
-// protocol.DataWriteTimeout; a failed write ends the channel.
+// send writes one frame, with fd attached when fd >= 0, within the write
+// timeout (protocol.DataWriteTimeout); a failed write ends the channel.
 func (ch *Channel) send(t protocol.Type, v any, fd int) error {
 	ch.wmu.Lock()
 	defer ch.wmu.Unlock()
@@ -157,7 +167,7 @@ func (ch *Channel) send(t protocol.Type, v any, fd int) error {
 		return net.ErrClosed
 	default:
 	}
-	_ = ch.c.SetWriteDeadline(time.Now().Add(protocol.DataWriteTimeout))
+	_ = ch.c.SetWriteDeadline(time.Now().Add(ch.cfg.WriteTimeout))
 	err := protocol.SendFD(ch.c, t, v, fd)
 	_ = ch.c.SetWriteDeadline(time.Time{})
 	if err != nil {

@@ -23,6 +23,15 @@ const (
 	MaxRequestBurst = 256
 )
 
+// HostFDsPerConnection is how many descriptors one carried connection
+// holds on the host: the upstream socket, the host's end of the guest's
+// connection (a pair's end or the dialed connection), and a splice pipe
+// (two descriptors) each way while the bytes move in the kernel. The
+// broker's stream limit bounds the connections, so a sandbox's data plane
+// holds at most MaxStreams x HostFDsPerConnection, plus the fd channel
+// and the pairs made ahead of use (docs/threat-model.md).
+const HostFDsPerConnection = 6
+
 // ErrViolation is wrapped by the error of a channel the guest broke
 // (a frame too large, of an unknown or unexpected type, malformed).
 var ErrViolation = errors.New("guest broke the protocol on the data plane")
@@ -42,6 +51,9 @@ type Config struct {
 	// HeaderTimeout bounds a data plane connection's wait for its first
 	// frame (the sandbox's stream header timeout).
 	HeaderTimeout time.Duration
+	// WriteTimeout bounds one write of the host on the fd channel
+	// (default protocol.DataWriteTimeout; tests shorten it).
+	WriteTimeout time.Duration
 	// Token is the session's data token (Welcome.DataToken); Offer the
 	// carriers Welcome offered (protocol.CapDataFD, CapDataDial).
 	Token string
@@ -71,6 +83,9 @@ func (c *Config) defaults() {
 	}
 	if c.HeaderTimeout <= 0 {
 		c.HeaderTimeout = 5 * time.Second
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = protocol.DataWriteTimeout
 	}
 	if c.OnChannel == nil {
 		c.OnChannel = func(*Channel) {}

@@ -45,13 +45,7 @@ func (s *run) startDataPlane(hello protocol.Hello) {
 		HeaderTimeout: s.cfg.StreamHeaderTimeout,
 		Token:         s.dataToken,
 		Offer:         s.dataOffer,
-		OnChannel: func(ch *dataplane.Channel) {
-			s.session.channel.Store(ch)
-			go func() {
-				<-s.egressCtx.Done()
-				ch.Close()
-			}()
-		},
+		OnChannel:     func(ch *dataplane.Channel) { s.session.channel.Store(ch) },
 		OnViolation: func(err error) {
 			select {
 			case s.hostile <- fmt.Errorf("%w: %w", ErrHostileGuest, err):
