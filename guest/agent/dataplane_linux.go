@@ -56,6 +56,7 @@ func (a *agent) startDataPlane(ctx context.Context) *dataPlane {
 		}()
 	case protocol.HasCapability(w.Capabilities, protocol.CapDataDial):
 		d.carry = dataplane.Dialer(ep, w.DataToken)
+		a.cfg.Log.Info("data plane: data connections", "endpoint", ep.String())
 		close(d.ready)
 	default:
 		close(d.ready)
