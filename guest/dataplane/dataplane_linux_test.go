@@ -311,5 +311,3 @@ func TestDialerThatCannotDialIsNotAnswered(t *testing.T) {
 	assert.False(t, answered, "the connection may go over the session")
 	assert.Equal(t, protocol.EgressIO, r.Code)
 }
-
-
