@@ -114,8 +114,10 @@ func Run(ctx context.Context, cfg Config) error {
 		healthc:    make(chan healthResult, 1),
 		superStop:  func() {},
 	}
-	a.data = a.startDataPlane(ctx)
+	a.data = a.newDataPlane(ctx)
+	a.prepareEgress()
 	defer func() {
+		a.waitEgress()
 		if a.transparent != nil {
 			a.transparent.Close()
 		}
@@ -180,6 +182,12 @@ type agent struct {
 	// data carries egress connections beside the session when the host
 	// offered a data plane.
 	data *dataPlane
+	// egressDone is closed once the egress setup that started at Welcome
+	// (prepareEgress) has ended; egressErr is the proxies' failure and
+	// transparentMsg says how the capture went, for the host.
+	egressDone     chan struct{}
+	egressErr      error
+	transparentMsg string
 
 	mu    sync.Mutex
 	procs []*proc
@@ -250,16 +258,22 @@ func (a *agent) serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		p, err := egress.Start(a.data.opener(egress.SessionOpener(a.sess)), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
-		if err != nil {
+	if b.SandboxIO == nil && b.Daemon == nil {
+		// Nothing will run in the guest that could use egress: ready does
+		// not wait for the proxies and the capture (they come up beside
+		// it, and say how in the log).
+		go func() {
+			if err := a.waitEgress(); err != nil {
+				a.cfg.Log.Warn("egress proxies unavailable", "err", err)
+			}
+		}()
+	} else {
+		if err := a.waitEgress(); err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
 		}
-		a.proxies = p
-		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
-		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
-			if err := a.state(protocol.State{State: protocol.StateStarting, Message: a.startTransparent()}); err != nil {
+		if msg := a.transparentMsg; msg != "" {
+			if err := a.state(protocol.State{State: protocol.StateStarting, Message: msg}); err != nil {
 				return err
 			}
 		}
@@ -270,6 +284,48 @@ func (a *agent) serve(ctx context.Context) error {
 		return err
 	}
 	return a.loop(ctx)
+}
+
+// prepareEgress starts the proxies, the resolver and the capture in the
+// background as soon as the host has offered them (Welcome), beside each
+// other: the boot waits for them only before the workload starts, after
+// the bootstrap arrived.
+func (a *agent) prepareEgress() {
+	a.egressDone = make(chan struct{})
+	caps := a.welcome.Capabilities
+	if !protocol.HasCapability(caps, protocol.CapEgress) {
+		close(a.egressDone)
+		return
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p, err := egress.Start(a.data.opener(egress.SessionOpener(a.sess)), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		if err != nil {
+			a.egressErr = err
+			return
+		}
+		a.proxies = p
+		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
+	}()
+	if protocol.HasCapability(caps, protocol.CapDNS) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.transparentMsg = a.startTransparent()
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(a.egressDone)
+	}()
+}
+
+// waitEgress waits for prepareEgress; the error is the proxies'.
+func (a *agent) waitEgress() error {
+	<-a.egressDone
+	return a.egressErr
 }
 
 // startTransparent starts the resolver and the capture of outgoing TCP
@@ -394,6 +450,9 @@ func (a *agent) startAll(ctx context.Context) error {
 
 func (a *agent) reportReady(msg string) error {
 	a.ready = true
+	// The boot did not wait for the data plane; it comes up now, or at
+	// the first connection if that is sooner.
+	a.data.begin()
 	st := protocol.State{State: protocol.StateReady, Message: msg}
 	if c := a.boot.Credentials; c != nil {
 		st.Username = c.User()

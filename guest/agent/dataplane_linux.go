@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"net"
+	"sync"
+	"sync/atomic"
 
 	"github.com/oac/sandbox-agent/guest/dataplane"
 	"github.com/oac/sandbox-agent/guest/egress"
@@ -26,20 +28,24 @@ func dataPlaneCaps(ep transport.Endpoint) []string {
 // Welcome chose, once it is up; until then (and when it is not, or has
 // ended) they go as egress streams of the session.
 type dataPlane struct {
+	once    sync.Once
+	begun   atomic.Bool
+	setup   func()
 	ready   chan struct{}
 	carry   dataplane.Carrier
 	channel *dataplane.Channel
 }
 
-// startDataPlane sets the data plane up in the background: the boot does
-// not wait for it, the first connection does (at most
+// newDataPlane prepares the data plane; begin sets it up, in the
+// background: the boot does not wait for it (the agent begins it once
+// ready), the first connection does (at most
 // protocol.DataChannelTimeout).
-func (a *agent) startDataPlane(ctx context.Context) *dataPlane {
+func (a *agent) newDataPlane(ctx context.Context) *dataPlane {
 	d := &dataPlane{ready: make(chan struct{})}
 	w, ep := a.welcome, a.cfg.Endpoint
 	switch {
 	case protocol.HasCapability(w.Capabilities, protocol.CapDataFD):
-		go func() {
+		d.setup = func() {
 			defer close(d.ready)
 			ch, err := dataplane.DialChannel(ctx, ep, w.DataToken, func(f protocol.Forward, c net.Conn) {
 				defer c.Close()
@@ -53,20 +59,31 @@ func (a *agent) startDataPlane(ctx context.Context) *dataPlane {
 			}
 			d.channel, d.carry = ch, ch.Open
 			a.cfg.Log.Info("data plane: fd channel up")
-		}()
+		}
 	case protocol.HasCapability(w.Capabilities, protocol.CapDataDial):
-		d.carry = dataplane.Dialer(ep, w.DataToken)
-		a.cfg.Log.Info("data plane: data connections", "endpoint", ep.String())
-		close(d.ready)
+		d.setup = func() {
+			d.carry = dataplane.Dialer(ep, w.DataToken)
+			a.cfg.Log.Info("data plane: data connections", "endpoint", ep.String())
+			close(d.ready)
+		}
 	default:
-		close(d.ready)
+		d.setup = func() { close(d.ready) }
 	}
 	return d
+}
+
+// begin sets the data plane up in the background, once.
+func (d *dataPlane) begin() {
+	d.once.Do(func() {
+		d.begun.Store(true)
+		go d.setup()
+	})
 }
 
 // opener carries on the data plane, falling back to session.
 func (d *dataPlane) opener(session egress.Opener) egress.Opener {
 	return dataplane.Opener(func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply, bool) {
+		d.begin()
 		select {
 		case <-d.ready:
 		case <-ctx.Done():
@@ -81,6 +98,9 @@ func (d *dataPlane) opener(session egress.Opener) egress.Opener {
 
 // close ends the fd channel, if there is one.
 func (d *dataPlane) close() {
+	if !d.begun.Load() {
+		return
+	}
 	<-d.ready
 	if d.channel != nil {
 		d.channel.Close()

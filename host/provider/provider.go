@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"sync"
 )
 
 // Sentinel errors; providers wrap them with context.
@@ -70,14 +71,15 @@ func (s Spec) Installs() map[string]string {
 	return m
 }
 
-var installNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
+// The patterns are compiled on first use, not when oac-shim starts.
+var installNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`) })
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`) })
 
 // ValidName reports whether name is a valid sandbox name: 1 to 63 of a-z,
 // 0-9 and '-', not starting with '-'. Names become host paths, so nothing
 // else is accepted.
-func ValidName(name string) bool { return nameRE.MatchString(name) }
+func ValidName(name string) bool { return nameRE().MatchString(name) }
 
 // Validate checks the fields every provider relies on.
 func (s Spec) Validate() error {
@@ -96,7 +98,7 @@ func (s Spec) Validate() error {
 		}
 	}
 	for name, path := range s.Install {
-		if !installNameRE.MatchString(name) {
+		if !installNameRE().MatchString(name) {
 			return fmt.Errorf("%w: an install name must be 1 to 63 characters of A-Z, a-z, 0-9, '.', '_' and '-'", ErrInvalidSpec)
 		}
 		if name == SandboxIOName && s.SandboxIOPath != "" {

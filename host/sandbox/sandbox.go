@@ -195,6 +195,8 @@ type run struct {
 	// session is what Attach was given; the data plane's fd channel joins
 	// it once it is up.
 	session *Session
+	// phases times the boot (debug log).
+	phases phases
 	// dataOffer are the data plane carriers Welcome offered, dataToken
 	// their token.
 	dataOffer []string
@@ -270,7 +272,9 @@ func (s *run) run(ctx context.Context) error {
 		}
 	}
 	s.setState(api.StateStarting, "creating sandbox")
+	s.phases.mark("")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
+	s.phases.mark("create")
 	if err != nil {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
@@ -291,12 +295,15 @@ func (s *run) run(ctx context.Context) error {
 		s.wg.Wait()
 	}()
 	start := time.Now()
-	if err := inst.Start(ctx); err != nil {
+	err = inst.Start(ctx)
+	s.phases.mark("start runtime")
+	if err != nil {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	bootCtx, cancelBoot := context.WithTimeout(ctx, s.cfg.BootTimeout)
 	defer cancelBoot()
 	conn, err := inst.Accept(bootCtx)
+	s.phases.mark("guest connects")
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = inst.Kill()
@@ -313,7 +320,9 @@ func (s *run) run(ctx context.Context) error {
 	if s.helloUntilBoot {
 		helloWait = max(helloWait, time.Until(start.Add(s.cfg.BootTimeout)))
 	}
-	if err := s.handshake(conn, helloWait); err != nil {
+	err = s.handshake(conn, helloWait)
+	s.phases.mark("handshake")
+	if err != nil {
 		// A guest that refused the handshake exits on its own: give it a
 		// moment so its own account of the failure reaches the diagnostics
 		// before the runtime is killed.
@@ -510,6 +519,8 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 						m += ": " + msg
 					}
 					s.setReady(m, guestText(st.URL, 256), guestText(st.Username, 64))
+					s.phases.mark("bootstrap to ready")
+					s.cfg.Log.Debug("boot phases", "sandbox", s.cfg.Name, "phases", s.phases.String())
 				case protocol.StateFailed:
 					return failure.With(failure.GuestReason(st.Reason), fmt.Errorf("guest: %s", msg))
 				case protocol.StateStopped:
