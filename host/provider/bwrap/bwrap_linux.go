@@ -161,7 +161,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		return nil, err
 	}
-	in.dir = state.Path
+	in.dir, in.stateRoot = state.Path, root
 	switch mode {
 	case ModeRoot:
 		ids, err := kit.ClaimIDs(root, p.idBase())
@@ -204,10 +204,14 @@ type Instance struct {
 	agentFD  *os.File
 	sockFD   *os.File
 	rootFile *os.File
-	etc      [][2]string
-	tmpfs    []string
-	volumes  []namedFile // name: the guest directory
-	installs []namedFile
+	// stateRoot is the state root (the prepared /etc lives there), etcDir
+	// the default root's /etc and etc the files bound over it.
+	stateRoot string
+	etcDir    string
+	etc       [][2]string
+	tmpfs     []string
+	volumes   []namedFile // name: the guest directory
+	installs  []namedFile
 }
 
 // HostID returns the host uid and gid guest id maps to; -1 when id is not
@@ -241,15 +245,20 @@ func (in *Instance) prepare() error {
 		}
 	}
 	if in.spec.Rootfs == "" {
-		etcDir := filepath.Join(in.dir, "etc")
-		if err := os.Mkdir(etcDir, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", etcDir, err)
-		}
-		etc, err := kit.EtcFiles(etcDir, in.spec.Hostname, map[string]string{"resolv.conf": resolvConf})
+		// One prepared /etc, shared by the sandboxes of this state root,
+		// and the sandbox's own hosts over it when it has a hostname.
+		etcDir, err := kit.PreparedEtc(filepath.Join(in.stateRoot, "etc"), map[string]string{"resolv.conf": resolvConf})
 		if err != nil {
 			return err
 		}
-		in.etc = etc
+		in.etcDir = etcDir
+		if in.spec.Hostname != "" {
+			hosts := filepath.Join(in.dir, "hosts")
+			if err := os.WriteFile(hosts, []byte(kit.Hosts(in.spec.Hostname)), 0o644); err != nil {
+				return fmt.Errorf("write %s: %w", hosts, err)
+			}
+			in.etc = [][2]string{{"/etc/hosts", hosts}}
+		}
 		in.tmpfs = RuntimeDirs
 	} else {
 		f, err := os.OpenFile(in.spec.Rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -365,7 +374,7 @@ func (in *Instance) start(ctx context.Context) error {
 	// ExtraFiles become fds 3, 4, ... in bwrap.
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
-	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
+	cfg := argsConfig{RootFD: -1, EtcDir: in.etcDir, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
 	cfg.DisableUserns = in.mode == ModeSingleUID && bwrapFeatures(in.bwrap).DisableUserns
 	cfg.AgentFD = fd(in.agentFD)
 	cfg.SocketFD = fd(in.sockFD)
