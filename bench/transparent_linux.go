@@ -16,6 +16,7 @@ import (
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/transparent"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // guestNS runs closures on a locked thread in a network namespace of its
@@ -42,7 +43,8 @@ func startGuestNS(sess *yamux.Session) (*guestNS, error) {
 			errc <- err
 			return
 		}
-		t, err := transparent.Start(transparent.Config{Open: guestegress.SessionOpener(sess), Ask: transparent.SessionAsker(sess)})
+		gate := protocol.NewStreamGate(sess)
+		t, err := transparent.Start(transparent.Config{Open: guestegress.SessionOpener(gate), Ask: transparent.SessionAsker(gate)})
 		if err != nil {
 			errc <- err
 			return

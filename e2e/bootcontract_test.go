@@ -384,6 +384,11 @@ func TestEveryInvalidBootstrapRuleCreatesNothing(t *testing.T) {
 			return strings.Replace(d, `"hostname":"contract"`, `"hostname":"contract","hostname":"x"`, 1)
 		}), nil, bootstrap.ErrDuplicateKey},
 		{"case-variant key", raw(func(d string) string { return strings.Replace(d, `"hostname"`, `"HostName"`, 1) }), nil, bootstrap.ErrUnknownKey},
+		// Only the operator's --allow-loopback-link relaxes the Link rule.
+		{"allow_loopback_link in the document", raw(func(d string) string {
+			return strings.Replace(d, `"version":1,`, `"version":1,"sandbox":{"tenant_id":"`+tenantID+`","environment_id":"`+environmentID+
+				`","allocation_id":"`+allocationID+`","allow_loopback_link":true},`, 1)
+		}), nil, bootstrap.ErrUnknownKey},
 		{"trailing data", raw(func(d string) string { return d + `{"SECRET":1}` }), nil, bootstrap.ErrDecode},
 	}
 	for _, r := range rows {
@@ -425,4 +430,17 @@ func bootstrapCode(rule error) string {
 		return api.CodePublicURLUnreachable
 	}
 	return api.CodeInvalidBootstrap
+}
+
+// The operator's --allow-loopback-link reaches the guest through Welcome:
+// the guest, which validates the bootstrap again, accepts a ws:// Link URL
+// on loopback and the sandbox becomes ready.
+func TestTheOperatorsLoopbackLinkFlagReachesTheGuest(t *testing.T) {
+	needBwrap(t)
+	b := contract("link.example.com")
+	b.SandboxIO.Bootstrap.LinkURL = "ws://127.0.0.1:9/api/v1/sandbox-link"
+	s := startShim(t, sandboxSpec{bootstrap: encode(t, b), args: append(identityArgs(), "--allow-loopback-link")})
+	s.waitState(api.StateReady, bootTimeout)
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(15*time.Second))
 }

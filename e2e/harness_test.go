@@ -36,6 +36,8 @@ var bins struct {
 	// badVersion speaks protocol 2..3; badGarbage sends bytes that are not
 	// a session.
 	badVersion, badGarbage string
+	// bad holds badguest built for each hostile mode (hostile_test.go).
+	bad map[string]string
 	// sandboxIO and daemon are the stand-in fixtures (internal/standin).
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
@@ -69,7 +71,7 @@ func TestMain(m *testing.M) {
 	bins.fakeDocker = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
 	bins.probe = filepath.Join(dir, "probe")
-	for _, b := range []struct{ out, pkg, ldflags string }{
+	builds := []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
 		{bins.image, "../cmd/oac-image", ""},
@@ -82,7 +84,13 @@ func TestMain(m *testing.M) {
 		{bins.fakeDocker, "./internal/fakedocker", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
 		{bins.probe, "./internal/probe", ""},
-	} {
+	}
+	bins.bad = map[string]string{}
+	for _, mode := range hostileModes {
+		bins.bad[mode] = filepath.Join(dir, "badguest-"+mode)
+		builds = append(builds, struct{ out, pkg, ldflags string }{bins.bad[mode], "./internal/badguest", "-X main.defaultMode=" + mode})
+	}
+	for _, b := range builds {
 		out, pkg := b.out, b.pkg
 		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -397,6 +405,22 @@ func (s *shim) exit(timeout time.Duration) int {
 	case <-s.done:
 	case <-time.After(timeout):
 		s.t.Fatalf("oac-shim did not exit within %s", timeout)
+	}
+	// What it printed last may still be in the pipe: read to its end, so
+	// that "the last event" is the shim's last line.
+	deadline := time.After(10 * time.Second)
+	for {
+		s.mu.Lock()
+		eof, notify := s.eof, s.notify
+		s.mu.Unlock()
+		if eof {
+			break
+		}
+		select {
+		case <-notify:
+		case <-deadline:
+			s.t.Fatalf("oac-shim's output did not end within 10 s of its exit")
+		}
 	}
 	return s.cmd.ProcessState.ExitCode()
 }

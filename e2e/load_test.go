@@ -83,16 +83,19 @@ func TestLoadManyConcurrentEgressConnectionsMoveEveryByte(t *testing.T) {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
 
+	// The workload may run at most 128 processes (docs/workload.md), so one
+	// curl per direction holds all N connections at once (--parallel)
+	// rather than a process per connection.
 	script := fmt.Sprintf(`
 N=%d; SIZE=%d
 head -c $SIZE /dev/urandom > up
 echo "expect-up $(sha256sum up | cut -c1-64)"
+curl -sS --max-time 300 --parallel --parallel-immediate --parallel-max $N "http://up.test/dl/[1-$N]" -o "dl.#1"
+curl -sS --max-time 300 --parallel --parallel-immediate --parallel-max $N --data-binary @up "http://up.test/ul/[1-$N]" -o "ul.#1"
 for i in $(seq $N); do
-  ( d=$(curl -sS --max-time 300 http://up.test/dl/$i | sha256sum | cut -c1-64)
-    u=$(curl -sS --max-time 300 --data-binary @up http://up.test/ul/$i)
-    echo "conn $i $d $u" ) &
+  d=$(sha256sum < dl.$i | cut -c1-64); u=; read -r u < ul.$i
+  echo "conn $i $d $u"
 done
-wait
 echo "load done"
 exec sleep 100000`, conns, size)
 	start := time.Now()

@@ -39,6 +39,12 @@ type dnsStandin struct {
 }
 
 func startDNSStandin(t *testing.T, names map[string][4]byte) *dnsStandin {
+	return startDNSAnswering(t, func(name string, _ int) ([4]byte, bool) { a, ok := names[name]; return a, ok })
+}
+
+// startDNSAnswering is startDNSStandin answering A questions with answer,
+// which also gets how many A questions for the name came before this one.
+func startDNSAnswering(t *testing.T, answer func(name string, asked int) ([4]byte, bool)) *dnsStandin {
 	t.Helper()
 	var pc net.PacketConn
 	var err error
@@ -53,6 +59,7 @@ func startDNSStandin(t *testing.T, names map[string][4]byte) *dnsStandin {
 	require.NoError(t, err)
 	t.Cleanup(func() { pc.Close() })
 	d := &dnsStandin{addr: pc.LocalAddr().(*net.UDPAddr).IP.String()}
+	askedA := map[string]int{}
 	go func() {
 		buf := make([]byte, 4096)
 		for {
@@ -71,7 +78,10 @@ func startDNSStandin(t *testing.T, names map[string][4]byte) *dnsStandin {
 			d.mu.Unlock()
 			m.Header.Response, m.Header.RecursionAvailable = true, true
 			m.Answers, m.Additionals, m.Authorities = nil, nil, nil
-			a, ok := names[name]
+			a, ok := answer(name, askedA[name])
+			if q.Type == dnsmessage.TypeA {
+				askedA[name]++
+			}
 			switch {
 			case !ok:
 				m.Header.RCode = dnsmessage.RCodeNameError

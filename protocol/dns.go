@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -22,6 +23,13 @@ const (
 	// ViaDNS is the via of the host's events for dns streams.
 	ViaDNS = "dns"
 )
+
+// GuestAddrPrefix is the range the guest's resolver makes addresses up
+// from (198.18.0.0/15, RFC 2544 benchmarking, which the host refuses as a
+// destination). The guest maps a made-up address back to its name on
+// every path (capture, SOCKS, HTTP proxy); it sends one as an egress
+// target only when no name holds it, and the host's refusal says so.
+var GuestAddrPrefix = netip.MustParsePrefix("198.18.0.0/15")
 
 // DNSReplyTimeout is how long a guest waits for the host's DNSReply.
 const DNSReplyTimeout = 10 * time.Second

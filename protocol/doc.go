@@ -34,7 +34,7 @@
 //
 //	type    name          direction      body
 //	0x0001  Hello         guest -> host  {"min_version","max_version","agent_version","pid","capabilities"}
-//	0x0002  Welcome       host -> guest  {"version","host_version","capabilities","time_unix_nano"}
+//	0x0002  Welcome       host -> guest  {"version","host_version","capabilities","time_unix_nano","allow_loopback_link"}
 //	0x0003  Bootstrap     host -> guest  bootstrap.Bootstrap (package bootstrap)
 //	0x0004  State         guest -> host  {"state","message","reason","process","url","username"}
 //	0x0005  Shutdown      host -> guest  {"reason","grace_ms"}
@@ -44,6 +44,7 @@
 //	0x0009  Process       guest -> host  {"name","pid","running","exit_code","signal","restarts","restart_in_ms"}
 //	0x000A  DNSReply      host -> guest  {"code","error","effect","reason","rule"} (dns streams only)
 //	0x000B  Time          host -> guest  {"time_unix_nano"} (only to a guest whose Hello lists "time")
+//	0x000C  Abort         guest -> host  {"stream"} (only to a host whose Welcome lists "abort")
 //
 // Data plane frames (never on the session; see "Data plane"):
 //
@@ -61,6 +62,13 @@
 // counting this one, restart_in_ms the backoff before it). A ready State
 // carries the daemon's URL inside the guest and the Basic auth username;
 // no message ever carries the daemon's password except Bootstrap.
+//
+// "abort" in Welcome means the host takes Abort: the guest's side of its
+// egress stream with that yamux id is gone for good (the workload's
+// client was killed or reset the connection), and the host closes the
+// upstream connection at once. A yamux close is only a half-close, so
+// without Abort the host would carry the upstream's bytes into a stream
+// nobody reads until yamux's StreamCloseTimeout.
 //
 // In Hello, "forward" means the guest accepts forward streams (the host
 // opens none otherwise) and "time" means the guest sets its clock from Time
@@ -167,7 +175,10 @@
 // InvalidArgument for an address or a malformed name). No address
 // crosses: the guest hands out addresses of its own and names the name
 // in the egress stream of each connection, which the host checks again
-// with its port. The guest waits at most DNSReplyTimeout (10 s). A dns
+// with its port. The guest makes its addresses up from GuestAddrPrefix
+// (198.18.0.0/15) and maps them back to names on every path; it sends
+// one as an egress host only when no name holds it, and the host's
+// refusal then says so. The guest waits at most DNSReplyTimeout (10 s). A dns
 // stream counts against the broker's stream limit while it is answered.
 //
 // # Data plane
@@ -255,6 +266,18 @@
 //	DataWriteTimeout    10 s  one write of the host on the fd channel
 //	MaxPendingFDs          4  descriptors a guest holds that no frame claimed
 //
+// # Session bounds (a host fails a guest over one)
+//
+//	MaxStreamWindow     1 MiB  a stream's window: no window update may take the
+//	                           other side's send window beyond it
+//	MaxGuestStreams       512  streams a guest opened not yet closed by both sides
+//	MaxStreamOpenRate    2000  stream opens a second (burst MaxStreamOpenBurst 2000)
+//	MaxPingRate             4  yamux pings a second (burst MaxPingBurst 16)
+//
+// A correct guest keeps under them with StreamGate (at most
+// MaxGuestStreams - GuestStreamReserve streams, GuestStreamOpenRate 1000
+// opens a second).
+//
 // # Versions
 //
 //	1  first version: frames, Hello/Welcome/Bootstrap/State/Shutdown/Error,
@@ -284,11 +307,23 @@
 //	     the host gives the failure its code without reading the message.
 //	     A 1.4 guest sends none (the host then says guest_failed); a 1.4
 //	     host ignores it.
-//	1.6  the data plane: capabilities "data_fd" and "data_dial" (Hello and
+//	1.6  Welcome gains "allow_loopback_link" (the operator's
+//	     --allow-loopback-link); Bootstrap's sandbox loses it (a document
+//	     naming it is refused). A 1.5 guest ignores the Welcome field and
+//	     refuses a loopback Link URL; a 1.5 host never sets it.
+//	1.7  the host enforces the session bounds above on every yamux frame
+//	     (a 1.6 host bounded only the streams, at 576 with its default
+//	     broker), and a guest keeps under them (StreamGate). A 1.6 guest
+//	     lets a workload open as many streams as it makes connections, so
+//	     a 1.7 host may fail it as hostile under a connect loop: update the
+//	     guest image with the shim. The Abort message (0x000C) behind the
+//	     host's "abort" capability; a 1.6 host never lists it, so a newer
+//	     guest sends none there.
+//	1.8  the data plane: capabilities "data_fd" and "data_dial" (Hello and
 //	     Welcome), Welcome's "data_token", and the frames Channel (0x000D),
 //	     Connect (0x000E), Connected (0x000F) and Forward (0x0010), which
-//	     travel only on data plane connections. A 1.5 host offers neither
+//	     travel only on data plane connections. A 1.7 host offers neither
 //	     capability, so a newer guest carries every connection as a
-//	     stream; a 1.5 guest lists neither, so a newer host serves no data
+//	     stream; a 1.7 guest lists neither, so a newer host serves no data
 //	     plane connection for it.
 package protocol

@@ -30,6 +30,8 @@ const (
 	TypeDNSReply Type = 0x000A
 	// TypeTime is sent only to a guest whose Hello lists CapTime.
 	TypeTime Type = 0x000B
+	// TypeAbort is sent only to a host whose Welcome lists CapAbort.
+	TypeAbort Type = 0x000C
 	// Data plane frames, only between a host and a guest that agreed on
 	// CapDataFD or CapDataDial, never on the session.
 	TypeChannel   Type = 0x000D
@@ -50,6 +52,7 @@ var typeNames = map[Type]string{
 	TypeProcess:      "Process",
 	TypeDNSReply:     "DNSReply",
 	TypeTime:         "Time",
+	TypeAbort:        "Abort",
 	TypeChannel:      "Channel",
 	TypeConnect:      "Connect",
 	TypeConnected:    "Connected",

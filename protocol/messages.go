@@ -28,6 +28,11 @@ type Welcome struct {
 	// TimeUnixNano is the host's wall clock when Welcome was sent; VM
 	// guests set their clock from it.
 	TimeUnixNano int64 `json:"time_unix_nano"`
+	// AllowLoopbackLink: the operator started the host with
+	// --allow-loopback-link, so the guest accepts a ws:// or wss:// Link
+	// URL on a loopback host. Only the host's own flag sets it; the
+	// bootstrap document cannot.
+	AllowLoopbackLink bool `json:"allow_loopback_link,omitempty"`
 	// DataToken authenticates the guest's data plane connections; set
 	// when Capabilities lists CapDataFD or CapDataDial.
 	DataToken string `json:"data_token,omitempty"`
@@ -61,7 +66,20 @@ const (
 	// CapTime: the guest (Hello) sets its clock from Time messages; a host
 	// sends Time only to a guest that listed it (VM guests do).
 	CapTime = "time"
+	// CapAbort: the host (Welcome) takes Abort messages; a guest sends
+	// them only to a host that listed it.
+	CapAbort = "abort"
 )
+
+// Abort tells the host that the guest's side of one of its egress
+// streams is gone for good (the workload's client was killed or reset
+// its connection): the host closes the upstream connection at once
+// instead of carrying its bytes into a stream nobody reads. Stream is the
+// yamux stream id. A yamux close is only a half-close, so without it the
+// host would learn nothing until yamux's StreamCloseTimeout.
+type Abort struct {
+	Stream uint32 `json:"stream"`
+}
 
 // Time pushes the host's wall clock to a guest that listed CapTime (after
 // the host slept, say). TimeUnixNano is stamped when the message is sent.

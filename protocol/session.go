@@ -33,6 +33,36 @@ func Negotiate(guestMin, guestMax, hostMin, hostMax int) (int, error) {
 	return v, nil
 }
 
+// Session bounds. A host fails a guest that exceeds one (package
+// host/muxguard checks them on every yamux frame before yamux acts on it);
+// a correct guest stays under them by itself (package guest/egress paces
+// and bounds its stream opens).
+const (
+	// MaxStreamWindow is the largest receive window of a stream (both
+	// sides' MuxConfig): a peer never grants more, so a window update that
+	// takes the other side's send window beyond it is a violation.
+	MaxStreamWindow = 1 << 20
+	// MaxGuestStreams bounds the streams a guest has opened that are not
+	// yet closed by both sides (yamux keeps them until then).
+	MaxGuestStreams = 512
+	// GuestStreamReserve is kept free by the guest for its own control
+	// and log streams: it opens egress and dns streams only while it holds
+	// fewer than MaxGuestStreams - GuestStreamReserve streams.
+	GuestStreamReserve = 64
+	// MaxStreamOpenRate and MaxStreamOpenBurst bound the guest's stream
+	// opens (a token bucket, per second); the guest paces itself to
+	// GuestStreamOpenRate and GuestStreamOpenBurst, half of it.
+	MaxStreamOpenRate    = 2000
+	MaxStreamOpenBurst   = 2000
+	GuestStreamOpenRate  = 1000
+	GuestStreamOpenBurst = 1000
+	// MaxPingRate and MaxPingBurst bound yamux pings from the guest (its
+	// keepalive sends one every KeepAliveInterval, 15 s): yamux answers
+	// each from a goroutine of its own.
+	MaxPingRate  = 4
+	MaxPingBurst = 16
+)
+
 // MuxConfig is the yamux configuration both sides use. Each value is chosen:
 //   - MaxStreamWindowSize 1 MiB: the 256 KiB default throttles bulk egress
 //     (measured: 1 MiB reached the best tunnel throughput here; 16 MiB was
@@ -54,7 +84,7 @@ func MuxConfig(logw io.Writer) *yamux.Config {
 		EnableKeepAlive:        true,
 		KeepAliveInterval:      15 * time.Second,
 		ConnectionWriteTimeout: 10 * time.Second,
-		MaxStreamWindowSize:    1 << 20,
+		MaxStreamWindowSize:    MaxStreamWindow,
 		StreamOpenTimeout:      10 * time.Second,
 		StreamCloseTimeout:     30 * time.Second,
 		LogOutput:              logw,
@@ -77,10 +107,23 @@ type Control struct {
 // NewControl wraps an established control stream.
 func NewControl(c net.Conn) *Control { return &Control{conn: c} }
 
-// Send writes one message.
+// ControlWriteTimeout bounds one Send: a peer that stops reading the
+// control stream (or grants no window) cannot block the sender forever.
+const ControlWriteTimeout = 10 * time.Second
+
+// Send writes one message within ControlWriteTimeout.
 func (c *Control) Send(t Type, v any) error {
+	return c.SendWithin(t, v, ControlWriteTimeout)
+}
+
+// SendWithin writes one message within d (queued sends count: Send is
+// serialized).
+func (c *Control) SendWithin(t Type, v any, d time.Duration) error {
+	deadline := time.Now().Add(d)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	_ = c.conn.SetWriteDeadline(deadline)
+	defer func() { _ = c.conn.SetWriteDeadline(time.Time{}) }()
 	return WriteMessage(c.conn, t, v)
 }
 
@@ -131,6 +174,12 @@ func OpenStream(s *yamux.Session, h StreamHeader) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s stream: %w", h.Kind, err)
 	}
+	return StartStream(st, h)
+}
+
+// StartStream writes header h on a stream just opened; on failure it
+// closes the stream.
+func StartStream(st net.Conn, h StreamHeader) (net.Conn, error) {
 	if err := WriteMessage(st, TypeStreamHeader, h); err != nil {
 		st.Close()
 		return nil, fmt.Errorf("write %s stream header: %w", h.Kind, err)
@@ -193,11 +242,18 @@ func GuestHandshake(s *yamux.Session, hello Hello, timeout time.Duration) (*Cont
 	return c, w, nil
 }
 
+// Acceptor is the host's side of a session as the handshake uses it; a
+// *yamux.Session is one.
+type Acceptor interface {
+	Accept() (net.Conn, error)
+	Close() error
+}
+
 // HostHandshake runs the host's side: accept the control stream and Hello
 // within timeout, negotiate against min..max and answer Welcome or a
 // refusal. welcome.Version and welcome.TimeUnixNano are filled in by
 // HostHandshake.
-func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout time.Duration) (*Control, Hello, Welcome, error) {
+func HostHandshake(s Acceptor, minV, maxV int, welcome Welcome, timeout time.Duration) (*Control, Hello, Welcome, error) {
 	var hello Hello
 	deadline := time.Now().Add(timeout)
 	type accepted struct {
@@ -205,7 +261,7 @@ func HostHandshake(s *yamux.Session, minV, maxV int, welcome Welcome, timeout ti
 		err error
 	}
 	ch := make(chan accepted, 1)
-	go func() { c, err := s.AcceptStream(); ch <- accepted{c, err} }()
+	go func() { c, err := s.Accept(); ch <- accepted{c, err} }()
 	var st net.Conn
 	select {
 	case a := <-ch:

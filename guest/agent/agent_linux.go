@@ -174,6 +174,9 @@ type agent struct {
 	boot     *bootstrap.Bootstrap
 	procMsgs bool // the host accepts Process messages
 	welcome  protocol.Welcome
+	// gate paces and bounds the egress and dns streams of the proxies and
+	// the capture (the workload's connections).
+	gate *protocol.StreamGate
 	// proxies are the egress proxies, nil when the host offers no egress.
 	proxies *egress.Proxies
 	// transparent is the resolver and TCP capture, nil when the host does
@@ -188,6 +191,8 @@ type agent struct {
 	egressDone     chan struct{}
 	egressErr      error
 	transparentMsg string
+	// pool is the resolver's made-up addresses, shared by the proxies.
+	pool *transparent.Pool
 
 	mu    sync.Mutex
 	procs []*proc
@@ -242,6 +247,11 @@ func (a *agent) serve(ctx context.Context) error {
 	}
 	b, err := bootstrap.Decode(bytes.NewReader(f.Body))
 	if err == nil {
+		if b.Sandbox != nil {
+			// The operator's relaxation comes from the host's Welcome,
+			// never from the document.
+			b.Sandbox.AllowLoopbackLink = a.welcome.AllowLoopbackLink
+		}
 		err = b.ValidateInGuest()
 	}
 	if err != nil {
@@ -297,11 +307,25 @@ func (a *agent) prepareEgress() {
 		close(a.egressDone)
 		return
 	}
+	a.gate = protocol.NewStreamGate(a.sess)
+	if protocol.HasCapability(caps, protocol.CapAbort) {
+		a.gate.OnAbort = func(id uint32) {
+			_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
+		}
+	}
+	open := a.data.opener(egress.SessionOpener(a.gate))
+	if protocol.HasCapability(caps, protocol.CapDNS) {
+		// The resolver's made-up addresses map back to their names on
+		// every path: a client that resolves itself (curl --socks5) and
+		// then names the address to a proxy reaches the name.
+		a.pool = transparent.NewPool(transparent.DefaultPrefix)
+		open = a.pool.Opener(open)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		p, err := egress.Start(a.data.opener(egress.SessionOpener(a.sess)), egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		p, err := egress.Start(open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.egressErr = err
 			return
@@ -335,9 +359,10 @@ func (a *agent) waitEgress() error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open: a.data.opener(egress.SessionOpener(a.sess)),
-		Ask:  transparent.SessionAsker(a.sess),
+		Open: a.data.opener(egress.SessionOpener(a.gate)),
+		Ask:  transparent.SessionAsker(a.gate),
 		Log:  a.cfg.Log,
+		Pool: a.pool,
 		OnUDPDropped: func(n uint64) {
 			udpLog.report(n)
 		},

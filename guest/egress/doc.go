@@ -11,9 +11,12 @@
 // stream per target, reused while the client keeps the connection), and
 // turns a refusal into an explicit response: 403 with X-Sandbox-Egress:
 // denied, the reason and the rule, and a body saying it is policy, not a
-// network fault, so retrying will not help. SOCKS5 (CONNECT, no
-// authentication) sends domain names to the host unresolved and answers a
-// refusal with the matching reply code.
+// network fault, so retrying will not help (RefusalResponse gives the
+// same response to the capture of package transparent). SOCKS5 (CONNECT,
+// no authentication) sends domain names to the host unresolved and answers
+// a refusal with the matching reply code. The agent may wrap the Opener
+// (transparent.Pool.Opener) so an address its resolver made up names its
+// name again.
 //
 // It owns parsing of client requests, which is bounded: request heads at
 // most MaxHeaderBytes, a deadline on every head and handshake, a cap on

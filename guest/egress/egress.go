@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -38,14 +36,25 @@ const (
 // answer. The connection is nil unless the answer is OK.
 type Opener func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply)
 
-// SessionOpener opens egress streams over a yamux session.
-func SessionOpener(sess *yamux.Session) Opener {
+// GateWait bounds how long a connection waits for one of the session's
+// stream slots (protocol.StreamGate) before it is refused with
+// ResourceExhausted.
+const GateWait = 10 * time.Second
+
+// SessionOpener opens egress streams over a yamux session, through gate:
+// the connections of a workload that opens more at once than the session
+// carries wait for a slot, then are refused in the guest, never counted
+// against the host's bounds.
+func SessionOpener(gate *protocol.StreamGate) Opener {
 	return func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
 		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: host, Port: port, Via: via}
 		if err := h.Validate(); err != nil {
 			return nil, localFailure(protocol.EgressInvalidArgument, "the target is not a host name or IP address with a port in 1..65535")
 		}
-		st, err := protocol.OpenStream(sess, h)
+		st, err := OpenGated(ctx, gate, h)
+		if errors.Is(err, protocol.ErrGateTimeout) {
+			return nil, localFailure(protocol.EgressResourceExhausted, err.Error()+": close some connections first")
+		}
 		if err != nil {
 			return nil, localFailure(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
 		}
@@ -69,6 +78,25 @@ func SessionOpener(sess *yamux.Session) Opener {
 		}
 		return st, r
 	}
+}
+
+// Abort ends c for good: a stream opened through a StreamGate is aborted
+// (the host closes what it carries at once); anything else is closed.
+// Call it when the client side of a connection failed (killed, reset),
+// not when it ended cleanly.
+func Abort(c net.Conn) {
+	if a, ok := c.(interface{ Abort() }); ok {
+		a.Abort()
+		return
+	}
+	_ = c.Close()
+}
+
+// OpenGated opens a stream through gate, waiting at most GateWait.
+func OpenGated(ctx context.Context, gate *protocol.StreamGate, h protocol.StreamHeader) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, GateWait)
+	defer cancel()
+	return gate.Open(ctx, h)
 }
 
 // LocalFailure is a refusal the guest makes itself (the host could not be

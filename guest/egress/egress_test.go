@@ -382,3 +382,70 @@ func TestKeptAliveStreamClosedByTheUpstreamIsRetriedForBodilessRequests(t *testi
 	}
 	assert.Len(t, fh.callList(), 2, "the second request went over a fresh stream")
 }
+
+// endlessServer answers every connection (an HTTP request or a tunnel)
+// with an endless body, and reports how long after the client's kill each
+// connection saw its end.
+func endlessServer(t *testing.T) (addr string, ended chan time.Time) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	ended = make(chan time.Time, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = bufio.NewReader(c).ReadString('\n') // the request line, or anything
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+				chunk := make([]byte, 32<<10)
+				_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+				for range 30000 { // at most about 1 GB
+					if _, err := c.Write(chunk); err != nil {
+						break
+					}
+				}
+				ended <- time.Now()
+			}()
+		}
+	}()
+	return ln.Addr().String(), ended
+}
+
+// Finding 6: a client killed mid-download must end the upstream
+// connection at once, not after the proxy read the rest of the response
+// (an endless one, before) or after a stream timeout.
+func TestAKilledClientEndsTheUpstreamConnectionAtOnce(t *testing.T) {
+	for _, how := range []string{"plain HTTP", "CONNECT"} {
+		t.Run(strings.ReplaceAll(how, " ", "_"), func(t *testing.T) {
+			addr, ended := endlessServer(t)
+			p, _ := startProxies(t, map[string]string{"big.test:80": addr})
+			c, err := net.Dial("tcp", p.HTTPAddr)
+			require.NoError(t, err)
+			if how == "CONNECT" {
+				_, err = io.WriteString(c, "CONNECT big.test:80 HTTP/1.1\r\nHost: big.test:80\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+			} else {
+				_, err = io.WriteString(c, "GET http://big.test/ HTTP/1.1\r\nHost: big.test\r\n\r\n")
+			}
+			require.NoError(t, err)
+			_, err = io.ReadFull(c, make([]byte, 256<<10)) // mid-download
+			require.NoError(t, err)
+			_ = c.(*net.TCPConn).SetLinger(0)
+			killed := time.Now()
+			c.Close() // as the kernel does for a killed process with unread data: a reset
+			select {
+			case at := <-ended:
+				t.Logf("upstream ended %s after the client was killed", at.Sub(killed).Round(time.Millisecond))
+				// Nothing waits in between (0-7 ms measured): the bound is
+				// margin for a busy machine, far below the response's end.
+				assert.Less(t, at.Sub(killed), time.Second, "the abort reaches the upstream at once")
+			case <-time.After(10 * time.Second):
+				t.Fatal("the upstream connection outlived its killed client")
+			}
+		})
+	}
+}

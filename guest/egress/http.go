@@ -208,7 +208,9 @@ func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	_, _, _ = joinClient(c, br, st)
+	if _, _, err := joinClient(c, br, st); err != nil {
+		Abort(st)
+	}
 }
 
 // hopByHop are headers that describe one connection, not the message.
@@ -301,7 +303,9 @@ func (p *Proxies) relayResponse(c net.Conn, br *bufio.Reader, req *http.Request,
 			if err := writeHead(c, resp); err != nil {
 				return up, false
 			}
-			_, _, _ = pipe.Join(&bufConn{Conn: c, br: br}, &bufConn{Conn: up.c, br: up.br}, nil)
+			if _, _, err := pipe.Join(&bufConn{Conn: c, br: br}, &bufConn{Conn: up.c, br: up.br}, nil); err != nil {
+				Abort(up.c)
+			}
 			return up, false
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 {
@@ -315,7 +319,10 @@ func (p *Proxies) relayResponse(c net.Conn, br *bufio.Reader, req *http.Request,
 			continue
 		}
 		removeHopByHop(resp.Header)
-		err := resp.Write(c)
+		// When the client is gone, Response.Write closes the body, which
+		// reads the rest of the response (to the end of an endless one):
+		// the stream is aborted first, on the failed write.
+		err := resp.Write(abortOnError{w: c, stream: up.c})
 		resp.Body.Close()
 		if err != nil || resp.Close || req.Close {
 			return up, false
@@ -397,6 +404,28 @@ func refusalResponse(t target, r protocol.EgressReply) string {
 	return b.String()
 }
 
+// RefusalResponse is the proxy's HTTP response to the host's refusal of
+// host:port, for another path that answers HTTP clients the same way (a
+// captured connection to port 80).
+func RefusalResponse(host string, port int, r protocol.EgressReply) string {
+	return refusalResponse(target{host: host, port: port}, r)
+}
+
 func writeRefusal(w io.Writer, t target, r protocol.EgressReply) {
 	_, _ = io.WriteString(w, refusalResponse(t, r))
+}
+
+// abortOnError writes to w and aborts stream (egress.Abort) when a write
+// fails.
+type abortOnError struct {
+	w      io.Writer
+	stream net.Conn
+}
+
+func (a abortOnError) Write(p []byte) (int, error) {
+	n, err := a.w.Write(p)
+	if err != nil {
+		Abort(a.stream)
+	}
+	return n, err
 }

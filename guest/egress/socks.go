@@ -170,5 +170,7 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 	}
 	// The handshake reader was bounded to 1 KiB: whatever it holds past
 	// the request is payload the client sent early.
-	_, _, _ = joinClient(c, br, st)
+	if _, _, err := joinClient(c, br, st); err != nil {
+		Abort(st)
+	}
 }

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/hashicorp/yamux"
 
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/internal/pipe"
@@ -28,13 +27,17 @@ const (
 	udpPoll = 2 * time.Second
 )
 
-// SessionAsker asks over a yamux session, one dns stream per question.
-func SessionAsker(sess *yamux.Session) Asker {
+// SessionAsker asks over a yamux session, one dns stream per question,
+// opened through gate (see egress.SessionOpener).
+func SessionAsker(gate *protocol.StreamGate) Asker {
 	return func(ctx context.Context, name string) protocol.DNSReply {
 		local := func(code protocol.EgressCode, reason string) protocol.DNSReply {
 			return protocol.DNSReply{Code: code, Error: code.String(), Effect: protocol.EffectNone, Reason: reason}
 		}
-		st, err := protocol.OpenStream(sess, protocol.StreamHeader{Kind: protocol.KindDNS, Host: name})
+		st, err := egress.OpenGated(ctx, gate, protocol.StreamHeader{Kind: protocol.KindDNS, Host: name})
+		if errors.Is(err, protocol.ErrGateTimeout) {
+			return local(protocol.EgressResourceExhausted, err.Error())
+		}
 		if err != nil {
 			return local(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
 		}
@@ -212,19 +215,16 @@ func (t *Transparent) serve() {
 }
 
 // Target maps a captured destination back to what the program asked for:
-// the name a fake address was handed out for, or the address itself.
+// the name a fake address was handed out for, or the address itself (a
+// made-up address no name holds too: the host refuses it, saying why, in
+// an egress event).
 func (t *Transparent) Target(dst net.Addr) (host string, port int, ok bool) {
 	ta, isTCP := dst.(*net.TCPAddr)
 	if !isTCP {
 		return "", 0, false
 	}
 	ap := ta.AddrPort()
-	a := ap.Addr().Unmap()
-	if t.pool.Contains(a) {
-		n, found := t.pool.Name(a)
-		return n, int(ap.Port()), found
-	}
-	return a.String(), int(ap.Port()), true
+	return t.pool.Unmap(ap.Addr().Unmap().String()), int(ap.Port()), true
 }
 
 func (t *Transparent) handle(c *net.TCPConn) {
@@ -234,23 +234,54 @@ func (t *Transparent) handle(c *net.TCPConn) {
 		reset(c)
 		return
 	}
-	host, port, ok := t.Target(net.TCPAddrFromAddrPort(ap))
-	if !ok {
-		t.cfg.Log.Warn("capture: connection to a fake address no name holds (handed out before a restart?)", "address", ap.String())
-		reset(c)
-		return
-	}
+	host, port, _ := t.Target(net.TCPAddrFromAddrPort(ap))
+	t.Handle(c, host, port)
+}
+
+// Handle carries one connection whose target is known (the capture, and
+// benchmarks and tests without a namespace). A refusal of a connection to
+// port 80 is answered with the proxy's explanatory HTTP response (403 for
+// the policy); any other is a reset: the kernel already completed the
+// handshake, and a reset is the closest to a refusal a raw TCP client
+// understands. Either way the reason is in the host's egress event.
+func (t *Transparent) Handle(c net.Conn, host string, port int) {
 	st, r := t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
 	if !r.OK() {
-		// The kernel already completed the handshake: a reset is the
-		// closest to a refusal a raw TCP client understands. The reason
-		// is in the host's egress event.
 		t.cfg.Log.Debug("capture: refused", "target", net.JoinHostPort(host, strconv.Itoa(port)), "code", r.Code.String(), "reason", r.Reason)
+		if port == 80 {
+			refuseHTTP(c, host, port, r)
+			return
+		}
 		reset(c)
 		return
 	}
 	defer st.Close()
-	_, _, _ = pipe.Join(c, st, nil)
+	if _, _, err := pipe.Join(c, st, nil); err != nil {
+		egress.Abort(st) // the host closes the upstream at once
+	}
+}
+
+// Bounds of the answer to a refused port-80 connection.
+const (
+	refusalWrite = 5 * time.Second
+	refusalDrain = 2 * time.Second
+	refusalBytes = 64 << 10
+)
+
+// refuseHTTP writes the proxy's refusal response, half-closes, and reads
+// what the client sent (bounded in time and bytes) before closing, so the
+// response is not lost to a reset for unread request bytes.
+func refuseHTTP(c net.Conn, host string, port int, r protocol.EgressReply) {
+	defer c.Close()
+	_ = c.SetWriteDeadline(time.Now().Add(refusalWrite))
+	if _, err := io.WriteString(c, egress.RefusalResponse(host, port, r)); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(refusalDrain))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, refusalBytes))
 }
 
 // reset closes c with an RST (SO_LINGER 0).

@@ -42,10 +42,16 @@
 // EPERM at once) and counts it; the agent reports the count on the log
 // stream "oac-guest/egress". The capture listener reads the original
 // destination (SO_ORIGINAL_DST), maps a fake address back to its name (an
-// IP literal stays an IP literal, for CIDR rules) and opens an egress
-// stream for name:port. A refusal resets the connection (the kernel has
-// completed the handshake by then, so a reset is the closest a raw TCP
-// client gets to a refusal); the reason is in the host's egress event.
+// IP literal stays an IP literal, for CIDR rules; so does a fake address
+// no name holds, which the host refuses saying so) and opens an egress
+// stream for name:port. A refused connection to port 80 gets the HTTP
+// proxy's explanatory response (403 for the policy); any other refusal
+// resets the connection (the kernel has completed the handshake by then,
+// so a reset is the closest a raw TCP client gets to a refusal); the
+// reason is in the host's egress event either way. The same mapping
+// (Pool.Opener) wraps the proxies' streams: a client that resolved a
+// name itself and hands the proxy the fake address (curl --socks5)
+// reaches the name.
 //
 // # Why netfilter redirection and not a TUN device with gVisor's netstack
 //

@@ -1,8 +1,14 @@
 package transparent
 
 import (
+	"context"
+	"net"
 	"net/netip"
+	"strings"
 	"sync"
+
+	"github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Pool hands out guest-only addresses for names, one per name, stable for
@@ -20,9 +26,10 @@ type Pool struct {
 }
 
 // DefaultPrefix is the range fake addresses come from: 198.18.0.0/15
-// (RFC 2544 benchmarking), which the host broker refuses as a destination,
-// so a fake address that escaped could never be dialed.
-var DefaultPrefix = netip.MustParsePrefix("198.18.0.0/15")
+// (RFC 2544 benchmarking, protocol.GuestAddrPrefix), which the host
+// broker refuses as a destination, so a fake address that escaped could
+// never be dialed.
+var DefaultPrefix = protocol.GuestAddrPrefix
 
 // NewPool returns a pool over prefix (IPv4). Its first usable address is
 // Self, the guest's own source address for captured connections.
@@ -71,6 +78,29 @@ func (p *Pool) Name(a netip.Addr) (string, bool) {
 	defer p.mu.Unlock()
 	n, ok := p.byIP[a.Unmap()]
 	return n, ok
+}
+
+// Unmap returns the name a made-up address was handed out for when host
+// is one (in any spelling netip parses, brackets allowed), else host
+// unchanged: an address no name holds stays an address, which the host
+// refuses saying why.
+func (p *Pool) Unmap(host string) string {
+	a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
+	if err != nil || !p.Contains(a) {
+		return host
+	}
+	if n, ok := p.Name(a); ok {
+		return n
+	}
+	return host
+}
+
+// Opener wraps open so that a target naming a made-up address names the
+// name instead (the proxies: a client that resolved the name itself).
+func (p *Pool) Opener(open egress.Opener) egress.Opener {
+	return func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
+		return open(ctx, p.Unmap(host), port, via)
+	}
 }
 
 // Len returns how many names hold an address.

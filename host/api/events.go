@@ -16,6 +16,11 @@ const (
 	KindProcess = "process" // a guest process started, exited or is restarting
 	KindLog     = "log"     // one line of guest process output: stream, line
 	KindDropped = "log_dropped"
+	// KindEgressDropped and KindProcessDropped count egress (and
+	// egress_closed) and process events dropped over their rate limit:
+	// dropped.
+	KindEgressDropped  = "egress_dropped"
+	KindProcessDropped = "process_dropped"
 	// KindEgress is one egress decision: target, via, decision (allowed,
 	// denied, failed), rule or reason, code and effect on refusal, address
 	// dialed when allowed.

@@ -28,3 +28,7 @@ func (*Channel) Close() error { return nil }
 
 // CanPassFDs is false off Linux.
 func CanPassFDs() bool { return false }
+
+// peersGone is not known off Linux: a failed connection is reported as
+// failed.
+func peersGone(net.Conn, net.Conn) bool { return false }

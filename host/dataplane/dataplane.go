@@ -121,7 +121,7 @@ func (cfg *Config) answer(req protocol.Connect, guest func() (net.Conn, error), 
 		}
 		return
 	}
-	a.Carry(host, func() { host.Close() })
+	a.Carry(host, func() { host.Close() }, peersGone)
 }
 
 // violation wraps a read error that a correct guest never causes.

@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"errors"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -303,4 +306,85 @@ func TestTokensCompareWhole(t *testing.T) {
 	assert.Len(t, tok, 2*protocol.DataTokenBytes)
 	_, err = strconv.ParseUint(tok[:8], 16, 64)
 	assert.NoError(t, err)
+}
+
+// A guest whose client died closes its end: the host ends the upstream at
+// once and says the guest aborted, as it does for an aborted stream.
+func TestAGuestThatClosesItsEndMidDownloadAborts(t *testing.T) {
+	needRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ended := make(chan time.Time, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		chunk := make([]byte, 32<<10)
+		_ = c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		for range 100000 {
+			if _, err := c.Write(chunk); err != nil {
+				break
+			}
+		}
+		ended <- time.Now()
+	}()
+	h := startHost(t, 8, func(c *Config) {
+		pol, err := egress.ParsePolicy(nil, []string{"big.test:80=" + ln.Addr().String()})
+		require.NoError(t, err)
+		c.Broker = egress.New(egress.Config{Policy: pol})
+	}, protocol.CapDataFD)
+	g, _ := h.openChannel(t)
+	r, c := g.connect(1, "big.test")
+	require.True(t, r.OK(), r.Reason)
+	_, err = io.ReadFull(c, make([]byte, 1<<20))
+	require.NoError(t, err)
+	closedAt := time.Now()
+	c.Close() // with unread bytes, as a guest whose client was killed
+	select {
+	case at := <-ended:
+		assert.Less(t, at.Sub(closedAt), time.Second, "the upstream ends at once")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream outlived the guest's end")
+	}
+	require.Eventually(t, func() bool { return len(h.events.of(api.KindEgressClosed)) == 1 }, 5*time.Second, 10*time.Millisecond)
+	e := h.events.of(api.KindEgressClosed)[0]
+	assert.Equal(t, egress.ErrGuestAborted.Error(), e.Reason)
+	assert.Equal(t, protocol.EgressCancelled.String(), e.Code)
+}
+
+// An upstream that resets is the upstream's failure, not the guest's.
+func TestAnUpstreamResetIsNotTheGuestAborting(t *testing.T) {
+	needRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = c.Write(make([]byte, 64<<10))
+		_, _ = c.Read(make([]byte, 1))
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close() // RST
+	}()
+	h := startHost(t, 8, func(c *Config) {
+		pol, err := egress.ParsePolicy(nil, []string{"rst.test:80=" + ln.Addr().String()})
+		require.NoError(t, err)
+		c.Broker = egress.New(egress.Config{Policy: pol})
+	}, protocol.CapDataFD)
+	g, _ := h.openChannel(t)
+	r, c := g.connect(1, "rst.test")
+	require.True(t, r.OK(), r.Reason)
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.Copy(io.Discard, c)
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection ends with the upstream")
+	require.Eventually(t, func() bool { return len(h.events.of(api.KindEgressClosed)) == 1 }, 5*time.Second, 10*time.Millisecond)
+	assert.NotEqual(t, egress.ErrGuestAborted.Error(), h.events.of(api.KindEgressClosed)[0].Reason)
 }

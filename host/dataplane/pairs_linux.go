@@ -6,6 +6,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -134,4 +135,33 @@ func CanPassFDs() bool {
 		return false
 	}
 	return data[0].Effective&(1<<unix.CAP_SYS_ADMIN) != 0
+}
+
+// peersGone reports whether the guest's side of a failed connection went
+// away (its peer closed or reset it: the guest's client died and the guest
+// closed its end) while the upstream is still there, looking at both
+// sockets without taking a byte (a carrier with no abort message of its
+// own). A half-close is not a failure, so Carry asks only after one.
+func peersGone(guest, up net.Conn) bool {
+	return peerGone(guest) && !peerGone(up)
+}
+
+// peerGone peeks at c: end of stream or an error other than "nothing yet"
+// means its peer is gone.
+func peerGone(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	gone := false
+	_ = rc.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		gone = (err == nil && n == 0) || (err != nil && err != unix.EAGAIN && err != unix.EINTR)
+	})
+	return gone
 }

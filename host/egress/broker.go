@@ -50,6 +50,10 @@ type Config struct {
 	IdleTimeout time.Duration
 	// Resolver defaults to net.DefaultResolver.
 	Resolver Resolver
+	// HostAddrs are this host's own addresses, refused unless a named
+	// upstream or a CIDR rule naming the address allows them; default
+	// SystemHostAddrs.
+	HostAddrs HostAddrs
 	// Log receives the broker's own diagnostics (never payloads).
 	Log *slog.Logger
 }
@@ -57,6 +61,7 @@ type Config struct {
 // Broker answers the egress streams of one sandbox.
 type Broker struct {
 	cfg    Config
+	own    HostAddrs
 	policy atomic.Pointer[Policy]
 	sem    chan struct{}
 	nextID atomic.Uint64
@@ -81,7 +86,10 @@ func New(cfg Config) *Broker {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	b := &Broker{cfg: cfg, sem: make(chan struct{}, cfg.MaxStreams)}
+	if cfg.HostAddrs == nil {
+		cfg.HostAddrs = SystemHostAddrs()
+	}
+	b := &Broker{cfg: cfg, own: cfg.HostAddrs, sem: make(chan struct{}, cfg.MaxStreams)}
 	p := cfg.Policy
 	if p == nil {
 		p = &Policy{}
@@ -136,8 +144,13 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 		return
 	}
 	guest := &abortable{Conn: st}
-	a.Carry(guest, guest.abort)
+	a.Carry(guest, guest.abort, nil)
 }
+
+// ErrGuestAborted is the cause of an egress connection whose guest side
+// went away for good (the workload's client was killed or reset it): the
+// close event gives it as the reason.
+var ErrGuestAborted = errors.New("the guest aborted the connection (its client went away)")
 
 // Attempt is one egress connection the broker decided: the same decision,
 // events and limits whichever carrier brings the guest's side (an egress
@@ -250,8 +263,12 @@ func (a *Attempt) Answered(werr error) bool {
 // Carry joins the guest's side to the upstream until both directions end
 // (or the idle timeout, or the sandbox stopping, ends them), emits the
 // close event and releases the slot. abort ends the guest's side for good
-// (a yamux stream's Close is only a half-close).
-func (a *Attempt) Carry(guest net.Conn, abort func()) {
+// (a yamux stream's Close is only a half-close). gone, when not nil, is
+// asked when the connection failed, before either side is closed: it
+// reports whether the guest's side went away while the upstream was still
+// there (ErrGuestAborted), which a carrier without an abort message learns
+// from its sockets.
+func (a *Attempt) Carry(guest net.Conn, abort func(), gone func(guest, up net.Conn) bool) {
 	defer a.Close()
 	up := a.up
 	var act pipe.Activity
@@ -267,7 +284,12 @@ func (a *Attempt) Carry(guest net.Conn, abort func()) {
 		abort()
 		up.Close()
 	})
-	out, in, err := pipe.Join(guest, up, &act)
+	var guestGone atomic.Bool
+	out, in, err := pipe.JoinThen(guest, up, &act, func(error) {
+		if gone != nil && gone(guest, up) {
+			guestGone.Store(true)
+		}
+	})
 	stopOnCancel()
 	stopIdle()
 	ev, ctx := a.ev, a.ctx
@@ -277,8 +299,13 @@ func (a *Attempt) Carry(guest net.Conn, abort func()) {
 	case idled.Load():
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressTimedOut.String(), protocol.EffectPossible,
 			fmt.Sprintf("no byte crossed for %s (idle timeout)", a.b.cfg.IdleTimeout)
+	case guestGone.Load():
+		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, ErrGuestAborted.Error()
 	case ctx.Err() != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, "the sandbox is stopping"
+		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+			closed.Reason = safeText(c.Error(), 200)
+		}
 	case err != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
 	}
@@ -371,7 +398,7 @@ func (b *Broker) watchIdle(act *pipe.Activity, onIdle func()) func() {
 // that allowed it, and the connection or the failure.
 func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, string, string, *Failure) {
 	pol := b.policy.Load()
-	pl, f := pol.plan(host, port)
+	pl, f := pol.plan(host, port, b.own)
 	if f != nil {
 		return nil, pl.target, f.Rule, f
 	}
@@ -400,7 +427,10 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 	if f != nil {
 		return nil, pl.target, f.Rule, f
 	}
-	c, f := b.dialChecked(ctx, netip.AddrPortFrom(a, uint16(port)))
+	c, f := b.dialChecked(ctx, netip.AddrPortFrom(a, uint16(port)), func() *Failure {
+		_, f := pol.check(pl, a)
+		return f
+	})
 	if f != nil {
 		f.Rule = rule
 		return nil, pl.target, rule, f
@@ -410,8 +440,11 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 
 // dialChecked dials exactly ap: an IP literal, so nothing is resolved, and
 // the Control hook refuses any socket whose address is not ap (no second
-// resolution, no rebinding window, no surprise from a future dialer).
-func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort) (net.Conn, *Failure) {
+// resolution, no rebinding window, no surprise from a future dialer). The
+// hook also runs recheck, the policy's check of ap, once more: an address
+// that became one of this host's since it was checked is refused at the
+// moment of the dial.
+func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort, recheck func() *Failure) (net.Conn, *Failure) {
 	d := net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
 		if b.dialed != nil {
 			b.dialed(network, address)
@@ -420,10 +453,17 @@ func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort) (net.Conn, 
 		if err != nil || got.Addr().Unmap() != ap.Addr() || got.Port() != ap.Port() {
 			return fmt.Errorf("dial of %s refused: only the checked address %s may be dialed", address, ap)
 		}
+		if f := recheck(); f != nil {
+			return f
+		}
 		return nil
 	}}
 	c, err := d.DialContext(ctx, "tcp", ap.String())
 	if err != nil {
+		var f *Failure
+		if errors.As(err, &f) {
+			return nil, f
+		}
 		return nil, dialFailure(ctx, ap.String(), err)
 	}
 	return c, nil

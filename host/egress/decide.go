@@ -43,12 +43,14 @@ type plan struct {
 	nameRule *Rule
 	// resolve: host is a name whose candidates come from the resolver.
 	resolve bool
+	// own knows the host's own addresses (nil: none).
+	own HostAddrs
 }
 
 // plan runs the checks in the order of docs/contract.md up to resolution: the target
 // must parse; a named upstream wins; then the port (a denied port resolves
 // nothing); an IP literal is its own only candidate.
-func (p *Policy) plan(rawHost string, port int) (plan, *Failure) {
+func (p *Policy) plan(rawHost string, port int, own HostAddrs) (plan, *Failure) {
 	if port < 1 || port > 65535 {
 		return plan{}, fail(protocol.EgressInvalidArgument, "", "port %d is not within 1..65535", port)
 	}
@@ -59,7 +61,7 @@ func (p *Policy) plan(rawHost string, port int) (plan, *Failure) {
 	if err != nil {
 		return plan{}, fail(protocol.EgressInvalidArgument, "", "%q is not a valid host name or IP address", safeText(rawHost, 80))
 	}
-	pl := plan{host: h, port: port, target: JoinHostPort(h, port)}
+	pl := plan{host: h, port: port, target: JoinHostPort(h, port), own: own}
 	if !h.IsIP() {
 		if u, ok := p.upstreams[upKey{h.Name, port}]; ok {
 			pl.upstream = &u
@@ -94,10 +96,10 @@ func (p *Policy) plan(rawHost string, port int) (plan, *Failure) {
 			return pl, fail(protocol.EgressDenied, nameWrongPort.String(), "port %d is not allowed for %s (its rule allows port %s); nothing was resolved",
 				port, h, portText(nameWrongPort.lo, nameWrongPort.hi))
 		case !anyPort:
-			return pl, fail(protocol.EgressDenied, "", "port %d is not allowed by any rule; nothing was resolved", port)
+			return pl, fail(protocol.EgressDenied, "", "port %d is not allowed by any rule; nothing was resolved%s", port, madeUpNote(h))
 		case h.IsIP():
-			if cls, bad := refusedClass(h.IP); bad {
-				return pl, fail(protocol.EgressDenied, "", "%s is %s: refused unless a CIDR rule allows it", h.IP, cls)
+			if f := pl.refusal(h.IP, "", "", false); f != nil {
+				return pl, f
 			}
 		}
 		return pl, fail(protocol.EgressDenied, "", "no rule allows %s; nothing was resolved", pl.target)
@@ -106,29 +108,84 @@ func (p *Policy) plan(rawHost string, port int) (plan, *Failure) {
 	return pl, nil
 }
 
+// madeUpNote explains an IP literal from the range the guest's resolver
+// makes addresses up from: the program connected to an address that no
+// name holds in the guest (the guest sends a made-up address it can map
+// back as its name).
+func madeUpNote(h Host) string {
+	if h.IsIP() && protocol.GuestAddrPrefix.Contains(h.IP) {
+		return fmt.Sprintf(" (%s is one of the addresses the sandbox's resolver makes up for names, %s, and no name holds it now: resolve the name again)", h.IP, protocol.GuestAddrPrefix)
+	}
+	return ""
+}
+
+// refusal explains why a, a candidate for pl no CIDR rule allows, is
+// refused (nil: it is not in a refused class). rule is the name rule that
+// matched, if any.
+// A CIDR rule covering a (wide) lifts its class, so the reason is then
+// that a is the host's.
+func (pl plan) refusal(a netip.Addr, rule, ruleName string, wide bool) *Failure {
+	subject := a.String()
+	if ruleName != "" {
+		subject = fmt.Sprintf("%s resolves to %s, which", ruleName, a)
+	}
+	cls, bad := refusedClass(a)
+	if bad && !wide {
+		return fail(protocol.EgressDenied, rule, "%s is %s: refused unless a CIDR rule allows it%s", subject, cls, madeUpNote(Host{IP: a}))
+	}
+	if iface, own := pl.owner(a); own {
+		return fail(protocol.EgressDenied, rule, "%s is an address of this host (%s): refused unless a named upstream or a CIDR rule naming exactly this address allows it", subject, iface)
+	}
+	if bad {
+		return fail(protocol.EgressDenied, rule, "%s is %s: refused unless a CIDR rule allows it", subject, cls)
+	}
+	return nil
+}
+
+func (pl plan) owner(a netip.Addr) (string, bool) {
+	if pl.own == nil {
+		return "", false
+	}
+	return pl.own.Owner(a)
+}
+
+// cidrAllows returns the first CIDR rule allowing a on port (any port when
+// port is 0). A rule wider than one address does not open an address of
+// this host: only a rule naming exactly that address does.
+func (p *Policy) cidrAllows(a netip.Addr, port int, own bool) *Rule {
+	for i := range p.rules {
+		r := &p.rules[i]
+		if r.kind == ruleCIDR && (port == 0 || r.hasPort(port)) && r.prefix.Contains(a) && (!own || r.prefix.IsSingleIP()) {
+			return r
+		}
+	}
+	return nil
+}
+
 // check decides one candidate address for pl: always-refused addresses
-// first, then CIDR rules (which may allow a refused class explicitly),
-// then the name rule, which never allows a refused class.
+// first, then CIDR rules (which may allow a refused class explicitly, and
+// an address of this host only by naming it), then the name rule, which
+// never allows a refused class or an address of this host.
 func (p *Policy) check(pl plan, a netip.Addr) (rule string, f *Failure) {
 	a = a.Unmap()
 	if why, bad := alwaysRefused(a); bad {
 		return "", fail(protocol.EgressDenied, "", "%s is %s: always refused", a, why)
 	}
-	for i := range p.rules {
-		r := &p.rules[i]
-		if r.kind == ruleCIDR && r.hasPort(pl.port) && r.prefix.Contains(a) {
-			return r.String(), nil
-		}
+	_, own := pl.owner(a)
+	if r := p.cidrAllows(a, pl.port, own); r != nil {
+		return r.String(), nil
 	}
-	cls, refused := refusedClass(a)
+	wide := own && p.cidrAllows(a, pl.port, false) != nil
 	switch {
-	case pl.nameRule != nil && refused:
-		return "", fail(protocol.EgressDenied, pl.nameRule.String(),
-			"%s resolves to %s, which is %s: refused unless a CIDR rule allows it", pl.host, a, cls)
 	case pl.nameRule != nil:
+		if f := pl.refusal(a, pl.nameRule.String(), pl.host.String(), wide); f != nil {
+			return "", f
+		}
 		return pl.nameRule.String(), nil
-	case refused:
-		return "", fail(protocol.EgressDenied, "", "%s is %s: refused unless a CIDR rule allows it", a, cls)
+	default:
+		if f := pl.refusal(a, "", "", wide); f != nil {
+			return "", f
+		}
 	}
 	if pl.host.IsIP() {
 		return "", fail(protocol.EgressDenied, "", "no rule allows %s", pl.target)
@@ -190,9 +247,15 @@ type Decision struct {
 }
 
 // Decide checks host:port against p, resolving names with lookup when the
-// port and rules make that necessary. It dials nothing.
+// port and rules make that necessary; this host's own addresses are
+// SystemHostAddrs. It dials nothing.
 func (p *Policy) Decide(host string, port int, lookup func(name string) ([]netip.Addr, error)) Decision {
-	pl, f := p.plan(host, port)
+	return p.DecideOn(SystemHostAddrs(), host, port, lookup)
+}
+
+// DecideOn is Decide with the host's own addresses given (nil: none).
+func (p *Policy) DecideOn(own HostAddrs, host string, port int, lookup func(name string) ([]netip.Addr, error)) Decision {
+	pl, f := p.plan(host, port, own)
 	d := Decision{Target: pl.target, Failure: f}
 	if f != nil {
 		return d

@@ -63,11 +63,14 @@ func (p *Policy) planName(rawName string) (namePlan, *Failure) {
 
 // checkName decides the resolved candidates of a name its name rule
 // covers: allowed when at least one address would be allowed on some
-// port (a CIDR rule covers it, or it is in no refused class). Which port and which address is decided again at connect time.
-func (p *Policy) checkName(pl namePlan, addrs []netip.Addr) (string, *Failure) {
+// port (a CIDR rule covers it, or it is in no refused class and is not an
+// address of this host). Which port and which address is decided again
+// at connect time.
+func (p *Policy) checkName(pl namePlan, addrs []netip.Addr, own HostAddrs) (string, *Failure) {
 	if len(addrs) == 0 {
 		return "", fail(protocol.EgressNameNotResolved, "", "%s has no addresses", pl.host)
 	}
+	cp := plan{host: pl.host, own: own}
 	var first *Failure
 	for _, a := range addrs {
 		a = a.Unmap()
@@ -77,26 +80,25 @@ func (p *Policy) checkName(pl namePlan, addrs []netip.Addr) (string, *Failure) {
 			}
 			continue
 		}
-		for i := range p.rules {
-			r := &p.rules[i]
-			if r.kind == ruleCIDR && r.prefix.Contains(a) {
-				return r.String(), nil
-			}
+		_, isOwn := cp.owner(a)
+		if r := p.cidrAllows(a, 0, isOwn); r != nil {
+			return r.String(), nil
 		}
-		cls, refused := refusedClass(a)
-		if !refused {
+		f := cp.refusal(a, pl.nameRule.String(), pl.host.String(), isOwn && p.cidrAllows(a, 0, false) != nil)
+		if f == nil {
 			return pl.nameRule.String(), nil
 		}
 		if first == nil {
-			first = fail(protocol.EgressDenied, pl.nameRule.String(), "%s resolves to %s, which is %s: refused unless a CIDR rule allows it", pl.host, a, cls)
+			first = f
 		}
 	}
 	return "", first
 }
 
 // DecideName checks whether name may be resolved in the guest, resolving
-// it with lookup only when a rule could allow it. It dials nothing.
-func (p *Policy) DecideName(name string, lookup func(name string) ([]netip.Addr, error)) Decision {
+// it with lookup only when a rule could allow it; own are this host's
+// addresses (nil: none). It dials nothing.
+func (p *Policy) DecideName(own HostAddrs, name string, lookup func(name string) ([]netip.Addr, error)) Decision {
 	pl, f := p.planName(name)
 	d := Decision{Target: pl.host.String(), Failure: f}
 	if f != nil {
@@ -113,7 +115,7 @@ func (p *Policy) DecideName(name string, lookup func(name string) ([]netip.Addr,
 		d.Failure = resolveFailure(pl.host.Name, err)
 		return d
 	}
-	d.Rule, d.Failure = p.checkName(pl, addrs)
+	d.Rule, d.Failure = p.checkName(pl, addrs, own)
 	if d.Failure != nil && d.Rule == "" {
 		d.Rule = d.Failure.Rule
 	}
@@ -165,7 +167,7 @@ func (b *Broker) ServeDNS(ctx context.Context, st net.Conn, h protocol.StreamHea
 	pol := b.policy.Load()
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
 	defer cancel()
-	d := pol.DecideName(h.Host, func(name string) ([]netip.Addr, error) {
+	d := pol.DecideName(b.own, h.Host, func(name string) ([]netip.Addr, error) {
 		return b.cfg.Resolver.LookupNetIP(dctx, "ip", name)
 	})
 	if d.Target != "" {

@@ -46,7 +46,7 @@ func TestDecideNameFollowsThePolicyWithoutAPort(t *testing.T) {
 	require.NoError(t, err)
 	table := map[string][]netip.Addr{
 		"api.example.com": addrs("93.184.216.34"),
-		"a.svc.test":      addrs("10.0.0.5", "198.51.100.7"),
+		"a.svc.test":      addrs("10.0.0.5", "93.184.216.7"),
 		"meta.test":       addrs("169.254.169.254"),
 		"inside.test":     addrs("10.1.2.3"),
 		"free.test":       addrs("203.0.113.9"),
@@ -71,7 +71,7 @@ func TestDecideNameFollowsThePolicyWithoutAPort(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			n := 0
-			d := pol.DecideName(c.name, func(name string) ([]netip.Addr, error) {
+			d := pol.DecideName(nil, c.name, func(name string) ([]netip.Addr, error) {
 				n++
 				if a, ok := table[name]; ok {
 					return a, nil

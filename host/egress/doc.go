@@ -3,12 +3,18 @@
 //
 // It owns the policy (exact hosts, *.suffix names and CIDR prefixes, each
 // with a port or port range; named upstreams NAME:PORT=ADDR; at most 256
-// rules; deny by default with no allow-all), the normalization of the
-// target the guest names (case, trailing dot, IDNA, decimal/octal/hex and
-// shortened IPv4, IPv4-mapped IPv6), the address classes that are always
-// refused unless a CIDR rule or a named upstream allows them, resolution on
-// the host, the dial (the checked address is the one dialed, once, verified
-// again in the dialer's Control hook: no DNS rebinding window), the limits
+// rules; deny by default with no allow-all: no wildcard on a public
+// suffix, no port ranges amounting to every port), the normalization of
+// the target the guest names (case, trailing dot, IDNA, decimal/octal/hex
+// and shortened IPv4, IPv4-mapped IPv6), the address classes that are
+// refused unless a CIDR rule or a named upstream allows them (classes.go:
+// the IANA special-purpose registries entry by entry, and a few more),
+// the host's own interface addresses (hostaddrs*.go: watched over
+// netlink; only an upstream or a CIDR rule naming the address opens one),
+// resolution on the host, the dial (the checked address is the one
+// dialed, once, checked again in the dialer's Control hook: no DNS
+// rebinding window, and an address the host gained meanwhile is refused
+// there), the limits
 // (concurrent streams, connect and idle timeouts), the failure codes and
 // effects of docs/contract.md, and one event per decision and per close. It
 // also answers dns streams (ServeDNS): may the guest's resolver hand out

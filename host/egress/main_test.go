@@ -6,5 +6,6 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the suite if a test leaves a goroutine running.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain fails the suite if a test leaves a goroutine running (but the
+// process-wide host address watcher).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(WatcherFunction)) }

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/net/publicsuffix"
 )
 
 // Policy limits.
@@ -23,6 +25,10 @@ const (
 	// spelled as 0.0.0.0/1 plus 128.0.0.0/1.
 	MinPrefix4 = 8
 	MinPrefix6 = 16
+	// MaxPortSpan is the most ports the port ranges of one host, suffix
+	// or prefix may cover together: more amounts to every port. Single
+	// ports (one rule each, the operator naming them) do not count.
+	MaxPortSpan = 1024
 )
 
 // ErrRule is wrapped by every rule, upstream and policy file error.
@@ -92,6 +98,10 @@ func ParseRule(s string) (Rule, error) {
 	if r.lo, r.hi, err = parsePorts(ports); err != nil {
 		return Rule{}, err
 	}
+	if span := int(r.hi) - int(r.lo) + 1; span > MaxPortSpan {
+		return Rule{}, fmt.Errorf("%w: rule %q: a range of %d ports amounts to every port: at most %d ports per host, suffix or prefix in ranges; name each port (one rule each) or a narrower range",
+			ErrRule, safeText(s, 80), span, MaxPortSpan)
+	}
 	switch {
 	case strings.Contains(host, "/"):
 		p, err := netip.ParsePrefix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"))
@@ -110,6 +120,10 @@ func ParseRule(s string) (Rule, error) {
 		h, err := ParseHost(host[2:])
 		if err != nil || h.IsIP() {
 			return Rule{}, fmt.Errorf("%w: rule %q: *. must be followed by a DNS name", ErrRule, safeText(s, 80))
+		}
+		if ps, _ := publicsuffix.PublicSuffix(h.Name); ps == h.Name {
+			return Rule{}, fmt.Errorf("%w: rule %q: %s is a public suffix (anyone can register a name under it), so *.%s would allow much of the internet: there is no allow-all; allow the names themselves, or *.DOMAIN for a domain registered under %s",
+				ErrRule, safeText(s, 80), h.Name, h.Name, h.Name)
 		}
 		r.kind, r.name = ruleSuffix, h.Name
 	default:
@@ -229,6 +243,9 @@ func NewPolicy(rules []Rule, ups []Upstream) (*Policy, error) {
 	if len(ups) > MaxUpstreams {
 		return nil, fmt.Errorf("%w: %d upstreams, at most %d", ErrRule, len(ups), MaxUpstreams)
 	}
+	if err := checkPortSpans(rules); err != nil {
+		return nil, err
+	}
 	p := &Policy{rules: append([]Rule(nil), rules...), upstreams: make(map[upKey]Upstream, len(ups))}
 	for _, u := range ups {
 		k := upKey{u.Name, u.Port}
@@ -238,6 +255,36 @@ func NewPolicy(rules []Rule, ups []Upstream) (*Policy, error) {
 		p.upstreams[k] = u
 	}
 	return p, nil
+}
+
+// checkPortSpans refuses rules whose port ranges for one host, suffix or
+// prefix together cover more than MaxPortSpan ports: many narrow ranges
+// can amount to every port as well as one wide one.
+func checkPortSpans(rules []Rule) error {
+	ranges := map[string][][2]int{}
+	for _, r := range rules {
+		if r.lo != r.hi {
+			k := r.String()
+			k = k[:strings.LastIndexByte(k, ':')]
+			ranges[k] = append(ranges[k], [2]int{int(r.lo), int(r.hi)})
+		}
+	}
+	for target, rs := range ranges {
+		slices.SortFunc(rs, func(a, b [2]int) int { return a[0] - b[0] })
+		total, end := 0, 0
+		for _, r := range rs {
+			lo := max(r[0], end+1)
+			if r[1] >= lo {
+				total += r[1] - lo + 1
+				end = r[1]
+			}
+		}
+		if total > MaxPortSpan {
+			return fmt.Errorf("%w: the port ranges for %s cover %d ports, which amounts to every port: at most %d in ranges; name each port (one rule each)",
+				ErrRule, target, total, MaxPortSpan)
+		}
+	}
+	return nil
 }
 
 // ParsePolicy builds a policy from rule and upstream strings.

@@ -164,7 +164,9 @@ func TestPolicyTable(t *testing.T) {
 		{"172.16.5.4", 443, denied, "private (RFC 1918)", 0},
 		{"192.168.1.1", 443, denied, "private (RFC 1918)", 0},
 		{"100.64.0.1", 443, denied, "CGNAT", 0},
-		{"192.0.0.8", 443, denied, "192.0.0.0/24", 0},
+		{"192.0.0.8", 443, denied, "the IPv4 dummy address", 0},
+		{"192.0.0.200", 443, denied, "192.0.0.0/24", 0},
+		{"192.0.2.2", 443, denied, "TEST-NET-1", 0},
 		{"198.18.0.1", 443, denied, "benchmarking", 0},
 		{"198.19.255.255", 443, denied, "benchmarking", 0},
 		{"224.0.0.1", 443, denied, "multicast", 0},
@@ -183,7 +185,9 @@ func TestPolicyTable(t *testing.T) {
 		{"::127.0.0.1", 443, denied, "IPv4-compatible", 0},
 		{"::a9fe:a9fe", 443, denied, "IPv4-compatible", 0},
 		{"64:ff9b::7f00:1", 443, denied, "loopback embedded in IPv6", 0},
-		{"2002:a9fe:a9fe::1", 443, denied, "cloud metadata (link-local) embedded in IPv6", 0},
+		{"2002:a9fe:a9fe::1", 443, denied, "6to4 (2002::/16)", 0},
+		{"::ffff:0:7f00:1", 443, denied, "IPv4-translated IPv6", 0},
+		{"64:ff9b:1::7f00:1", 443, denied, "local-use NAT64", 0},
 		{"fc00::1", 443, denied, "unique local", 0},
 		{"fd12:3456::1", 443, denied, "unique local", 0},
 		{"fe80::1", 443, denied, "link-local", 0},
@@ -216,7 +220,7 @@ func TestPolicyTable(t *testing.T) {
 	require.GreaterOrEqual(t, len(cases), 60)
 	for _, c := range cases {
 		lookups := 0
-		d := pol.Decide(c.host, c.port, func(name string) ([]netip.Addr, error) {
+		d := pol.DecideOn(nil, c.host, c.port, func(name string) ([]netip.Addr, error) {
 			lookups++
 			return tableDNS.lookup(name)
 		})
@@ -266,7 +270,10 @@ func TestParseHostNormalizesOddSpellings(t *testing.T) {
 func TestParseRule(t *testing.T) {
 	for in, want := range map[string]string{
 		"API.example.com:443":     "api.example.com:443",
-		"*.Example.org.:1-65535":  "*.example.org:1-65535",
+		"*.Example.org.:1-1024":   "*.example.org:1-1024",
+		"*.example.co.uk:443":     "*.example.co.uk:443",
+		"*.me.github.io:443":      "*.me.github.io:443",
+		"com:443":                 "com:443",
 		"203.0.113.9/24:443":      "203.0.113.0/24:443",
 		"[2001:db8::/32]:443":     "[2001:db8::/32]:443",
 		"[::ffff:10.0.0.0/104]:1": "10.0.0.0/8:1",
@@ -411,10 +418,10 @@ func FuzzPlan(f *testing.F) {
 	}
 	f.Add("example.com", 0)
 	f.Add("example.com", 70000)
-	pol, err := ParsePolicy([]string{"*.example.com:443", "example.com:80-443", "10.0.0.0/8:1-65535"}, []string{"up:443=127.0.0.1:9"})
+	pol, err := ParsePolicy([]string{"*.example.com:443", "example.com:80-443", "10.0.0.0/8:1-1024"}, []string{"up:443=127.0.0.1:9"})
 	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, host string, port int) {
-		pl, fl := pol.plan(host, port)
+		pl, fl := pol.plan(host, port, nil)
 		if fl != nil {
 			require.True(t, fl.Code.Valid() && fl.Code != protocol.EgressOK)
 			require.LessOrEqual(t, len(fl.Reason), 400)

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"slices"
 
@@ -40,7 +39,7 @@ func (s *run) startDataPlane(hello protocol.Hello) {
 	cfg := dataplane.Config{
 		Ctx:           s.egressCtx,
 		Broker:        s.cfg.Egress,
-		Emit:          s.emit,
+		Emit:          s.emitEgress,
 		Log:           s.cfg.Log,
 		HeaderTimeout: s.cfg.StreamHeaderTimeout,
 		Token:         s.dataToken,
@@ -48,7 +47,7 @@ func (s *run) startDataPlane(hello protocol.Hello) {
 		OnChannel:     func(ch *dataplane.Channel) { s.session.channel.Store(ch) },
 		OnViolation: func(err error) {
 			select {
-			case s.hostile <- fmt.Errorf("%w: %w", ErrHostileGuest, err):
+			case s.dataViolation <- err:
 			default:
 			}
 		},

@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"sync"
+
+	"github.com/oac/sandbox-agent/internal/safetext"
 )
 
 // MaxDiagBytes bounds how much runtime and agent diagnostic output one
@@ -52,7 +54,8 @@ func (d *diagWriter) Write(p []byte) (int, error) {
 }
 
 func (d *diagWriter) line(s string) {
-	s = strings.ToValidUTF8(s, "\uFFFD")
+	// The runtime's output reaches the shim's stderr: no terminal escape.
+	s = safetext.Line(s)
 	d.tail = append(d.tail, s)
 	if len(d.tail) > 5 {
 		d.tail = d.tail[1:]

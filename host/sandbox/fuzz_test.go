@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -37,6 +38,7 @@ func FuzzDiagWriter(f *testing.F) {
 	f.Add([]byte("bwrap: oops\n"), 3)
 	f.Add(bytes.Repeat([]byte("z"), MaxLogLine*2), 7)
 	f.Add([]byte("\xff\xfe\n\x00"), 1)
+	f.Add([]byte("\x1b]0;title\x07\xc2\x9b2J\n"), 2)
 	f.Fuzz(func(t *testing.T, data []byte, chunk int) {
 		if chunk <= 0 {
 			chunk = 1
@@ -58,12 +60,15 @@ func FuzzDiagWriter(f *testing.F) {
 			}
 		}
 		require.True(t, utf8.ValidString(d.lastLines()))
+		require.False(t, strings.ContainsFunc(out.String(), func(r rune) bool { return unicode.IsControl(r) && r != '\t' && r != '\n' }),
+			"no terminal escape reaches the shim's stderr")
 	})
 }
 
 func FuzzGuestText(f *testing.F) {
 	f.Add("hello", 10)
 	f.Add("a\x1b[31mb\x7f", 4)
+	f.Add("csi \u009b31m osc \u009d0;x\u009c", 64)
 	f.Add("é\xff", 1)
 	f.Fuzz(func(t *testing.T, s string, n int) {
 		if n < 0 || n > 4096 {
@@ -72,6 +77,6 @@ func FuzzGuestText(f *testing.F) {
 		g := guestText(s, n)
 		require.True(t, utf8.ValidString(g))
 		require.LessOrEqual(t, len(g), 3*n+3+3, "bounded: n bytes, each at most a replacement character, plus ...")
-		require.False(t, strings.ContainsFunc(g, func(r rune) bool { return r < 0x20 || r == 0x7f }), "no control characters")
+		require.False(t, strings.ContainsFunc(g, unicode.IsControl), "no control characters (C0, DEL, C1)")
 	})
 }

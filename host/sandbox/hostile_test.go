@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"runtime/metrics"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -55,25 +57,30 @@ type meter struct {
 	gDelta    int
 }
 
+// liveHeap collects and returns the bytes the collection found live:
+// unlike HeapAlloc after runtime.GC, it leaves out what other goroutines
+// allocated while the collection ran (an attack allocating fast, or a
+// machine busy with other packages' tests, made that figure noisy).
+func liveHeap() uint64 {
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
 func startMeter(t *testing.T) *meter {
 	t.Helper()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	m := &meter{baseHeap: ms.HeapAlloc, baseG: runtime.NumGoroutine(), stop: make(chan struct{}), done: make(chan struct{})}
-	m.peakHeap.Store(ms.HeapAlloc)
+	base := liveHeap()
+	m := &meter{baseHeap: base, baseG: runtime.NumGoroutine(), stop: make(chan struct{}), done: make(chan struct{})}
+	m.peakHeap.Store(base)
 	m.peakG.Store(int64(m.baseG))
 	go func() {
 		defer close(m.done)
 		tk := time.NewTicker(10 * time.Millisecond)
 		defer tk.Stop()
 		for {
-			// Live heap, not garbage awaiting collection: collect first.
-			runtime.GC()
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			if ms.HeapAlloc > m.peakHeap.Load() {
-				m.peakHeap.Store(ms.HeapAlloc)
+			if h := liveHeap(); h > m.peakHeap.Load() {
+				m.peakHeap.Store(h)
 			}
 			if g := int64(runtime.NumGoroutine()); g > m.peakG.Load() {
 				m.peakG.Store(g)
@@ -368,7 +375,7 @@ func TestHostileHandshake(t *testing.T) {
 // Thousands of stream opens that never send a header: at most
 // protocol.MaxStreams are read at once, each for StreamHeaderTimeout, the
 // rest are closed on accept. Streams the guest never closes stay in the
-// session; past MaxSessionStreams the sandbox fails as hostile.
+// session; past the guard's stream limit the sandbox fails as hostile.
 func TestHostileStreamOpenFlood(t *testing.T) {
 	h := startHealthy(t)
 	p, rec := newFakeProvider(), newRecorder()
@@ -385,7 +392,7 @@ func TestHostileStreamOpenFlood(t *testing.T) {
 		opened++
 	}
 	t.Logf("opened %d streams", opened)
-	endsWith(t, done, rec, fmt.Sprintf("streams open in the session (limit %d)", protocol.MaxStreams+SessionStreamSlack))
+	endsWith(t, done, rec, fmt.Sprintf("streams open in the session (limit %d)", protocol.MaxGuestStreams))
 	// Each of MaxStreams header readers is one goroutine; yamux's and the
 	// meter's own are a few more. Heap: yamux's stream state on both
 	// sides, about 50 KiB a stream under the race detector.
@@ -395,14 +402,14 @@ func TestHostileStreamOpenFlood(t *testing.T) {
 
 // Streams with valid headers of a kind the host refuses (forward), or
 // invalid headers, each followed by data the host never reads, and never
-// closed by the guest. Before MaxSessionStreams existed, every such stream
+// closed by the guest. Before a session stream limit existed, every such stream
 // kept its receive window full in the host (256 KiB each here) until
 // yamux's StreamCloseTimeout (30 s): 600 streams held 301 MiB (measured).
 func TestHostileStreamHeaderFloodWithUnreadData(t *testing.T) {
 	h := startHealthy(t)
 	p, rec := newFakeProvider(), newRecorder()
 	cfg := hostileConfig(p, rec)
-	cfg.MaxSessionStreams = 40
+	cfg.Guard.MaxStreams = 40
 	m := startMeter(t)
 	_, done := runSandbox(t, cfg)
 	g := rawConnect(t, p, nil)
@@ -457,6 +464,12 @@ func TestHostileLogFlood(t *testing.T) {
 	})
 	cfg := hostileConfig(p, rec)
 	cfg.Events = sink
+	var guard atomic.Pointer[muxguard.Conn]
+	cfg.Attach = func(s *Session) {
+		if s != nil {
+			guard.Store(s.guard)
+		}
+	}
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
@@ -497,9 +510,13 @@ func TestHostileLogFlood(t *testing.T) {
 		}
 		return dropped+logBytes.Load() >= streams*perStream
 	}, 10*time.Second, 20*time.Millisecond, "every byte is either an event or counted as dropped")
-	// Each of the 8 streams may hold its receive window (up to 1 MiB, in a
-	// buffer that may double while growing) while the reader catches up.
-	m.within(t, 16*mib, 40)
+	// What the host holds unread is the session's receive budget at most
+	// (one frame may pass it), in buffers that may double while growing;
+	// the attacker's share and the lines' garbage come on top.
+	st := guard.Load().Stats()
+	t.Logf("receive budget: peak %d KiB unread (budget %d KiB)", st.PeakUnread/kib, muxguard.DefaultRecvBudget/kib)
+	assert.LessOrEqual(t, st.PeakUnread, int64(muxguard.DefaultRecvBudget+protocol.MaxStreamWindow))
+	m.within(t, 32*mib, 40)
 	emitted := logBytes.Load()
 	budget := int64(LogBurst) + int64(elapsed.Seconds()*LogRate) + LogRate // a second of slack for the ticker
 	t.Logf("log flood: %d MiB sent in %s, %d KiB emitted (budget %d KiB), %d KiB dropped", streams*perStream/mib, elapsed.Round(time.Millisecond), emitted/kib, budget/kib, dropped/kib)
@@ -550,20 +567,27 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	pol, err := egress.ParsePolicy([]string{"allowed.example:443"}, nil)
 	require.NoError(t, err)
 	broker := egress.New(egress.Config{Policy: pol, Resolver: countingResolver{&lookups}})
-	var egressEvents atomic.Int64
+	var egressEvents, egressDropped atomic.Int64
 	cfg := hostileConfig(p, rec)
 	// What is tested is each refusal, not how fast a header arrives: 128
 	// streams open at once under -race on a loaded machine took more
 	// than the 300 ms the header tests use.
 	cfg.StreamHeaderTimeout = 5 * time.Second
 	cfg.Egress = broker
+	// Every header is sent at once: the production bound, so that a busy
+	// machine does not make a header late (the stream would be closed
+	// unanswered, which is not what this test is about).
+	cfg.StreamHeaderTimeout = DefaultStreamHeaderTimeout
 	cfg.Events = api.Func(func(e api.Event) {
-		if e.Event == api.KindEgress {
+		switch e.Event {
+		case api.KindEgress:
 			egressEvents.Add(1)
 			if e.Decision == egress.DecisionAllowed {
 				t.Errorf("allowed: %+v", e)
 			}
 			return
+		case api.KindEgressDropped:
+			egressDropped.Add(e.Dropped)
 		}
 		rec.Emit(e)
 	})
@@ -578,6 +602,8 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 128)
 	start := time.Now()
+	// At the pace a guest keeps (the gate): faster opens are hostile.
+	gate := protocol.NewStreamGate(g.sess)
 	for i := range total {
 		sem <- struct{}{}
 		wg.Add(1)
@@ -586,15 +612,12 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 			defer func() { <-sem }()
 			hdr := refusedTargets[i%len(refusedTargets)]
 			hdr.Kind, hdr.Via = protocol.KindEgress, protocol.ViaConnect
-			st, err := g.sess.OpenStream()
+			// The gate's header write checks nothing: the host must.
+			st, err := gate.Open(context.Background(), hdr)
 			if !assert.NoError(t, err) {
 				return
 			}
 			defer st.Close()
-			// Raw write: OpenStream's header checks nothing, the host must.
-			if !assert.NoError(t, protocol.WriteMessage(st, protocol.TypeStreamHeader, hdr)) {
-				return
-			}
 			var r protocol.EgressReply
 			err = protocol.ReadMessage(st, protocol.MaxHeaderFrame, protocol.TypeEgressReply, &r)
 			if !assert.NoError(t, err, "every egress stream is answered") {
@@ -618,13 +641,16 @@ func TestHostileEgressRefusedClassesAtHighRate(t *testing.T) {
 	assert.Positive(t, codes[protocol.EgressDenied])
 	assert.Positive(t, codes[protocol.EgressInvalidArgument])
 	assert.Zero(t, lookups.Load(), "no refused target is ever resolved")
-	assert.Equal(t, int64(total), egressEvents.Load(), "one event per decision")
 	assert.Eventually(t, func() bool { return broker.Active() == 0 }, 5*time.Second, 10*time.Millisecond)
 	cancel(nil)
 	var sd protocol.Shutdown
 	require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
 	g.exit()
 	require.NoError(t, wait(t, done))
+	// One event per decision, or counted in egress_dropped over the
+	// rate: at most the burst plus the rate over the attack.
+	assert.Equal(t, int64(total), egressEvents.Load()+egressDropped.Load(), "every decision is an event or counted dropped")
+	assert.LessOrEqual(t, egressEvents.Load(), int64(EgressEventBurst+EgressEventRate*(took.Seconds()+1)), "egress events stay within their rate")
 	h.check(t)
 }
 
@@ -754,7 +780,10 @@ func TestHostileGuestThatStopsReadingIsCutOffByKeepalive(t *testing.T) {
 	rec.waitState(t, api.StateReady)
 	close(stalled.stall)
 	endsWith(t, done, rec, "guest connection lost")
-	m.within(t, 2*mib, 30)
+	// About 10 goroutines of the two sessions and the run; the rest is
+	// margin: under the race detector with both cores busy, 52 were seen
+	// once in ten runs of the whole suite.
+	m.within(t, 2*mib, 60)
 	h.check(t)
 }
 
@@ -825,6 +854,10 @@ func TestHealthySandboxKeepsMovingBytesWhileAnotherIsAttacked(t *testing.T) {
 			}
 			hp, hrec := newFakeProvider(), newRecorder()
 			hcfg := hostileConfig(hp, hrec)
+			// The neighbour's attack is its bad frame after the
+			// handshake, not a slow hello (which a loaded -race run
+			// can produce by scheduling alone).
+			hcfg.HelloTimeout = 5 * time.Second
 			hcfg.Name = fmt.Sprintf("hostile-%d", i)
 			// The attack comes after the handshake: under -race on a
 			// loaded machine, with 32 MiB moving beside it, the Hello

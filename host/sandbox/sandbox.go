@@ -17,6 +17,7 @@ import (
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/failure"
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/internal/safetext"
@@ -27,8 +28,10 @@ import (
 // Defaults.
 const (
 	DefaultBootTimeout = 30 * time.Second
-	// stopMargin is added to the guest's grace before the runtime is killed.
-	stopMargin = 3 * time.Second
+	// stopMargin is added to the guest's grace before the runtime is
+	// killed: a stop request ends in a killed runtime at the latest
+	// grace + stopMargin after it arrived, whatever the guest does.
+	stopMargin = time.Second
 	// handshakeExitWait is how long a guest that failed the handshake
 	// gets to exit on its own.
 	handshakeExitWait = 2 * time.Second
@@ -37,12 +40,9 @@ const (
 	// DefaultStreamHeaderTimeout bounds the time from a guest opening a
 	// stream to its complete StreamHeader.
 	DefaultStreamHeaderTimeout = 5 * time.Second
-	// SessionStreamSlack is added to protocol.MaxStreams plus the broker's
-	// stream limit to give the default MaxSessionStreams: streams the host
-	// has closed stay in the session until the guest closes its side too
-	// (at most the session's StreamCloseTimeout), and a well-behaved guest
-	// does that at once.
-	SessionStreamSlack = 64
+	// shutdownSendTimeout bounds the write of Shutdown to a guest that
+	// does not read its control stream.
+	shutdownSendTimeout = time.Second
 )
 
 // Config configures one sandbox run.
@@ -106,13 +106,14 @@ type Config struct {
 	StreamHeaderTimeout    time.Duration
 	KeepAliveInterval      time.Duration
 	ConnectionWriteTimeout time.Duration
-	// MaxSessionStreams bounds the streams that may exist in the session
-	// at once, counting streams the host closed that the guest has not
-	// (yamux keeps them, with whatever the guest wrote into their receive
-	// window, until both sides closed). Over it the guest is hostile or
-	// broken: the sandbox fails and the runtime is killed. Default
-	// protocol.MaxStreams + the broker's MaxStreams + SessionStreamSlack.
-	MaxSessionStreams int
+	// Guard bounds the guest's yamux frames (package muxguard): streams
+	// open at once (counting streams the host closed that the guest has
+	// not: yamux keeps them, with whatever the guest wrote into their
+	// receive window, until both sides closed), open and ping rates,
+	// windows, the session's receive budget, the write timeout. A guest
+	// over one is hostile: the sandbox fails and the runtime is killed.
+	// Zero fields take muxguard.DefaultLimits.
+	Guard muxguard.Limits
 	// DataPlane restricts the data plane the host offers (see package
 	// host/dataplane): "" offers every carrier the provider's transport
 	// allows, DataPlaneOff none (every connection is an egress stream of
@@ -133,7 +134,7 @@ var ErrHostileGuest = failure.ErrHostileGuest
 // order and returns nil) or the sandbox fails (it returns the reason). The
 // last event is always a state event: stopped or failed.
 func Run(ctx context.Context, cfg Config) error {
-	s := &run{cfg: cfg, frames: make(chan protocol.Frame, 16), recvErr: make(chan error, 1), quit: make(chan struct{})}
+	s := &run{cfg: cfg, frames: make(chan protocol.Frame, 16), recvErr: make(chan error, 1), quit: make(chan struct{}), dataViolation: make(chan error, 1)}
 	if s.cfg.Log == nil {
 		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -159,30 +160,31 @@ func Run(ctx context.Context, cfg Config) error {
 	if s.cfg.StreamHeaderTimeout <= 0 {
 		s.cfg.StreamHeaderTimeout = DefaultStreamHeaderTimeout
 	}
-	if s.cfg.MaxSessionStreams <= 0 {
-		s.cfg.MaxSessionStreams = protocol.MaxStreams + SessionStreamSlack
-		if s.cfg.Egress != nil {
-			s.cfg.MaxSessionStreams += s.cfg.Egress.MaxStreams()
-		}
-	}
-	s.hostile = make(chan error, 1)
+	s.aborts = map[uint32]context.CancelCauseFunc{}
 	s.diag = newDiagWriter(cfg.Diag, "["+cfg.Name+"] ")
-	return s.run(ctx)
+	s.warn = limitWarnings(s.cfg.Log)
+	s.logs = newLogBudget(time.Now)
+	s.egressEv = newEventLimit(EgressEventRate, EgressEventBurst, api.KindEgressDropped, "egress events over the rate limit were dropped")
+	s.processEv = newEventLimit(ProcessEventRate, ProcessEventBurst, api.KindProcessDropped, "process events over the rate limit were dropped")
+	err := s.run(ctx)
+	// Every goroutine of the run has ended and every egress connection is
+	// closed: the drop counts, then the final state, are the last events.
+	s.reportDrops()
+	s.emitFinal()
+	return err
 }
 
 type run struct {
 	cfg     Config
 	diag    *diagWriter
 	inst    provider.Instance
+	guard   *muxguard.Conn
 	sess    *yamux.Session
 	ctl     *protocol.Control
 	frames  chan protocol.Frame
 	recvErr chan error
 	// quit is closed when nobody reads frames any more.
 	quit chan struct{}
-	// hostile receives the first bound a guest exceeded outside the
-	// control stream (ErrHostileGuest).
-	hostile chan error
 
 	// guestDone: the guest said it stopped or failed for good, or is gone.
 	guestDone bool
@@ -197,6 +199,9 @@ type run struct {
 	session *Session
 	// phases times the boot (debug log).
 	phases phases
+	// dataViolation receives how the guest broke the data plane's
+	// protocol (it fails as hostile).
+	dataViolation chan error
 	// dataOffer are the data plane carriers Welcome offered, dataToken
 	// their token.
 	dataOffer []string
@@ -204,7 +209,17 @@ type run struct {
 
 	mu    sync.Mutex
 	state api.State
-	wg    sync.WaitGroup
+	// final is the terminal state event, emitted by emitFinal once
+	// everything else of the run has ended.
+	final *api.Event
+	// warn logs what the guest made the host refuse, rate limited.
+	warn *slog.Logger
+	// aborts ends an egress stream the guest aborted, by stream id.
+	aborts map[uint32]context.CancelCauseFunc
+	// logs, egressEv and processEv bound the events the guest causes.
+	logs                *logBudget
+	egressEv, processEv *eventLimit
+	wg                  sync.WaitGroup
 }
 
 func (s *run) emit(e api.Event) {
@@ -213,7 +228,39 @@ func (s *run) emit(e api.Event) {
 	s.cfg.Events.Emit(e)
 }
 
-// setState emits a state event; terminal states are final.
+// emitEgress emits an egress event within EgressEventRate.
+func (s *run) emitEgress(e api.Event) {
+	if s.egressEv.allow() {
+		s.emit(e)
+	}
+}
+
+// reportDrops emits the counts of events dropped since the last call.
+func (s *run) reportDrops() {
+	if d := s.logs.takeDropped(); d > 0 {
+		s.emit(api.Event{Event: api.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
+	}
+	s.egressEv.report(s.emit)
+	s.processEv.report(s.emit)
+}
+
+// reportDropsEverySecond runs reportDrops every second until quit.
+func (s *run) reportDropsEverySecond() {
+	defer s.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.reportDrops()
+		case <-s.quit:
+			return
+		}
+	}
+}
+
+// setState emits a state event; terminal states are final, and held back
+// until the run has ended (emitFinal).
 func (s *run) setState(state api.State, msg string) { s.setStateCode(state, msg, "") }
 
 // setStateCode is setState with the failure code of a failed state.
@@ -224,8 +271,41 @@ func (s *run) setStateCode(state api.State, msg, code string) {
 		return
 	}
 	s.state = state
+	e := api.Event{Event: api.KindState, State: state, Message: msg, Code: code}
+	if state == api.StateFailed || state == api.StateStopped {
+		s.final = &e
+		s.mu.Unlock()
+		return
+	}
 	s.mu.Unlock()
-	s.emit(api.Event{Event: api.KindState, State: state, Message: msg, Code: code})
+	s.emit(e)
+}
+
+// emitFinal emits the terminal state event.
+func (s *run) emitFinal() {
+	s.mu.Lock()
+	e := s.final
+	s.final = nil
+	s.mu.Unlock()
+	if e != nil {
+		s.emit(*e)
+	}
+}
+
+// guardErr returns the guard's violation, made the sandbox's failure
+// reason, or nil.
+func (s *run) guardErr() error {
+	if s.guard == nil {
+		return nil
+	}
+	err := s.guard.Err()
+	switch {
+	case errors.Is(err, muxguard.ErrHostile):
+		return failure.With(failure.ErrHostileGuest, err)
+	case err != nil:
+		return failure.With(failure.ErrRuntimeFailed, err)
+	}
+	return nil
 }
 
 // fail reports err as the failed state, with its failure code.
@@ -280,6 +360,8 @@ func (s *run) run(ctx context.Context) error {
 	}
 	s.inst = inst
 	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go s.reportDropsEverySecond()
 	defer func() {
 		if s.cfg.Attach != nil && s.ctl != nil {
 			s.cfg.Attach(nil)
@@ -307,7 +389,7 @@ func (s *run) run(ctx context.Context) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = inst.Kill()
-			s.setState(api.StateStopped, "stopped before the guest connected")
+			s.setState(api.StateStopped, "stopped before the guest connected: "+stopReason(ctx))
 			return nil
 		}
 		kind := failure.ErrRuntimeFailed
@@ -320,9 +402,18 @@ func (s *run) run(ctx context.Context) error {
 	if s.helloUntilBoot {
 		helloWait = max(helloWait, time.Until(start.Add(s.cfg.BootTimeout)))
 	}
-	err = s.handshake(conn, helloWait)
+	err = s.handshake(ctx, conn, helloWait)
 	s.phases.mark("handshake")
 	if err != nil {
+		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
+			_ = s.inst.Kill()
+			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
+		}
+		if ctx.Err() != nil {
+			_ = s.inst.Kill()
+			s.setState(api.StateStopped, "stopped during the handshake with the guest: "+stopReason(ctx))
+			return nil
+		}
 		// A guest that refused the handshake exits on its own: give it a
 		// moment so its own account of the failure reaches the diagnostics
 		// before the runtime is killed.
@@ -351,12 +442,12 @@ func (s *run) run(ctx context.Context) error {
 	s.wg.Add(1)
 	go s.readControl()
 	err = s.supervise(ctx, bootCtx, start)
-	if errors.Is(err, ErrHostileGuest) {
-		// No orderly stop for a guest that broke a bound: it would only
-		// get more time to consume. The runtime is killed now.
+	if errors.Is(err, ErrHostileGuest) || errors.Is(err, muxguard.ErrStalled) {
+		// No orderly stop for a guest that broke a bound (it would only
+		// get more time to consume) or reads nothing: the runtime is
+		// killed now.
 		_ = s.inst.Kill()
 		s.sess.Close()
-		s.waitExit(stopMargin)
 		return s.fail(err)
 	}
 	if err != nil {
@@ -370,14 +461,18 @@ func (s *run) run(ctx context.Context) error {
 	return nil
 }
 
-func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
+func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Duration) error {
 	// A VM's serial transport is connected by qemu when it starts, long
 	// before the guest speaks: a session started now would end on its
 	// first unanswered keepalive (15 s plus a 10 s write timeout) while a
 	// slow, emulated guest is still booting. The session starts with the
 	// guest's first byte, waited for until the Hello is due.
 	start := time.Now()
+	// A stop request ends the wait.
+	raw := conn
+	stopWait := context.AfterFunc(ctx, func() { raw.Close() })
 	conn, err := firstByte(conn, helloWait)
+	stopWait()
 	if err != nil {
 		return err
 	}
@@ -389,15 +484,18 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 	if s.cfg.ConnectionWriteTimeout > 0 {
 		mc.ConnectionWriteTimeout = s.cfg.ConnectionWriteTimeout
 	}
-	sess, err := yamux.Server(conn, mc)
+	s.guard = muxguard.New(conn, s.cfg.Guard)
+	sess, err := yamux.Server(s.guard, mc)
 	if err != nil {
 		conn.Close()
 		return fmt.Errorf("start session: %w", err)
 	}
 	s.sess = sess
+	// A stop request ends a handshake in progress.
+	defer context.AfterFunc(ctx, func() { sess.Close() })()
 	caps := []string{protocol.CapProcess}
 	if s.cfg.Egress != nil {
-		caps = append(caps, protocol.CapEgress, protocol.CapDNS)
+		caps = append(caps, protocol.CapEgress, protocol.CapDNS, protocol.CapAbort)
 	}
 	if s.dataOffer = s.dataCarriers(); len(s.dataOffer) > 0 {
 		if s.dataToken, err = protocol.NewDataToken(); err != nil {
@@ -405,10 +503,11 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 		}
 		caps = append(caps, s.dataOffer...)
 	}
-	ctl, hello, welcome, err := protocol.HostHandshake(sess, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
-		HostVersion:  buildinfo.Version,
-		Capabilities: caps,
-		DataToken:    s.dataToken,
+	ctl, hello, welcome, err := protocol.HostHandshake(trackedSession{sess, s.guard}, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
+		HostVersion:       buildinfo.Version,
+		Capabilities:      caps,
+		AllowLoopbackLink: s.cfg.Bootstrap.Sandbox != nil && s.cfg.Bootstrap.Sandbox.AllowLoopbackLink,
+		DataToken:         s.dataToken,
 	}, helloWait)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)
@@ -417,7 +516,7 @@ func (s *run) handshake(conn net.Conn, helloWait time.Duration) error {
 		ctl.SetFrameBodyTimeout(s.cfg.FrameBodyTimeout)
 	}
 	s.ctl = ctl
-	s.session = &Session{sess: sess, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)}
+	s.session = &Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)}
 	if s.cfg.Attach != nil {
 		s.cfg.Attach(s.session)
 	}
@@ -463,29 +562,48 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 	ready := false
 	bootDone := bootCtx.Done()
 	for {
+		// A stop request wins over every other outcome due at the same
+		// time (select picks among ready cases at random): --timeout
+		// shorter than the boot is a stop, never a boot failure.
+		if ctx.Err() != nil {
+			bootDone = nil
+		}
 		select {
 		case <-ctx.Done():
-			reason := "stop requested"
-			if c := context.Cause(ctx); c != nil && c != context.Canceled {
-				reason = c.Error()
-			}
+			reason := stopReason(ctx)
 			s.shutdown(reason)
+			if err := s.guardErr(); err != nil {
+				// The guest broke a bound before or while it was stopped:
+				// that is what ended it.
+				return err
+			}
 			s.setState(api.StateStopped, "stopped: "+reason)
 			return nil
 		case <-bootDone:
+			if ctx.Err() != nil {
+				continue
+			}
 			if !ready {
 				return failure.With(failure.ErrBootTimeout, fmt.Errorf("guest not ready within %s", s.cfg.BootTimeout))
 			}
 			bootDone = nil
+		case <-s.guard.Violated():
+			return s.guardErr()
+		case err := <-s.dataViolation:
+			return failure.With(failure.ErrHostileGuest, err)
 		case <-s.inst.Done():
+			if err := s.guardErr(); err != nil {
+				return err
+			}
 			if len(s.frames) > 0 { // what the guest said before it went comes first
 				continue
 			}
 			s.guestDone = true
 			return failure.With(failure.ErrRuntimeFailed, s.withDiag(s.inst.Err()))
-		case err := <-s.hostile:
-			return err
 		case err := <-s.recvErr:
+			if gerr := s.guardErr(); gerr != nil {
+				return gerr
+			}
 			if len(s.frames) > 0 {
 				s.recvErr <- err
 				continue
@@ -541,11 +659,25 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					return fmt.Errorf("guest sent a bad Process: %w", err)
 				}
 				s.emitProcess(&ps)
+			case protocol.TypeAbort:
+				var ab protocol.Abort
+				if err := f.Decode(&ab); err != nil {
+					return fmt.Errorf("guest sent a bad Abort: %w", err)
+				}
+				s.abortEgress(ab.Stream)
 			default:
 				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
 			}
 		}
 	}
+}
+
+// stopReason is why ctx ended: its cause, or "stop requested".
+func stopReason(ctx context.Context) string {
+	if c := context.Cause(ctx); c != nil && c != context.Canceled {
+		return c.Error()
+	}
+	return "stop requested"
 }
 
 // guestErrorKind is the failure kind of an Error frame the guest sent.
@@ -597,6 +729,9 @@ func (s *run) setReady(msg, url, username string) {
 }
 
 func (s *run) emitProcess(p *protocol.ProcessStatus) {
+	if !s.processEv.allow() {
+		return
+	}
 	running := p.Running
 	e := api.Event{
 		Event: api.KindProcess, Process: orUnnamed(guestText(p.Name, 64)), PID: max(p.PID, 0), Running: &running,
@@ -622,11 +757,12 @@ func (s *run) shutdown(reason string) {
 		return
 	}
 	grace := s.cfg.Bootstrap.Grace()
-	if err := s.ctl.Send(protocol.TypeShutdown, protocol.Shutdown{Reason: reason, GraceMS: grace.Milliseconds()}); err != nil {
+	// One deadline for the whole stop, the Shutdown's write included.
+	deadline := time.After(grace + stopMargin)
+	if err := s.ctl.SendWithin(protocol.TypeShutdown, protocol.Shutdown{Reason: reason, GraceMS: grace.Milliseconds()}, min(shutdownSendTimeout, grace+stopMargin)); err != nil {
 		_ = s.inst.Kill()
 		return
 	}
-	deadline := time.After(grace + stopMargin)
 	for {
 		select {
 		case f := <-s.frames:
@@ -639,7 +775,7 @@ func (s *run) shutdown(reason string) {
 				// The guest gave up (it refused the bootstrap or failed to
 				// start): it reads nothing more and lingers until we close.
 				s.sess.Close()
-				s.waitExit(stopMargin)
+				s.waitExitBy(deadline)
 				return
 			}
 			if f.Type == protocol.TypeState && f.Decode(&st) == nil {
@@ -649,18 +785,21 @@ func (s *run) shutdown(reason string) {
 				if st.State == protocol.StateStopped {
 					// The guest lingers until we close the session.
 					s.sess.Close()
-					s.waitExit(stopMargin)
+					s.waitExitBy(deadline)
 					return
 				}
 			}
 		case <-s.recvErr:
-			s.waitExit(stopMargin)
+			s.waitExitBy(deadline)
 			return
 		case <-s.inst.Done():
 			// Frames the guest sent before it exited (its last exit
 			// reports) may still be queued: take them until the stream
 			// ends, for at most a second.
 			s.drainFrames(time.Second)
+			return
+		case <-s.guard.Violated():
+			_ = s.inst.Kill()
 			return
 		case <-deadline:
 			s.cfg.Log.Warn("guest did not stop in time, killing", "sandbox", s.cfg.Name, "grace", grace)
@@ -692,9 +831,14 @@ func (s *run) drainFrames(d time.Duration) {
 // waitExit gives the runtime d to exit on its own (PID 1 exiting ends it),
 // then kills it.
 func (s *run) waitExit(d time.Duration) {
+	s.waitExitBy(time.After(d))
+}
+
+// waitExitBy is waitExit with a deadline already running.
+func (s *run) waitExitBy(deadline <-chan time.Time) {
 	select {
 	case <-s.inst.Done():
-	case <-time.After(d):
+	case <-deadline:
 		_ = s.inst.Kill()
 	}
 }
@@ -707,44 +851,19 @@ func (s *run) waitExit(d time.Duration) {
 // limit, which answers ResourceExhausted instead of closing.
 func (s *run) acceptStreams() {
 	defer s.wg.Done()
-	budget := newLogBudget(time.Now)
 	sem := make(chan struct{}, protocol.MaxStreams)
-	stopTicker := make(chan struct{})
-	defer close(stopTicker)
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				if d := budget.takeDropped(); d > 0 {
-					s.emit(api.Event{Event: api.KindDropped, Dropped: d, Message: "guest output over the log rate limit was dropped"})
-				}
-			case <-stopTicker:
-				return
-			}
-		}
-	}()
 	for {
-		st, err := s.sess.AcceptStream()
+		yst, err := s.sess.AcceptStream()
 		if err != nil {
 			return
 		}
-		if n := s.sess.NumStreams(); n > s.cfg.MaxSessionStreams {
-			st.Close()
-			s.cfg.Log.Warn("guest holds too many streams, ending the sandbox", "sandbox", s.cfg.Name, "streams", n, "limit", s.cfg.MaxSessionStreams)
-			select {
-			case s.hostile <- fmt.Errorf("%w: %d streams open in the session (limit %d): the guest opens streams without closing them", ErrHostileGuest, n, s.cfg.MaxSessionStreams):
-			default:
-			}
-			return
-		}
+		// The guard bounds the streams open in the session; this bounds
+		// the handlers.
+		st := s.guard.Track(yst)
 		select {
 		case sem <- struct{}{}:
 		default:
-			s.cfg.Log.Warn("too many guest streams, refusing", "sandbox", s.cfg.Name, "limit", protocol.MaxStreams)
+			s.warn.Warn("too many guest streams, refusing", "sandbox", s.cfg.Name, "limit", protocol.MaxStreams)
 			st.Close()
 			continue
 		}
@@ -752,24 +871,49 @@ func (s *run) acceptStreams() {
 		go func() {
 			defer s.wg.Done()
 			release := sync.OnceFunc(func() { <-sem })
-			defer release()
-			defer st.Close()
-			s.serveStream(st, budget, release)
+			s.serveStream(st, release)
+			st.Close()
+			release()
+			drain(st)
 		}()
 	}
 }
 
-func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
+// abortEgress ends the egress connection of stream id at once (Abort).
+func (s *run) abortEgress(id uint32) {
+	s.mu.Lock()
+	cancel := s.aborts[id]
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel(egress.ErrGuestAborted)
+	}
+}
+
+// drainFor bounds how long drain reads a stream the host is done with:
+// yamux's StreamCloseTimeout, after which yamux resets it.
+const drainFor = 30 * time.Second
+
+// drain reads and drops what the guest still sends on a stream the host
+// is done with, until the guest closes its side (a correct guest does at
+// once) or drainFor passes: yamux would otherwise keep it in the stream's
+// receive buffer, held against the session's receive budget, until the
+// reset.
+func drain(st net.Conn) {
+	_ = st.SetReadDeadline(time.Now().Add(drainFor))
+	_, _ = io.Copy(io.Discard, st)
+}
+
+func (s *run) serveStream(st net.Conn, release func()) {
 	h, err := protocol.ReadStreamHeader(st, s.cfg.StreamHeaderTimeout)
 	if err != nil && h.Kind != protocol.KindEgress && h.Kind != protocol.KindDNS {
-		s.cfg.Log.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
+		s.warn.Warn("bad guest stream", "sandbox", s.cfg.Name, "err", err)
 		return
 	}
 	switch h.Kind {
 	case protocol.KindLog:
 		_ = readLines(st, func(line string) {
-			if budget.take(len(line) + 1) {
-				s.emit(api.Event{Event: api.KindLog, Stream: orUnnamed(h.Name), Line: line})
+			if s.logs.take(len(line) + 1) {
+				s.emit(api.Event{Event: api.KindLog, Stream: h.Name, Line: safetext.Line(line)})
 			}
 		})
 	case protocol.KindEgress:
@@ -779,8 +923,20 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 			return
 		}
 		release()
+		ctx, cancel := context.WithCancelCause(s.egressCtx)
+		defer cancel(nil)
+		if id, ok := st.(interface{ StreamID() uint32 }); ok {
+			s.mu.Lock()
+			s.aborts[id.StreamID()] = cancel
+			s.mu.Unlock()
+			defer func() {
+				s.mu.Lock()
+				delete(s.aborts, id.StreamID())
+				s.mu.Unlock()
+			}()
+		}
 		// Serve re-validates the header and answers InvalidArgument.
-		s.cfg.Egress.Serve(s.egressCtx, st, h, s.emit)
+		s.cfg.Egress.Serve(ctx, st, h, s.emitEgress)
 	case protocol.KindDNS:
 		if s.cfg.Egress == nil {
 			_ = protocol.WriteDNSReply(st, protocol.DNSReply{Code: protocol.EgressUnsupportedNetwork,
@@ -789,9 +945,9 @@ func (s *run) serveStream(st net.Conn, budget *logBudget, release func()) {
 		}
 		release()
 		// ServeDNS re-validates the header and answers InvalidArgument.
-		s.cfg.Egress.ServeDNS(s.egressCtx, st, h, s.emit)
+		s.cfg.Egress.ServeDNS(s.egressCtx, st, h, s.emitEgress)
 	default:
-		s.cfg.Log.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
+		s.warn.Warn("guest opened a stream of a kind this host does not serve", "sandbox", s.cfg.Name, "kind", h.Kind)
 	}
 }
 
@@ -805,8 +961,24 @@ func orUnnamed(s string) string {
 }
 
 // guestText makes a guest-supplied string safe to put in an event: valid
-// UTF-8, no control characters, at most n bytes (and "...").
+// UTF-8, no control characters (C0, DEL, C1: no terminal escape
+// survives), at most n bytes.
 func guestText(s string, n int) string { return safetext.Clean(s, n, ' ') }
+
+// trackedSession hands out the guest's streams through the guard's read
+// accounting (the handshake's control stream).
+type trackedSession struct {
+	*yamux.Session
+	guard *muxguard.Conn
+}
+
+func (t trackedSession) Accept() (net.Conn, error) {
+	st, err := t.AcceptStream()
+	if err != nil {
+		return nil, err
+	}
+	return t.guard.Track(st), nil
+}
 
 // firstByte waits up to d for the first byte from conn and returns a
 // connection that reads it first. A connection without read deadlines is

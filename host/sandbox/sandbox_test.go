@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -15,12 +16,15 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(egress.WatcherFunction))
+}
 
 // fakeProvider hands the sandbox one end of a net.Pipe; the test plays the
 // guest on the other end.
@@ -28,6 +32,8 @@ type fakeProvider struct {
 	guest   chan net.Conn
 	created int
 	inst    *fakeInstance
+	// stderr is where the runtime's output goes (Spec.Stderr).
+	stderr io.Writer
 }
 
 func newFakeProvider() *fakeProvider { return &fakeProvider{guest: make(chan net.Conn, 1)} }
@@ -39,6 +45,7 @@ func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Inst
 		return nil, err
 	}
 	p.created++
+	p.stderr = s.Stderr
 	p.inst = &fakeInstance{p: p, done: make(chan struct{})}
 	return p.inst, nil
 }
@@ -330,6 +337,7 @@ func TestGuestTextIsBoundedAndPrintable(t *testing.T) {
 	assert.Equal(t, "abc...", guestText("abcdef", 3))
 	assert.Equal(t, "\uFFFD", guestText("\xff", 10))
 	assert.Equal(t, "...", guestText("é", 1), "never cuts a rune in half")
+	assert.Equal(t, " [31mred  [2J", guestText("\x1b[31mred \u009b[2J", 64), "ESC and C1 (CSI) never reach an event")
 }
 
 // A VM's serial transport is connected before the guest boots: a guest

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/oac/sandbox-agent/host/dataplane"
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -22,9 +23,10 @@ var ErrNotSupported = errors.New("the guest does not support this")
 // guest is connected. Its methods are safe for concurrent use and fail
 // once the session has ended.
 type Session struct {
-	sess *yamux.Session
-	ctl  *protocol.Control
-	caps []string
+	sess  *yamux.Session
+	guard *muxguard.Conn
+	ctl   *protocol.Control
+	caps  []string
 	// channel is the data plane's fd channel once it is up: forwards go
 	// over it instead of as streams.
 	channel atomic.Pointer[dataplane.Channel]
@@ -50,7 +52,11 @@ func (s *Session) OpenForward(port int, name string) (net.Conn, error) {
 			return ch.Forward(port, name)
 		}
 	}
-	return protocol.OpenStream(s.sess, h)
+	st, err := s.sess.OpenStream()
+	if err != nil {
+		return nil, fmt.Errorf("open %s stream: %w", h.Kind, err)
+	}
+	return protocol.StartStream(s.guard.Track(st), h)
 }
 
 // PushTime sends the host's wall clock to the guest, which sets its clock

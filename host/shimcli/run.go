@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -159,6 +160,9 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	f, code := parseRunFlags(args, stderr)
 	if f == nil {
 		return code
+	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(sandbox.SoftMemoryLimit)
 	}
 	log := newLogger(stderr, f.debug)
 	// Every failure exits with its code's status (api.Failures).
@@ -327,7 +331,6 @@ func withIdentity(f *runFlags, boot *bootstrap.Bootstrap) (*bootstrap.Bootstrap,
 			if b.TenantID != id.TenantID || b.EnvironmentID != id.EnvironmentID || b.AllocationID != id.AllocationID {
 				return nil, bootstrap.ErrIdentityMismatch
 			}
-			id.AllowLoopbackLink = id.AllowLoopbackLink || b.AllowLoopbackLink
 		}
 		boot.Sandbox = id
 	}

@@ -9,11 +9,16 @@ import (
 	"time"
 )
 
-// Buffer sizes and the release delay.
+// Buffer sizes, the release delay, and how many big buffers the copy
+// loops of a process may hold at once: beyond MaxBigBuffers (8 MiB) a busy
+// loop keeps its small buffer, so a guest that makes many connections
+// carry bulk data (or read none of it) costs at most that much in big
+// buffers (docs/threat-model.md, the shim's memory ceiling).
 const (
-	SmallBuffer  = 8 << 10
-	BigBuffer    = 256 << 10
-	ReleaseAfter = time.Second
+	SmallBuffer   = 8 << 10
+	BigBuffer     = 256 << 10
+	ReleaseAfter  = time.Second
+	MaxBigBuffers = 32
 )
 
 var (
@@ -24,8 +29,12 @@ var (
 // BigBuffersInUse returns how many large buffers copy loops hold now.
 func BigBuffersInUse() int64 { return bigInUse.Load() }
 
+// getBig returns a big buffer, or nil when MaxBigBuffers are in use.
 func getBig() *[]byte {
-	bigInUse.Add(1)
+	if bigInUse.Add(1) > MaxBigBuffers {
+		bigInUse.Add(-1)
+		return nil
+	}
 	return bigPool.Get().(*[]byte)
 }
 
@@ -175,6 +184,23 @@ func spliceable(c net.Conn) bool {
 // bytes, and act learns of activity from the TCP socket's kernel counters
 // (TCP_INFO) instead of from each read.
 func Join(a, b net.Conn, act *Activity) (aToB, bToA int64, err error) {
+	return JoinThen(a, b, act, nil)
+}
+
+// JoinThen is Join calling failed (when not nil) once, with the first
+// error, before it closes either connection: the caller may still look at
+// them (which side's peer is gone).
+func JoinThen(a, b net.Conn, act *Activity, failed func(error)) (aToB, bToA int64, err error) {
+	var once sync.Once
+	closeBoth := func(err error) {
+		once.Do(func() {
+			if failed != nil {
+				failed(err)
+			}
+		})
+		a.Close()
+		b.Close()
+	}
 	cp := Copy
 	if Spliced(a, b) {
 		cp = spliceCopy
@@ -195,8 +221,7 @@ func Join(a, b net.Conn, act *Activity) (aToB, bToA int64, err error) {
 	go func() {
 		n, err := cp(b, a, act)
 		if err != nil {
-			a.Close()
-			b.Close()
+			closeBoth(err)
 		} else {
 			closeWrite(b)
 		}
@@ -204,8 +229,7 @@ func Join(a, b net.Conn, act *Activity) (aToB, bToA int64, err error) {
 	}()
 	bToA, err2 := cp(a, b, act)
 	if err2 != nil {
-		a.Close()
-		b.Close()
+		closeBoth(err2)
 	} else {
 		closeWrite(a)
 	}

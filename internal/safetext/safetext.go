@@ -10,16 +10,18 @@ package safetext
 
 import (
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
 // Clean returns s with each invalid UTF-8 byte replaced by U+FFFD and each
-// control character (below 0x20, and 0x7f) by repl, cut to at most max
+// control character (C0 below 0x20, DEL 0x7f and C1 0x80-0x9f: no terminal
+// escape, ESC or CSI, survives) by repl, cut to at most max
 // bytes on a rune boundary with "..." appended when it was longer (so at
 // most max+3 bytes).
 func Clean(s string, max int, repl rune) string {
 	s = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) {
 			return repl
 		}
 		return r
@@ -32,4 +34,19 @@ func Clean(s string, max int, repl rune) string {
 		cut--
 	}
 	return s[:cut] + "..."
+}
+
+// Line is Clean for a line of output (a log line, a runtime's stderr):
+// tabs stay, and there is no bound (the reader bounds lines).
+func Line(s string) string {
+	bad := func(r rune) bool { return unicode.IsControl(r) && r != '\t' }
+	if !strings.ContainsFunc(s, bad) && utf8.ValidString(s) {
+		return s
+	}
+	return strings.Map(func(r rune) rune {
+		if bad(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "\uFFFD"))
 }

@@ -126,8 +126,11 @@ type Identity struct {
 	EnvironmentID string `json:"environment_id"`
 	AllocationID  string `json:"allocation_id"`
 	// AllowLoopbackLink accepts a ws:// or wss:// link URL on a loopback
-	// host (development against a local Link relay).
-	AllowLoopbackLink bool `json:"allow_loopback_link,omitempty"`
+	// host (development against a local Link relay). It is the operator's
+	// (oac-shim run --allow-loopback-link), never the document's: it is not
+	// part of the schema (a bootstrap naming it is refused as an unknown
+	// key), and the host tells the guest in Welcome.
+	AllowLoopbackLink bool `json:"-"`
 }
 
 // Validate checks the identity's own format.

@@ -196,6 +196,23 @@ var allSentinels = []error{
 	ErrEnvironmentID, ErrAllocationID, ErrResourceKind, ErrGeneration, ErrWrongTenant, ErrWrongEnvironment, ErrWrongAllocation,
 }
 
+// The relaxation is the operator's: a bootstrap document that names it is
+// refused as an unknown key, wherever it puts it.
+func TestAllowLoopbackLinkIsNotPartOfTheBootstrapSchema(t *testing.T) {
+	b := validDoc()
+	doc, err := json.Marshal(b)
+	require.NoError(t, err)
+	assert.NotContains(t, string(doc), "allow_loopback_link", "never encoded, even when set")
+	for _, in := range []string{
+		strings.Replace(string(doc), `"tenant_id":`, `"allow_loopback_link":true,"tenant_id":`, 1),
+		strings.Replace(string(doc), `"tenant_id":`, `"allow_loopback_link":false,"tenant_id":`, 1),
+		strings.Replace(string(doc), `"version":1,`, `"version":1,"allow_loopback_link":true,`, 1),
+	} {
+		_, err := Decode(strings.NewReader(in))
+		assert.ErrorIs(t, err, ErrUnknownKey, in)
+	}
+}
+
 func TestLoopbackLinkAllowedOnlyWhenTheIdentitySaysSo(t *testing.T) {
 	for _, u := range []string{"ws://127.0.0.1:8080/link", "wss://localhost/link", "ws://[::1]:1/x", "ws://relay.localhost/x"} {
 		b := validDoc()

@@ -11,9 +11,12 @@ package main
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -82,6 +85,7 @@ func main() {
 		}
 		fmt.Printf("read %s=%s\n", f, strings.TrimSpace(string(b)))
 	}
+	probes()
 	<-term
 	fmt.Println("term")
 }
@@ -102,6 +106,27 @@ func disk() string {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return "none"
+}
+
+// probes runs the programs VMDAEMON_PROBES names (a JSON list of
+// [label, argv...]), one after the other, and prints "label: OUTPUT" for
+// each (stdout and stderr, newlines as '|'), then "probes done": the
+// shell-less image's way to run a client such as curl for a test.
+func probes() {
+	var list [][]string
+	if err := json.Unmarshal([]byte(os.Getenv("VMDAEMON_PROBES")), &list); err != nil {
+		return
+	}
+	for _, p := range list {
+		if len(p) < 2 {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, _ := exec.CommandContext(ctx, p[1], p[2:]...).CombinedOutput()
+		cancel()
+		fmt.Printf("%s: %s\n", p[0], strings.ReplaceAll(strings.TrimRight(string(out), "\n"), "\n", "|"))
+	}
+	fmt.Println("probes done")
 }
 
 func errText(err error) string {

@@ -141,9 +141,3 @@ func buildArgs(c argsConfig) []string {
 	)
 	return a
 }
-
-// resolvConf points the guest at the agent's resolver on loopback
-// (package guest/transparent); the same text as initsys.ResolvConf, which
-// the agent checks before placing its own.
-const resolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
-	"nameserver 127.0.0.1\noptions edns0\n"

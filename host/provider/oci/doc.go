@@ -10,8 +10,10 @@
 // own (package kit's host-wide id slots, which the bwrap provider draws
 // from too), a pids limit of 128, a seccomp deny list, and only the capabilities the agent needs:
 // CAP_SETUID and CAP_SETGID (to start the daemon as 1000:1000 without
-// supplementary groups), CAP_KILL (to signal it on stop) and CAP_SETFCAP (to
-// map ids into the daemon's nested user namespace). Its process is
+// supplementary groups), CAP_KILL (to signal it on stop), CAP_SETFCAP (to
+// map ids into the daemon's nested user namespace), CAP_NET_ADMIN and
+// CAP_NET_BIND_SERVICE (transparent egress in its own network namespace:
+// the resolver on port 53 and the capture). Its process is
 // oac-guest, bound read-only at /run/oac/oac-guest, dialing the transport
 // socket the shim listens on, bound in at /run/oac/agent.sock.
 //

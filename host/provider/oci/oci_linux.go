@@ -252,7 +252,7 @@ func (in *Instance) skeleton(dir string) (string, []kit.HostEntry, [][2]string, 
 			return "", nil, nil, err
 		}
 	}
-	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, nil)
+	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, map[string]string{"resolv.conf": kit.ResolvConf})
 	if err != nil {
 		return "", nil, nil, err
 	}

@@ -17,13 +17,16 @@ const specVersion = "1.0.2"
 // permitted; none inheritable or ambient, so the daemon it starts as uid
 // 1000 has none). Measured with the e2e tests: CAP_SETUID and CAP_SETGID
 // switch the daemon to 1000:1000 and drop its supplementary groups,
-// CAP_KILL lets guest root signal the daemon's process group on stop, and
+// CAP_KILL lets guest root signal the daemon's process group on stop,
 // CAP_SETFCAP (with the other two) lets the agent map the guest's ids into
 // the nested user namespace that gives the daemon a mount namespace of its
-// own (Linux 5.12 and later require it to map id 0). The runtime mounts
-// everything and sets the hostname and lo up, so the agent needs no
-// CAP_SYS_ADMIN or CAP_NET_ADMIN.
-var AgentCaps = []string{"CAP_KILL", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETUID"}
+// own (Linux 5.12 and later require it to map id 0), and CAP_NET_ADMIN
+// and CAP_NET_BIND_SERVICE, held in the container's own user and network
+// namespaces, let it run transparent egress (the resolver on
+// 127.0.0.1:53, the fake range on lo, the nftables capture) as bwrap's
+// guest root does. The runtime mounts everything and sets the hostname and
+// lo up, so the agent needs no CAP_SYS_ADMIN.
+var AgentCaps = []string{"CAP_KILL", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETUID"}
 
 // deniedSyscalls fail with EPERM in the guest: kernel interfaces a sandboxed
 // daemon has no use for and that have a history of privilege escalations

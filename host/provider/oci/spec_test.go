@@ -47,7 +47,7 @@ func TestSpecIsHardened(t *testing.T) {
 	assert.Equal(t, specs.User{UID: 0, GID: 0}, s.Process.User, "the agent is guest root; it switches the daemon to 1000")
 	assert.True(t, s.Process.NoNewPrivileges)
 	assert.False(t, s.Process.Terminal)
-	want := []string{"CAP_KILL", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETUID"}
+	want := []string{"CAP_KILL", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SETFCAP", "CAP_SETGID", "CAP_SETUID"}
 	assert.Equal(t, want, s.Process.Capabilities.Bounding)
 	assert.Equal(t, want, s.Process.Capabilities.Effective)
 	assert.Equal(t, want, s.Process.Capabilities.Permitted)
