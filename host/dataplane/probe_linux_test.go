@@ -21,9 +21,12 @@ import (
 	"github.com/oac/sandbox-agent/protocol"
 )
 
-// The probe is a hostile guest root in user and network namespaces of its
-// own (as bwrap makes them): it takes its end of an egress connection from
+// The probe is a hostile guest root in user, network and pid namespaces of
+// its own (as bwrap makes them): it takes its end of an egress connection from
 // the fd channel and tries to reach anything else with it.
+// soPeerPIDFD is SO_PEERPIDFD (Linux 6.5).
+const soPeerPIDFD = 77
+
 const (
 	probeEnv         = "OAC_DATAPLANE_PROBE_SOCKET"
 	probeAbstractEnv = "OAC_DATAPLANE_PROBE_ABSTRACT"
@@ -41,6 +44,9 @@ type probeReport struct {
 	ConnectUnspec, ConnectHostName, ConnectOwnName, FreshConnectHostName, Bind, Listen, SendTo string
 	// Interfaces SIOCGIFNAME names through the end.
 	Interfaces []string
+	// What a pid descriptor of the end's peer (SO_PEERPIDFD: the host's
+	// process) allows: signalling it, taking its descriptors.
+	PeerPIDFD, PeerSignal, PeerGetfd string
 }
 
 func probeMain() bool {
@@ -120,6 +126,17 @@ func runProbe(path, hostName, bindName string) (rep probeReport) {
 		rep.SendTo = errText(unix.Sendto(fd, []byte("x"), 0, &unix.SockaddrUnix{Name: "@" + hostName}))
 		rep.Bind = errText(unix.Bind(fd, &unix.SockaddrUnix{Name: "@" + bindName}))
 		rep.Listen = errText(unix.Listen(fd, 1))
+		if pidfd, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, soPeerPIDFD); err != nil {
+			rep.PeerPIDFD = errText(err)
+		} else {
+			rep.PeerSignal = errText(unix.PidfdSendSignal(pidfd, 0, nil, 0))
+			got, err := unix.PidfdGetfd(pidfd, 0, 0)
+			if err == nil {
+				unix.Close(got)
+			}
+			rep.PeerGetfd = errText(err)
+			unix.Close(pidfd)
+		}
 		for i := 1; i < 64; i++ {
 			ifr, err := unix.NewIfreq("")
 			if err != nil {
@@ -161,9 +178,11 @@ func TestTheGuestsEndIsASocketOfItsOwnNamespaceAndReachesNothingElse(t *testing.
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = []string{probeEnv + "=" + h.path, probeAbstractEnv + "=" + hostName, probeBindEnv + "=" + bindName}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 1}},
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET | syscall.CLONE_NEWPID,
+		// Guest root is the host's own uid, as in a rootless sandbox: the
+		// worst case for what a pid descriptor of the host allows.
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}},
 	}
 	out, err := cmd.Output()
 	require.NoError(t, err, "probe: %s", out)
@@ -181,6 +200,10 @@ func TestTheGuestsEndIsASocketOfItsOwnNamespaceAndReachesNothingElse(t *testing.
 	assert.Equal(t, "EISCONN", rep.SendTo, "nor used to send elsewhere")
 	assert.NotEmpty(t, rep.Listen, "nor made to listen")
 	assert.Equal(t, "ECONNREFUSED", rep.FreshConnectHostName, "the host's abstract names are not in the guest's namespace")
+	if rep.PeerPIDFD == "" { // a kernel with SO_PEERPIDFD
+		assert.Equal(t, "EINVAL", rep.PeerSignal, "the host's process is outside the guest's pid namespace: no signal")
+		assert.Equal(t, "EPERM", rep.PeerGetfd, "and in another user namespace: none of its descriptors")
+	}
 	// Whatever the bind did, it did in the guest's namespace: the name is
 	// still free in the host's.
 	bl, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + bindName, Net: "unix"})
