@@ -65,7 +65,9 @@ func pair(t *testing.T) (*net.UnixConn, *os.File) {
 	return c.(*net.UnixConn), os.NewFile(uintptr(fds[1]), "guest")
 }
 
-func dial(t *testing.T, h *fakeHost, fw Forwarded) *Channel {
+// dial sets up a channel with h and returns the guest's side and the
+// host's connection.
+func dial(t *testing.T, h *fakeHost, fw Forwarded) (*Channel, *net.UnixConn) {
 	t.Helper()
 	type res struct {
 		ch  *Channel
@@ -73,11 +75,11 @@ func dial(t *testing.T, h *fakeHost, fw Forwarded) *Channel {
 	}
 	r := make(chan res, 1)
 	go func() { ch, err := DialChannel(context.Background(), h.ep, token, fw, nil); r <- res{ch, err} }()
-	h.acceptChannel()
+	hc := h.acceptChannel()
 	got := <-r
 	require.NoError(t, got.err)
 	t.Cleanup(func() { got.ch.Close() })
-	return got.ch
+	return got.ch, hc
 }
 
 func TestOpenReturnsTheDescriptorThatCameWithItsAnswer(t *testing.T) {
@@ -154,12 +156,7 @@ func TestOpenReturnsTheDescriptorThatCameWithItsAnswer(t *testing.T) {
 // answered, so the opener sends them as egress streams instead.
 func TestAClosedChannelFallsBackToTheSession(t *testing.T) {
 	h := newFakeHost(t)
-	r := make(chan *Channel, 1)
-	go func() { ch, _ := DialChannel(context.Background(), h.ep, token, nil, nil); r <- ch }()
-	hc := h.acceptChannel()
-	ch := <-r
-	require.NotNil(t, ch)
-	defer ch.Close()
+	ch, hc := dial(t, h, nil)
 	waiting := make(chan bool, 1)
 	go func() { _, _, answered := ch.Open(context.Background(), "a.test", 443, ""); waiting <- answered }()
 	var req protocol.Connect
@@ -195,20 +192,12 @@ func TestAnAnsweredRefusalIsNotAskedAgain(t *testing.T) {
 func TestForwardsArriveAsConnections(t *testing.T) {
 	h := newFakeHost(t)
 	got := make(chan string, 1)
-	r := make(chan *Channel, 1)
-	go func() {
-		ch, _ := DialChannel(context.Background(), h.ep, token, func(f protocol.Forward, c net.Conn) {
-			defer c.Close()
-			b := make([]byte, 4)
-			_, _ = io.ReadFull(c, b)
-			got <- f.Name + ":" + string(b)
-		}, nil)
-		r <- ch
-	}()
-	hc := h.acceptChannel()
-	ch := <-r
-	require.NotNil(t, ch)
-	defer ch.Close()
+	_, hc := dial(t, h, func(f protocol.Forward, c net.Conn) {
+		defer c.Close()
+		b := make([]byte, 4)
+		_, _ = io.ReadFull(c, b)
+		got <- f.Name + ":" + string(b)
+	})
 	hs, g := pair(t)
 	require.NoError(t, protocol.SendFD(hc, protocol.TypeForward, protocol.Forward{Port: 4096, Name: "daemon"}, int(g.Fd())))
 	g.Close()
@@ -224,12 +213,7 @@ func TestForwardsArriveAsConnections(t *testing.T) {
 
 func TestAFrameThatShouldCarryADescriptorButDoesNotEndsTheChannel(t *testing.T) {
 	h := newFakeHost(t)
-	r := make(chan *Channel, 1)
-	go func() { ch, _ := DialChannel(context.Background(), h.ep, token, nil, nil); r <- ch }()
-	hc := h.acceptChannel()
-	ch := <-r
-	require.NotNil(t, ch)
-	defer ch.Close()
+	ch, hc := dial(t, h, nil)
 	require.NoError(t, protocol.SendFD(hc, protocol.TypeForward, protocol.Forward{Port: 1}, -1))
 	select {
 	case <-ch.Done():
@@ -240,12 +224,7 @@ func TestAFrameThatShouldCarryADescriptorButDoesNotEndsTheChannel(t *testing.T) 
 
 func TestMoreDescriptorsThanFramesEndTheChannel(t *testing.T) {
 	h := newFakeHost(t)
-	r := make(chan *Channel, 1)
-	go func() { ch, _ := DialChannel(context.Background(), h.ep, token, nil, nil); r <- ch }()
-	hc := h.acceptChannel()
-	ch := <-r
-	require.NotNil(t, ch)
-	defer ch.Close()
+	ch, hc := dial(t, h, nil)
 	before := countFDs(t)
 	var fds, all []int
 	for range protocol.MaxPendingFDs + 4 {

@@ -308,6 +308,19 @@ func TestTokensCompareWhole(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// hostFor starts a host whose broker allows name:80 as a named upstream
+// at addr, and opens its fd channel.
+func hostFor(t *testing.T, name, addr string) (*host, *guest) {
+	t.Helper()
+	h := startHost(t, 8, func(c *Config) {
+		pol, err := egress.ParsePolicy(nil, []string{name + ":80=" + addr})
+		require.NoError(t, err)
+		c.Broker = egress.New(egress.Config{Policy: pol})
+	}, protocol.CapDataFD)
+	g, _ := h.openChannel(t)
+	return h, g
+}
+
 // A guest whose client died closes its end: the host ends the upstream at
 // once and says the guest aborted, as it does for an aborted stream.
 func TestAGuestThatClosesItsEndMidDownloadAborts(t *testing.T) {
@@ -331,12 +344,7 @@ func TestAGuestThatClosesItsEndMidDownloadAborts(t *testing.T) {
 		}
 		ended <- time.Now()
 	}()
-	h := startHost(t, 8, func(c *Config) {
-		pol, err := egress.ParsePolicy(nil, []string{"big.test:80=" + ln.Addr().String()})
-		require.NoError(t, err)
-		c.Broker = egress.New(egress.Config{Policy: pol})
-	}, protocol.CapDataFD)
-	g, _ := h.openChannel(t)
+	h, g := hostFor(t, "big.test", ln.Addr().String())
 	r, c := g.connect(1, "big.test")
 	require.True(t, r.OK(), r.Reason)
 	_, err = io.ReadFull(c, make([]byte, 1<<20))
@@ -371,12 +379,7 @@ func TestAnUpstreamResetIsNotTheGuestAborting(t *testing.T) {
 		_ = c.(*net.TCPConn).SetLinger(0)
 		c.Close() // RST
 	}()
-	h := startHost(t, 8, func(c *Config) {
-		pol, err := egress.ParsePolicy(nil, []string{"rst.test:80=" + ln.Addr().String()})
-		require.NoError(t, err)
-		c.Broker = egress.New(egress.Config{Policy: pol})
-	}, protocol.CapDataFD)
-	g, _ := h.openChannel(t)
+	h, g := hostFor(t, "rst.test", ln.Addr().String())
 	r, c := g.connect(1, "rst.test")
 	require.True(t, r.OK(), r.Reason)
 	_, err = c.Write([]byte("x"))
