@@ -204,8 +204,9 @@
 // dial the host's port). A host offers "data_fd" only when it can make
 // pairs in the guest's network namespace (it joins it with setns, which
 // takes CAP_SYS_ADMIN), "data_dial" when its provider's listener takes
-// more connections. A guest uses data_fd when offered, else data_dial;
-// whatever the data plane cannot carry (the channel failed, a dial
+// more connections. A guest uses data_fd when offered, else (or when
+// the fd channel does not come up) data_dial; whatever the data plane
+// cannot carry (the channel failed, a dial
 // failed, no answer arrived) goes as an egress stream of the session; a
 // connection the host answered is never asked again. Every frame on the
 // data plane is a frame as above of at most MaxHeaderFrame bytes.

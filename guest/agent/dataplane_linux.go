@@ -54,6 +54,11 @@ func (a *agent) newDataPlane(ctx context.Context) *dataPlane {
 				}
 			}, a.cfg.Log)
 			if err != nil {
+				if protocol.HasCapability(w.Capabilities, protocol.CapDataDial) {
+					a.cfg.Log.Warn("fd channel unavailable; connections go as data connections", "err", err)
+					d.carry = dataplane.Dialer(ep, w.DataToken)
+					return
+				}
 				a.cfg.Log.Warn("data plane unavailable; connections go over the session", "err", err)
 				return
 			}
