@@ -88,41 +88,11 @@ func TestSocketsAreJoinedInTheKernelNotCopiedThroughThisProcess(t *testing.T) {
 	assert.Equal(t, int64(0), BigBuffersInUse())
 }
 
-func TestSplicedJoinCountsHalfClosesAndCarriesBothWays(t *testing.T) {
+func TestSplicedJoinBetweenTCPAndAPairCarriesBothWaysHalfClosesAndCounts(t *testing.T) {
 	client, proxyIn := tcpPair(t)
 	guestEnd, hostEnd := unixPair(t)
-	up := make([]byte, 3<<20+17)
-	_, _ = rand.Read(up)
-	down := []byte("response bytes")
-	var act Activity
-	type res struct {
-		ab, ba int64
-		err    error
-	}
-	done := make(chan res, 1)
-	go func() {
-		ab, ba, err := Join(proxyIn, guestEnd, &act)
-		done <- res{ab, ba, err}
-	}()
-	far := make(chan []byte, 1)
-	go func() {
-		b, _ := io.ReadAll(hostEnd)
-		_, _ = hostEnd.Write(down)
-		_ = hostEnd.CloseWrite()
-		far <- b
-	}()
-	_, err := client.Write(up)
-	require.NoError(t, err)
-	require.NoError(t, client.(*net.TCPConn).CloseWrite())
-	got, err := io.ReadAll(client)
-	require.NoError(t, err)
-	assert.Equal(t, down, got)
-	assert.True(t, bytes.Equal(up, <-far))
-	r := <-done
-	require.NoError(t, r.err)
-	assert.Equal(t, int64(len(up)), r.ab)
-	assert.Equal(t, int64(len(down)), r.ba)
-	assert.Less(t, act.Idle(), 5*time.Second)
+	require.True(t, Spliced(proxyIn, guestEnd))
+	joinCopiesBothWays(t, client, proxyIn, guestEnd, hostEnd)
 }
 
 // The broker's idle timeout reads Activity while a spliced copy blocks:
