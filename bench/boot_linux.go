@@ -132,7 +132,7 @@ func BootFigures(r *Report, b Bins, runs int) error {
 		return fmt.Errorf("bwrap boot: %w", err)
 	}
 	res := NewResult("bwrap: oac-shim start to ready event", "ms", subj, "bare bwrap running /bin/true", base)
-	r.Add(res.Judge("≤ 1.5x bare bwrap", res.Ratio <= 1.5))
+	r.Add(res.Judge("≤ 3x bare bwrap", res.Ratio <= 3))
 
 	trueExec := func() (float64, error) {
 		t := time.Now()

@@ -14,7 +14,7 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, boot, footprint, density, oci, hosted, qemu); results are then
+	// transparent, clients, boot, footprint, density, oci, hosted, qemu); results are then
 	// printed but not written.
 	Only []string
 }
@@ -75,6 +75,18 @@ func Run(o Options) error {
 		}
 		if o.want("density") {
 			if err := DensityFigures(r, b, o.Density); err != nil {
+				return err
+			}
+		}
+	}
+	if o.want("clients") {
+		switch {
+		case !root:
+			r.Skip("real clients in guests", "need root (bwrap with an id range, OCI, qemu)")
+		case errB != nil:
+			r.Skip("real clients in guests", "need bubblewrap")
+		default:
+			if err := ClientFigures(r, b, o.Runs, 256<<20, envOr("OAC_KERNEL_CACHE", ".cache/kernel")); err != nil {
 				return err
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/oac/sandbox-agent/internal/strictjson"
 )
@@ -80,12 +81,13 @@ type Artifact struct {
 	SHA256 string `json:"sha256"`
 }
 
+// The patterns are compiled on first use, not when oac-shim starts.
 var (
 	topKeys      = []string{"artifacts", "release", "schema"}
 	artifactKeys = []string{"arch", "kind", "name", "platform", "sha256", "size", "url"}
-	nameRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
-	releaseRE    = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`)
-	hexRE        = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	nameRE       = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
+	releaseRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`) })
+	hexRE        = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{64}$`) })
 )
 
 func invalid(format string, a ...any) error {
@@ -199,7 +201,7 @@ func (m *Manifest) Validate() error {
 	if m.Schema != SchemaVersion {
 		return invalid("schema %d is not supported (this oac-image reads schema %d)", m.Schema, SchemaVersion)
 	}
-	if !releaseRE.MatchString(m.Release) {
+	if !releaseRE().MatchString(m.Release) {
 		return invalid("release must be 1 to 64 of A-Z, a-z, 0-9, '.', '_', '+', '-'")
 	}
 	if len(m.Artifacts) == 0 || len(m.Artifacts) > MaxArtifacts {
@@ -209,7 +211,7 @@ func (m *Manifest) Validate() error {
 	slots := map[[3]string]string{}
 	for i, a := range m.Artifacts {
 		where := fmt.Sprintf("artifact %d", i)
-		if !nameRE.MatchString(a.Name) {
+		if !nameRE().MatchString(a.Name) {
 			return invalid("%s: name must be 1 to 64 of a-z, 0-9, '.', '_', '-'", where)
 		}
 		where = fmt.Sprintf("artifact %q", a.Name)
@@ -237,7 +239,7 @@ func (m *Manifest) Validate() error {
 		if a.Size < 1 || a.Size > MaxArtifactSize {
 			return invalid("%s: size must be 1 to %d bytes", where, int64(MaxArtifactSize))
 		}
-		if !hexRE.MatchString(a.SHA256) || a.SHA256 == strings.Repeat("0", 64) {
+		if !hexRE().MatchString(a.SHA256) || a.SHA256 == strings.Repeat("0", 64) {
 			return invalid("%s: sha256 must be 64 lowercase hex digits, not all zero", where)
 		}
 	}

@@ -46,6 +46,14 @@
 //	0x000B  Time          host -> guest  {"time_unix_nano"} (only to a guest whose Hello lists "time")
 //	0x000C  Abort         guest -> host  {"stream"} (only to a host whose Welcome lists "abort")
 //
+// Data plane frames (never on the session; see "Data plane"):
+//
+//	0x000D  Channel       guest -> host  {"token"} first frame of the fd channel
+//	                      host -> guest  {} the channel is up
+//	0x000E  Connect       guest -> host  {"id","token","host","port","via"}
+//	0x000F  Connected     host -> guest  {"id","code","error","effect","reason","rule"} (+ 1 descriptor on the fd channel when code is 0)
+//	0x0010  Forward       host -> guest  {"port","name"} + 1 descriptor (fd channel only)
+//
 // Capabilities (Hello and Welcome "capabilities"): "process" in Welcome
 // means the host accepts Process messages; a guest never sends one to a
 // host that did not list it (an older host would refuse the unknown type).
@@ -173,6 +181,73 @@
 // refusal then says so. The guest waits at most DNSReplyTimeout (10 s). A dns
 // stream counts against the broker's stream limit while it is answered.
 //
+// # Data plane
+//
+// Egress and forward connections may travel beside the session instead of
+// as its streams, each on a kernel stream of its own, so that no byte of
+// them crosses yamux's single writer and both sides move them with
+// splice(2) between sockets. Two carriers:
+//
+//	data_fd    the fd channel: a guest sharing the host's kernel, on a
+//	           unix transport, dials the transport's socket a second time;
+//	           every connection arrives on it as a socket descriptor
+//	           (SCM_RIGHTS), the guest's end of a socketpair the host made
+//	           in the guest's own network namespace
+//	data_dial  data connections: the guest dials the transport's endpoint
+//	           (vsock, or unix) once per connection and names its target
+//	           on it; the connection then carries the bytes
+//
+// A guest lists in Hello what its transport allows ("data_fd" and
+// "data_dial" on unix, "data_dial" on vsock); a host lists in Welcome
+// what it offers, with "data_token": 32 hex digits of randomness that
+// every data plane connection presents (on vsock any process of the VM can
+// dial the host's port). A host offers "data_fd" only when it can make
+// pairs in the guest's network namespace (it joins it with setns, which
+// takes CAP_SYS_ADMIN), "data_dial" when its provider's listener takes
+// more connections. A guest uses data_fd when offered, else (or when
+// the fd channel does not come up) data_dial; whatever the data plane
+// cannot carry (the channel failed, a dial
+// failed, no answer arrived) goes as an egress stream of the session; a
+// connection the host answered is never asked again. Every frame on the
+// data plane is a frame as above of at most MaxHeaderFrame bytes.
+//
+// The fd channel. The guest dials and sends Channel{"token"}; within
+// DataChannelTimeout the host answers Channel{} (the channel is up) or
+// closes the connection (wrong token, a second channel, a host that
+// cannot make pairs). Then the guest sends Connect frames:
+//
+//	id    1..2^64-1, unique among the guest's unanswered requests
+//	host, port, via   as an egress stream's header, checked the same way
+//	token absent
+//
+// The host answers each with one Connected frame naming its id, in any
+// order: an EgressReply's fields (as on an egress stream: the same policy,
+// limits, failure codes and events). An OK answer is written with exactly
+// one descriptor attached in the same sendmsg: the guest's end of the
+// connection, a connected AF_UNIX stream socket whose other end the host
+// splices to the upstream; a failure carries none. The guest takes one
+// descriptor per OK Connected and per Forward, in order, and holds at most
+// MaxPendingFDs unclaimed (more, or a frame whose descriptor is missing,
+// ends the channel). The host reads the channel with read(2), so a
+// descriptor the guest sends is dropped by the kernel, never received.
+// Forward{"port","name"} hands the guest a connection the host accepted on
+// a forward's listener (port 1..65535; the guest joins it to
+// 127.0.0.1:port). Either side closing its end of a connection is the TCP
+// close, shutdown(SHUT_WR) the half-close. The host paces Connect frames
+// to MaxRequestRate (host/dataplane) by reading more slowly, writes within
+// DataWriteTimeout (a guest that stops reading loses its channel), and a
+// guest that breaks the channel's protocol (a frame over the limit, of
+// another type, a Connect without id) fails as hostile.
+//
+// Data connections. The guest dials the transport's endpoint and sends
+// Connect{"token","host","port","via"} (no id) within the host's stream
+// header timeout; the host answers one Connected (no id) on the same
+// connection, which after an OK answer carries the bytes both ways and
+// after a failure is closed. A connection without the token is closed
+// unanswered. The host accepts at most MaxRequestRate a second and lets at
+// most MaxStreams wait for their first frame at once. Forwards stay
+// streams of the session on this carrier.
+//
 // # Limits enforced on read
 //
 //	MaxControlFrame  256 KiB  body of a control-stream frame
@@ -187,6 +262,10 @@
 //	EgressReplyTimeout  60 s  a guest waiting for the host's EgressReply
 //	MaxDNSName           254  bytes of a dns stream's host
 //	DNSReplyTimeout     10 s  a guest waiting for the host's DNSReply
+//	MaxDataToken          64  bytes of a data plane token read
+//	DataChannelTimeout   5 s  the fd channel's setup, either side
+//	DataWriteTimeout    10 s  one write of the host on the fd channel
+//	MaxPendingFDs          4  descriptors a guest holds that no frame claimed
 //
 // # Session bounds (a host fails a guest over one)
 //
@@ -241,4 +320,11 @@
 //	     guest image with the shim. The Abort message (0x000C) behind the
 //	     host's "abort" capability; a 1.6 host never lists it, so a newer
 //	     guest sends none there.
+//	1.8  the data plane: capabilities "data_fd" and "data_dial" (Hello and
+//	     Welcome), Welcome's "data_token", and the frames Channel (0x000D),
+//	     Connect (0x000E), Connected (0x000F) and Forward (0x0010), which
+//	     travel only on data plane connections. A 1.7 host offers neither
+//	     capability, so a newer guest carries every connection as a
+//	     stream; a 1.7 guest lists neither, so a newer host serves no data
+//	     plane connection for it.
 package protocol

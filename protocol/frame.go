@@ -32,6 +32,12 @@ const (
 	TypeTime Type = 0x000B
 	// TypeAbort is sent only to a host whose Welcome lists CapAbort.
 	TypeAbort Type = 0x000C
+	// Data plane frames, only between a host and a guest that agreed on
+	// CapDataFD or CapDataDial, never on the session.
+	TypeChannel   Type = 0x000D
+	TypeConnect   Type = 0x000E
+	TypeConnected Type = 0x000F
+	TypeForward   Type = 0x0010
 )
 
 var typeNames = map[Type]string{
@@ -47,6 +53,10 @@ var typeNames = map[Type]string{
 	TypeDNSReply:     "DNSReply",
 	TypeTime:         "Time",
 	TypeAbort:        "Abort",
+	TypeChannel:      "Channel",
+	TypeConnect:      "Connect",
+	TypeConnected:    "Connected",
+	TypeForward:      "Forward",
 }
 
 func (t Type) String() string {

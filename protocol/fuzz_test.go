@@ -58,11 +58,15 @@ func FuzzDecodeMessages(f *testing.F) {
 	f.Add([]byte(`{"kind":"log","name":"daemon/stdout"}`))
 	f.Add([]byte(`{"kind":"forward","port":4096}`))
 	f.Add([]byte(`{"time_unix_nano":1700000000000000000}`))
+	f.Add([]byte(`{"token":"0123456789abcdef0123456789abcdef"}`))
+	f.Add([]byte(`{"id":18446744073709551615,"host":"api.example.com","port":443,"via":"transparent"}`))
+	f.Add([]byte(`{"id":3,"code":3,"error":"Denied","effect":"none","reason":"no rule","rule":""}`))
+	f.Add([]byte(`{"port":4096,"name":"daemon"}`))
 	f.Add([]byte(`{} {}`))
 	f.Add([]byte(`[]`))
 	f.Add([]byte(`{"pid":1e99}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, typ := range []Type{TypeHello, TypeWelcome, TypeState, TypeShutdown, TypeError, TypeStreamHeader, TypeTime} {
+		for _, typ := range []Type{TypeHello, TypeWelcome, TypeState, TypeShutdown, TypeError, TypeStreamHeader, TypeTime, TypeChannel, TypeConnect, TypeConnected, TypeForward} {
 			checkDecode(t, typ, body)
 		}
 	})
@@ -85,6 +89,14 @@ func checkDecode(t *testing.T, typ Type, body []byte) {
 			return &StreamHeader{}
 		case TypeTime:
 			return &Time{}
+		case TypeChannel:
+			return &Channel{}
+		case TypeConnect:
+			return &Connect{}
+		case TypeConnected:
+			return &Connected{}
+		case TypeForward:
+			return &Forward{}
 		}
 		panic("unreachable")
 	}
@@ -97,8 +109,18 @@ func checkDecode(t *testing.T, typ Type, body []byte) {
 	trimmed := bytes.TrimSpace(body)
 	require.True(t, json.Valid(trimmed), "accepted invalid JSON")
 	require.Equal(t, byte('{'), trimmed[0], "accepted a body that is not an object")
-	if h, ok := v.(*StreamHeader); ok {
-		_ = h.Validate()
+	switch m := v.(type) {
+	case *StreamHeader:
+		_ = m.Validate()
+	case *Connect:
+		if m.Validate() == nil {
+			require.LessOrEqual(t, len(m.Token), MaxDataToken)
+			require.NoError(t, m.Header().Validate(), "a valid Connect is a valid egress header")
+		}
+	case *Connected:
+		_ = m.EgressReply.Validate()
+	case *Forward:
+		_ = m.Header().Validate()
 	}
 	enc1, err := json.Marshal(v)
 	require.NoError(t, err)

@@ -33,6 +33,9 @@ type Welcome struct {
 	// URL on a loopback host. Only the host's own flag sets it; the
 	// bootstrap document cannot.
 	AllowLoopbackLink bool `json:"allow_loopback_link,omitempty"`
+	// DataToken authenticates the guest's data plane connections; set
+	// when Capabilities lists CapDataFD or CapDataDial.
+	DataToken string `json:"data_token,omitempty"`
 }
 
 // Guest states reported in State messages.

@@ -21,6 +21,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/health"
 	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/guest/privfile"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/supervise"
@@ -81,7 +82,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("start session: %w", err)
 	}
 	defer sess.Close()
-	caps := []string{protocol.CapProcess, protocol.CapForward}
+	caps := append([]string{protocol.CapProcess, protocol.CapForward}, dataPlaneCaps(cfg.Endpoint)...)
 	if cfg.OnTime != nil {
 		caps = append(caps, protocol.CapTime)
 	}
@@ -117,13 +118,24 @@ func Run(ctx context.Context, cfg Config) error {
 		healthc:    make(chan healthResult, 1),
 		superStop:  func() {},
 	}
+	a.data = a.newDataPlane(ctx)
+	// Egress comes up beside the bootstrap, unless the workload may need
+	// a network namespace of its own (the guest's has another interface):
+	// then it waits for serve to decide, and serves in that namespace.
+	if others, err := netns.Others(); err == nil && len(others) == 0 {
+		a.prepareEgress()
+	} else {
+		a.egressLate = true
+	}
 	defer func() {
+		a.waitEgress()
 		if a.transparent != nil {
 			a.transparent.Close()
 		}
 		if a.proxies != nil {
 			a.proxies.Close()
 		}
+		a.data.close()
 	}()
 	err = a.serve(ctx)
 	// The last message (stopped, failed) is written; give the host up to
@@ -185,6 +197,19 @@ type agent struct {
 	// and the capture serve there, the health check and forwards dial
 	// there, and the workload starts there.
 	wl *workloadNet
+	// data carries egress connections beside the session when the host
+	// offered a data plane.
+	data *dataPlane
+	// egressDone is closed once the egress setup that started at Welcome
+	// (prepareEgress) has ended; egressErr is the proxies' failure and
+	// transparentMsg says how the capture went, for the host.
+	egressDone     chan struct{}
+	egressErr      error
+	transparentMsg string
+	// egressLate is set when the guest's network has an interface
+	// besides lo: the egress setup then waits for the bootstrap, which
+	// decides whether the workload gets a namespace of its own to serve.
+	egressLate bool
 	// pool is the resolver's made-up addresses, shared by the proxies.
 	pool *transparent.Pool
 
@@ -268,30 +293,25 @@ func (a *agent) serve(ctx context.Context) error {
 			return err
 		}
 	}
-	if protocol.HasCapability(a.welcome.Capabilities, protocol.CapEgress) {
-		a.gate = protocol.NewStreamGate(a.sess)
-		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapAbort) {
-			a.gate.OnAbort = func(id uint32) {
-				_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
+	if a.egressLate {
+		a.prepareEgress()
+	}
+	if b.SandboxIO == nil && b.Daemon == nil {
+		// Nothing will run in the guest that could use egress: ready does
+		// not wait for the proxies and the capture (they come up beside
+		// it, and say how in the log).
+		go func() {
+			if err := a.waitEgress(); err != nil {
+				a.cfg.Log.Warn("egress proxies unavailable", "err", err)
 			}
-		}
-		open := egress.SessionOpener(a.gate)
-		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
-			// The resolver's made-up addresses map back to their names on
-			// every path: a client that resolves itself (curl --socks5)
-			// and then names the address to a proxy reaches the name.
-			a.pool = transparent.NewPool(transparent.DefaultPrefix)
-			open = a.pool.Opener(open)
-		}
-		p, err := egress.StartWith(a.wl.get().Listen, open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
-		if err != nil {
+		}()
+	} else {
+		if err := a.waitEgress(); err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
 		}
-		a.proxies = p
-		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
-		if protocol.HasCapability(a.welcome.Capabilities, protocol.CapDNS) {
-			if err := a.state(protocol.State{State: protocol.StateStarting, Message: a.startTransparent()}); err != nil {
+		if msg := a.transparentMsg; msg != "" {
+			if err := a.state(protocol.State{State: protocol.StateStarting, Message: msg}); err != nil {
 				return err
 			}
 		}
@@ -304,6 +324,65 @@ func (a *agent) serve(ctx context.Context) error {
 	return a.loop(ctx)
 }
 
+// prepareEgress starts the proxies, the resolver and the capture in the
+// background as soon as the host has offered them (Welcome), beside each
+// other: the boot waits for them only before the workload starts, after
+// the bootstrap arrived.
+func (a *agent) prepareEgress() {
+	a.egressDone = make(chan struct{})
+	caps := a.welcome.Capabilities
+	if !protocol.HasCapability(caps, protocol.CapEgress) {
+		close(a.egressDone)
+		return
+	}
+	a.gate = protocol.NewStreamGate(a.sess)
+	if protocol.HasCapability(caps, protocol.CapAbort) {
+		a.gate.OnAbort = func(id uint32) {
+			_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
+		}
+	}
+	open := a.data.opener(egress.SessionOpener(a.gate))
+	if protocol.HasCapability(caps, protocol.CapDNS) {
+		// The resolver's made-up addresses map back to their names on
+		// every path: a client that resolves itself (curl --socks5) and
+		// then names the address to a proxy reaches the name.
+		a.pool = transparent.NewPool(transparent.DefaultPrefix)
+		open = a.pool.Opener(open)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p, err := egress.StartWith(a.wl.get().Listen, open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		if err != nil {
+			a.egressErr = err
+			return
+		}
+		a.proxies = p
+		a.cfg.Log.Info("egress proxies listening", "http", p.HTTPAddr, "socks5", p.SOCKSAddr)
+	}()
+	if protocol.HasCapability(caps, protocol.CapDNS) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.transparentMsg = a.startTransparent()
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(a.egressDone)
+	}()
+}
+
+// waitEgress waits for prepareEgress; the error is the proxies'.
+func (a *agent) waitEgress() error {
+	if a.egressDone == nil { // never started: serve ended before it
+		return nil
+	}
+	<-a.egressDone
+	return a.egressErr
+}
+
 // startTransparent starts the resolver and the capture of outgoing TCP
 // and points /etc/resolv.conf at the resolver. A guest that cannot (no
 // CAP_NET_ADMIN, a kernel without nf_tables, a real network interface)
@@ -311,7 +390,7 @@ func (a *agent) serve(ctx context.Context) error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open:  egress.SessionOpener(a.gate),
+		Open:  a.data.opener(egress.SessionOpener(a.gate)),
 		Ask:   transparent.SessionAsker(a.gate),
 		Log:   a.cfg.Log,
 		Pool:  a.pool,
@@ -429,6 +508,9 @@ func (a *agent) startAll(ctx context.Context) error {
 
 func (a *agent) reportReady(msg string) error {
 	a.ready = true
+	// The boot did not wait for the data plane; it comes up now, or at
+	// the first connection if that is sooner.
+	a.data.begin()
 	st := protocol.State{State: protocol.StateReady, Message: msg}
 	if c := a.boot.Credentials; c != nil {
 		st.Username = c.User()

@@ -74,14 +74,19 @@ func serveForward(ctx context.Context, st net.Conn, dial forwardDialer) error {
 	if h.Kind != protocol.KindForward {
 		return fmt.Errorf("the host opened a %q stream; only forward streams are accepted", h.Kind)
 	}
-	c, err := dial(ctx, h.Port)
+	return joinForward(ctx, st, h.Port, dial)
+}
+
+// joinForward joins a forwarded connection (a stream, or the guest's end
+// of a data plane pair) to 127.0.0.1:port.
+func joinForward(ctx context.Context, st net.Conn, port int, dial forwardDialer) error {
+	c, err := dial(ctx, port)
 	if err != nil {
-		return fmt.Errorf("forward to guest port %d: %w", h.Port, err)
+		return fmt.Errorf("forward to guest port %d: %w", port, err)
 	}
 	defer c.Close()
-	_, _, err = pipe.Join(st, c, nil)
-	if err != nil {
-		return fmt.Errorf("forward to guest port %d: %w", h.Port, err)
+	if _, _, err = pipe.Join(st, c, nil); err != nil {
+		return fmt.Errorf("forward to guest port %d: %w", port, err)
 	}
 	return nil
 }

@@ -99,6 +99,12 @@ func OpenGated(ctx context.Context, gate *protocol.StreamGate, h protocol.Stream
 	return gate.Open(ctx, h)
 }
 
+// LocalFailure is a refusal the guest makes itself (the host could not be
+// asked, or did not answer): what an Opener returns then.
+func LocalFailure(code protocol.EgressCode, reason string) protocol.EgressReply {
+	return localFailure(code, reason)
+}
+
 func localFailure(code protocol.EgressCode, reason string) protocol.EgressReply {
 	effect := protocol.EffectNone
 	if code == protocol.EgressTimedOut {

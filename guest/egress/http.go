@@ -121,6 +121,23 @@ func (b *bufConn) Read(p []byte) (int, error) {
 	return b.Conn.Read(p)
 }
 
+// joinClient joins a client connection whose head was read through br to
+// st: what br holds past the head goes first, then the two sockets are
+// joined directly, so that the kernel splices between them when st is a
+// socket too (a bufConn would hide c from it).
+func joinClient(c net.Conn, br *bufio.Reader, st net.Conn) (int64, int64, error) {
+	var early int64
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		if _, err := st.Write(b); err != nil {
+			return 0, 0, err
+		}
+		early = int64(n)
+	}
+	out, in, err := pipe.Join(c, st, nil)
+	return early + out, in, err
+}
+
 // CloseWrite half-closes the underlying connection when it can.
 func (b *bufConn) CloseWrite() error {
 	if cw, ok := b.Conn.(interface{ CloseWrite() error }); ok {
@@ -191,7 +208,7 @@ func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		return
 	}
-	if _, _, err := pipe.Join(&bufConn{Conn: c, br: br}, st, nil); err != nil {
+	if _, _, err := joinClient(c, br, st); err != nil {
 		Abort(st)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -171,7 +170,7 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 	}
 	// The handshake reader was bounded to 1 KiB: whatever it holds past
 	// the request is payload the client sent early.
-	if _, _, err := pipe.Join(&bufConn{Conn: c, br: br}, st, nil); err != nil {
+	if _, _, err := joinClient(c, br, st); err != nil {
 		Abort(st)
 	}
 }

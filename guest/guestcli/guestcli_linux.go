@@ -54,7 +54,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 	pid1 := os.Getpid() == 1
 	if pid1 {
-		res, err := initsys.EnsureMounts(initsys.Mounts)
+		mounts := initsys.Mounts
+		if *transportURL != "" { // a container's PID 1 (a VM's finds its transport)
+			mounts = initsys.ContainerMounts
+		}
+		res, err := initsys.EnsureMounts(mounts)
 		for _, r := range res {
 			if r.Err != nil {
 				// Only optional mounts fail here (a required one returns err):

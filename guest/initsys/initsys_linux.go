@@ -33,6 +33,22 @@ var Mounts = []Mount{
 	{Target: "/run", FSType: "tmpfs", Source: "tmpfs", Flags: unix.MS_NOSUID | unix.MS_NODEV, Data: "mode=0755", Mode: 0o755},
 }
 
+// ContainerMounts are Mounts without sysfs, for a PID 1 the runtime
+// started in a container (bwrap, an OCI runtime, Docker: the host names
+// the transport). The runtime mounts /sys where the container has one;
+// where it has none, a user namespace cannot mount it (the kernel refuses
+// a sysfs not already visible), and the refused attempt costs the boot
+// most of a millisecond (0.8 ms measured under bwrap).
+var ContainerMounts = func() []Mount {
+	var out []Mount
+	for _, m := range Mounts {
+		if m.Target != "/sys" {
+			out = append(out, m)
+		}
+	}
+	return out
+}()
+
 // Result says what happened to one mount.
 type Result struct {
 	Target string
@@ -42,16 +58,17 @@ type Result struct {
 
 // EnsureMounts mounts each entry of ms that is not already a mount point.
 // It returns one Result per entry and an error only when a Required mount
-// is missing and could not be made.
+// is missing and could not be made. The mount table is read once (a PID 1
+// boots on this path): a mount made here hides the mount points below it.
 func EnsureMounts(ms []Mount) ([]Result, error) {
+	points, _ := mountPoints()
 	var res []Result
 	for _, m := range ms {
-		mounted, err := IsMountPoint(m.Target)
-		if err == nil && mounted {
+		if points[m.Target] {
 			res = append(res, Result{Target: m.Target, Action: "present"})
 			continue
 		}
-		err = mountOne(m)
+		err := mountOne(m)
 		if err != nil {
 			res = append(res, Result{Target: m.Target, Action: "failed", Err: err})
 			if m.Required {
@@ -60,8 +77,35 @@ func EnsureMounts(ms []Mount) ([]Result, error) {
 			continue
 		}
 		res = append(res, Result{Target: m.Target, Action: "mounted"})
+		if points == nil {
+			// /proc was not mounted before: read the table now.
+			points, _ = mountPoints()
+			continue
+		}
+		for p := range points {
+			if strings.HasPrefix(p, m.Target+"/") {
+				delete(points, p)
+			}
+		}
+		points[m.Target] = true
 	}
 	return res, nil
+}
+
+// mountPoints returns the mount points of /proc/self/mountinfo (nil
+// before /proc is mounted).
+func mountPoints() (map[string]bool, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	points := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 {
+			points[unescapeOctal(f[4])] = true
+		}
+	}
+	return points, nil
 }
 
 func mountOne(m Mount) error {

@@ -116,9 +116,14 @@ func installTable(r Rules) error {
 		return err
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
-	// Add, delete, add: replaces a table left by an earlier session.
-	c.AddTable(t)
-	c.DelTable(t)
+	// A table left by an earlier session (an agent restarted in the same
+	// namespace) is replaced: add, delete, add. A fresh namespace has
+	// none, and the delete is what costs (the kernel waits for an RCU
+	// grace period, 5-25 ms measured): it is asked for only when needed.
+	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyIPv4); err == nil {
+		c.AddTable(t)
+		c.DelTable(t)
+	}
 	c.AddTable(t)
 	nat := c.AddChain(&nftables.Chain{Name: "nat_out", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/oac/sandbox-agent/protocol/transport"
@@ -23,7 +24,8 @@ const (
 	hostCID    = 2
 )
 
-var portNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+// portNameRE is compiled on first use (a container guest never needs it).
+var portNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`) })
 
 // ParseCmdline splits a kernel command line into parameters the way the
 // kernel does: words separated by spaces, a double-quoted part may contain
@@ -93,7 +95,7 @@ func ParseTransport(v string) (Transport, error) {
 	kind, rest, _ := strings.Cut(v, ":")
 	switch kind {
 	case "serial":
-		if !portNameRE.MatchString(rest) {
+		if !portNameRE().MatchString(rest) {
 			return Transport{}, fmt.Errorf("%s: serial port name must be 1 to 64 of A-Z, a-z, 0-9, '.', '_' and '-' (write serial:NAME)", vmparams.Transport)
 		}
 		return Transport{SerialName: rest}, nil

@@ -80,7 +80,7 @@ func FuzzParseParams(f *testing.F) {
 		if p.HostGrace < MinHostGrace || p.HostGrace > MaxHostGrace {
 			t.Fatalf("grace out of bounds: %s", p.HostGrace)
 		}
-		if p.Transport.Vsock == nil && !portNameRE.MatchString(p.Transport.SerialName) {
+		if p.Transport.Vsock == nil && !portNameRE().MatchString(p.Transport.SerialName) {
 			t.Fatalf("bad serial name accepted: %q", p.Transport.SerialName)
 		}
 		if strings.ContainsAny(p.Transport.SerialName, "/\x00") {

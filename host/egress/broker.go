@@ -135,82 +135,172 @@ func (b *Broker) Active() int { return len(b.sem) }
 // and egress fields, the caller's emit adds time and sandbox.
 func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader, emit func(api.Event)) {
 	defer st.Close()
-	id := b.nextID.Add(1)
-	start := time.Now()
+	a := b.Open(ctx, h, emit)
+	defer a.Close()
+	_ = st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	err := protocol.WriteEgressReply(st, a.Reply())
+	_ = st.SetWriteDeadline(time.Time{})
+	if !a.Answered(err) {
+		return
+	}
+	guest := &abortable{Conn: st}
+	a.Carry(guest, guest.abort, nil)
+}
+
+// ErrGuestAborted is the cause of an egress connection whose guest side
+// went away for good (the workload's client was killed or reset it): the
+// close event gives it as the reason.
+var ErrGuestAborted = errors.New("the guest aborted the connection (its client went away)")
+
+// Attempt is one egress connection the broker decided: the same decision,
+// events and limits whichever carrier brings the guest's side (an egress
+// stream of the session, or the data plane). The carrier sends Reply to
+// the guest, reports with Answered whether it arrived, and, when the
+// attempt is OK, hands the guest's side to Carry. Close releases whatever
+// was not carried.
+type Attempt struct {
+	b       *Broker
+	ctx     context.Context
+	emit    func(api.Event)
+	id      uint64
+	start   time.Time
+	ev      api.Event
+	fail    *Failure
+	up      net.Conn
+	rule    string
+	release func()
+}
+
+// Open decides h (re-validated: it may come straight from the guest), takes
+// one of the broker's stream slots and dials the upstream. It emits
+// nothing: Answered emits the decision once the guest has the answer.
+func (b *Broker) Open(ctx context.Context, h protocol.StreamHeader, emit func(api.Event)) *Attempt {
+	a := &Attempt{b: b, ctx: ctx, emit: emit, id: b.nextID.Add(1), start: time.Now(), release: func() {}}
 	// Via is the guest's word: it goes into the event once the header
 	// is valid (an unknown via is refused, and not echoed).
-	ev := api.Event{Event: api.KindEgress, Conn: id, Target: safeText(joinRaw(h.Host, h.Port), 300)}
-	answer := func(f *Failure) {
+	a.ev = api.Event{Event: api.KindEgress, Conn: a.id, Target: safeText(joinRaw(h.Host, h.Port), 300)}
+	if h.Kind != protocol.KindEgress {
+		a.fail = fail(protocol.EgressInvalidArgument, "", "stream is not an egress stream")
+		return a
+	}
+	if err := h.Validate(); err != nil {
+		a.fail = fail(protocol.EgressInvalidArgument, "", "invalid egress header: %s", safeText(err.Error(), 200))
+		return a
+	}
+	a.ev.Via = h.Via
+	select {
+	case b.sem <- struct{}{}:
+		a.release = sync.OnceFunc(func() { <-b.sem })
+	default:
+		a.fail = fail(protocol.EgressResourceExhausted, "", "limit of %d concurrent egress connections reached: close some connections first", b.cfg.MaxStreams)
+		return a
+	}
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
+	up, target, rule, f := b.connect(dctx, h.Host, h.Port)
+	cancel()
+	if target != "" {
+		a.ev.Target = target
+	}
+	if f != nil {
+		a.fail = f
+		a.release()
+		return a
+	}
+	a.up, a.rule = up, rule
+	return a
+}
+
+// OK reports whether the upstream is connected and waits for the guest.
+func (a *Attempt) OK() bool { return a.fail == nil }
+
+// Reply is the answer for the guest.
+func (a *Attempt) Reply() protocol.EgressReply {
+	if f := a.fail; f != nil {
+		return protocol.EgressReply{Code: f.Code, Effect: f.Effect, Reason: f.Reason, Rule: f.Rule}
+	}
+	return protocol.EgressReply{Code: protocol.EgressOK, Rule: a.rule}
+}
+
+// Fail turns an OK attempt into a failure the carrier met before
+// answering (it could not make the guest's side): the upstream is closed.
+func (a *Attempt) Fail(code protocol.EgressCode, reason string) {
+	if a.fail != nil {
+		return
+	}
+	a.fail = fail(code, a.rule, "%s", reason)
+	a.fail.Effect = protocol.EffectPossible // the upstream saw a connect
+	a.up.Close()
+	a.up = nil
+	a.release()
+}
+
+// Answered emits the decision event now that the guest has the answer (or
+// could not be given it: werr), and reports whether bytes may flow.
+func (a *Attempt) Answered(werr error) bool {
+	ev := a.ev
+	if f := a.fail; f != nil {
 		ev.Decision = DecisionFailed
 		if f.Code == protocol.EgressDenied {
 			ev.Decision = DecisionDenied
 		}
 		ev.Code, ev.Effect, ev.Reason, ev.Rule = f.Code.String(), f.Effect, f.Reason, f.Rule
 		ev.Message = "egress " + ev.Decision
-		_ = st.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		_ = protocol.WriteEgressReply(st, protocol.EgressReply{Code: f.Code, Effect: f.Effect, Reason: f.Reason, Rule: f.Rule})
-		emit(ev)
+		a.emit(ev)
+		return false
 	}
-	if h.Kind != protocol.KindEgress {
-		answer(fail(protocol.EgressInvalidArgument, "", "stream is not an egress stream"))
-		return
-	}
-	if err := h.Validate(); err != nil {
-		answer(fail(protocol.EgressInvalidArgument, "", "invalid egress header: %s", safeText(err.Error(), 200)))
-		return
-	}
-	ev.Via = h.Via
-	select {
-	case b.sem <- struct{}{}:
-		defer func() { <-b.sem }()
-	default:
-		answer(fail(protocol.EgressResourceExhausted, "", "limit of %d concurrent egress connections reached: close some connections first", b.cfg.MaxStreams))
-		return
-	}
-	dctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
-	up, target, rule, f := b.connect(dctx, h.Host, h.Port)
-	cancel()
-	if target != "" {
-		ev.Target = target
-	}
-	if f != nil {
-		answer(f)
-		return
-	}
-	defer up.Close()
-	ev.Decision, ev.Rule, ev.Address, ev.Message = DecisionAllowed, rule, up.RemoteAddr().String(), "egress allowed"
-	_ = st.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if err := protocol.WriteEgressReply(st, protocol.EgressReply{Code: protocol.EgressOK, Rule: rule}); err != nil {
+	ev.Decision, ev.Rule, ev.Address, ev.Message = DecisionAllowed, a.rule, a.up.RemoteAddr().String(), "egress allowed"
+	if werr != nil {
 		ev.Decision, ev.Code, ev.Effect, ev.Reason = DecisionFailed, protocol.EgressIO.String(), protocol.EffectNone, "the guest went away before the answer"
-		emit(ev)
-		return
+		a.emit(ev)
+		a.Close()
+		return false
 	}
-	_ = st.SetWriteDeadline(time.Time{})
-	emit(ev)
+	a.ev = ev
+	a.emit(ev)
+	return true
+}
 
+// Carry joins the guest's side to the upstream until both directions end
+// (or the idle timeout, or the sandbox stopping, ends them), emits the
+// close event and releases the slot. abort ends the guest's side for good
+// (a yamux stream's Close is only a half-close). gone, when not nil, is
+// asked when the connection failed, before either side is closed: it
+// reports whether the guest's side went away while the upstream was still
+// there (ErrGuestAborted), which a carrier without an abort message learns
+// from its sockets.
+func (a *Attempt) Carry(guest net.Conn, abort func(), gone func(guest, up net.Conn) bool) {
+	defer a.Close()
+	up := a.up
 	var act pipe.Activity
 	act.Touch()
 	var idled atomic.Bool
-	guest := &abortable{Conn: st}
-	stopIdle := b.watchIdle(&act, func() {
+	stopIdle := a.b.watchIdle(&act, func() {
 		idled.Store(true)
-		guest.abort()
+		abort()
 		up.Close()
 	})
 	// The sandbox stopping ends the connection at once, both sides.
-	stopOnCancel := context.AfterFunc(ctx, func() {
-		guest.abort()
+	stopOnCancel := context.AfterFunc(a.ctx, func() {
+		abort()
 		up.Close()
 	})
-	out, in, err := pipe.Join(guest, up, &act)
+	var guestGone atomic.Bool
+	out, in, err := pipe.JoinThen(guest, up, &act, func(error) {
+		if gone != nil && gone(guest, up) {
+			guestGone.Store(true)
+		}
+	})
 	stopOnCancel()
 	stopIdle()
-	closed := api.Event{Event: api.KindEgressClosed, Conn: id, Via: ev.Via, Target: ev.Target, Rule: rule, Address: ev.Address,
-		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(start).Milliseconds()), Message: "egress closed"}
+	ev, ctx := a.ev, a.ctx
+	closed := api.Event{Event: api.KindEgressClosed, Conn: a.id, Via: ev.Via, Target: ev.Target, Rule: a.rule, Address: ev.Address,
+		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(a.start).Milliseconds()), Message: "egress closed"}
 	switch {
 	case idled.Load():
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressTimedOut.String(), protocol.EffectPossible,
-			fmt.Sprintf("no byte crossed for %s (idle timeout)", b.cfg.IdleTimeout)
+			fmt.Sprintf("no byte crossed for %s (idle timeout)", a.b.cfg.IdleTimeout)
+	case guestGone.Load():
+		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, ErrGuestAborted.Error()
 	case ctx.Err() != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressCancelled.String(), protocol.EffectPossible, "the sandbox is stopping"
 		if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
@@ -219,7 +309,16 @@ func (b *Broker) Serve(ctx context.Context, st net.Conn, h protocol.StreamHeader
 	case err != nil:
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
 	}
-	emit(closed)
+	a.emit(closed)
+}
+
+// Close releases the slot and closes an upstream nothing carried; safe to
+// call more than once.
+func (a *Attempt) Close() {
+	if a.up != nil {
+		a.up.Close()
+	}
+	a.release()
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -23,6 +23,24 @@ func (p *Process) Listen(ln net.Listener) {
 	p.mu.Unlock()
 }
 
+// ListenData sets the listener like Listen and says which data plane
+// carriers its connections allow (protocol.CapDataFD: the guest shares
+// this kernel and dials a unix socket; protocol.CapDataDial: the guest can
+// dial the listener again, once per connection). Accept then takes the
+// data plane's connections too.
+func (p *Process) ListenData(ln net.Listener, carriers ...string) {
+	p.mu.Lock()
+	p.ln, p.carriers = ln, carriers
+	p.mu.Unlock()
+}
+
+// DataCarriers implements DataPlane.
+func (p *Process) DataCarriers() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.carriers
+}
+
 // Accept returns the guest's connection, giving up when ctx ends or the
 // runtime exits (then with Err). An interrupted Accept leaves a listener
 // with deadlines usable and closes any other (a sandbox accepts one

@@ -44,6 +44,7 @@ type Process struct {
 	done     chan struct{}
 	err      error
 	ln       net.Listener
+	carriers []string
 	kill     func() error
 	releases []func() error
 }

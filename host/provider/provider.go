@@ -9,6 +9,7 @@ import (
 	"net"
 	"regexp"
 	"slices"
+	"sync"
 )
 
 // Sentinel errors; providers wrap them with context.
@@ -78,14 +79,15 @@ func (s Spec) InstallNames() []string {
 	return slices.Sorted(maps.Keys(s.Installs()))
 }
 
-var installNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
+// The patterns are compiled on first use, not when oac-shim starts.
+var installNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`) })
 
-var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`) })
 
 // ValidName reports whether name is a valid sandbox name: 1 to 63 of a-z,
 // 0-9 and '-', not starting with '-'. Names become host paths, so nothing
 // else is accepted.
-func ValidName(name string) bool { return nameRE.MatchString(name) }
+func ValidName(name string) bool { return nameRE().MatchString(name) }
 
 // Validate checks the fields every provider relies on.
 func (s Spec) Validate() error {
@@ -104,7 +106,7 @@ func (s Spec) Validate() error {
 		}
 	}
 	for name, path := range s.Install {
-		if !installNameRE.MatchString(name) {
+		if !installNameRE().MatchString(name) {
 			return fmt.Errorf("%w: an install name must be 1 to 63 characters of A-Z, a-z, 0-9, '.', '_' and '-'", ErrInvalidSpec)
 		}
 		if name == SandboxIOName && s.SandboxIOPath != "" {
@@ -144,6 +146,16 @@ type Instance interface {
 	// Destroy removes everything Create made. It kills a running runtime
 	// first and is safe to call more than once.
 	Destroy() error
+}
+
+// DataPlane is implemented by instances whose guest can carry connections
+// beside the session (see package host/dataplane). DataCarriers lists
+// what the transport allows: protocol.CapDataFD (the guest shares this
+// kernel and its transport is a unix socket: descriptors can be passed),
+// protocol.CapDataDial (the guest can dial the transport's listener once
+// per connection, which Accept then returns), or nothing.
+type DataPlane interface {
+	DataCarriers() []string
 }
 
 // Detailer is implemented by providers that can say how sandboxes would

@@ -114,7 +114,16 @@ type Config struct {
 	// over one is hostile: the sandbox fails and the runtime is killed.
 	// Zero fields take muxguard.DefaultLimits.
 	Guard muxguard.Limits
+	// DataPlane restricts the data plane the host offers (see package
+	// host/dataplane): "" offers every carrier the provider's transport
+	// allows, DataPlaneOff none (every connection is an egress stream of
+	// the session), protocol.CapDataFD or protocol.CapDataDial that one
+	// only, when allowed.
+	DataPlane string
 }
+
+// DataPlaneOff is Config.DataPlane's value for no data plane.
+const DataPlaneOff = "off"
 
 // ErrHostileGuest is wrapped by the error of a sandbox ended because its
 // guest exceeded a bound no correct guest reaches (the failure kind of
@@ -125,7 +134,7 @@ var ErrHostileGuest = failure.ErrHostileGuest
 // order and returns nil) or the sandbox fails (it returns the reason). The
 // last event is always a state event: stopped or failed.
 func Run(ctx context.Context, cfg Config) error {
-	s := &run{cfg: cfg, frames: make(chan protocol.Frame, 16), recvErr: make(chan error, 1), quit: make(chan struct{})}
+	s := &run{cfg: cfg, frames: make(chan protocol.Frame, 16), recvErr: make(chan error, 1), quit: make(chan struct{}), dataViolation: make(chan error, 1)}
 	if s.cfg.Log == nil {
 		s.cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -185,6 +194,18 @@ type run struct {
 	// egressCtx ends in-flight egress dials when the sandbox run ends.
 	egressCtx    context.Context
 	egressCancel context.CancelFunc
+	// session is what Attach was given; the data plane's fd channel joins
+	// it once it is up.
+	session *Session
+	// phases times the boot (debug log).
+	phases phases
+	// dataViolation receives how the guest broke the data plane's
+	// protocol (it fails as hostile).
+	dataViolation chan error
+	// dataOffer are the data plane carriers Welcome offered, dataToken
+	// their token.
+	dataOffer []string
+	dataToken string
 
 	mu    sync.Mutex
 	state api.State
@@ -334,7 +355,9 @@ func (s *run) run(ctx context.Context) error {
 		}
 	}
 	s.setState(api.StateStarting, "creating sandbox")
+	s.phases.mark("")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
+	s.phases.mark("create")
 	if err != nil {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
@@ -357,12 +380,15 @@ func (s *run) run(ctx context.Context) error {
 		s.wg.Wait()
 	}()
 	start := time.Now()
-	if err := inst.Start(ctx); err != nil {
+	err = inst.Start(ctx)
+	s.phases.mark("start runtime")
+	if err != nil {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	bootCtx, cancelBoot := context.WithTimeout(ctx, s.cfg.BootTimeout)
 	defer cancelBoot()
 	conn, err := inst.Accept(bootCtx)
+	s.phases.mark("guest connects")
 	if err != nil {
 		if ctx.Err() != nil {
 			_ = inst.Kill()
@@ -379,7 +405,9 @@ func (s *run) run(ctx context.Context) error {
 	if s.helloUntilBoot {
 		helloWait = max(helloWait, time.Until(start.Add(s.cfg.BootTimeout)))
 	}
-	if err := s.handshake(ctx, conn, helloWait); err != nil {
+	err = s.handshake(ctx, conn, helloWait)
+	s.phases.mark("handshake")
+	if err != nil {
 		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
 			_ = s.inst.Kill()
 			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
@@ -472,10 +500,17 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	if s.cfg.Egress != nil {
 		caps = append(caps, protocol.CapEgress, protocol.CapDNS, protocol.CapAbort)
 	}
+	if s.dataOffer = s.dataCarriers(); len(s.dataOffer) > 0 {
+		if s.dataToken, err = protocol.NewDataToken(); err != nil {
+			return err
+		}
+		caps = append(caps, s.dataOffer...)
+	}
 	ctl, hello, welcome, err := protocol.HostHandshake(trackedSession{sess, s.guard}, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
 		HostVersion:       buildinfo.Version,
 		Capabilities:      caps,
 		AllowLoopbackLink: s.cfg.Bootstrap.Sandbox != nil && s.cfg.Bootstrap.Sandbox.AllowLoopbackLink,
+		DataToken:         s.dataToken,
 	}, helloWait)
 	if err != nil {
 		return fmt.Errorf("handshake with guest: %w", err)
@@ -484,9 +519,11 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 		ctl.SetFrameBodyTimeout(s.cfg.FrameBodyTimeout)
 	}
 	s.ctl = ctl
+	s.session = &Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)}
 	if s.cfg.Attach != nil {
-		s.cfg.Attach(&Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)})
+		s.cfg.Attach(s.session)
 	}
+	s.startDataPlane(hello)
 	s.emit(api.Event{
 		Event: api.KindAgent, PID: max(hello.PID, 0), Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
@@ -555,6 +592,8 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 			bootDone = nil
 		case <-s.guard.Violated():
 			return s.guardErr()
+		case err := <-s.dataViolation:
+			return failure.With(failure.ErrHostileGuest, err)
 		case <-s.inst.Done():
 			if err := s.guardErr(); err != nil {
 				return err
@@ -601,6 +640,8 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 						m += ": " + msg
 					}
 					s.setReady(m, guestText(st.URL, 256), guestText(st.Username, 64))
+					s.phases.mark("bootstrap to ready")
+					s.cfg.Log.Debug("boot phases", "sandbox", s.cfg.Name, "phases", s.phases.String())
 				case protocol.StateFailed:
 					return failure.With(failure.GuestReason(st.Reason), fmt.Errorf("guest: %s", msg))
 				case protocol.StateStopped:
@@ -841,16 +882,13 @@ func (s *run) acceptStreams() {
 	}
 }
 
-// errGuestAborted ends an egress connection whose guest side is gone.
-var errGuestAborted = errors.New("the guest aborted the connection (its client went away)")
-
 // abortEgress ends the egress connection of stream id at once (Abort).
 func (s *run) abortEgress(id uint32) {
 	s.mu.Lock()
 	cancel := s.aborts[id]
 	s.mu.Unlock()
 	if cancel != nil {
-		cancel(errGuestAborted)
+		cancel(egress.ErrGuestAborted)
 	}
 }
 

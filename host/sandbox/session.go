@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/dataplane"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -25,6 +27,9 @@ type Session struct {
 	guard *muxguard.Conn
 	ctl   *protocol.Control
 	caps  []string
+	// channel is the data plane's fd channel once it is up: forwards go
+	// over it instead of as streams.
+	channel atomic.Pointer[dataplane.Channel]
 }
 
 // Can reports whether the guest listed capability c in its Hello.
@@ -39,6 +44,13 @@ func (s *Session) OpenForward(port int, name string) (net.Conn, error) {
 	h := protocol.StreamHeader{Kind: protocol.KindForward, Name: name, Port: port}
 	if err := h.Validate(); err != nil {
 		return nil, err
+	}
+	if ch := s.channel.Load(); ch != nil {
+		select {
+		case <-ch.Done():
+		default:
+			return ch.Forward(port, name)
+		}
 	}
 	st, err := s.sess.OpenStream()
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/systemd"
+	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -40,6 +41,7 @@ type runFlags struct {
 	control, controlSocket                              string
 	bootFormat                                          string
 	passwordFD                                          int
+	dataPlane                                           string
 }
 
 func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
@@ -73,6 +75,7 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	fs.DurationVar(&f.connectTimeout, "egress-connect-timeout", egress.DefaultConnectTimeout, "bound on resolving and connecting one egress target")
 	fs.DurationVar(&f.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress connection no byte crossed for this long")
 	fs.Var(&f.forwards, "forward", "LISTEN=GUESTPORT: listen on host loopback (127.0.0.1:PORT, [::1]:PORT) or a unix socket path and carry each connection to 127.0.0.1:GUESTPORT in the guest; repeatable")
+	fs.StringVar(&f.dataPlane, "data-plane", "auto", `how egress and forward connections travel: "auto" (each on a kernel stream of its own beside the session where the transport allows, see docs/egress.md), "off" (as streams of the session), "fd" or "dial" (that carrier only)`)
 	fs.IntVar(&f.forwardMaxStreams, "forward-max-streams", forward.DefaultMaxStreams, "concurrent forwarded connections, all forwards together; the next one is closed")
 	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox)`)
 	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
@@ -109,6 +112,12 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	}
 	if f.control != "" && f.control != "stdin" {
 		fmt.Fprintln(stderr, `oac-shim run: --control takes "stdin" (use --control-socket PATH for a socket)`)
+		return nil, 2
+	}
+	switch f.dataPlane {
+	case "auto", sandbox.DataPlaneOff, "fd", "dial":
+	default:
+		fmt.Fprintln(stderr, `oac-shim run: --data-plane takes "auto", "off", "fd" or "dial"`)
 		return nil, 2
 	}
 	if f.forwardMaxStreams < 1 {
@@ -262,6 +271,7 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		Install:       f.installs,
 		Volumes:       f.volumes,
 		PasswordFile:  f.passwordFile,
+		DataPlane:     dataPlaneSetting(f.dataPlane),
 	}
 	err = s.run(stdin)
 	if err != nil {
@@ -359,4 +369,17 @@ func statusLine(st api.Status) string {
 		line += ": " + st.Message
 	}
 	return line
+}
+
+// dataPlaneSetting maps --data-plane to sandbox.Config.DataPlane.
+func dataPlaneSetting(v string) string {
+	switch v {
+	case "fd":
+		return protocol.CapDataFD
+	case "dial":
+		return protocol.CapDataDial
+	case "off":
+		return sandbox.DataPlaneOff
+	}
+	return ""
 }

@@ -28,6 +28,7 @@ const usageHead = `usage:
                [--agent PATH] [--password-file FILE]
                egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                        [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
+                       [--data-plane auto|off|fd|dial]
                contract: [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
                        [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
 `

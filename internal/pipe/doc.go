@@ -11,6 +11,13 @@
 // never substitutes its own 32 KiB copy path (io.Copy's WriterTo/ReaderFrom
 // shortcut). It counts bytes and records activity for idle timeouts.
 //
+// Between two kernel sockets (a TCP socket and the end of a socketpair,
+// the data plane's carrier) it copies nothing itself: each direction is
+// io.Copy, which Go turns into splice(2) on Linux, and no buffer of this
+// process holds the bytes. Nothing may wrap such a socket (a wrapper hides
+// the *net.TCPConn that Go splices from), so activity for idle timeouts
+// comes from the TCP socket's TCP_INFO instead of from each read.
+//
 // It must not decide anything about targets or policy, parse any protocol,
 // or log payloads.
 package pipe

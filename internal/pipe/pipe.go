@@ -44,8 +44,13 @@ func putBig(b *[]byte) {
 }
 
 // Activity records when bytes last moved; the zero value is ready to use
-// and counts as active since its first Touch.
-type Activity struct{ last atomic.Int64 }
+// and counts as active since its first Touch. A spliced Join, whose bytes
+// never pass through a loop that could Touch it, asks the kernel instead
+// (probe: how long ago its TCP socket last sent or received data).
+type Activity struct {
+	last  atomic.Int64
+	probe atomic.Pointer[func() (time.Duration, bool)]
+}
 
 // Touch records activity now.
 func (a *Activity) Touch() {
@@ -60,7 +65,13 @@ func (a *Activity) Idle() time.Duration {
 	if l == 0 {
 		return 0
 	}
-	return time.Since(time.Unix(0, l))
+	idle := time.Since(time.Unix(0, l))
+	if p := a.probe.Load(); p != nil {
+		if d, ok := (*p)(); ok && d < idle {
+			idle = d
+		}
+	}
+	return idle
 }
 
 type readDeadliner interface{ SetReadDeadline(time.Time) error }
@@ -142,31 +153,83 @@ func closeWrite(c net.Conn) {
 	_ = c.Close()
 }
 
+// Spliced reports whether Join moves the bytes between a and b inside the
+// kernel (splice(2) through a pipe, no copy loop in this process): both
+// are unwrapped kernel stream sockets, *net.TCPConn or *net.UnixConn, and
+// at least one is TCP (Go splices from and to TCP sockets only).
+func Spliced(a, b net.Conn) bool {
+	return canSplice && spliceable(a) && spliceable(b) && (isTCP(a) || isTCP(b))
+}
+
+func isTCP(c net.Conn) bool { _, ok := c.(*net.TCPConn); return ok }
+
+func spliceable(c net.Conn) bool {
+	switch v := c.(type) {
+	case *net.TCPConn:
+		return true
+	case *net.UnixConn:
+		return v.LocalAddr().Network() == "unix"
+	}
+	return false
+}
+
 // Join copies a to b and b to a until both directions have ended, half-
 // closing each destination when its source ends. An error in either
 // direction closes both connections. It returns the bytes copied each way
 // and the first error other than a clean end of stream. The caller closes
 // a and b afterwards.
+//
+// When Spliced(a, b), each direction is io.Copy, which Go turns into
+// splice(2) between the sockets: no buffer of this process holds the
+// bytes, and act learns of activity from the TCP socket's kernel counters
+// (TCP_INFO) instead of from each read.
 func Join(a, b net.Conn, act *Activity) (aToB, bToA int64, err error) {
+	return JoinThen(a, b, act, nil)
+}
+
+// JoinThen is Join calling failed (when not nil) once, with the first
+// error, before it closes either connection: the caller may still look at
+// them (which side's peer is gone).
+func JoinThen(a, b net.Conn, act *Activity, failed func(error)) (aToB, bToA int64, err error) {
+	var once sync.Once
+	closeBoth := func(err error) {
+		once.Do(func() {
+			if failed != nil {
+				failed(err)
+			}
+		})
+		a.Close()
+		b.Close()
+	}
+	cp := Copy
+	if Spliced(a, b) {
+		cp = spliceCopy
+		if act != nil {
+			tc, _ := a.(*net.TCPConn)
+			if tc == nil {
+				tc = b.(*net.TCPConn)
+			}
+			probe := func() (time.Duration, bool) { return tcpIdle(tc) }
+			act.probe.Store(&probe)
+		}
+	}
 	type result struct {
 		n   int64
 		err error
 	}
 	abc := make(chan result, 1)
 	go func() {
-		n, err := Copy(b, a, act)
+		n, err := cp(b, a, act)
 		if err != nil {
-			a.Close()
-			b.Close()
+			closeBoth(err)
 		} else {
 			closeWrite(b)
 		}
 		abc <- result{n, err}
 	}()
-	bToA, err2 := Copy(a, b, act)
+	bToA, err2 := cp(a, b, act)
 	if err2 != nil {
-		a.Close()
-		b.Close()
+		closeBoth(err2)
 	} else {
 		closeWrite(a)
 	}
@@ -177,4 +240,16 @@ func Join(a, b net.Conn, act *Activity) (aToB, bToA int64, err error) {
 		err = err2
 	}
 	return aToB, bToA, err
+}
+
+// spliceCopy is io.Copy between two kernel sockets: (*net.TCPConn).ReadFrom
+// or WriteTo, which splice. It touches act once at the start; the probe
+// set by Join tells of activity after that.
+func spliceCopy(dst io.Writer, src io.Reader, act *Activity) (int64, error) {
+	act.Touch()
+	n, err := io.Copy(dst, src)
+	if n > 0 {
+		act.Touch()
+	}
+	return n, err
 }

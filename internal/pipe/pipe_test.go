@@ -28,9 +28,27 @@ func tcpPair(t *testing.T) (net.Conn, net.Conn) {
 	return a, b
 }
 
+// wrapped hides the socket type (as a yamux stream or a buffered reader
+// would), so Join copies through its own buffers; CloseWrite stays.
+type wrapped struct{ net.Conn }
+
+func (w wrapped) CloseWrite() error { return w.Conn.(*net.TCPConn).CloseWrite() }
+
 func TestJoinCopiesBothWaysHalfClosesAndCounts(t *testing.T) {
-	client, proxyIn := tcpPair(t)
-	proxyOut, upstream := tcpPair(t)
+	for _, mode := range []string{"copied", "spliced"} {
+		t.Run(mode, func(t *testing.T) {
+			client, proxyIn := tcpPair(t)
+			proxyOut, upstream := tcpPair(t)
+			if mode == "copied" {
+				proxyOut = wrapped{proxyOut}
+			}
+			assert.Equal(t, mode == "spliced" && canSplice, Spliced(proxyIn, proxyOut))
+			joinCopiesBothWays(t, client, proxyIn, proxyOut, upstream)
+		})
+	}
+}
+
+func joinCopiesBothWays(t *testing.T, client, proxyIn, proxyOut, upstream net.Conn) {
 	up := make([]byte, 3<<20+17)
 	_, _ = rand.Read(up)
 	down := []byte("response bytes")

@@ -5,6 +5,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // Kernel command line parameters oac-guest reads as PID 1 of a VM.
@@ -35,20 +36,22 @@ const RootDevice = "vda"
 // MaxShares bounds the shares one guest mounts.
 const MaxShares = 16
 
+// The patterns are compiled on first use: every guest and shim imports
+// this package, and compiling them at start would cost each boot.
 var (
-	blockNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`)
+	blockNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z0-9]{0,31}$`) })
 	// Virtualization.framework allows 36 bytes per tag.
-	tagRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,35}$`)
-	pathRE = regexp.MustCompile(`^(/[A-Za-z0-9._-]+)+$`)
+	tagRE  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,35}$`) })
+	pathRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(/[A-Za-z0-9._-]+)+$`) })
 )
 
 // ValidTag reports whether tag is a virtio-fs tag both sides accept: 1 to
 // 36 of A-Z, a-z, 0-9, '.', '_' and '-'.
-func ValidTag(tag string) bool { return tagRE.MatchString(tag) }
+func ValidTag(tag string) bool { return tagRE().MatchString(tag) }
 
 // ParseRoot checks the value of oac.root.
 func ParseRoot(v string) (string, error) {
-	if !blockNameRE.MatchString(v) {
+	if !blockNameRE().MatchString(v) {
 		return "", fmt.Errorf("%s: want a block device name such as %s", Root, RootDevice)
 	}
 	return v, nil
@@ -107,7 +110,7 @@ func ParseShares(v string) ([]Share, error) {
 		if !ValidTag(s.Tag) {
 			return nil, fmt.Errorf("%s: a tag is 1 to 36 of A-Z, a-z, 0-9, '.', '_' and '-'", Shares)
 		}
-		if !pathRE.MatchString(s.Path) || len(s.Path) > 256 || path.Clean(s.Path) != s.Path {
+		if !pathRE().MatchString(s.Path) || len(s.Path) > 256 || path.Clean(s.Path) != s.Path {
 			return nil, fmt.Errorf("%s: share %s: the path must be absolute and clean (letters, digits, '.', '_', '-'), at most 256 bytes", Shares, s.Tag)
 		}
 		for _, sys := range []string{"/proc", "/sys", "/dev"} {

@@ -54,8 +54,10 @@ type argsConfig struct {
 	RootFD int
 	// HostEntries make up the default root (ignored with RootFD).
 	HostEntries []kit.HostEntry
-	// EtcFiles are host files bound read-only under /etc in the default
-	// root, as guest path -> host path.
+	// EtcDir is the default root's /etc, a prepared directory bound
+	// read-only (kit.PreparedEtc); EtcFiles are host files bound read-only
+	// over files in it, as guest path -> host path.
+	EtcDir   string
 	EtcFiles [][2]string
 	AgentFD  int
 	// AgentCopy: AgentFD is readable and copied in (see bindBinary).
@@ -114,7 +116,11 @@ func buildArgs(c argsConfig) []string {
 				a = append(a, "--ro-bind", e.Path, e.Path)
 			}
 		}
-		a = append(a, "--dir", "/etc")
+		if c.EtcDir != "" {
+			a = append(a, "--ro-bind", c.EtcDir, "/etc")
+		} else {
+			a = append(a, "--dir", "/etc")
+		}
 		for _, f := range c.EtcFiles {
 			a = append(a, "--ro-bind", f[1], f[0])
 		}

@@ -22,11 +22,13 @@ func TestArgsDefaultRootIsAReadOnlyViewOfTheHost(t *testing.T) {
 	a := buildArgs(argsConfig{
 		RootFD:      -1,
 		HostEntries: []kit.HostEntry{{Path: "/usr"}, {Path: "/bin", Symlink: "usr/bin"}},
-		EtcFiles:    [][2]string{{"/etc/passwd", "/run/oac/sandboxes/x/etc/passwd"}},
+		EtcDir:      "/run/oac/etc/etc-0123",
+		EtcFiles:    [][2]string{{"/etc/hosts", "/run/oac/sandboxes/x/hosts"}},
 		AgentFD:     3, SocketFD: 4,
 	})
 	s := strings.Join(a, " ")
-	assert.Contains(t, s, "--ro-bind /usr /usr --symlink usr/bin /bin --dir /etc --ro-bind /run/oac/sandboxes/x/etc/passwd /etc/passwd")
+	assert.Contains(t, s, "--ro-bind /usr /usr --symlink usr/bin /bin --ro-bind /run/oac/etc/etc-0123 /etc --ro-bind /run/oac/sandboxes/x/hosts /etc/hosts",
+		"one prepared /etc, the sandbox's hosts over it")
 	assert.NotContains(t, s, "--ro-bind-fd 5 /")
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 func (p *Provider) driver() provider.Provider { return p }
@@ -159,7 +160,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		return nil, err
 	}
-	in.dir = state.Path
+	in.dir, in.stateRoot = state.Path, root
 	switch mode {
 	case ModeRoot:
 		ids, err := kit.ClaimIDs(root, p.idBase())
@@ -205,6 +206,10 @@ type Instance struct {
 	agentCopy bool
 	sockFD    *os.File
 	rootFile  *os.File
+	// stateRoot is the state root (the prepared /etc lives there), etcDir
+	// the default root's /etc and etc the files bound over it.
+	stateRoot string
+	etcDir    string
 	etc       [][2]string
 	tmpfs     []string
 	volumes   []namedFile // name: the guest directory
@@ -242,15 +247,20 @@ func (in *Instance) prepare() error {
 		}
 	}
 	if in.spec.Rootfs == "" {
-		etcDir := filepath.Join(in.dir, "etc")
-		if err := os.Mkdir(etcDir, 0o755); err != nil {
-			return fmt.Errorf("create %s: %w", etcDir, err)
-		}
-		etc, err := kit.EtcFiles(etcDir, in.spec.Hostname, map[string]string{"resolv.conf": kit.ResolvConf})
+		// One prepared /etc, shared by the sandboxes of this state root,
+		// and the sandbox's own hosts over it when it has a hostname.
+		etcDir, err := kit.PreparedEtc(filepath.Join(in.stateRoot, "etc"), map[string]string{"resolv.conf": kit.ResolvConf})
 		if err != nil {
 			return err
 		}
-		in.etc = etc
+		in.etcDir = etcDir
+		if in.spec.Hostname != "" {
+			hosts := filepath.Join(in.dir, "hosts")
+			if err := os.WriteFile(hosts, []byte(kit.Hosts(in.spec.Hostname)), 0o644); err != nil {
+				return fmt.Errorf("write %s: %w", hosts, err)
+			}
+			in.etc = [][2]string{{"/etc/hosts", hosts}}
+		}
 		in.tmpfs = RuntimeDirs
 	} else {
 		f, err := os.OpenFile(in.spec.Rootfs, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
@@ -324,7 +334,9 @@ func (in *Instance) prepare() error {
 		return err
 	}
 	in.Own(ln)
-	in.Listen(ln)
+	// The guest shares this kernel and dials a unix socket: the data
+	// plane can pass it descriptors, or take a dial per connection.
+	in.ListenData(ln, protocol.CapDataFD, protocol.CapDataDial)
 	if in.mode == ModeRoot {
 		if err := os.Chown(sockPath, guestRoot, guestRootGID); err != nil {
 			return fmt.Errorf("chown %s: %w", sockPath, err)
@@ -374,7 +386,7 @@ func (in *Instance) start(ctx context.Context) error {
 	// ExtraFiles become fds 3, 4, ... in bwrap.
 	var extra []*os.File
 	fd := func(f *os.File) int { extra = append(extra, f); return 2 + len(extra) }
-	cfg := argsConfig{RootFD: -1, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
+	cfg := argsConfig{RootFD: -1, EtcDir: in.etcDir, EtcFiles: in.etc, Mode: in.mode, Hostname: in.spec.Hostname, Tmpfs: in.tmpfs}
 	cfg.DisableUserns = in.mode == ModeSingleUID && bwrapFeatures(in.bwrap).DisableUserns
 	cfg.AgentFD, cfg.AgentCopy = fd(in.agentFD), in.agentCopy
 	cfg.SocketFD = fd(in.sockFD)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 const quickTimeout = 30 * time.Second
@@ -175,7 +176,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	run, ln, err := kit.RunDir(state.Path)
 	if ln != nil {
 		in.Own(ln)
-		in.Listen(ln)
+		in.ListenData(ln, protocol.CapDataFD, protocol.CapDataDial)
 	}
 	if err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 func (p *Provider) driver() provider.Provider { return p }
@@ -212,7 +213,7 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 	run, ln, err := kit.RunDir(dir)
 	if ln != nil {
 		in.Own(ln)
-		in.Listen(ln)
+		in.ListenData(ln, protocol.CapDataFD, protocol.CapDataDial)
 	}
 	if err != nil {
 		return c, err

@@ -20,6 +20,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/host/provider/vmguest"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Defaults.
@@ -464,7 +465,8 @@ func (in *Instance) listenVsock(dir string) error {
 	in.Own(f)
 	cl := &cidListener{Listener: ln, cid: cid}
 	in.Own(cl)
-	in.Listen(cl)
+	// A vsock guest can dial the host port again, once per connection.
+	in.ListenData(cl, protocol.CapDataDial)
 	in.cfg.VsockCID, in.cfg.VsockPort = cid, port
 	return nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/vmguest"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Provider boots guests as Virtualization.framework virtual machines from
@@ -162,7 +163,7 @@ func (in *Instance) Start(ctx context.Context) error {
 }
 
 func (in *Instance) start(ctx context.Context) error {
-	in.Listen(in.ln)
+	in.ListenData(in.ln, protocol.CapDataDial)
 	run := machineRun{m: in.m, changes: in.m.StateChanged()}
 	if err := in.m.Start(ctx); err != nil {
 		run.startErr = mapError("start virtual machine", err)

@@ -1,0 +1,378 @@
+package bench
+
+// Real clients in real guests: curl (and, in a VM without curl, Go's HTTP
+// client) inside a sandbox started by oac-shim, through the guest's HTTP
+// proxy (a CONNECT tunnel, as HTTPS goes) and through transparent capture,
+// beside the same client on the host against the same server. The clients
+// run in the guest as its daemon (bench/internal/netprobe), which the
+// bench reaches through a forward; the host's baseline runs the same code
+// in this process. Runs alternate between host and guest.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oac/sandbox-agent/bench/internal/probe"
+	"github.com/oac/sandbox-agent/imagebuild"
+)
+
+// guestProbePort is where the probe listens inside the guest.
+const guestProbePort = 9090
+
+// clientServers are the host's servers every client talks to: an HTTP
+// server (GET /dl/N answers N bytes, PUT /ul counts what it reads) and an
+// echo server.
+type clientServers struct {
+	web, echo string
+}
+
+func startClientServers() (clientServers, func(), error) {
+	wl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return clientServers{}, nil, err
+	}
+	chunk := make([]byte, 1<<20)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut || r.Method == http.MethodPost {
+			n, _ := io.CopyBuffer(io.Discard, onlyReader{r.Body}, make([]byte, 256<<10))
+			fmt.Fprint(w, n)
+			return
+		}
+		n, err := strconv.ParseInt(strings.TrimPrefix(r.URL.Path, "/dl/"), 10, 64)
+		if err != nil || n < 0 {
+			http.Error(w, "want /dl/N", http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+		for n > 0 {
+			m, err := w.Write(chunk[:min(int64(len(chunk)), n)])
+			if err != nil {
+				return
+			}
+			n -= int64(m)
+		}
+	})}
+	go func() { _ = srv.Serve(wl) }()
+	el, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		srv.Close()
+		return clientServers{}, nil, err
+	}
+	go func() {
+		for {
+			c, err := el.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); echo(c) }()
+		}
+	}()
+	return clientServers{web: wl.Addr().String(), echo: el.Addr().String()}, func() { srv.Close(); el.Close() }, nil
+}
+
+// guestTarget is one sandbox the clients run in.
+type guestTarget struct {
+	label string
+	args  []string
+	// curl: the guest has curl (a default root shows the host's /usr);
+	// a VM image has none, Go's client stands in.
+	curl bool
+	// sameKernel: the data plane's goals apply (a provider whose guest
+	// shares this kernel, with the data plane on).
+	sameKernel bool
+}
+
+// ClientFigures measures real clients in bwrap and OCI guests (with the
+// data plane and, for bwrap, without it) and in a qemu guest, each beside
+// the same client on the host.
+func ClientFigures(r *Report, b Bins, runs int, size int64, kernelCache string) error {
+	dir, err := os.MkdirTemp("", "oac-bench-clients-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
+	}
+	probeBin := filepath.Join(dir, "netprobe")
+	if err := crossBuild("./bench/internal/netprobe", probeBin, "amd64"); err != nil {
+		return err
+	}
+	srv, stop, err := startClientServers()
+	if err != nil {
+		return err
+	}
+	defer stop()
+	targets := []guestTarget{
+		{label: "bwrap", args: []string{"--provider", "bwrap"}, curl: true, sameKernel: true},
+		{label: "bwrap, session only (--data-plane off)", args: []string{"--provider", "bwrap", "--data-plane", "off"}, curl: true},
+	}
+	if _, err := exec.LookPath("runc"); err == nil {
+		targets = append(targets, guestTarget{label: "oci (runc)", args: []string{"--provider", "oci", "--runtime", "runc"}, curl: true, sameKernel: true})
+	} else {
+		r.Skip("real clients in an OCI guest", "needs runc (make deps)")
+	}
+	for _, tg := range targets {
+		if err := clientTargetFigures(r, b, tg, srv, probeBin, runs, size); err != nil {
+			if errors.Is(err, errNoReady) && strings.Contains(err.Error(), "oac-netprobe") {
+				// A provider that installs no binaries cannot run the probe.
+				r.Skip("real clients in "+tg.label, "the provider does not install the probe (--install)")
+				continue
+			}
+			return fmt.Errorf("clients in %s: %w", tg.label, err)
+		}
+	}
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		r.Skip("real clients in a qemu guest", "needs qemu-system-x86")
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(kernelCache, "modules", "modules.dep")); err != nil {
+		r.Skip("real clients in a qemu guest", "needs the kernel cache "+kernelCache+" (make kernels)")
+		return nil
+	}
+	img := filepath.Join(dir, "image")
+	if _, err := imagebuild.Build(imagebuild.Spec{
+		Injection: imagebuild.Injection{Agent: b.Guest, SandboxIO: b.Guest}, Arch: "amd64",
+		Outputs: []string{imagebuild.OutVM}, Out: img,
+		Kernel: filepath.Join(kernelCache, "vmlinuz"), ModulesDir: filepath.Join(kernelCache, "modules"),
+	}); err != nil {
+		return fmt.Errorf("qemu image: %w", err)
+	}
+	vm := guestTarget{label: "qemu (TCG, yamux over virtio-serial)", args: []string{"--provider", "qemu",
+		"--kernel", filepath.Join(img, imagebuild.KernelName), "--initramfs", filepath.Join(img, imagebuild.InitramfsName),
+		"--accel", "tcg", "--boot-timeout", "120s"}}
+	// Software emulation moves bytes at a fraction of native speed: fewer
+	// and smaller runs, and the figures say so.
+	return clientTargetFigures(r, b, vm, srv, probeBin, min(runs, 5), min(size, 64<<20))
+}
+
+// guestProbe starts a sandbox of tg whose daemon is the probe, reachable
+// through a forward, with up.test:80 and echo.test:7 as named upstreams.
+func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*probe.Client, func(), error) {
+	fl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	fwd := fl.Addr().String()
+	fl.Close()
+	boot, _ := json.Marshal(map[string]any{"version": 1, "stop_grace": "1s",
+		"daemon": map[string]any{"argv": []string{"/usr/local/bin/oac-netprobe", "serve", fmt.Sprintf("127.0.0.1:%d", guestProbePort)}}})
+	bootFile, err := os.CreateTemp("", "oac-bench-boot-")
+	if err != nil {
+		return nil, nil, err
+	}
+	_, _ = bootFile.Write(boot)
+	bootFile.Close()
+	args := append([]string{"run", "--name", benchName(), "--agent", b.Guest, "--bootstrap", bootFile.Name(),
+		"--install", "oac-netprobe=" + probeBin,
+		"--upstream", "up.test:80=" + srv.web, "--upstream", "echo.test:7=" + srv.echo,
+		"--forward", fmt.Sprintf("%s=%d", fwd, guestProbePort)}, tg.args...)
+	cmd := exec.Command(b.Shim, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		os.Remove(bootFile.Name())
+		return nil, nil, err
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		os.Remove(bootFile.Name())
+		return nil, nil, err
+	}
+	stopShim := func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		os.Remove(bootFile.Name())
+	}
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sent := false
+		for sc.Scan() {
+			if !sent && bytes.Contains(sc.Bytes(), []byte(`"state":"ready"`)) {
+				ready <- true
+				sent = true
+			}
+		}
+		if !sent {
+			ready <- false
+		}
+	}()
+	select {
+	case ok := <-ready:
+		if !ok {
+			stopShim()
+			return nil, nil, fmt.Errorf("%w: %s", errNoReady, strings.TrimSpace(stderr.String()))
+		}
+	case <-time.After(3 * time.Minute):
+		stopShim()
+		return nil, nil, fmt.Errorf("%w within 3 minutes", errNoReady)
+	}
+	// The probe listens soon after the daemon started.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cl, err := probe.Dial(fwd)
+		if err == nil {
+			if _, err = cl.Run(probe.Request{Cmd: "ping"}); err == nil {
+				return cl, func() { cl.Close(); stopShim() }, nil
+			}
+			cl.Close()
+		}
+		if time.Now().After(deadline) {
+			stopShim()
+			return nil, nil, fmt.Errorf("the guest's probe did not answer: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// clientPath is how a guest's client reaches the server.
+type clientPath struct {
+	name  string
+	proxy string   // the guest's HTTP proxy, for a CONNECT tunnel
+	curl  []string // curl's flags for the path
+}
+
+var clientPaths = []clientPath{
+	{name: "proxy", proxy: "127.0.0.1:3128", curl: []string{"-p", "-x", "http://127.0.0.1:3128"}},
+	{name: "transparent", curl: []string{"--noproxy", "*"}},
+}
+
+// clientRow is one figure: the same request on the host and in the guest.
+type clientRow struct {
+	what, unit string
+	host, gst  probe.Request
+	// scale turns the measured value into the figure.
+	scale func(float64) float64
+	goal  string
+	holds func(ratio float64) bool
+}
+
+func clientTargetFigures(r *Report, b Bins, tg guestTarget, srv clientServers, probeBin string, runs int, size int64) error {
+	guest, stop, err := guestProbe(b, tg, srv, probeBin)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	host := func(req probe.Request) func() (float64, error) {
+		return func() (float64, error) {
+			res := probe.Run(req)
+			if res.Err != "" {
+				return 0, fmt.Errorf("host: %s", res.Err)
+			}
+			return res.Value, nil
+		}
+	}
+	inGuest := func(req probe.Request) func() (float64, error) {
+		return func() (float64, error) { return guest.Run(req) }
+	}
+	client := "curl"
+	if !tg.curl {
+		client = "Go's HTTP client (no curl in the VM image)"
+	}
+	for _, p := range clientPaths {
+		label := fmt.Sprintf("%s, %s, %s", tg.label, p.name, client)
+		var rows []clientRow
+		dl := func(base string, flags []string) probe.Request {
+			if !tg.curl {
+				return probe.Request{Cmd: "get", URL: base + "/dl/" + strconv.FormatInt(size, 10), Size: size}
+			}
+			return probe.Request{Cmd: "curl", Args: append(append([]string{"-sS", "-o", "/dev/null", "-w", "%{speed_download}"}, flags...), base+"/dl/"+strconv.FormatInt(size, 10))}
+		}
+		ul := func(base string, flags []string) probe.Request {
+			if !tg.curl {
+				return probe.Request{Cmd: "put", URL: base + "/ul", Size: size}
+			}
+			return probe.Request{Cmd: "curl", Stdin: size, Args: append(append([]string{"-sS", "-o", "/dev/null", "-w", "%{speed_upload}", "-T", "-"}, flags...), base+"/ul")}
+		}
+		flows := func(base string, flags []string) probe.Request {
+			if !tg.curl {
+				return probe.Request{Cmd: "gets", URL: base + "/dl/" + strconv.FormatInt(size/8, 10), Size: size, Flows: 8}
+			}
+			return probe.Request{Cmd: "curls", Flows: 8, Args: append(append([]string{"-sS", "-o", "/dev/null"}, flags...), base+"/dl/"+strconv.FormatInt(size/8, 10))}
+		}
+		hostBase, guestBase := "http://"+srv.web, "http://up.test"
+		withProxy := func(req probe.Request) probe.Request {
+			if !tg.curl && p.proxy != "" {
+				req.Proxy = p.proxy
+			}
+			return req
+		}
+		mbps := func(v float64) float64 { return v / 1e6 }
+		if !tg.curl {
+			mbps = func(v float64) float64 { return v }
+		}
+		sameKernel := tg.sameKernel
+		add := func(what, unit string, h, g probe.Request, scale func(float64) float64, goal string, holds func(float64) bool) {
+			rows = append(rows, clientRow{what, unit, h, g, scale, goal, holds})
+		}
+		oneFlowGoal, oneFlow := "≥ 0.5x host (yamux path)", func(x float64) bool { return x >= 0.5 }
+		if sameKernel {
+			oneFlowGoal, oneFlow = "≥ 0.8x host", func(x float64) bool { return x >= 0.8 }
+		}
+		add(fmt.Sprintf("download %d MiB", size>>20), "MB/s", dl(hostBase, nil), withProxy(dl(guestBase, p.curl)), mbps, oneFlowGoal, oneFlow)
+		add(fmt.Sprintf("upload %d MiB", size>>20), "MB/s", ul(hostBase, nil), withProxy(ul(guestBase, p.curl)), mbps, oneFlowGoal, oneFlow)
+		flowScale := func(v float64) float64 { return float64(size) / v / 1e6 } // seconds -> MB/s
+		if !tg.curl {
+			flowScale = func(v float64) float64 { return v }
+		}
+		var eightGoal string
+		var eight func(float64) bool
+		if sameKernel {
+			eightGoal, eight = "≥ 0.7x host", func(x float64) bool { return x >= 0.7 }
+		}
+		add(fmt.Sprintf("8 flows at once, %d MiB in all", size>>20), "MB/s", flows(hostBase, nil), withProxy(flows(guestBase, p.curl)), flowScale, eightGoal, eight)
+		var lowGoal string
+		var low func(float64) bool
+		if sameKernel {
+			lowGoal, low = "≤ 1.5x host", func(x float64) bool { return x <= 1.5 }
+		}
+		ident := func(v float64) float64 { return v }
+		add("connect + first byte (median of 100)", "µs",
+			probe.Request{Cmd: "connect", Target: srv.web, N: 100},
+			probe.Request{Cmd: "connect", Target: "up.test:80", Proxy: p.proxy, N: 100}, ident, lowGoal, low)
+		add("64-byte round trip p50 (2000 on one connection)", "µs",
+			probe.Request{Cmd: "rtt", Target: srv.echo, N: 2000},
+			probe.Request{Cmd: "rtt", Target: "echo.test:7", Proxy: p.proxy, N: 2000}, ident, lowGoal, low)
+		for _, row := range rows {
+			scaled := func(f func() (float64, error)) func() (float64, error) {
+				return func() (float64, error) {
+					v, err := f()
+					return row.scale(v), err
+				}
+			}
+			base, subj, err := Pair(runs, scaled(host(row.host)), scaled(inGuest(row.gst)))
+			if err != nil {
+				return fmt.Errorf("%s, %s: %w", label, row.what, err)
+			}
+			res := NewResult(label+": "+row.what, row.unit, subj, "the same client on the host", base)
+			if !tg.sameKernel && strings.HasPrefix(tg.label, "qemu") {
+				res.Note = "software emulation: the guest's CPU is emulated"
+			}
+			if row.holds != nil {
+				res = res.Judge(row.goal, row.holds(res.Ratio))
+			}
+			r.Add(res)
+		}
+	}
+	return nil
+}

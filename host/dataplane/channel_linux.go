@@ -1,0 +1,196 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/oac/sandbox-agent/protocol"
+)
+
+// Channel is the host's side of one guest's fd channel.
+type Channel struct {
+	c     *net.UnixConn
+	cfg   Config
+	pairs *pairMaker
+	limit *rate.Limiter
+
+	wmu       sync.Mutex
+	closeOnce sync.Once
+	done      chan struct{}
+	wg        sync.WaitGroup
+	open      atomic.Int64
+}
+
+// serveChannel runs the fd channel on c, the guest's connection whose
+// Channel frame presented the token: the channel's pairs are made in the
+// network namespace c was dialed from (the guest's), by a thread of this
+// process that joins it, which takes CAP_SYS_ADMIN (a root shim; the host
+// offers the fd channel only then). The guest is told (an empty Channel),
+// cfg.OnChannel gets the channel, and its requests are answered until it
+// ends. A guest whose channel fails here carries its connections as
+// egress streams.
+func serveChannel(c *net.UnixConn, cfg Config) error {
+	pm, err := newPairMaker(c)
+	if err != nil {
+		c.Close()
+		return fmt.Errorf("fd channel: %w", err)
+	}
+	ch := &Channel{c: c, cfg: cfg, pairs: pm, limit: rate.NewLimiter(MaxRequestRate, MaxRequestBurst), done: make(chan struct{})}
+	if err := ch.send(protocol.TypeChannel, protocol.Channel{}, -1); err != nil {
+		ch.Close()
+		return fmt.Errorf("fd channel: %w", err)
+	}
+	cfg.OnChannel(ch)
+	stop := context.AfterFunc(cfg.Ctx, func() { ch.Close() })
+	defer stop()
+	if err := ch.serve(); err != nil {
+		cfg.violation(err)
+	}
+	return nil
+}
+
+// serve answers the guest's Connect requests until the channel ends, then
+// closes it and waits for the connections it carries to end. It returns
+// nil when the guest closed the channel or Close was called, and an error
+// wrapping ErrViolation when the guest broke the protocol.
+func (ch *Channel) serve() error {
+	defer ch.wg.Wait()
+	defer ch.Close()
+	for {
+		if err := ch.limit.Wait(ch.cfg.Ctx); err != nil {
+			return nil
+		}
+		f, err := protocol.ReadFrame(ch.c, protocol.MaxHeaderFrame)
+		if err != nil {
+			if err = violation(err); errors.Is(err, ErrViolation) {
+				return err
+			}
+			return nil
+		}
+		if f.Type != protocol.TypeConnect {
+			return fmt.Errorf("%w: %s on the fd channel", ErrViolation, f.Type)
+		}
+		var req protocol.Connect
+		if err := f.Decode(&req); err != nil {
+			return violation(err)
+		}
+		if req.ID == 0 || req.Token != "" {
+			return fmt.Errorf("%w: a Connect on the fd channel carries an id and no token", ErrViolation)
+		}
+		ch.wg.Add(1)
+		go func() {
+			defer ch.wg.Done()
+			ch.connect(req)
+		}()
+	}
+}
+
+// connect answers one request: the broker decides; an allowed connection
+// gets a fresh pair, whose guest end goes with the answer.
+func (ch *Channel) connect(req protocol.Connect) {
+	guestFD := -1
+	ch.open.Add(1)
+	defer ch.open.Add(-1)
+	defer func() {
+		if guestFD >= 0 {
+			_ = closeFD(guestFD)
+		}
+	}()
+	ch.cfg.answer(req, func() (net.Conn, error) {
+		host, g, err := ch.pair()
+		guestFD = g
+		return host, err
+	}, func(r protocol.Connected) error {
+		err := ch.send(protocol.TypeConnected, r, guestFD)
+		if guestFD >= 0 {
+			// The guest has its end now (or never will): the host keeps
+			// none of it, so the guest closing it ends the connection.
+			_ = closeFD(guestFD)
+			guestFD = -1
+		}
+		return err
+	})
+}
+
+// pair returns the host's end, unwrapped (so it is spliced), and the
+// guest's end as a raw descriptor.
+func (ch *Channel) pair() (net.Conn, int, error) {
+	p, err := ch.pairs.get()
+	if err != nil {
+		return nil, -1, err
+	}
+	f := os.NewFile(uintptr(p[0]), "data plane pair")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		_ = closeFD(p[1])
+		return nil, -1, err
+	}
+	return c, p[1], nil
+}
+
+// Forward hands the guest a connection to 127.0.0.1:port inside it and
+// returns the host's end. name is informational.
+func (ch *Channel) Forward(port int, name string) (net.Conn, error) {
+	fw := protocol.Forward{Port: port, Name: name}
+	if err := fw.Header().Validate(); err != nil {
+		return nil, err
+	}
+	host, g, err := ch.pair()
+	if err != nil {
+		return nil, fmt.Errorf("forward to guest port %d: %w", port, err)
+	}
+	err = ch.send(protocol.TypeForward, fw, g)
+	_ = closeFD(g)
+	if err != nil {
+		host.Close()
+		return nil, fmt.Errorf("forward to guest port %d: %w", port, err)
+	}
+	return host, nil
+}
+
+// send writes one frame, with fd attached when fd >= 0, within the write
+// timeout (protocol.DataWriteTimeout); a failed write ends the channel.
+func (ch *Channel) send(t protocol.Type, v any, fd int) error {
+	ch.wmu.Lock()
+	defer ch.wmu.Unlock()
+	select {
+	case <-ch.done:
+		return net.ErrClosed
+	default:
+	}
+	_ = ch.c.SetWriteDeadline(time.Now().Add(ch.cfg.WriteTimeout))
+	err := protocol.SendFD(ch.c, t, v, fd)
+	_ = ch.c.SetWriteDeadline(time.Time{})
+	if err != nil {
+		ch.cfg.Log.Warn("fd channel: write failed, closing it", "err", err)
+		go ch.Close()
+	}
+	return err
+}
+
+// Open returns how many Connect requests are being answered or carried.
+func (ch *Channel) Open() int64 { return ch.open.Load() }
+
+// Done is closed when the channel has ended.
+func (ch *Channel) Done() <-chan struct{} { return ch.done }
+
+// Close ends the channel: no request or forward is taken after it. The
+// connections already carried run on until they end (the sandbox's
+// context ends them when it stops).
+func (ch *Channel) Close() error {
+	ch.closeOnce.Do(func() {
+		close(ch.done)
+		ch.c.Close()
+		ch.pairs.stop()
+	})
+	return nil
+}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package dataplane
+
+func probeMain() bool { return false }

@@ -1,0 +1,113 @@
+package protocol
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"time"
+)
+
+// Data plane capabilities (see the package doc, "Data plane"). A guest
+// lists in Hello what its transport lets it do; a host lists at most one
+// in Welcome, with Welcome.DataToken, and only when its provider's
+// transport allows it.
+const (
+	// CapDataFD: connections arrive as socket descriptors (one end of a
+	// socketpair the host made) on a channel the guest dials on its unix
+	// transport once, beside the session.
+	CapDataFD = "data_fd"
+	// CapDataDial: each connection is a connection of its own the guest
+	// dials on its transport's endpoint (vsock), naming its target first.
+	CapDataDial = "data_dial"
+)
+
+// Data plane limits and timeouts.
+const (
+	// DataTokenBytes is the size of the random token that authenticates
+	// the guest's data connections (hex-encoded in Welcome.DataToken).
+	DataTokenBytes = 16
+	// MaxDataToken bounds a token read from the peer.
+	MaxDataToken = 64
+	// DataChannelTimeout bounds the fd channel's setup: the host waits
+	// that long after Welcome for the guest's channel and its Channel
+	// frame, the guest that long for the host's answer. A guest whose
+	// channel does not come up carries its connections as egress streams.
+	DataChannelTimeout = 5 * time.Second
+	// DataWriteTimeout bounds one write of the host on the fd channel: a
+	// guest that stops reading its channel loses it (its connections then
+	// go over egress streams), it never blocks the host.
+	DataWriteTimeout = 10 * time.Second
+	// MaxPendingFDs bounds the descriptors a guest holds that no frame
+	// has claimed yet; one recvmsg takes at most this many.
+	MaxPendingFDs = 4
+)
+
+// NewDataToken returns a fresh random token for Welcome.DataToken.
+func NewDataToken() (string, error) {
+	b := make([]byte, DataTokenBytes)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("data token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// TokenMatches compares a token the peer sent with the session's in
+// constant time; an empty session token matches nothing.
+func TokenMatches(got, want string) bool {
+	return want != "" && len(got) == len(want) && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// Channel is the first frame on the guest's fd channel (guest -> host,
+// Token set) and the host's acceptance (host -> guest, empty).
+type Channel struct {
+	Token string `json:"token,omitempty"`
+}
+
+// Connect asks the host for an egress connection on the data plane: on
+// the fd channel with an ID (the answer names it), or as the first frame
+// of a dialed data connection with the Token. Host, Port and Via are an
+// egress stream header's, checked the same way.
+type Connect struct {
+	ID    uint64 `json:"id,omitempty"`
+	Token string `json:"token,omitempty"`
+	Host  string `json:"host"`
+	Port  int    `json:"port"`
+	Via   string `json:"via,omitempty"`
+}
+
+// Header returns the egress stream header Connect stands for: what the
+// host's broker decides on, whichever carrier asked.
+func (c Connect) Header() StreamHeader {
+	return StreamHeader{Kind: KindEgress, Host: c.Host, Port: c.Port, Via: c.Via}
+}
+
+// Validate checks a Connect received from the peer: the header's rules,
+// and a token of at most MaxDataToken bytes.
+func (c Connect) Validate() error {
+	if len(c.Token) > MaxDataToken {
+		return fmt.Errorf("%w: data token longer than %d bytes", ErrBadBody, MaxDataToken)
+	}
+	return c.Header().Validate()
+}
+
+// Connected answers a Connect: an EgressReply naming the request. On the
+// fd channel an OK answer carries exactly one descriptor (SCM_RIGHTS):
+// the guest's end of the connection; a failure carries none.
+type Connected struct {
+	ID uint64 `json:"id,omitempty"`
+	EgressReply
+}
+
+// Forward hands the guest one connection the host accepted on a forward's
+// listener (fd channel only, with exactly one descriptor attached): the
+// guest joins it to 127.0.0.1:Port. Name is informational.
+type Forward struct {
+	Port int    `json:"port"`
+	Name string `json:"name,omitempty"`
+}
+
+// Header returns the forward stream header Forward stands for.
+func (f Forward) Header() StreamHeader {
+	return StreamHeader{Kind: KindForward, Port: f.Port, Name: f.Name}
+}
