@@ -52,6 +52,34 @@ type Spec struct {
 	// hosted containers have); without one the provider gives a fresh
 	// tmpfs. The guest's root must be able to write it.
 	Volumes map[string]string
+	// Keep, when set, makes the sandbox a kept one: everything it writes
+	// (its root's writable layer or disk overlay, /home, /environment)
+	// lives under Keep.Dir or in a runtime object named after the sandbox
+	// (a Docker container or volume, a registered WSL distribution), and
+	// outlives the Instance: Destroy stops the runtime and removes what
+	// one run made, never the kept state. Keeper.Discard removes that.
+	// Nil is a throwaway sandbox, as `oac-shim run` makes.
+	Keep *Keep
+}
+
+// Keep says where a kept sandbox's state lives on the host.
+type Keep struct {
+	// Dir is a private (0700) directory the shim made for this sandbox
+	// under its state root. The provider owns what it puts inside; on the
+	// first Create it is empty, on later ones it holds what the earlier
+	// runs left.
+	Dir string
+}
+
+// Keeper is implemented by providers that can keep a sandbox across runs
+// (Spec.Keep). The shim refuses `oac-shim create` for providers without
+// it, before anything is made.
+type Keeper interface {
+	// Discard removes every byte kept for the sandbox name: what the
+	// provider put under dir and anything it keeps elsewhere. It is safe
+	// on a partly made sandbox (a create killed half way) and on one
+	// already discarded, and it never touches anything not made for name.
+	Discard(ctx context.Context, name, dir string) error
 }
 
 // VolumeDirs are the guest directories Spec.Volumes may name.
