@@ -290,11 +290,14 @@ func (s *shim) result() error {
 
 // session returns the live guest session, or an error when none is
 // connected.
+// errNoGuest: a command needs the guest's session and none is live.
+var errNoGuest = errors.New("no guest is connected")
+
 func (s *shim) session() (*sandbox.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sess == nil {
-		return nil, errors.New("no guest is connected")
+		return nil, errNoGuest
 	}
 	return s.sess, nil
 }

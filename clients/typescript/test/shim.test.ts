@@ -124,7 +124,7 @@ test('ready with url and username, typed and ordered events, status, the passwor
 
     const all = shim.received;
     for (const e of all) {
-      assert.equal(e.schema_version, 1);
+      assert.equal(e.schema_version, 2);
       assert.equal(e.sandbox, name);
     }
     const kinds = all.map((e) => e.event);
