@@ -20,7 +20,7 @@ import (
 // Channel is the host's side of one guest's fd channel.
 type Channel struct {
 	c     *net.UnixConn
-	r     io.Reader    // c, or fr when the channel takes handed sockets
+	r     io.Reader // c, or fr when the channel takes handed sockets
 	fr    *protocol.FDReader
 	cfg   Config
 	pairs *pairMaker
