@@ -100,8 +100,12 @@ func (ch *Channel) serve() error {
 			return fmt.Errorf("%w: a Connect on the fd channel carries an id and no token", ErrViolation)
 		}
 		if !req.Hand {
-			if len(req.Reply) > 0 || len(req.Early) > 0 || (ch.fr != nil && ch.fr.Pending() > 0) {
-				return fmt.Errorf("%w: a Connect that hands no socket carries a descriptor, reply or early bytes", ErrViolation)
+			// A descriptor may be pending here: the reader reads ahead,
+			// and the next frame may be a handing Connect whose socket
+			// came with it. Descriptors no frame claims are bounded by
+			// the reader (protocol.MaxPendingFDs).
+			if len(req.Reply) > 0 || len(req.Early) > 0 {
+				return fmt.Errorf("%w: a Connect that hands no socket carries reply or early bytes", ErrViolation)
 			}
 			ch.wg.Add(1)
 			go func() {
@@ -119,10 +123,6 @@ func (ch *Channel) serve() error {
 		sock, err := ch.fr.TakeTCP()
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrViolation, err)
-		}
-		if ch.fr.Pending() > 0 {
-			sock.Close()
-			return fmt.Errorf("%w: more than one descriptor with a Connect", ErrViolation)
 		}
 		ch.wg.Add(1)
 		go func() {

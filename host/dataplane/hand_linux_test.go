@@ -136,18 +136,62 @@ func TestHandingAnythingButAConnectedTCPSocketIsAViolation(t *testing.T) {
 	}
 }
 
-func TestADescriptorWithAConnectThatHandsNothingIsAViolation(t *testing.T) {
+// Descriptors no handing Connect claims (the guest attaching sockets to
+// Connects that hand nothing) are held at most protocol.MaxPendingFDs at
+// once; one more fails the guest. (One pending is no violation by
+// itself: the reader reads ahead, and the next frame's socket may have
+// come with the bytes of this one.)
+func TestDescriptorsNoFrameClaimsAreBounded(t *testing.T) {
 	needRoot(t)
 	h := startHost(t, 8, nil, protocol.CapDataFD, protocol.CapDataHand)
 	g, _ := h.openChannel(t)
 	_, accepted := tcpPair(t)
-	require.NoError(t, protocol.SendFD(g.c, protocol.TypeConnect, protocol.Connect{ID: 1, Host: "up.test", Port: 80}, fd(t, accepted)))
+	for i := 1; i <= protocol.MaxPendingFDs+1; i++ {
+		if err := protocol.SendFD(g.c, protocol.TypeConnect, protocol.Connect{ID: uint64(i), Host: "up.test", Port: 80}, fd(t, accepted)); err != nil {
+			break // the host already closed the channel
+		}
+	}
 	select {
 	case err := <-h.violations:
 		assert.ErrorIs(t, err, ErrViolation)
+		assert.ErrorIs(t, err, protocol.ErrDescriptor)
 	case <-time.After(5 * time.Second):
 		t.Fatal("no violation reported")
 	}
+}
+
+// A handing Connect right behind one that hands nothing: the reader may
+// read both frames at once, and the socket is still the handing one's.
+func TestAHandingConnectBehindAnOrdinaryOneKeepsItsSocket(t *testing.T) {
+	needRoot(t)
+	h := startHost(t, 8, nil, protocol.CapDataFD, protocol.CapDataHand)
+	g, _ := h.openChannel(t)
+	for i := 0; i < 50; i++ {
+		client, accepted := tcpPair(t)
+		f, err := accepted.File()
+		require.NoError(t, err)
+		id := uint64(2*i + 1)
+		// Both frames in flight before either answer.
+		g.send(protocol.TypeConnect, protocol.Connect{ID: id, Host: "up.test", Port: 80})
+		require.NoError(t, protocol.SendFD(g.c, protocol.TypeConnect, protocol.Connect{ID: id + 1, Host: "up.test", Port: 80, Hand: true}, int(f.Fd())))
+		f.Close()
+		accepted.Close()
+		var pairEnd net.Conn
+		for range 2 {
+			var r protocol.Connected
+			require.NoError(t, g.recv(protocol.TypeConnected, &r))
+			require.True(t, r.OK(), "%+v", r)
+			if r.ID == id {
+				pairEnd, err = g.r.TakeConn()
+				require.NoError(t, err)
+			}
+		}
+		echoes(t, client)
+		echoes(t, pairEnd)
+		client.Close()
+		pairEnd.Close()
+	}
+	assert.Empty(t, h.violations)
 }
 
 func TestAHostThatDidNotOfferHandingNeverReceivesTheDescriptor(t *testing.T) {
