@@ -62,19 +62,23 @@ func serveChannel(c *net.UnixConn, cfg Config) error {
 	cfg.OnChannel(ch)
 	stop := context.AfterFunc(cfg.Ctx, func() { ch.Close() })
 	defer stop()
-	if err := ch.serve(); err != nil {
-		cfg.violation(err)
-	}
+	_ = ch.serve()
 	return nil
 }
 
 // serve answers the guest's Connect requests until the channel ends, then
 // closes it and waits for the connections it carries to end. It returns
 // nil when the guest closed the channel or Close was called, and an error
-// wrapping ErrViolation when the guest broke the protocol.
-func (ch *Channel) serve() error {
+// wrapping ErrViolation when the guest broke the protocol, which it
+// reports (cfg.OnViolation) at once, not after the connections ended.
+func (ch *Channel) serve() (err error) {
 	defer ch.wg.Wait()
 	defer ch.Close()
+	defer func() {
+		if err != nil {
+			ch.cfg.violation(err)
+		}
+	}()
 	for {
 		if err := ch.limit.Wait(ch.cfg.Ctx); err != nil {
 			return nil
