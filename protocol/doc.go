@@ -246,9 +246,9 @@
 // the host has closed its copy before answering, untouched, and the guest
 // answers its client. The host takes only a connected TCP socket (AF_INET
 // or AF_INET6, SOCK_STREAM, IPPROTO_TCP, not listening, with a peer) and
-// only reads and writes it; anything else, a descriptor with a Connect
-// that hands none, or more than one, fails the guest as hostile. A Connect
-// on a data connection never hands.
+// only reads and writes it; anything else, or more than MaxPendingFDs
+// descriptors no handing Connect claimed, fails the guest as hostile. A
+// Connect on a data connection never hands.
 // Forward{"port","name"} hands the guest a connection the host accepted on
 // a forward's listener (port 1..65535; the guest joins it to
 // 127.0.0.1:port). Either side closing its end of a connection is the TCP
