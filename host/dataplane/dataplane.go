@@ -25,7 +25,8 @@ const (
 
 // HostFDsPerConnection is how many descriptors one carried connection
 // holds on the host: the upstream socket, the host's end of the guest's
-// connection (a pair's end or the dialed connection), and a splice pipe
+// connection (a pair's end, the dialed connection, or the workload's
+// socket the guest handed over), and a splice pipe
 // (two descriptors) each way while the bytes move in the kernel. The
 // broker's stream limit bounds the connections, so a sandbox's data plane
 // holds at most MaxStreams x HostFDsPerConnection, plus the fd channel
