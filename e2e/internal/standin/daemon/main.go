@@ -45,8 +45,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -58,7 +56,7 @@ func errName(err error) string {
 	case err == nil:
 		return "ok"
 	case errors.As(err, &errno):
-		return unix.ErrnoName(errno)
+		return errnoName(errno)
 	}
 	return err.Error()
 }
