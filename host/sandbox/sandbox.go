@@ -71,6 +71,9 @@ type Config struct {
 	Install       map[string]string
 	// Volumes replace the guest's /home or /environment (provider.Spec).
 	Volumes map[string]string
+	// Keep makes the sandbox a kept one (provider.Spec.Keep): what it
+	// writes outlives the run. Nil: a throwaway sandbox.
+	Keep *provider.Keep
 	// PasswordFile, when set, receives the daemon's password (0600,
 	// created exclusively) once the bootstrap is valid: the way a caller
 	// learns a password the shim generated. Events never carry it.
@@ -321,7 +324,7 @@ func (s *run) run(ctx context.Context) error {
 	}
 	spec := provider.Spec{
 		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
-		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes,
+		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes, Keep: s.cfg.Keep,
 	}
 	if err := spec.Validate(); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
