@@ -23,4 +23,3 @@ func DefaultRoot() string {
 	}
 	return filepath.Join(os.TempDir(), "oac-state-"+strconv.Itoa(os.Geteuid()))
 }
-

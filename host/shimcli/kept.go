@@ -324,6 +324,9 @@ func createCmd(args []string, stdout, stderr io.Writer) int {
 	ops := c.ops()
 	l, _, found, err := ops.claim(ctx, c.name)
 	if err != nil {
+		if l != nil {
+			l.Unlock()
+		}
 		return c.fail(err)
 	}
 	defer l.Unlock()
@@ -376,6 +379,9 @@ func startCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx := context.Background()
 	l, rec, found, err := ops.claim(ctx, f.name)
 	if err != nil {
+		if l != nil {
+			l.Unlock()
+		}
 		return c.fail(err)
 	}
 	if !found {
