@@ -82,6 +82,14 @@ type Keeper interface {
 	Discard(ctx context.Context, name, dir string) error
 }
 
+// ImageChecker is implemented by instances of providers that keep
+// sandboxes. ImageChanged returns, for a kept sandbox whose image changed
+// since it was created, a sentence saying so (the sandbox keeps running
+// the image it was created from until it is reset), and "" otherwise.
+type ImageChecker interface {
+	ImageChanged() string
+}
+
 // VolumeDirs are the guest directories Spec.Volumes may name.
 var VolumeDirs = []string{"/home", "/environment"}
 
