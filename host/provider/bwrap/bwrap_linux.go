@@ -189,6 +189,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 			return nil, err
 		}
 		in.kept = &kept
+		if mode == ModeSubIDs {
+			if err := in.ownKeptLocal(p); err != nil {
+				return nil, err
+			}
+		}
 		// The kept /home and /environment are bound like volumes.
 		in.spec.Volumes = map[string]string{"/home": kept.Home, "/environment": kept.Environment}
 	}
@@ -201,7 +206,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 // Discard implements provider.Keeper: a bwrap sandbox keeps nothing but
 // what is under dir (kit.PrepareKept).
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
-	return kit.DiscardKept(dir)
+	return p.discard(ctx, dir)
 }
 
 // namedFile is a descriptor of a binary to install (or of a volume).
