@@ -18,6 +18,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/docker"
 	"github.com/oac/sandbox-agent/host/provider/qemu"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/imagebuild"
@@ -202,4 +203,60 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	assert.Empty(t, dirEntries(t, dir), "Discard leaves nothing in the directory")
 	_, err = os.Stat(filepath.Join("/run/oac/sandboxes", name))
 	assert.True(t, os.IsNotExist(err), "nor a state directory")
+}
+
+// TestDockerKeepsASandboxAcrossRuns: a kept sandbox's container outlives
+// its run: what the guest and a copy into it wrote in /home and
+// /usr/local is there at the next start; Discard removes the container.
+func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
+	e := needDocker(t)
+	image := dockerImage(t)
+	t.Setenv("DOCKER_HOST", e.Host) // the provider's client, in this process
+	p := &docker.Provider{Docker: e.Client, Image: image}
+	dir := keepDir(t)
+	name := uniqueName("dockkeep")
+	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: bootTimeout, Keep: &provider.Keep{Dir: dir},
+		Install: map[string]string{"oac-daemon-standin": bins.daemon}}
+	ctx := context.Background()
+	boot := standinDaemon(name)
+	t.Cleanup(func() { _ = p.Discard(ctx, name, dir) })
+
+	r := runKept(t, cfg, boot)
+	first := r.ready(bootTimeout)
+	src := filepath.Join(t.TempDir(), "keep-test")
+	require.NoError(t, os.WriteFile(src, []byte("kept in the container"), 0o644))
+	for _, d := range []string{"/usr/local", "/home"} {
+		_, err := e.Docker(ctx, "cp", src, docker.ContainerName(name)+":"+d+"/keep-test")
+		require.NoError(t, err)
+	}
+	require.NoError(t, r.stop())
+	require.Len(t, dockerContainers(t, name), 1, "the kept container outlives the run")
+	diff, err := e.Docker(ctx, "diff", docker.ContainerName(name))
+	require.NoError(t, err)
+	assert.Contains(t, diff, "A /usr/local/keep-test", "the container's writable layer holds what was written")
+
+	r = runKept(t, cfg, boot)
+	second := r.ready(bootTimeout)
+	got := t.TempDir()
+	for _, d := range []string{"/usr/local", "/home"} {
+		_, err := e.Docker(ctx, "cp", docker.ContainerName(name)+":"+d+"/keep-test", filepath.Join(got, strings.Trim(strings.ReplaceAll(d, "/", "-"), "-")))
+		require.NoError(t, err)
+	}
+	for _, f := range []string{"usr-local", "home"} {
+		b, err := os.ReadFile(filepath.Join(got, f))
+		require.NoError(t, err)
+		assert.Equal(t, "kept in the container", string(b), f)
+	}
+	require.NoError(t, r.stop())
+	t.Logf("docker: first create to ready %s, second start to ready %s", first.Round(time.Millisecond), second.Round(time.Millisecond))
+
+	require.NoError(t, p.Discard(ctx, name, dir))
+	assert.Empty(t, dockerContainers(t, name), "Discard removes the container")
+	vols, err := e.Docker(ctx, "volume", "ls", "--quiet", "--filter", "label=oac.sandbox="+name)
+	require.NoError(t, err)
+	assert.Empty(t, vols, "and leaves no volume")
+	assert.Empty(t, dirEntries(t, dir), "nor anything in the directory")
+	_, err = os.Stat(filepath.Join("/run/oac/sandboxes", name))
+	assert.True(t, os.IsNotExist(err), "nor a state directory")
+	require.NoError(t, p.Discard(ctx, name, dir), "twice is fine")
 }
