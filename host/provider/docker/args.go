@@ -175,7 +175,9 @@ func parseInspect(out string) (container, error) {
 func stopArgs(name string) []string { return []string{"stop", "--time", "0", ContainerName(name)} }
 
 // discardArgs removes a kept container with its anonymous volumes.
-func discardArgs(name string) []string { return []string{"rm", "--force", "--volumes", ContainerName(name)} }
+func discardArgs(name string) []string {
+	return []string{"rm", "--force", "--volumes", ContainerName(name)}
+}
 
 func versionArgs() []string  { return []string{"version", "--format", "{{.Server.Version}}"} }
 func securityArgs() []string { return []string{"info", "--format", "{{json .SecurityOptions}}"} }
