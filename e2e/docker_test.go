@@ -95,9 +95,10 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	for _, c := range calls {
 		verbs = append(verbs, c[0])
 	}
-	assert.Equal(t, []string{"version", "image", "rm", "run", "rm"}, verbs)
+	assert.Equal(t, []string{"version", "image", "container", "rm", "run", "rm"}, verbs)
 	assert.Equal(t, []string{"image", "inspect", "--format", "{{.Id}}", image}, calls[1])
-	assert.Equal(t, []string{"rm", "--force", cname}, calls[2], "a stale container of the name is removed first")
+	assert.Equal(t, []string{"container", "inspect"}, calls[2][:2], "a container of the name is looked at first: a kept sandbox's is never removed")
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[3], "a stale container of the name is removed first")
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", cname, "--label", "oac.sandbox=" + name, "--pull", "never", "--user", "0:0",
 		"--network", "none", "--read-only",
@@ -112,8 +113,8 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 		"--mount", "type=bind,src=" + bins.daemon + ",dst=/usr/local/bin/oac-daemon-standin,readonly",
 		"--hostname", "dock",
 		"--entrypoint", "/run/oac/oac-guest", image, "--transport", "unix:///run/oac/agent.sock",
-	}, calls[3])
-	assert.Equal(t, []string{"rm", "--force", cname}, calls[4])
+	}, calls[4])
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[5])
 	assert.NoDirExists(t, stateDir)
 }
 

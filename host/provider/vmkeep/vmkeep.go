@@ -1,9 +1,6 @@
 package vmkeep
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
 // Names of what a kept VM sandbox holds in its directory.
@@ -31,9 +29,6 @@ const (
 // pays only for what the guest writes.
 const DefaultDiskSize = 16 << 30
 
-// maxRecord bounds the record read back.
-const maxRecord = 64 << 10
-
 // Kept is a kept VM sandbox's disks, ready to boot.
 type Kept struct {
 	// Image is the copy of the root disk to boot ("" when the sandbox
@@ -47,14 +42,6 @@ type Kept struct {
 	Changed string
 }
 
-// record is what RecordName holds.
-type record struct {
-	Source  string `json:"source"`
-	Size    int64  `json:"size"`
-	ModTime int64  `json:"mod_time_unix_nano"`
-	SHA256  string `json:"sha256"`
-}
-
 // Prepare makes or reuses the kept state in dir for a sandbox booting
 // image (a root disk; "" runs from the initramfs): on the first call it
 // copies the image and makes the kept disk of size bytes with mkfs (the
@@ -66,7 +53,7 @@ func Prepare(dir, image, mkfs string, size int64) (Kept, error) {
 	k := Kept{Disk: filepath.Join(dir, DiskName)}
 	_, derr := os.Stat(k.Disk)
 	made := derr == nil
-	rec, rerr := readRecord(dir)
+	rec, rerr := kit.ReadImageRecord(filepath.Join(dir, RecordName))
 	switch {
 	case made && rerr == nil && image == "":
 		return k, fmt.Errorf("%w: the kept sandbox was created from the root disk %s: start it with one (--disk), or reset it", provider.ErrInvalidSpec, rec.Source)
@@ -78,7 +65,7 @@ func Prepare(dir, image, mkfs string, size int64) (Kept, error) {
 	if image != "" {
 		k.Image = filepath.Join(dir, ImageName)
 		if made {
-			k.Changed = changed(rec, image)
+			k.Changed = rec.Changed(image, "booting its copy")
 		} else if err := copyImage(image, dir); err != nil {
 			return k, err
 		}
@@ -105,80 +92,13 @@ func Discard(dir string) error {
 	return errors.Join(errs...)
 }
 
-func readRecord(dir string) (record, error) {
-	var r record
-	f, err := os.Open(filepath.Join(dir, RecordName))
-	if err != nil {
-		return r, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxRecord))
-	if err != nil {
-		return r, fmt.Errorf("kept image record: %w", err)
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("kept image record %s is damaged (%v): reset the sandbox", f.Name(), err)
-	}
-	return r, nil
-}
-
-// changed compares image with the record: equal path, size and time are
-// the same image; otherwise the content's digest decides.
-func changed(rec record, image string) string {
-	st, err := os.Stat(image)
-	if err != nil {
-		return fmt.Sprintf("the image %s cannot be read (%v); the sandbox keeps the copy of %s it was created from until reset", image, err, rec.Source)
-	}
-	if abs(image) == rec.Source && st.Size() == rec.Size && st.ModTime().UnixNano() == rec.ModTime {
-		return ""
-	}
-	sum, err := digest(image)
-	if err != nil {
-		return fmt.Sprintf("the image %s cannot be read (%v); the sandbox keeps the copy of %s it was created from until reset", image, err, rec.Source)
-	}
-	if sum == rec.SHA256 {
-		return ""
-	}
-	return fmt.Sprintf("the image %s (sha256 %s) is not the one this sandbox was created from (%s, sha256 %s): it keeps running its copy of the old one until reset",
-		image, short(sum), rec.Source, short(rec.SHA256))
-}
-
-func short(s string) string {
-	if len(s) > 12 {
-		return s[:12]
-	}
-	return s
-}
-
-func abs(p string) string {
-	a, err := filepath.Abs(p)
-	if err != nil {
-		return p
-	}
-	return a
-}
-
-func digest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // copyImage copies image to dir/ImageName (blocks shared where the
 // filesystem can) and writes the record; the copy is read-only.
 func copyImage(image, dir string) error {
-	st, err := os.Stat(image)
-	if err != nil || !st.Mode().IsRegular() {
+	if st, err := os.Stat(image); err != nil || !st.Mode().IsRegular() {
 		return fmt.Errorf("%w: disk %s is not a readable file", provider.ErrInvalidSpec, image)
 	}
-	sum, err := digest(image)
+	rec, err := kit.RecordImage(image)
 	if err != nil {
 		return fmt.Errorf("kept sandbox: read the image %s: %w", image, err)
 	}
@@ -192,23 +112,10 @@ func copyImage(image, dir string) error {
 	if err := os.Chmod(tmp, 0o400); err != nil {
 		return fmt.Errorf("kept sandbox: %w", err)
 	}
-	b, _ := json.Marshal(record{Source: abs(image), Size: st.Size(), ModTime: st.ModTime().UnixNano(), SHA256: sum})
-	if err := writeFile(filepath.Join(dir, RecordName), b); err != nil {
+	if err := kit.WriteImageRecord(filepath.Join(dir, RecordName), rec); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
-		return fmt.Errorf("kept sandbox: %w", err)
-	}
-	return nil
-}
-
-// writeFile writes path whole or not at all.
-func writeFile(path string, b []byte) error {
-	tmp := path + tmpSuffix
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("kept sandbox: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("kept sandbox: %w", err)
 	}
 	return nil
