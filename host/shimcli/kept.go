@@ -145,7 +145,14 @@ func (o keptOps) discard(ctx context.Context, name string, rec *persist.Record) 
 	}
 	for _, p := range ps {
 		if k, ok := p.(provider.Keeper); ok {
-			if err := k.Discard(ctx, name, dir); err != nil {
+			err := k.Discard(ctx, name, dir)
+			switch {
+			case err != nil && len(ps) > 1 && errors.Is(err, provider.ErrUnavailable):
+				// Asked because the record could not say which provider
+				// made it: one that cannot run here made nothing here
+				// that it could remove now.
+				o.say(fmt.Sprintf("%s kept nothing it can discard here: %v", p.Name(), err))
+			case err != nil:
 				errs = append(errs, fmt.Errorf("%s: %w", p.Name(), err))
 			}
 		}
