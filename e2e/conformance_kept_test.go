@@ -150,11 +150,19 @@ func (c *confCase) keptBoot(t *testing.T, name, want string) {
 	s := startShim(c.rowT, spec)
 	s.t = t
 	defer func() {
+		// A start that failed ends here, and its lock with it, before
+		// the next column acts on the sandbox.
 		if !s.exited() {
-			s.signal(syscall.SIGKILL)
+			_ = s.cmd.Process.Signal(syscall.SIGKILL)
+			select {
+			case <-s.done:
+			case <-time.After(30 * time.Second):
+			}
 		}
 	}()
-	s.waitState(api.StateReady, c.env.bootTimeout)
+	// A kept start may do more than a throwaway one's (a VM checks and
+	// mounts its kept disk): twice the row's bound.
+	s.waitState(api.StateReady, 2*c.env.bootTimeout)
 	c.kept.procs = append(c.kept.procs, sandboxProcs(s, name)...)
 	for _, f := range keptFiles {
 		assert.Equal(t, want, s.waitLog("daemon: persist "+f+"=", bootTimeout), "what the workload finds at %s", f)

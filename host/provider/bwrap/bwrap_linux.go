@@ -19,6 +19,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -206,6 +207,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 // Discard implements provider.Keeper: a bwrap sandbox keeps nothing but
 // what is under dir (kit.PrepareKept).
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	// What a start killed with SIGKILL left in the runtime state root
+	// (this name's and any other dead shim's, as every Claim sweeps).
+	statedir.Sweep(kit.UserStateRoot(p.StateRoot), "")
 	return p.discard(ctx, dir)
 }
 
