@@ -98,12 +98,17 @@ func keeperOf(p provider.Provider) (provider.Keeper, error) {
 
 // imageOf names the image a sandbox of spec boots (see
 // provider.ImageNamer) for its record.
-func imageOf(ctx context.Context, p provider.Provider, spec provider.Spec) (persist.Image, error) {
+func imageOf(ctx context.Context, p provider.Provider, spec provider.Spec, providerFlags []string) (persist.Image, error) {
 	if n, ok := p.(provider.ImageNamer); ok {
 		ref, digest, err := n.ImageOf(ctx, spec)
 		return persist.Image{Ref: ref, Digest: digest}, err
 	}
 	if spec.Rootfs == "" {
+		if !slices.Contains(provider.Honours(p), provider.FeatureRootfs) && len(providerFlags) > 0 {
+			// A provider that boots an image of its own names it in its
+			// flags (the instance says when it changed: ImageChecker).
+			return persist.Image{Ref: strings.Join(providerFlags, " ")}, nil
+		}
 		return persist.Image{Ref: "default root"}, nil
 	}
 	digest, err := persist.Digest(spec.Rootfs)
@@ -351,7 +356,7 @@ func createCmd(args []string, stdout, stderr io.Writer) int {
 // and records it created. On failure it discards everything it made.
 func createFresh(ctx context.Context, ops keptOps, p provider.Provider, rec *persist.Record, agent string, stderr io.Writer) error {
 	spec := specOf(*rec, agent, ops.store.Dir(rec.Name), stderr)
-	img, err := imageOf(ctx, p, spec)
+	img, err := imageOf(ctx, p, spec, rec.Flags.Provider)
 	if err != nil {
 		_ = ops.store.Remove(rec.Name)
 		return failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err))
@@ -408,7 +413,7 @@ func startCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	f.providers = map[string]func() provider.Provider{rec.Provider: func() provider.Provider { return p }}
 	spec := specOf(rec, f.agentPath, ops.store.Dir(f.name), stderr)
-	if img, err := imageOf(ctx, p, spec); err != nil {
+	if img, err := imageOf(ctx, p, spec, rec.Flags.Provider); err != nil {
 		ops.say(fmt.Sprintf("the image of kept sandbox %s cannot be checked: %v", f.name, err))
 	} else if img.Digest != rec.Image.Digest {
 		ops.say(fmt.Sprintf("the image %s changed since kept sandbox %s was created (%s, now %s); it keeps what it made of the old one until oac-shim reset",
@@ -472,15 +477,19 @@ func (k *keptRun) reset(ctx context.Context) error {
 	if err := k.save(func(r *persist.Record) { r.State = persist.StateResetting }); err != nil {
 		return err
 	}
-	keeper, err := keeperOf(k.prov)
-	if err != nil {
+	failed := func(err error) error {
+		_ = k.save(func(r *persist.Record) { r.State, r.Message = persist.StateFailed, err.Error() })
 		return err
 	}
+	keeper, err := keeperOf(k.prov)
+	if err != nil {
+		return failed(err)
+	}
 	if err := keeper.Discard(ctx, k.rec.Name, k.dir); err != nil {
-		return fmt.Errorf("reset: discard the kept state: %w", err)
+		return failed(fmt.Errorf("reset: discard the kept state: %w", err))
 	}
 	if err := os.MkdirAll(k.dir, 0o700); err != nil {
-		return fmt.Errorf("reset: %w", err)
+		return failed(fmt.Errorf("reset: %w", err))
 	}
 	return k.save(func(r *persist.Record) {
 		t := now()
@@ -540,7 +549,7 @@ func resetCmd(args []string, stdout, stderr io.Writer) int {
 		return c.fail(fmt.Errorf("reset %s: %w (oac-shim reset or destroy it again)", c.name, err))
 	}
 	spec := specOf(rec, agentPath, dir, stderr)
-	img, err := imageOf(ctx, p, spec)
+	img, err := imageOf(ctx, p, spec, rec.Flags.Provider)
 	if err == nil {
 		rec.Image = img
 		err = fresh(ctx, p, spec)
