@@ -205,6 +205,48 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "nor a state directory")
 }
 
+// TestQemuKeepsAnInitramfsGuestAcrossRuns: without a root disk the kept
+// disk holds /home, /environment and /usr/local.
+func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
+	t.Parallel()
+	kernel, initramfs := needVM(t)
+	for _, tool := range []string{"debugfs", "e2fsck"} {
+		_, err := exec.LookPath(tool)
+		need(t, err == nil, tool+" is missing: apt-get install e2fsprogs (or run make deps)")
+	}
+	p := &qemu.Provider{Kernel: kernel, Initramfs: initramfs, HostGrace: vmHostGrace}
+	dir := keepDir(t)
+	name := uniqueName("vmkeepi")
+	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: vmBootTimeout, Keep: &provider.Keep{Dir: dir}}
+
+	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace"))
+	r.ready(vmBootTimeout)
+	assert.Equal(t, "ok", r.log("wrote /home/runtime=", 10*time.Second))
+	assert.Equal(t, "ok", r.log("wrote /environment/workspace=", 5*time.Second))
+	require.NoError(t, r.stop())
+	assert.Equal(t, []string{"kept.ext4"}, dirEntries(t, dir), "no image to copy")
+	kept := filepath.Join(dir, "kept.ext4")
+	out, err := exec.Command("e2fsck", "-fy", kept).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 1 {
+		err = nil
+	}
+	require.NoError(t, err, "e2fsck: %s", out)
+	src := filepath.Join(t.TempDir(), "keep-test")
+	require.NoError(t, os.WriteFile(src, []byte("kept on the disk\n"), 0o644))
+	debugfs(t, kept, true, "cd dirs/usr-local/upper", "write "+src+" keep-test")
+
+	r = runKept(t, cfg, vmDaemonBootstrap(name, "--read", "/home/runtime/written-by-vmdaemon",
+		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
+	r.ready(vmBootTimeout)
+	assert.Equal(t, "written in the guest", r.log("read /home/runtime/written-by-vmdaemon=", 10*time.Second))
+	assert.Equal(t, "written in the guest", r.log("read /environment/workspace/written-by-vmdaemon=", 5*time.Second))
+	assert.Equal(t, "kept on the disk", r.log("read /usr/local/keep-test=", 5*time.Second))
+	require.NoError(t, r.stop())
+
+	require.NoError(t, p.Discard(context.Background(), name, dir))
+	assert.Empty(t, dirEntries(t, dir))
+}
+
 // TestDockerKeepsASandboxAcrossRuns: a kept sandbox's container outlives
 // its run: what the guest and a copy into it wrote in /home and
 // /usr/local is there at the next start; Discard removes the container.
