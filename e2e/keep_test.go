@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,9 @@ func runKept(t *testing.T, cfg sandbox.Config, bootstrapJSON string) *keptRun {
 	r := &keptRun{t: t, done: make(chan error, 1), change: make(chan struct{}, 1), start: time.Now()}
 	cfg.Bootstrap = b
 	cfg.Diag = &r.diag
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(&r.diag, nil)) // the shim's warnings
+	}
 	cfg.AgentPath = bins.guest
 	cfg.Events = api.Func(func(e api.Event) {
 		r.mu.Lock()
@@ -254,12 +258,17 @@ func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
 	e := needDocker(t)
 	image := dockerImage(t)
 	t.Setenv("DOCKER_HOST", e.Host) // the provider's client, in this process
-	p := &docker.Provider{Docker: e.Client, Image: image}
 	dir := keepDir(t)
 	name := uniqueName("dockkeep")
+	ctx := context.Background()
+	// A reference of this test's own, moved to another image between runs.
+	own := "oac-e2e/keep-" + name + ":1"
+	_, err := e.Docker(ctx, "tag", image, own)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = e.Docker(ctx, "rmi", "--force", own) })
+	p := &docker.Provider{Docker: e.Client, Image: own}
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: bootTimeout, Keep: &provider.Keep{Dir: dir},
 		Install: map[string]string{"oac-daemon-standin": bins.daemon}}
-	ctx := context.Background()
 	boot := standinDaemon(name)
 	t.Cleanup(func() { _ = p.Discard(ctx, name, dir) })
 
@@ -276,9 +285,12 @@ func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
 	diff, err := e.Docker(ctx, "diff", docker.ContainerName(name))
 	require.NoError(t, err)
 	assert.Contains(t, diff, "A /usr/local/keep-test", "the container's writable layer holds what was written")
+	_, err = e.Import(ctx, guestImage(t), own) // the reference now names a new image
+	require.NoError(t, err)
 
 	r = runKept(t, cfg, boot)
 	second := r.ready(bootTimeout)
+	assert.Contains(t, r.diag.String(), "keeps running the old one until reset", "the moved image is said")
 	got := t.TempDir()
 	for _, d := range []string{"/usr/local", "/home"} {
 		_, err := e.Docker(ctx, "cp", docker.ContainerName(name)+":"+d+"/keep-test", filepath.Join(got, strings.Trim(strings.ReplaceAll(d, "/", "-"), "-")))
