@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,9 @@ func runKept(t *testing.T, cfg sandbox.Config, bootstrapJSON string) *keptRun {
 	r := &keptRun{t: t, done: make(chan error, 1), change: make(chan struct{}, 1), start: time.Now()}
 	cfg.Bootstrap = b
 	cfg.Diag = &r.diag
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(&r.diag, nil)) // the shim's warnings
+	}
 	cfg.AgentPath = bins.guest
 	cfg.Events = api.Func(func(e api.Event) {
 		r.mu.Lock()
@@ -205,6 +209,48 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	assert.True(t, os.IsNotExist(err), "nor a state directory")
 }
 
+// TestQemuKeepsAnInitramfsGuestAcrossRuns: without a root disk the kept
+// disk holds /home, /environment and /usr/local.
+func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
+	t.Parallel()
+	kernel, initramfs := needVM(t)
+	for _, tool := range []string{"debugfs", "e2fsck"} {
+		_, err := exec.LookPath(tool)
+		need(t, err == nil, tool+" is missing: apt-get install e2fsprogs (or run make deps)")
+	}
+	p := &qemu.Provider{Kernel: kernel, Initramfs: initramfs, HostGrace: vmHostGrace}
+	dir := keepDir(t)
+	name := uniqueName("vmkeepi")
+	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: vmBootTimeout, Keep: &provider.Keep{Dir: dir}}
+
+	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace"))
+	r.ready(vmBootTimeout)
+	assert.Equal(t, "ok", r.log("wrote /home/runtime=", 10*time.Second))
+	assert.Equal(t, "ok", r.log("wrote /environment/workspace=", 5*time.Second))
+	require.NoError(t, r.stop())
+	assert.Equal(t, []string{"kept.ext4"}, dirEntries(t, dir), "no image to copy")
+	kept := filepath.Join(dir, "kept.ext4")
+	out, err := exec.Command("e2fsck", "-fy", kept).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 1 {
+		err = nil
+	}
+	require.NoError(t, err, "e2fsck: %s", out)
+	src := filepath.Join(t.TempDir(), "keep-test")
+	require.NoError(t, os.WriteFile(src, []byte("kept on the disk\n"), 0o644))
+	debugfs(t, kept, true, "cd dirs/usr-local/upper", "write "+src+" keep-test")
+
+	r = runKept(t, cfg, vmDaemonBootstrap(name, "--read", "/home/runtime/written-by-vmdaemon",
+		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
+	r.ready(vmBootTimeout)
+	assert.Equal(t, "written in the guest", r.log("read /home/runtime/written-by-vmdaemon=", 10*time.Second))
+	assert.Equal(t, "written in the guest", r.log("read /environment/workspace/written-by-vmdaemon=", 5*time.Second))
+	assert.Equal(t, "kept on the disk", r.log("read /usr/local/keep-test=", 5*time.Second))
+	require.NoError(t, r.stop())
+
+	require.NoError(t, p.Discard(context.Background(), name, dir))
+	assert.Empty(t, dirEntries(t, dir))
+}
+
 // TestDockerKeepsASandboxAcrossRuns: a kept sandbox's container outlives
 // its run: what the guest and a copy into it wrote in /home and
 // /usr/local is there at the next start; Discard removes the container.
@@ -212,12 +258,17 @@ func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
 	e := needDocker(t)
 	image := dockerImage(t)
 	t.Setenv("DOCKER_HOST", e.Host) // the provider's client, in this process
-	p := &docker.Provider{Docker: e.Client, Image: image}
 	dir := keepDir(t)
 	name := uniqueName("dockkeep")
+	ctx := context.Background()
+	// A reference of this test's own, moved to another image between runs.
+	own := "oac-e2e/keep-" + name + ":1"
+	_, err := e.Docker(ctx, "tag", image, own)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = e.Docker(ctx, "rmi", "--force", own) })
+	p := &docker.Provider{Docker: e.Client, Image: own}
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: bootTimeout, Keep: &provider.Keep{Dir: dir},
 		Install: map[string]string{"oac-daemon-standin": bins.daemon}}
-	ctx := context.Background()
 	boot := standinDaemon(name)
 	t.Cleanup(func() { _ = p.Discard(ctx, name, dir) })
 
@@ -234,9 +285,12 @@ func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
 	diff, err := e.Docker(ctx, "diff", docker.ContainerName(name))
 	require.NoError(t, err)
 	assert.Contains(t, diff, "A /usr/local/keep-test", "the container's writable layer holds what was written")
+	_, err = e.Import(ctx, guestImage(t), own) // the reference now names a new image
+	require.NoError(t, err)
 
 	r = runKept(t, cfg, boot)
 	second := r.ready(bootTimeout)
+	assert.Contains(t, r.diag.String(), "keeps running the old one until reset", "the moved image is said")
 	got := t.TempDir()
 	for _, d := range []string{"/usr/local", "/home"} {
 		_, err := e.Docker(ctx, "cp", docker.ContainerName(name)+":"+d+"/keep-test", filepath.Join(got, strings.Trim(strings.ReplaceAll(d, "/", "-"), "-")))
