@@ -245,14 +245,14 @@ func (c *keptCmd) fail(err error) int {
 	return failure.Exit(err)
 }
 
-func keptFlagSet(cmd string, c *keptCmd, stderr io.Writer) *flag.FlagSet {
+func keptFlagSet(cmd string, c *keptCmd, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("oac-shim "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+")")
 	if cmd != "list" {
 		fs.StringVar(&c.name, "name", "", "sandbox name (required)")
 	}
-	c.stdout, c.stderr = os.Stdout, stderr
+	c.stdout, c.stderr = stdout, stderr
 	return fs
 }
 
@@ -290,8 +290,7 @@ func osAllows(stderr io.Writer) error {
 // nothing booted.
 func createCmd(args []string, stdout, stderr io.Writer) int {
 	c := &keptCmd{}
-	fs := keptFlagSet("create", c, stderr)
-	c.stdout = stdout
+	fs := keptFlagSet("create", c, stdout, stderr)
 	prov := fs.String("provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
 	rootfs := fs.String("rootfs", "", "rootfs directory (default: the provider's default root)")
 	agent := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
@@ -501,8 +500,7 @@ func (k *keptRun) reset(ctx context.Context) error {
 // and record kept.
 func resetCmd(args []string, stdout, stderr io.Writer) int {
 	c := &keptCmd{}
-	fs := keptFlagSet("reset", c, stderr)
-	c.stdout = stdout
+	fs := keptFlagSet("reset", c, stdout, stderr)
 	agent := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
 	if code := parseKept(fs, c, args, true); code != 0 {
 		return code
@@ -572,8 +570,7 @@ func resetCmd(args []string, stdout, stderr io.Writer) int {
 // destroyCmd is oac-shim destroy: every byte of the kept sandbox.
 func destroyCmd(args []string, stdout, stderr io.Writer) int {
 	c := &keptCmd{}
-	fs := keptFlagSet("destroy", c, stderr)
-	c.stdout = stdout
+	fs := keptFlagSet("destroy", c, stdout, stderr)
 	if code := parseKept(fs, c, args, true); code != 0 {
 		return code
 	}
@@ -673,8 +670,7 @@ func storeDirOf(s persist.Store, name string) string {
 
 func listCmd(args []string, stdout, stderr io.Writer) int {
 	c := &keptCmd{}
-	fs := keptFlagSet("list", c, stderr)
-	c.stdout = stdout
+	fs := keptFlagSet("list", c, stdout, stderr)
 	asJSON := fs.Bool("json", false, "print one JSON object (schema/list.schema.json)")
 	if code := parseKept(fs, c, args, false); code != 0 {
 		return code
