@@ -54,6 +54,14 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	f := &runFlags{installs: installFlag{}, volumes: installFlag{}}
 	fs := flag.NewFlagSet("oac-shim "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		if cmd == "run" {
+			fmt.Fprintln(stderr, "oac-shim run: a throwaway sandbox, created, started and destroyed when the shim exits\n(oac-shim create and start keep one across runs: docs/kept.md). Flags:")
+		} else {
+			fmt.Fprintln(stderr, "oac-shim start: runs the kept sandbox NAME (oac-shim create) until it stops, as run does;\nwhat it writes in /home, /environment and /usr/local outlives the run. Flags:")
+		}
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
 	fs.StringVar(&f.name, "name", "", "sandbox name (a-z, 0-9, '-'; required)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
