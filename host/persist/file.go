@@ -1,5 +1,3 @@
-//go:build unix
-
 package persist
 
 import (
@@ -10,8 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -41,13 +37,6 @@ func (s *FileStore) dir(name string) string { return filepath.Join(s.base(), nam
 // Dir implements Store.
 func (s *FileStore) Dir(name string) string { return filepath.Join(s.dir(name), stateName) }
 
-func checkName(name string) error {
-	if !provider.ValidName(name) {
-		return fmt.Errorf("%w: sandbox name %q", provider.ErrInvalidSpec, name)
-	}
-	return nil
-}
-
 // fileLock is a held flock on a sandbox's lock file.
 type fileLock struct{ f *os.File }
 
@@ -76,16 +65,16 @@ func (s *FileStore) Lock(name string) (Unlocker, error) {
 			return nil, fmt.Errorf("create %s: %w", dir, err)
 		}
 		path := filepath.Join(dir, lockName)
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|openFlags, 0o600)
 		if err != nil {
 			if errors.Is(err, os.ErrNotExist) {
 				continue // removed meanwhile
 			}
 			return nil, fmt.Errorf("open %s: %w", path, err)
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if err := tryLock(f); err != nil {
 			f.Close()
-			if errors.Is(err, unix.EWOULDBLOCK) {
+			if wouldBlock(err) {
 				return nil, fmt.Errorf("%w: %s (lock %s)", ErrLocked, name, path)
 			}
 			return nil, fmt.Errorf("lock %s: %w", path, err)
@@ -114,15 +103,15 @@ func (s *FileStore) Held(name string) bool {
 	if checkName(name) != nil {
 		return false
 	}
-	f, err := os.OpenFile(filepath.Join(s.dir(name), lockName), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := os.OpenFile(filepath.Join(s.dir(name), lockName), os.O_RDWR|openFlags, 0)
 	if err != nil {
 		return false
 	}
 	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return true
+	if err := tryLock(f); err != nil {
+		return wouldBlock(err)
 	}
-	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	unlock(f)
 	return false
 }
 
@@ -132,7 +121,7 @@ func (s *FileStore) Load(name string) (Record, error) {
 		return Record{}, err
 	}
 	path := filepath.Join(s.dir(name), recordName)
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|openFlags, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return Record{}, fmt.Errorf("%w: %s", ErrNotFound, name)
 	}
@@ -273,29 +262,3 @@ func (s *FileStore) List() ([]string, error) {
 	return names, nil
 }
 
-// DiskUsage returns the bytes the files under dir take on disk
-// (allocated blocks; hard links counted once). Errors inside (a file gone
-// meanwhile, a directory it cannot read) leave those out.
-func DiskUsage(dir string) int64 {
-	var total int64
-	seen := map[[2]uint64]bool{}
-	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) != nil {
-			return nil
-		}
-		if st.Nlink > 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
-			k := [2]uint64{uint64(st.Dev), st.Ino}
-			if seen[k] {
-				return nil
-			}
-			seen[k] = true
-		}
-		total += st.Blocks * 512
-		return nil
-	})
-	return total
-}

@@ -167,6 +167,13 @@ func Encode(r Record) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
+func checkName(name string) error {
+	if !provider.ValidName(name) {
+		return fmt.Errorf("%w: sandbox name %q", provider.ErrInvalidSpec, name)
+	}
+	return nil
+}
+
 // Store keeps the records of kept sandboxes. Its methods are safe for
 // concurrent use; the commands acting on one sandbox hold its Lock.
 type Store interface {
