@@ -261,4 +261,3 @@ func (s *FileStore) List() ([]string, error) {
 	slices.Sort(names)
 	return names, nil
 }
-
