@@ -219,7 +219,11 @@ func (s *FileStore) Remove(name string) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("remove kept sandbox %s: %w", name, errors.Join(errs...))
 	}
-	os.Remove(filepath.Join(dir, lockName))
+	if err := os.Remove(filepath.Join(dir, lockName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// Windows keeps a file another handle (our lock) has open: the
+		// empty lock stays, and List does not count it.
+		return nil
+	}
 	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove kept sandbox %s: %w", name, err)
 	}
@@ -255,6 +259,9 @@ func (s *FileStore) List() ([]string, error) {
 	for _, e := range ents {
 		if !e.IsDir() || !provider.ValidName(e.Name()) || strings.HasPrefix(e.Name(), ".") {
 			continue
+		}
+		if ents, err := os.ReadDir(s.dir(e.Name())); err == nil && len(ents) == 1 && ents[0].Name() == lockName {
+			continue // removed, but for a lock Windows would not delete while held
 		}
 		names = append(names, e.Name())
 	}
