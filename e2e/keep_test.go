@@ -165,9 +165,10 @@ func debugfs(t *testing.T, image string, write bool, cmds ...string) string {
 	return string(out)
 }
 
-// TestQemuKeepsASandboxAcrossRuns: the guest's writes to /home and
-// /environment land on the kept disk, a file put under /usr/local in the
-// kept root layer is there at the next start, and Discard leaves nothing.
+// TestQemuKeepsASandboxAcrossRuns: the workload's writes to /home,
+// /environment and /usr/local land on the kept disk and are there at the
+// next start, as is a file put in the kept root layer from the host;
+// Discard leaves nothing.
 func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	t.Parallel()
 	row := setupRow(t, vmRows[0])
@@ -181,10 +182,11 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	name := uniqueName("vmkeep")
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: row.bootTimeout, Keep: &provider.Keep{Dir: dir}}
 
-	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace"))
+	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace", "--write", "/usr/local"))
 	first := r.ready(row.bootTimeout)
 	assert.Equal(t, "ok", r.log("wrote /home/runtime=", 10*time.Second))
 	assert.Equal(t, "ok", r.log("wrote /environment/workspace=", 5*time.Second))
+	assert.Equal(t, "ok", r.log("wrote /usr/local=", 5*time.Second), "uid 1000 owns a kept sandbox's /usr/local")
 	assert.Equal(t, "overlay rw", r.log("root=", 5*time.Second), "the kept root is an overlay, writable")
 	require.NoError(t, r.stop())
 	assert.Empty(t, hostProcs("oac-"+name), "qemu exited")
@@ -204,8 +206,9 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	debugfs(t, kept, true, "mkdir root/upper/usr", "mkdir root/upper/usr/local", "cd root/upper/usr/local", "write "+src+" keep-test")
 
 	r = runKept(t, cfg, vmDaemonBootstrap(name, "--read", "/home/runtime/written-by-vmdaemon",
-		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
+		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
 	second := r.ready(row.bootTimeout)
+	assert.Equal(t, "written in the guest", r.log("read /usr/local/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /home/runtime/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /environment/workspace/written-by-vmdaemon=", 5*time.Second))
 	assert.Equal(t, "kept on the disk", r.log("read /usr/local/keep-test=", 5*time.Second))
@@ -232,10 +235,11 @@ func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
 	name := uniqueName("vmkeepi")
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: vmBootTimeout, Keep: &provider.Keep{Dir: dir}}
 
-	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace"))
+	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace", "--write", "/usr/local"))
 	r.ready(vmBootTimeout)
 	assert.Equal(t, "ok", r.log("wrote /home/runtime=", 10*time.Second))
 	assert.Equal(t, "ok", r.log("wrote /environment/workspace=", 5*time.Second))
+	assert.Equal(t, "ok", r.log("wrote /usr/local=", 5*time.Second))
 	require.NoError(t, r.stop())
 	assert.Equal(t, []string{"kept.ext4"}, dirEntries(t, dir), "no image to copy")
 	kept := filepath.Join(dir, "kept.ext4")
@@ -249,8 +253,9 @@ func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
 	debugfs(t, kept, true, "cd dirs/usr-local/upper", "write "+src+" keep-test")
 
 	r = runKept(t, cfg, vmDaemonBootstrap(name, "--read", "/home/runtime/written-by-vmdaemon",
-		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
+		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
 	r.ready(vmBootTimeout)
+	assert.Equal(t, "written in the guest", r.log("read /usr/local/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /home/runtime/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /environment/workspace/written-by-vmdaemon=", 5*time.Second))
 	assert.Equal(t, "kept on the disk", r.log("read /usr/local/keep-test=", 5*time.Second))
