@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -91,7 +92,15 @@ func (r *keptRun) waitFor(pred func(api.Event) bool, timeout time.Duration, what
 		case <-r.change:
 		case <-time.After(50 * time.Millisecond):
 		case <-deadline:
-			r.t.Fatalf("no %s within %s; diagnostics:\n%s", what, timeout, r.diag.String())
+			r.mu.Lock()
+			var states []string
+			for _, e := range r.events {
+				if e.Event == api.KindState {
+					states = append(states, string(e.State)+": "+e.Message)
+				}
+			}
+			r.mu.Unlock()
+			r.t.Fatalf("no %s within %s; states: %s; diagnostics:\n%s", what, timeout, strings.Join(states, " | "), r.diag.String())
 		}
 	}
 }
@@ -156,9 +165,10 @@ func debugfs(t *testing.T, image string, write bool, cmds ...string) string {
 	return string(out)
 }
 
-// TestQemuKeepsASandboxAcrossRuns: the guest's writes to /home and
-// /environment land on the kept disk, a file put under /usr/local in the
-// kept root layer is there at the next start, and Discard leaves nothing.
+// TestQemuKeepsASandboxAcrossRuns: the workload's writes to /home,
+// /environment and /usr/local land on the kept disk and are there at the
+// next start, as is a file put in the kept root layer from the host;
+// Discard leaves nothing.
 func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	t.Parallel()
 	row := setupRow(t, vmRows[0])
@@ -172,10 +182,11 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	name := uniqueName("vmkeep")
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: row.bootTimeout, Keep: &provider.Keep{Dir: dir}}
 
-	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace"))
+	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace", "--write", "/usr/local"))
 	first := r.ready(row.bootTimeout)
 	assert.Equal(t, "ok", r.log("wrote /home/runtime=", 10*time.Second))
 	assert.Equal(t, "ok", r.log("wrote /environment/workspace=", 5*time.Second))
+	assert.Equal(t, "ok", r.log("wrote /usr/local=", 5*time.Second), "uid 1000 owns a kept sandbox's /usr/local")
 	assert.Equal(t, "overlay rw", r.log("root=", 5*time.Second), "the kept root is an overlay, writable")
 	require.NoError(t, r.stop())
 	assert.Empty(t, hostProcs("oac-"+name), "qemu exited")
@@ -195,8 +206,9 @@ func TestQemuKeepsASandboxAcrossRuns(t *testing.T) {
 	debugfs(t, kept, true, "mkdir root/upper/usr", "mkdir root/upper/usr/local", "cd root/upper/usr/local", "write "+src+" keep-test")
 
 	r = runKept(t, cfg, vmDaemonBootstrap(name, "--read", "/home/runtime/written-by-vmdaemon",
-		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
+		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
 	second := r.ready(row.bootTimeout)
+	assert.Equal(t, "written in the guest", r.log("read /usr/local/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /home/runtime/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /environment/workspace/written-by-vmdaemon=", 5*time.Second))
 	assert.Equal(t, "kept on the disk", r.log("read /usr/local/keep-test=", 5*time.Second))
@@ -223,10 +235,11 @@ func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
 	name := uniqueName("vmkeepi")
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: vmBootTimeout, Keep: &provider.Keep{Dir: dir}}
 
-	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace"))
+	r := runKept(t, cfg, vmDaemonBootstrap(name, "--write", "/home/runtime", "--write", "/environment/workspace", "--write", "/usr/local"))
 	r.ready(vmBootTimeout)
 	assert.Equal(t, "ok", r.log("wrote /home/runtime=", 10*time.Second))
 	assert.Equal(t, "ok", r.log("wrote /environment/workspace=", 5*time.Second))
+	assert.Equal(t, "ok", r.log("wrote /usr/local=", 5*time.Second))
 	require.NoError(t, r.stop())
 	assert.Equal(t, []string{"kept.ext4"}, dirEntries(t, dir), "no image to copy")
 	kept := filepath.Join(dir, "kept.ext4")
@@ -240,8 +253,9 @@ func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
 	debugfs(t, kept, true, "cd dirs/usr-local/upper", "write "+src+" keep-test")
 
 	r = runKept(t, cfg, vmDaemonBootstrap(name, "--read", "/home/runtime/written-by-vmdaemon",
-		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
+		"--read", "/environment/workspace/written-by-vmdaemon", "--read", "/usr/local/written-by-vmdaemon", "--read", "/usr/local/keep-test"))
 	r.ready(vmBootTimeout)
+	assert.Equal(t, "written in the guest", r.log("read /usr/local/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /home/runtime/written-by-vmdaemon=", 10*time.Second))
 	assert.Equal(t, "written in the guest", r.log("read /environment/workspace/written-by-vmdaemon=", 5*time.Second))
 	assert.Equal(t, "kept on the disk", r.log("read /usr/local/keep-test=", 5*time.Second))
@@ -252,8 +266,9 @@ func TestQemuKeepsAnInitramfsGuestAcrossRuns(t *testing.T) {
 }
 
 // TestDockerKeepsASandboxAcrossRuns: a kept sandbox's container outlives
-// its run: what the guest and a copy into it wrote in /home and
-// /usr/local is there at the next start; Discard removes the container.
+// its run: what the workload wrote in /home, /environment and /usr/local
+// is there at the next start, which says that the image moved; Discard
+// removes the container.
 func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
 	e := needDocker(t)
 	image := dockerImage(t)
@@ -269,37 +284,37 @@ func TestDockerKeepsASandboxAcrossRuns(t *testing.T) {
 	p := &docker.Provider{Docker: e.Client, Image: own}
 	cfg := sandbox.Config{Name: name, Provider: p, BootTimeout: bootTimeout, Keep: &provider.Keep{Dir: dir},
 		Install: map[string]string{"oac-daemon-standin": bins.daemon}}
-	boot := standinDaemon(name)
+	// The workload (uid 1000) writes in /home, /environment and
+	// /usr/local, as a package manager run by the agent would.
+	persisted := []string{"/home/runtime/keep-test", "/environment/workspace/keep-test", "/usr/local/lib/oac-keep/package-file"}
+	argv := []string{daemonBin, "serve", "--hostname", "127.0.0.1", "--port", "4096", "--marker", name}
+	for _, f := range persisted {
+		argv = append(argv, "--persist", f)
+	}
+	argvJSON, _ := json.Marshal(argv)
+	boot := `{"version":1,"hostname":"dock","stop_grace":"2s","daemon":{"argv":` + string(argvJSON) + `},` +
+		`"credentials":{"username_env":"OAC_SERVER_USERNAME","password_env":"OAC_SERVER_PASSWORD"},"health":{"port":4096}}`
 	t.Cleanup(func() { _ = p.Discard(ctx, name, dir) })
 
 	r := runKept(t, cfg, boot)
 	first := r.ready(bootTimeout)
-	src := filepath.Join(t.TempDir(), "keep-test")
-	require.NoError(t, os.WriteFile(src, []byte("kept in the container"), 0o644))
-	for _, d := range []string{"/usr/local", "/home"} {
-		_, err := e.Docker(ctx, "cp", src, docker.ContainerName(name)+":"+d+"/keep-test")
-		require.NoError(t, err)
+	for _, f := range persisted {
+		assert.Equal(t, "absent", r.log("daemon: persist "+f+"=", 10*time.Second))
+		assert.Equal(t, "ok", r.log("daemon: persisted "+f+"=", 5*time.Second), "uid 1000 writes %s", f)
 	}
 	require.NoError(t, r.stop())
 	require.Len(t, dockerContainers(t, name), 1, "the kept container outlives the run")
 	diff, err := e.Docker(ctx, "diff", docker.ContainerName(name))
 	require.NoError(t, err)
-	assert.Contains(t, diff, "A /usr/local/keep-test", "the container's writable layer holds what was written")
+	assert.Contains(t, diff, "A /usr/local/lib/oac-keep/package-file", "the container's writable layer holds what was written")
 	_, err = e.Import(ctx, guestImage(t), own) // the reference now names a new image
 	require.NoError(t, err)
 
 	r = runKept(t, cfg, boot)
 	second := r.ready(bootTimeout)
 	assert.Contains(t, r.diag.String(), "keeps running the old one until reset", "the moved image is said")
-	got := t.TempDir()
-	for _, d := range []string{"/usr/local", "/home"} {
-		_, err := e.Docker(ctx, "cp", docker.ContainerName(name)+":"+d+"/keep-test", filepath.Join(got, strings.Trim(strings.ReplaceAll(d, "/", "-"), "-")))
-		require.NoError(t, err)
-	}
-	for _, f := range []string{"usr-local", "home"} {
-		b, err := os.ReadFile(filepath.Join(got, f))
-		require.NoError(t, err)
-		assert.Equal(t, "kept in the container", string(b), f)
+	for _, f := range persisted {
+		assert.Equal(t, "kept", r.log("daemon: persist "+f+"=", 10*time.Second), "the second start finds %s", f)
 	}
 	require.NoError(t, r.stop())
 	t.Logf("docker: first create to ready %s, second start to ready %s", first.Round(time.Millisecond), second.Round(time.Millisecond))

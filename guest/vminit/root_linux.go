@@ -47,6 +47,31 @@ var WritableDirs = []string{"/home", "/environment"}
 // its kept disk (with a root disk the whole root is kept).
 var KeptDirs = []string{"/environment", "/home", "/usr/local"}
 
+// KeptLocalDirs are the directories of /usr/local a kept sandbox's
+// workload (uid 1000) owns, so it can install packages that outlive the
+// run, as on every provider that keeps; bin and sbin stay root's (the
+// host's installs are laid there).
+var KeptLocalDirs = []string{"/usr/local", "/usr/local/lib", "/usr/local/share", "/usr/local/include", "/usr/local/etc", "/usr/local/src"}
+
+// HandLocalTo1000 gives each of KeptLocalDirs that root has (a directory,
+// never a symlink) to 1000:1000. oac-guest --kept calls it too: the
+// container of a kept docker sandbox.
+func HandLocalTo1000(root string) error {
+	for _, d := range KeptLocalDirs {
+		var st unix.Stat_t
+		if err := unix.Lstat(root+d, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		if st.Uid == bootstrap.DaemonUID && st.Gid == bootstrap.DaemonGID {
+			continue
+		}
+		if err := unix.Lchown(root+d, bootstrap.DaemonUID, bootstrap.DaemonGID); err != nil {
+			return fmt.Errorf("kept %s: give it to uid 1000: %w", d, err)
+		}
+	}
+	return nil
+}
+
 // Mount points of a kept sandbox's disks in the initramfs (0700; nothing
 // reaches them after the switch).
 const (
@@ -116,6 +141,9 @@ func SwitchRoot(ctx context.Context, log *slog.Logger, dev, kept string, keep ma
 		}
 		if err := overlay(lowerMount, NewRoot, keptMount+"/root", 0); err != nil {
 			return fmt.Errorf("kept root: %w", err)
+		}
+		if err := HandLocalTo1000(NewRoot); err != nil {
+			return err
 		}
 	}
 	need := append(append([]string{}, movedMounts...), WritableDirs...)
@@ -233,6 +261,9 @@ func KeepInitramfs(ctx context.Context, log *slog.Logger, dev string, keep map[s
 		if err := overlay(d, d, keptMount+"/dirs/"+strings.TrimPrefix(strings.ReplaceAll(d, "/", "-"), "-"), unix.MS_NOSUID|unix.MS_NODEV); err != nil {
 			return fmt.Errorf("kept %s: %w", d, err)
 		}
+	}
+	if err := HandLocalTo1000(""); err != nil {
+		return err
 	}
 	log.Info("kept directories on the kept disk", "device", "/dev/"+dev, "dirs", strings.Join(KeptDirs, " "))
 	return nil

@@ -110,6 +110,10 @@ func runArgs(c runConfig) []string {
 	if c.Debug {
 		a = append(a, "--debug")
 	}
+	if c.Kept {
+		// The agent gives /usr/local (but bin and sbin) to uid 1000.
+		a = append(a, "--kept")
+	}
 	return a
 }
 

@@ -94,6 +94,7 @@ func TestKeptContainerArgs(t *testing.T) {
 	assert.NotContains(t, s, "--tmpfs /home", "/home is the container's own, kept with it")
 	assert.Contains(t, s, "--mount type=bind,src=/srv/env,dst=/environment", "a volume still replaces its directory")
 	assert.Contains(t, s, "--tmpfs /tmp", "/tmp and /run stay fresh each start")
+	assert.Equal(t, "--kept", got[len(got)-1], "the agent gives /usr/local to uid 1000")
 
 	other := c
 	other.Image = "oac/guest:2"

@@ -427,7 +427,10 @@ func (in *Instance) start(ctx context.Context) error {
 	if !imported {
 		return fmt.Errorf("%w: wsl: %s is not imported", provider.ErrNotStarted, in.distro)
 	}
-	proc, err := in.run.Start(agentArgs(in.distro, in.p.Debug), in.spec.Stderr)
+	in.mu.Lock()
+	kept := in.kept
+	in.mu.Unlock()
+	proc, err := in.run.Start(agentArgs(in.distro, in.p.Debug, kept), in.spec.Stderr)
 	if err != nil {
 		return err
 	}

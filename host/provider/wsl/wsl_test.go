@@ -228,7 +228,7 @@ func TestAKeptDistributionStaysRegisteredAcrossRunsUntilDiscard(t *testing.T) {
 	assert.Equal(t, []string{
 		"--version", "--list --quiet",
 		"--import oac-demo " + filepath.Join(dir, "distro") + " " + p.Rootfs + " --version 2",
-		"-d oac-demo -u root --exec /sbin/oac-guest --transport stdio://",
+		"-d oac-demo -u root --exec /sbin/oac-guest --transport stdio:// --kept",
 		"--terminate oac-demo",
 	}, r.commands(), "the first start imports into the kept directory; the end terminates, never unregisters")
 	assert.True(t, r.distros["oac-demo"], "the distribution stays registered")
@@ -240,7 +240,7 @@ func TestAKeptDistributionStaysRegisteredAcrossRunsUntilDiscard(t *testing.T) {
 	assert.Empty(t, inst.(provider.ImageChecker).ImageChanged())
 	require.NoError(t, inst.Start(context.Background()))
 	require.NoError(t, inst.Destroy())
-	assert.Equal(t, []string{"--version", "--list --quiet", "-d oac-demo -u root --exec /sbin/oac-guest --transport stdio://", "--terminate oac-demo"},
+	assert.Equal(t, []string{"--version", "--list --quiet", "-d oac-demo -u root --exec /sbin/oac-guest --transport stdio:// --kept", "--terminate oac-demo"},
 		r.commands(), "the next start imports nothing")
 
 	require.NoError(t, os.WriteFile(p.Rootfs, []byte("a rebuilt tarball"), 0o644))
