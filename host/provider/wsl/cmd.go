@@ -32,6 +32,7 @@ func listArgs() []string    { return []string{"--list", "--quiet"} }
 func importArgs(distro, dir, tarball string) []string {
 	return []string{"--import", distro, dir, tarball, "--version", "2"}
 }
+
 // agentArgs runs the agent; kept: a kept sandbox's distribution, where
 // the agent gives /usr/local (but bin and sbin) to uid 1000.
 func agentArgs(distro string, debug, kept bool) []string {
