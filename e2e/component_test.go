@@ -256,6 +256,43 @@ func TestStartCommandRestartsWithANewAttempt(t *testing.T) {
 	assert.Equal(t, 0, s.exit(10*time.Second))
 }
 
+// A reset through the control API starts attempt 2 with a password of its
+// own: --password-file is replaced with it (the first attempt created it),
+// and the second daemon got that one.
+func TestThePasswordFileFollowsEachAttempt(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	sock, pwFile := filepath.Join(dir, "ctl.sock"), filepath.Join(dir, "password")
+	s := startShim(t, sandboxSpec{bootstrap: encode(t, contract("link.example.com")),
+		args: append(identityArgs(), "--password-file", pwFile, "--control-socket", sock)})
+	s.waitState(api.StateReady, bootTimeout)
+	first, err := os.ReadFile(pwFile)
+	require.NoError(t, err)
+	daemonSaw := func(attempt uint64) string {
+		return s.waitFor(func(e api.Event) bool {
+			return e.Event == api.KindLog && e.Attempt == attempt && strings.HasPrefix(e.Line, "daemon: password-sha256=")
+		}, bootTimeout, "the daemon's password digest").Line
+	}
+	assert.Equal(t, "daemon: password-sha256="+sha(string(first)), daemonSaw(1))
+
+	a := ctl(t, sock, map[string]any{"cmd": "reset"})
+	require.Equal(t, true, a["ok"], a)
+	assert.Equal(t, float64(2), a["result"].(map[string]any)["attempt"])
+	s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && e.State == api.StateReady && e.Attempt == 2
+	}, bootTimeout, "ready of attempt 2")
+	second, err := os.ReadFile(pwFile)
+	require.NoError(t, err)
+	assert.NotEqual(t, string(first), string(second), "attempt 2 generated its own password")
+	assert.Equal(t, "daemon: password-sha256="+sha(string(second)), daemonSaw(2), "the file holds the running daemon's password")
+	st, err := os.Stat(pwFile)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), st.Mode())
+	s.signal(15)
+	s.waitState(api.StateStopped, 15*time.Second)
+	assert.Equal(t, 0, s.exit(10*time.Second))
+}
+
 // The Go parent of docs/events-and-control.md (examples/shim-client) against a real guest.
 func TestGoExampleDrivesStartReadyForwardStop(t *testing.T) {
 	needBwrap(t)

@@ -390,6 +390,9 @@ func promiseContract(t *testing.T, c *confCase) {
 		assert.Equal(t, noCaps, s.waitLog(p+": caps=", bootTimeout), p)
 		assert.Equal(t, "1", s.waitLog(p+": nnp=", bootTimeout), p)
 	}
+	// The daemon shares oac-sandbox-io's uid: only the mask in its own
+	// mount namespace keeps it from the private file, on every provider.
+	assert.Equal(t, "EACCES", s.waitLog("daemon: read-private-file=", bootTimeout), "the daemon cannot read oac-sandbox-io's private file")
 	ready := s.waitState(api.StateReady, time.Second)
 	assert.Contains(t, ready.Message, "daemon healthy after", "ready only once the daemon answered its health check")
 }

@@ -3,6 +3,7 @@ package schema_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"go/ast"
 	"go/constant"
 	"go/parser"
@@ -132,6 +133,14 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	sort.Strings(codes)
 	assert.Equal(t, codes, enum(t, d.def(schema.Event, "FailureCode")), "failure codes")
 	assert.Equal(t, values(goConsts(t, "../host/api", "Code")), codes, "every Code* constant is a listed failure")
+
+	var answerCodes []string
+	for _, c := range api.AnswerCodes {
+		answerCodes = append(answerCodes, c.Code)
+	}
+	sort.Strings(answerCodes)
+	assert.Equal(t, answerCodes, enum(t, d.def(schema.Answer, "AnswerCode")), "answer codes")
+	assert.Equal(t, values(goConsts(t, "../host/api", "Answer")), answerCodes, "every Answer* constant is a listed answer code")
 
 	var egressCodes []string
 	for c := protocol.EgressInvalidArgument; c.Valid(); c++ {
@@ -403,6 +412,14 @@ func TestAnswersValidate(t *testing.T) {
 	}
 	bad := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return nil, nil }), `{"cmd":"status","Cmd":"stop"}`)
 	assert.NoError(t, schema.Validate(schema.Answer, bad), "%s", bad)
+	assert.Contains(t, string(bad), `"code":"invalid_argument"`)
+	failed := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return nil, errors.New("no") }), `{"cmd":"push_time"}`)
+	assert.NoError(t, schema.Validate(schema.Answer, failed), "%s", failed)
+	assert.Contains(t, string(failed), `"code":"failed"`, "a handler's error without a code")
+	noCode := []byte(strings.Replace(string(failed), `,"code":"failed"`, "", 1))
+	assert.Error(t, schema.Validate(schema.Answer, noCode), "an error answer without a code: %s", noCode)
+	oddCode := []byte(strings.Replace(string(failed), `"code":"failed"`, `"code":"oops"`, 1))
+	assert.Error(t, schema.Validate(schema.Answer, oddCode), "an unknown code: %s", oddCode)
 	wrong := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return api.StartResult{Attempt: 1}, nil }), `{"cmd":"status"}`)
 	assert.Error(t, schema.Validate(schema.Answer, wrong), "a status answer with a start's result: %s", wrong)
 }

@@ -38,6 +38,11 @@ const (
 	isoUserNS
 )
 
+// ErrNotIsolated: a process whose spec masks files cannot get a mount
+// namespace of its own here, so it is not started (Command, and the
+// launcher itself).
+var ErrNotIsolated = errors.New("refused: this guest cannot give the process a mount namespace of its own")
+
 // Confinement is how this guest confines the workload, decided once when
 // the agent starts and narrowed if the kernel refuses a part.
 type Confinement struct {
@@ -137,6 +142,12 @@ type Launch struct {
 func (c *Confinement) Command(s Spec) (*Launch, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if len(s.Mask) > 0 && c.iso == isoNone {
+		// Never run a process where it could read what it must not:
+		// the files to mask are another's secrets (oac-sandbox-io's
+		// private file, for the daemon, which shares its uid).
+		return nil, fmt.Errorf("%w: %s would be able to read %s (%s)", ErrNotIsolated, s.Name, strings.Join(s.Mask, ", "), c.why)
+	}
 	s.Isolated = c.iso != isoNone && (s.OwnMountNS || len(s.Mask) > 0 || s.NoDump)
 	if s.Isolated {
 		s.AgentMountNS = c.agentNS
@@ -183,7 +194,9 @@ func (c *Confinement) Command(s Spec) (*Launch, error) {
 
 // Fallback narrows the confinement after the launcher could not be
 // started at all (the kernel or the runtime refused a namespace or the
-// cgroup), and reports whether a retry is worth it.
+// cgroup), and reports whether a retry is worth it. Without a namespace a
+// process that masks files is then refused by Command (ErrNotIsolated):
+// only processes with nothing to hide run without one.
 func (c *Confinement) Fallback(err error) bool {
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {

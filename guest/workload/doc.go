@@ -12,7 +12,10 @@
 // no-new-privileges, installs the seccomp filter (Filter: a classic BPF
 // program, one deny list per arch convention, foreign arches and x32
 // killed) and execs the program in its own place. Prepare also makes the
-// agent not dumpable.
+// agent not dumpable. A process whose spec masks files (the daemon beside
+// oac-sandbox-io) is never run without its own mount namespace: Command
+// and the launcher refuse it (ErrNotIsolated) where the guest cannot make
+// one.
 //
 // It owns how a workload process is confined. It must not reap processes
 // (package reaper), decide what runs or with which arguments (package

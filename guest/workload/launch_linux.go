@@ -125,6 +125,11 @@ func readSpec(s *Spec) error {
 func launch(s Spec, status io.Writer) error {
 	note := func(msg string) { fmt.Fprintf(status, "note: %s\n", msg) }
 
+	if len(s.Mask) > 0 && !s.Isolated {
+		// The agent never asks for this (Command refuses first); a
+		// launcher does not run a process unmasked either way.
+		return fmt.Errorf("%w: %s would be able to read %s", ErrNotIsolated, s.Name, strings.Join(s.Mask, ", "))
+	}
 	if s.Isolated {
 		if err := ownMountNS(s.AgentMountNS); err != nil {
 			return err

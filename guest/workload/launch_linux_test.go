@@ -275,6 +275,60 @@ func TestLaunchUnderAnOCIRuntimesCapabilities(t *testing.T) {
 	assert.False(t, isMountPoint(t, secret))
 }
 
+// dockerBounding is the docker provider's capabilities (guest root is
+// host root: no user namespace of the runtime's) as setpriv names them.
+const dockerBounding = "-all,+chown,+dac_override,+kill,+net_admin,+net_bind_service,+setgid,+setuid"
+
+// asDockerAgent runs the agent's scenario as root of the host's user
+// namespace holding only bounding's capabilities, as the docker
+// provider's container does.
+func asDockerAgent(t *testing.T, bounding, secret string) []byte {
+	t.Helper()
+	bin := workloadBinary(t)
+	setpriv, err := exec.LookPath("setpriv")
+	require.NoError(t, err, "setpriv (util-linux) starts the agent with a container's bounding set")
+	cmd := exec.Command(setpriv, "--bounding-set", bounding, bin, "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=agent", envBin+"="+bin, envSecret+"="+secret)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	return out
+}
+
+func TestLaunchUnderDockersCapabilities(t *testing.T) {
+	needRoot(t)
+	secret := secretFile(t, 1000)
+	sc := decodeScenario(t, asDockerAgent(t, dockerBounding+",+setfcap", secret))
+	assert.Equal(t, "00000000800014e3", sc.AgentCaps, "the docker provider's capabilities, SETFCAP included")
+	assertConfined(t, sc)
+	assert.False(t, isMountPoint(t, secret))
+}
+
+func TestTheDaemonIsRefusedWhereItCannotBeIsolated(t *testing.T) {
+	needRoot(t)
+	// Without CAP_SETFCAP (the docker provider before it added it) the
+	// agent can make no namespace: oac-sandbox-io, with nothing to hide,
+	// still starts; the daemon, which would read its private file, does
+	// not.
+	secret := secretFile(t, 1000)
+	var sc scenario
+	require.NoError(t, json.Unmarshal(asDockerAgent(t, dockerBounding, secret), &sc))
+	t.Logf("%+v", sc)
+	assert.False(t, sc.Isolated)
+	assert.Contains(t, sc.Why, "CAP_SETFCAP")
+	assert.Equal(t, "refused: this guest cannot give the process a mount namespace of its own: daemon would be able to read "+secret+
+		" (oac-guest holds neither CAP_SYS_ADMIN nor CAP_SETUID, CAP_SETGID and CAP_SETFCAP (to map ids into a nested user namespace))", sc.Error)
+	assert.Nil(t, sc.Attack, "the daemon never ran")
+}
+
+func TestALauncherRefusesToRunAProcessUnmasked(t *testing.T) {
+	// The launcher's own check, should a spec ask for masks without a
+	// namespace: it refuses before it changes anything.
+	err := launch(Spec{Name: "daemon", Path: "/bin/true", Argv: []string{"true"}, Dir: "/", UID: 1000, GID: 1000, Mask: []string{"/home/runtime/secret"}}, io.Discard)
+	require.ErrorIs(t, err, ErrNotIsolated)
+	assert.EqualError(t, err, "refused: this guest cannot give the process a mount namespace of its own: daemon would be able to read /home/runtime/secret")
+}
+
 func TestALauncherThatCannotExecSaysWhyAndExits127(t *testing.T) {
 	needRoot(t)
 	c := detect(slog.New(slog.NewTextHandler(io.Discard, nil)), effectiveCaps())

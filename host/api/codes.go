@@ -1,5 +1,7 @@
 package api
 
+import "errors"
+
 // Failure codes: every failed state event carries one in "code". They are
 // stable: a caller branches on them, never on the message. Package
 // host/failure derives them from sentinel errors with errors.Is.
@@ -95,4 +97,87 @@ func FailureOf(code string) Failure {
 		}
 	}
 	return FailureOf(CodeInternal)
+}
+
+// Answer codes: every answer with ok false carries one in "code", as every
+// failed state carries a failure code. They are stable: a caller branches
+// on them, never on "error" (which is for people).
+const (
+	AnswerInvalidCommand  = "invalid_command"
+	AnswerUnknownCommand  = "unknown_command"
+	AnswerInvalidArgument = "invalid_argument"
+	AnswerNotReady        = "not_ready"
+	AnswerUnsupported     = "unsupported"
+	AnswerStopping        = "stopping"
+	AnswerConflict        = "conflict"
+	AnswerNotFound        = "not_found"
+	AnswerLimitReached    = "limit_reached"
+	AnswerFailed          = "failed"
+)
+
+// AnswerCodeInfo describes one answer code for callers.
+type AnswerCodeInfo struct {
+	Code string
+	// Retry: the same command may succeed later, unchanged.
+	Retry bool
+	// Meaning says when it is given and what a caller should do.
+	Meaning string
+}
+
+// AnswerCodes lists every answer code, in the order of the documentation.
+// Adding one means a row here, the code in schema/answer.schema.json, and
+// the place that gives it (Decode, package apiserver, or the handler); a
+// test checks the first two agree.
+var AnswerCodes = []AnswerCodeInfo{
+	{AnswerInvalidCommand, false,
+		"The line is not a command: longer than 64 KiB, not UTF-8, not one JSON object, a key twice, trailing data, no \"cmd\", a bad \"id\". Fix the caller."},
+	{AnswerUnknownCommand, false,
+		"\"cmd\" names no command this oac-shim knows (an older shim than the caller?). The error lists the known ones."},
+	{AnswerInvalidArgument, false,
+		"The command is known but its keys or values are not: a key it does not take, a missing one, a value of the wrong type or out of range, an egress rule or a forward address refused. Nothing changed."},
+	{AnswerNotReady, true,
+		"The command needs a connected guest and none is (push_time before the guest connected or after it went away). Retry once the sandbox is ready."},
+	{AnswerUnsupported, false,
+		"This sandbox cannot do it (push_time to a guest that does not set its clock from the host: every guest but a VM)."},
+	{AnswerStopping, false,
+		"The shim is stopping (a stop command, a signal, the timeout): it starts nothing and adds no forward any more."},
+	{AnswerConflict, false,
+		"add_forward: a forward already listens on that address."},
+	{AnswerNotFound, false,
+		"remove_forward: no forward listens on that address."},
+	{AnswerLimitReached, true,
+		"A bound was reached: 64 forwards, or the control socket's connections. Remove one, or close a connection, and retry."},
+	{AnswerFailed, true,
+		"A valid command failed for a reason no other code names (a forward's address could not be bound, the guest did not take the time): the error says what."},
+}
+
+// CommandError is a refused or failed command with its answer code.
+type CommandError struct {
+	Code string
+	Err  error
+}
+
+func (e *CommandError) Error() string { return e.Err.Error() }
+func (e *CommandError) Unwrap() error { return e.Err }
+
+// Refuse marks err with the answer code code, keeping its message.
+func Refuse(code string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &CommandError{Code: code, Err: err}
+}
+
+// AnswerCode is the code of the answer to a command that ended with err:
+// the code of the first CommandError in its chain, else AnswerFailed; ""
+// for nil.
+func AnswerCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	var c *CommandError
+	if errors.As(err, &c) && c.Code != "" {
+		return c.Code
+	}
+	return AnswerFailed
 }

@@ -73,8 +73,14 @@ func Commands() []string {
 // maxList bounds allow and upstreams (the policy's own limit is 256 rules).
 const maxList = 512
 
+// bad is a line that is not a command (AnswerInvalidCommand).
 func bad(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrBadCommand, fmt.Sprintf(format, args...))
+	return badAs(AnswerInvalidCommand, format, args...)
+}
+
+// badAs is a refused line with its answer code.
+func badAs(code, format string, args ...any) error {
+	return Refuse(code, fmt.Errorf("%w: %s", ErrBadCommand, fmt.Sprintf(format, args...)))
 }
 
 // commandSchema is what every command line must be before its command
@@ -118,19 +124,19 @@ func Decode(line []byte) (Command, error) {
 	}
 	allowed, ok := keys[c.Cmd]
 	if !ok {
-		return c, bad("unknown command %q (known: %s)", safetext.Clean(c.Cmd, 32, '?'), strings.Join(Commands(), ", "))
+		return c, badAs(AnswerUnknownCommand, "unknown command %q (known: %s)", safetext.Clean(c.Cmd, 32, '?'), strings.Join(Commands(), ", "))
 	}
 	for k := range raw {
 		if k == "id" || k == "cmd" {
 			continue
 		}
 		if _, ok := allowed[k]; !ok {
-			return c, bad("%s takes no key %q", c.Cmd, safetext.Clean(k, 32, '?'))
+			return c, badAs(AnswerInvalidArgument, "%s takes no key %q", c.Cmd, safetext.Clean(k, 32, '?'))
 		}
 	}
 	for k, req := range allowed {
 		if _, ok := raw[k]; req && !ok {
-			return c, bad("%s needs %q", c.Cmd, k)
+			return c, badAs(AnswerInvalidArgument, "%s needs %q", c.Cmd, k)
 		}
 	}
 	// The values' types were checked: these cannot fail.
@@ -140,10 +146,10 @@ func Decode(line []byte) (Command, error) {
 		}
 	}
 	if _, ok := raw["listen"]; ok && c.Listen == "" {
-		return c, bad(`"listen" must not be empty`)
+		return c, badAs(AnswerInvalidArgument, `"listen" must not be empty`)
 	}
 	if _, ok := raw["guest_port"]; ok && (c.GuestPort < 1 || c.GuestPort > 65535) {
-		return c, bad(`"guest_port" must be an integer 1..65535`)
+		return c, badAs(AnswerInvalidArgument, `"guest_port" must be an integer 1..65535`)
 	}
 	return c, nil
 }
@@ -167,11 +173,13 @@ func lineError(err error) error {
 	case errors.Is(err, strictjson.ErrDuplicate):
 		return bad("key %q given twice", safetext.Clean(e.Key, 32, '?'))
 	case errors.Is(err, strictjson.ErrTooMany):
-		return bad("%q has more than %d items", key, maxList)
+		return badAs(AnswerInvalidArgument, "%q has more than %d items", key, maxList)
 	case errors.Is(err, strictjson.ErrType) && key == "guest_port":
-		return bad(`"guest_port" must be an integer 1..65535`)
+		return badAs(AnswerInvalidArgument, `"guest_port" must be an integer 1..65535`)
 	case errors.Is(err, strictjson.ErrType) && (key == "allow" || key == "upstreams"):
-		return bad("%q must be a list of strings", key)
+		return badAs(AnswerInvalidArgument, "%q must be a list of strings", key)
+	case errors.Is(err, strictjson.ErrType) && key == "listen":
+		return badAs(AnswerInvalidArgument, "%q must be a string", key)
 	case errors.Is(err, strictjson.ErrType):
 		return bad("%q must be a string", key)
 	case errors.Is(err, strictjson.ErrDepth):

@@ -1,6 +1,8 @@
 package api
 
 import (
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -77,7 +79,34 @@ func TestDecodeRefusesWithTheRuleNotTheValue(t *testing.T) {
 		_, err := Decode([]byte(tc.line))
 		require.ErrorIs(t, err, ErrBadCommand, tc.line)
 		assert.Contains(t, err.Error(), tc.err, tc.line)
+		assert.Equal(t, answerCodeOf(tc.err), AnswerCode(err), tc.line)
 		assert.NotContains(t, err.Error(), "a:443")
 		assert.Less(t, len(err.Error()), 300)
 	}
+}
+
+// answerCodeOf is the answer code a refusal worded so must carry: the
+// line is not a command, names none, or the command's keys are wrong.
+func answerCodeOf(msg string) string {
+	switch {
+	case strings.Contains(msg, "unknown command"):
+		return AnswerUnknownCommand
+	case msg == "malformed JSON":
+		return AnswerInvalidCommand
+	}
+	for _, arg := range []string{"takes no key", " needs ", "integer 1..65535", "must not be empty", `"listen" must be a string`, "list of strings", "more than 512 items"} {
+		if strings.Contains(msg, arg) {
+			return AnswerInvalidArgument
+		}
+	}
+	return AnswerInvalidCommand
+}
+
+func TestAnswerCodeOfAnErrorWithoutOneIsFailed(t *testing.T) {
+	assert.Equal(t, "", AnswerCode(nil))
+	assert.Equal(t, AnswerFailed, AnswerCode(errors.New("x")))
+	err := fmt.Errorf("wrapped: %w", Refuse(AnswerNotFound, errors.New("no such forward")))
+	assert.Equal(t, AnswerNotFound, AnswerCode(err))
+	assert.Equal(t, "wrapped: no such forward", err.Error(), "the message is unchanged")
+	assert.Nil(t, Refuse(AnswerFailed, nil))
 }

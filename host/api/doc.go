@@ -8,7 +8,9 @@
 // (Answer and each command's result, Status, ForwardInfo), and the sinks
 // that write events as JSON lines, the failure codes a failed state carries
 // with what each means to a caller (Failures: exit status, HTTP status,
-// action), and SchemaVersion, which every line carries. The JSON Schema
+// action), the answer codes a refused or failed command's answer carries
+// (AnswerCodes; CommandError, Refuse and AnswerCode mark and read them on
+// errors), and SchemaVersion, which every line carries. The JSON Schema
 // files in schema/ describe the same JSON, and their tests hold the two
 // together. docs/events-and-control.md and docs/schema.md document it.
 //

@@ -47,6 +47,9 @@ type Answer struct {
 	Command       string `json:"command,omitempty"`
 	OK            bool   `json:"ok"`
 	Error         string `json:"error,omitempty"`
+	// Code is the answer code when OK is false (AnswerCodes): what a
+	// caller branches on.
+	Code string `json:"code,omitempty"`
 	// Result is the command's result (status, the forward added, the
 	// policy in force, the time pushed); absent on error.
 	Result any `json:"result,omitempty"`

@@ -49,7 +49,7 @@ func (s *Server) log() *slog.Logger {
 func (s *Server) answer(ctx context.Context, line []byte, lineErr error) api.Answer {
 	a := api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: api.KindAnswer, SchemaVersion: api.SchemaVersion}
 	if lineErr != nil {
-		a.Error = lineErr.Error()
+		a.Error, a.Code = lineErr.Error(), api.AnswerInvalidCommand
 		return a
 	}
 	c, err := api.Decode(line)
@@ -58,17 +58,20 @@ func (s *Server) answer(ctx context.Context, line []byte, lineErr error) api.Ans
 		if !errors.Is(err, api.ErrBadCommand) {
 			err = errors.Join(api.ErrBadCommand, err)
 		}
+		if ce := (*api.CommandError)(nil); !errors.As(err, &ce) {
+			err = api.Refuse(api.AnswerInvalidCommand, err)
+		}
 		a.Command = ""
 		if api.IsCommand(c.Cmd) {
 			a.Command = c.Cmd
 		}
-		a.Error = err.Error()
+		a.Error, a.Code = err.Error(), api.AnswerCode(err)
 		return a
 	}
 	res, err := s.Handler.Handle(ctx, c)
 	a.Time = time.Now().UTC()
 	if err != nil {
-		a.Error = err.Error()
+		a.Error, a.Code = err.Error(), api.AnswerCode(err)
 		return a
 	}
 	a.OK, a.Result = true, res
@@ -183,7 +186,7 @@ func (s *Server) ServeSocket(ctx context.Context, ln net.Listener) {
 		default:
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 			_ = json.NewEncoder(c).Encode(api.Answer{Time: time.Now().UTC(), Sandbox: s.Sandbox, Event: api.KindAnswer, SchemaVersion: api.SchemaVersion,
-				Error: "too many control connections"})
+				Error: "too many control connections", Code: api.AnswerLimitReached})
 			c.Close()
 			continue
 		}

@@ -61,12 +61,15 @@ func TestServeLinesAnswersEachCommandInOrder(t *testing.T) {
 
 	assert.Equal(t, false, out[1]["ok"])
 	assert.Equal(t, "the guest does not support this", out[1]["error"])
+	assert.Equal(t, api.AnswerFailed, out[1]["code"], "a handler's error without a code of its own")
 	assert.Nil(t, out[1]["result"])
+	assert.Nil(t, out[0]["code"], "an answer that is ok has no code")
 
 	assert.Equal(t, false, out[2]["ok"])
 	assert.Equal(t, "3", out[2]["id"], "the id of a refused command is echoed when it decoded")
 	assert.Nil(t, out[2]["command"])
 	assert.Contains(t, out[2]["error"], "bad command: unknown command")
+	assert.Equal(t, api.AnswerUnknownCommand, out[2]["code"])
 
 	assert.Equal(t, "4", out[3]["id"])
 }
@@ -76,6 +79,7 @@ func TestOverlongLinesAreAnsweredAndSkipped(t *testing.T) {
 	out := serve(t, long+"\n"+`{"cmd":"status","id":"after"}`+"\n"+long)
 	require.Len(t, out, 3)
 	assert.Contains(t, out[0]["error"], "line longer than 65536 bytes")
+	assert.Equal(t, api.AnswerInvalidCommand, out[0]["code"])
 	assert.Equal(t, "after", out[1]["id"], "the next line is read normally")
 	assert.Contains(t, out[2]["error"], "line longer than")
 }
@@ -130,7 +134,7 @@ func TestSocketServesConnectionsAndCapsThem(t *testing.T) {
 		defer extra.Close()
 		_ = extra.SetReadDeadline(time.Now().Add(2 * time.Second))
 		line, err := bufio.NewReader(extra).ReadString('\n')
-		return err == nil && strings.Contains(line, "too many control connections")
+		return err == nil && strings.Contains(line, "too many control connections") && strings.Contains(line, `"code":"limit_reached"`)
 	}, 5*time.Second, 10*time.Millisecond)
 	once.Do(func() { close(block) })
 	for _, hc := range held {

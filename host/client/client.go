@@ -59,6 +59,7 @@ type answer struct {
 	ID     string          `json:"id"`
 	OK     bool            `json:"ok"`
 	Error  string          `json:"error"`
+	Code   string          `json:"code"`
 	Result json.RawMessage `json:"result"`
 }
 
@@ -237,7 +238,8 @@ func (e *FailedError) Error() string {
 }
 
 // Do sends one command and waits for its answer; result, when non-nil,
-// receives the answer's result. The id is set here.
+// receives the answer's result. The id is set here. A refused or failed
+// command's error carries its answer code: api.AnswerCode(err).
 func (s *Shim) Do(ctx context.Context, c api.Command, result any) error {
 	s.mu.Lock()
 	if s.eof {
@@ -268,7 +270,8 @@ func (s *Shim) Do(ctx context.Context, c api.Command, result any) error {
 			return fmt.Errorf("%s: %w", c.Cmd, ErrExited)
 		}
 		if !a.OK {
-			return fmt.Errorf("%s: %s", c.Cmd, a.Error)
+			// The answer's code travels with the error: api.AnswerCode(err).
+			return fmt.Errorf("%s: %w", c.Cmd, api.Refuse(a.Code, errors.New(a.Error)))
 		}
 		if result != nil && len(a.Result) > 0 {
 			return json.Unmarshal(a.Result, result)

@@ -64,7 +64,7 @@ func fakeShim(mode string) int {
 			}()
 			return nil, nil
 		}
-		return nil, errors.New("the guest does not support this")
+		return nil, api.Refuse(api.AnswerUnsupported, errors.New("the guest does not support this"))
 	})}
 	_ = srv.ServeLines(context.Background(), bufio.NewReader(os.Stdin), func(a api.Answer) error { out(a); return nil })
 	state("stopped", "stopped: control input closed", "", attempt)
@@ -104,6 +104,7 @@ func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 
 	err = s.PushTime(ctx(t))
 	assert.EqualError(t, err, "push_time: the guest does not support this")
+	assert.Equal(t, api.AnswerUnsupported, api.AnswerCode(err), "the answer's code travels with the error")
 
 	a, err := s.Restart(ctx(t))
 	require.NoError(t, err)

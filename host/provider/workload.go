@@ -25,8 +25,8 @@ func WorkloadSummary(daemon, limits string) string {
 
 // Daemon isolation, as WorkloadSummary's daemon.
 const (
-	DaemonIsolated    = "the daemon in a mount namespace of its own without oac-sandbox-io's private file"
-	DaemonIsolatedOCI = "the daemon in a nested user and mount namespace of its own without oac-sandbox-io's private file"
+	DaemonIsolated       = "the daemon in a mount namespace of its own without oac-sandbox-io's private file"
+	DaemonIsolatedNested = "the daemon in a nested user and mount namespace of its own without oac-sandbox-io's private file"
 )
 
 // RlimitLimits describes the limits of a guest without a cgroup of its

@@ -9,10 +9,52 @@ import (
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/lifecycle"
+	"github.com/oac/sandbox-agent/host/sandbox"
 )
 
-// Handle carries out one control command (api.Handler).
+// Handle carries out one control command (api.Handler); a refusal or a
+// failure carries its answer code (api.AnswerCodes).
 func (s *shim) Handle(ctx context.Context, c api.Command) (any, error) {
+	res, err := s.handle(ctx, c)
+	if err != nil {
+		return nil, answerError(err)
+	}
+	return res, nil
+}
+
+// errStopping: the shim is stopping and starts nothing more.
+var errStopping = errors.New("the shim is stopping")
+
+// answerCodes maps the errors of the packages a command reaches to
+// answer codes, first match wins; an error with a code already keeps it.
+var answerCodes = []struct {
+	kind error
+	code string
+}{
+	{errStopping, api.AnswerStopping},
+	{lifecycle.ErrDestroyed, api.AnswerStopping},
+	{forward.ErrClosed, api.AnswerStopping},
+	{forward.ErrExists, api.AnswerConflict},
+	{forward.ErrNotFound, api.AnswerNotFound},
+	{forward.ErrTooMany, api.AnswerLimitReached},
+	{errNoGuest, api.AnswerNotReady},
+	{sandbox.ErrNotSupported, api.AnswerUnsupported},
+}
+
+func answerError(err error) error {
+	if ce := (*api.CommandError)(nil); errors.As(err, &ce) {
+		return err
+	}
+	for _, r := range answerCodes {
+		if errors.Is(err, r.kind) {
+			return api.Refuse(r.code, err)
+		}
+	}
+	return api.Refuse(api.AnswerFailed, err)
+}
+
+func (s *shim) handle(ctx context.Context, c api.Command) (any, error) {
 	switch c.Cmd {
 	case api.CmdStatus:
 		return s.status(), nil
@@ -21,7 +63,7 @@ func (s *shim) Handle(ctx context.Context, c api.Command) (any, error) {
 		return s.status(), nil
 	case api.CmdStart:
 		if s.stopping() {
-			return nil, errors.New("the shim is stopping")
+			return nil, errStopping
 		}
 		a, err := s.ctrl.Start()
 		if err != nil {
@@ -30,7 +72,7 @@ func (s *shim) Handle(ctx context.Context, c api.Command) (any, error) {
 		return api.StartResult{Attempt: a}, nil
 	case api.CmdReset:
 		if s.stopping() {
-			return nil, errors.New("the shim is stopping")
+			return nil, errStopping
 		}
 		// A reset is a fresh start with a new password, which first
 		// removes what the provider left of the sandbox and, for a kept
@@ -48,13 +90,16 @@ func (s *shim) Handle(ctx context.Context, c api.Command) (any, error) {
 		pol, err := egress.ParsePolicy(c.Allow, c.Upstreams)
 		if err != nil {
 			s.policyEvent("policy replacement refused, previous policy kept (" + err.Error() + ")")
-			return nil, err
+			return nil, api.Refuse(api.AnswerInvalidArgument, err)
 		}
 		s.broker.SetPolicy(pol)
 		s.policyEvent("egress policy replaced by a control command")
 		return api.PolicyResult{Egress: nonNil(pol.Describe())}, nil
 	case api.CmdAddForward:
 		sp := forward.Spec{Listen: c.Listen, GuestPort: c.GuestPort}
+		if err := sp.Validate(); err != nil {
+			return nil, api.Refuse(api.AnswerInvalidArgument, err)
+		}
 		info, err := s.fwd.Add(sp)
 		if err != nil {
 			return nil, err
@@ -80,7 +125,7 @@ func (s *shim) Handle(ctx context.Context, c api.Command) (any, error) {
 		}
 		return api.TimeResult{TimeUnixNano: at.UnixNano()}, nil
 	}
-	return nil, fmt.Errorf("unknown command %q", c.Cmd)
+	return nil, api.Refuse(api.AnswerUnknownCommand, fmt.Errorf("unknown command %q", c.Cmd))
 }
 
 func (s *shim) stopping() bool {

@@ -79,7 +79,7 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	fs.StringVar(&f.sandboxIO, "sandbox-io", "", "host binary to install as /usr/local/bin/oac-sandbox-io in the guest")
 	fs.Var(f.installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest (repeatable)")
 	fs.Var(f.volumes, "volume", "GUESTDIR=HOSTDIR: bind a host directory as the guest's /home or /environment (a persistent volume; default a fresh tmpfs)")
-	fs.StringVar(&f.passwordFile, "password-file", "", "write the daemon's password (generated when the bootstrap has none) to this new file, mode 0600")
+	fs.StringVar(&f.passwordFile, "password-file", "", "write the daemon's password (generated per attempt when the bootstrap has none) to this new file, mode 0600; a later attempt (reset, restart) replaces it whole")
 	fs.BoolVar(&f.debug, "debug", false, "log debug messages")
 	f.providers = provider.Declare(fs)
 	fs.Var(&f.allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (ports LO-HI allowed); repeatable")
@@ -300,7 +300,6 @@ func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writ
 		SandboxIOPath: f.sandboxIO,
 		Install:       f.installs,
 		Volumes:       f.volumes,
-		PasswordFile:  f.passwordFile,
 		DataPlane:     dataPlaneSetting(f.dataPlane),
 	}
 	if kept != nil {

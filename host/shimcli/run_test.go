@@ -136,7 +136,7 @@ func TestHandlerStatusPolicyForwardsAndTime(t *testing.T) {
 	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}})
 	assert.Error(t, err)
 	assert.Equal(t, []string{"a.example.com:443"}, s.broker.Policy().Rules(), "a refused policy keeps the old one")
-	assert.Contains(t, out.String(), `"event":"egress_policy","schema_version":1,"message":"egress policy replaced by a control command`)
+	assert.Contains(t, out.String(), `"event":"egress_policy","schema_version":2,"message":"egress policy replaced by a control command`)
 	assert.Contains(t, out.String(), "policy replacement refused, previous policy kept")
 
 	res, err = s.Handle(ctx, api.Command{Cmd: api.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})
@@ -189,4 +189,30 @@ func TestResetRemovesWhatTheProviderLeftBeforeTheFreshStart(t *testing.T) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	assert.Equal(t, []string{"unit"}, p.resets, "a start does not reset; a reset does, once")
+}
+
+func TestHandlerErrorsCarryTheirAnswerCodes(t *testing.T) {
+	s, _ := newTestShim(t)
+	ctx := context.Background()
+	code := func(c api.Command) string {
+		t.Helper()
+		_, err := s.Handle(ctx, c)
+		require.Error(t, err, c.Cmd)
+		return api.AnswerCode(err)
+	}
+	assert.Equal(t, api.AnswerNotReady, code(api.Command{Cmd: api.CmdPushTime}), "no guest is connected")
+	assert.Equal(t, api.AnswerInvalidArgument, code(api.Command{Cmd: api.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}}))
+	assert.Equal(t, api.AnswerInvalidArgument, code(api.Command{Cmd: api.CmdAddForward, Listen: "0.0.0.0:80", GuestPort: 4096}), "only loopback")
+	assert.Equal(t, api.AnswerNotFound, code(api.Command{Cmd: api.CmdRemoveForward, Listen: "127.0.0.1:1"}))
+	res, err := s.Handle(ctx, api.Command{Cmd: api.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})
+	require.NoError(t, err)
+	listen := res.(api.ForwardResult).Listen
+	assert.Equal(t, api.AnswerConflict, code(api.Command{Cmd: api.CmdAddForward, Listen: listen, GuestPort: 4096}))
+	assert.Equal(t, api.AnswerUnknownCommand, code(api.Command{Cmd: "bogus"}))
+	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdStop})
+	require.NoError(t, err)
+	assert.Equal(t, api.AnswerStopping, code(api.Command{Cmd: api.CmdStart}))
+	assert.Equal(t, api.AnswerStopping, code(api.Command{Cmd: api.CmdReset}))
+	s.fwd.Close()
+	assert.Equal(t, api.AnswerStopping, code(api.Command{Cmd: api.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096}), "forwards are closed")
 }

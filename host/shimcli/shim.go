@@ -47,6 +47,9 @@ type shim struct {
 	resets  map[uint64]bool  // attempts a reset command started
 	stopReq chan error       // the first stop request (signal, command, timeout)
 	stopped bool
+	// passwordWritten: --password-file holds an earlier attempt's
+	// password, which the next one replaces.
+	passwordWritten bool
 
 	// Answers and the shim's own events on the events output end when run
 	// returns: the stdin reader cannot be interrupted and may outlive it.
@@ -133,17 +136,44 @@ func (s *shim) job(ctx context.Context, attempt uint64, r lifecycle.Reporter) er
 		}
 	}
 	cfg.MapURL = s.fwd.URLFor
-	if s.passwordOut != nil {
-		cfg.PasswordOut = func(password string) error {
-			_, err := fmt.Fprintf(s.passwordOut, "%d %s\n", attempt, password)
-			return err
-		}
+	if s.passwordOut != nil || s.f.passwordFile != "" {
+		cfg.PasswordOut = func(password string) error { return s.handPassword(attempt, password) }
 	}
 	err := sandbox.Run(ctx, cfg)
 	s.mu.Lock()
 	s.results[attempt] = err
 	s.mu.Unlock()
 	return err
+}
+
+// handPassword hands attempt's daemon password to the caller: a line
+// "ATTEMPT PASSWORD" on --password-fd, and --password-file's content. The
+// file is created exclusively by the first attempt that writes it (the
+// caller's path must not exist) and replaced whole by each later one,
+// since each attempt may have a password of its own (a generated one is).
+func (s *shim) handPassword(attempt uint64, password string) error {
+	if s.passwordOut != nil {
+		if _, err := fmt.Fprintf(s.passwordOut, "%d %s\n", attempt, password); err != nil {
+			return fmt.Errorf("--password-fd %d: attempt %d's password: %w (the descriptor must stay open for a line per attempt)", s.f.passwordFD, attempt, err)
+		}
+	}
+	path := s.f.passwordFile
+	if path == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.passwordWritten {
+		if err := sandbox.WriteSecret(path, password); err != nil {
+			return err
+		}
+		s.passwordWritten = true
+		return nil
+	}
+	if err := sandbox.ReplaceSecret(path, password); err != nil {
+		return fmt.Errorf("attempt %d: %w", attempt, err)
+	}
+	return nil
 }
 
 // resetFirst runs before an attempt a reset command started: the previous
@@ -272,11 +302,14 @@ func (s *shim) result() error {
 
 // session returns the live guest session, or an error when none is
 // connected.
+// errNoGuest: a command needs the guest's session and none is live.
+var errNoGuest = errors.New("no guest is connected")
+
 func (s *shim) session() (*sandbox.Session, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sess == nil {
-		return nil, errors.New("no guest is connected")
+		return nil, errNoGuest
 	}
 	return s.sess, nil
 }

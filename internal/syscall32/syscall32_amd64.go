@@ -1,7 +1,36 @@
 package syscall32
 
-// Available reports whether Call works on this architecture.
-func Available() bool { return true }
+import (
+	"runtime/debug"
+	"sync"
+)
+
+// Available reports whether Call works here: the architecture has the
+// instruction and the kernel takes it. A kernel can be built with IA32
+// emulation and still refuse int 0x80 (ia32_emulation=0, or a hypervisor
+// that does not deliver the gate): the instruction then faults (SIGSEGV),
+// which is recovered once, on the first call.
+func Available() bool {
+	works.Do(func() { works.ok = probe() })
+	return works.ok
+}
+
+var works struct {
+	sync.Once
+	ok bool
+}
+
+// probe makes one harmless i386 call (getpid, 20) with faults turned into
+// panics for this goroutine.
+func probe() (ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return int32(int80(20, 0, 0, 0)) > 0
+}
 
 // Call makes i386 system call trap with up to three arguments (which must
 // fit in 32 bits) and returns the raw result: a negative errno on failure.

@@ -1,5 +1,5 @@
 export { Shim, ShimError, CommandError, KeptError, createKept, resetKept, destroyKept, listKept } from './shim.js';
-export type { Event, StateEvent, State, ResultOf, StartOptions, Identity, Exit, CommandName, KeptOptions, CreateOptions } from './shim.js';
+export type { Event, StateEvent, State, ResultOf, StartOptions, Identity, Exit, CommandName, KeptOptions, CreateOptions, AnswerCode } from './shim.js';
 export type * from './generated/event.js';
 export type { Command } from './generated/command.js';
 export type { Bootstrap } from './generated/bootstrap.js';

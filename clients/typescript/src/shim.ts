@@ -19,6 +19,9 @@ import type {
 } from './generated/event.js';
 import type { Command } from './generated/command.js';
 
+/** Why a command was refused or failed: the error answer's code (docs/schema.md#answer-codes). */
+export type AnswerCode = ErrorAnswer['code'];
+
 /** The name of a control command. */
 export type CommandName = Command['cmd'];
 import type { Bootstrap } from './generated/bootstrap.js';
@@ -105,15 +108,18 @@ export class ShimError extends Error {
   }
 }
 
-/** A control command the shim refused or could not carry out. */
+/** A control command the shim refused or could not carry out: branch on code (docs/schema.md#answer-codes), never on the message. */
 export class CommandError extends Error {
   override readonly name = 'CommandError';
+  /** The answer's code. */
+  readonly code: AnswerCode;
   constructor(
     message: string,
     readonly command: CommandName,
     readonly answer: ErrorAnswer,
   ) {
     super(message);
+    this.code = answer.code;
   }
 }
 
@@ -322,7 +328,7 @@ export class Shim {
     const answer = new Promise<Answer>((resolve, reject) => this.pending.set(id, { command: cmd, resolve, reject }));
     this.child.stdin!.write(JSON.stringify({ id, cmd, ...args }) + '\n');
     const a = await answer;
-    if (!a.ok) throw new CommandError(`${cmd}: ${a.error}`, cmd, a);
+    if (!a.ok) throw new CommandError(`${cmd}: ${a.error}`, cmd, a as ErrorAnswer);
     return (a as Extract<Answer, { ok: true }>).result as ResultOf[C];
   }
 

@@ -125,7 +125,7 @@ test('ready with url and username, typed and ordered events, status, the passwor
 
     const all = shim.received;
     for (const e of all) {
-      assert.equal(e.schema_version, 1);
+      assert.equal(e.schema_version, 2);
       assert.equal(e.sandbox, name);
     }
     const kinds = all.map((e) => e.event);
@@ -226,9 +226,12 @@ test('egress denied is an event; control commands answer typed results and typed
       assert.ok(e instanceof CommandError);
       assert.equal(e.command, 'remove_forward');
       assert.equal(e.answer.ok, false);
+      assert.equal(e.code, 'not_found');
+      assert.equal(e.answer.code, 'not_found');
       return true;
     });
-    await assert.rejects(shim.pushTime(), CommandError, 'a bwrap guest sets no clock');
+    await assert.rejects(shim.pushTime(), (e: unknown) => e instanceof CommandError && e.code === 'unsupported', 'a bwrap guest sets no clock');
+    await assert.rejects(shim.addForward('0.0.0.0:80', 4096), (e: unknown) => e instanceof CommandError && e.code === 'invalid_argument');
     await shim.stop({ timeoutMs: 20_000 });
   } finally {
     await shim.kill();

@@ -134,6 +134,10 @@ func probe() {
 		say("signal-0", errName(unix.Kill(sio, 0)))
 	}
 
+	if !syscall32.Available() {
+		say("i386", "unavailable") // the kernel does not take int 0x80 here
+	}
+
 	// Leaving the sandbox: new user namespaces, in every way.
 	cmd := exec.Command("/proc/self/exe", "newuser")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER,

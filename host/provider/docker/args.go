@@ -6,15 +6,24 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
 )
 
-// AgentCaps are the capabilities added back after --cap-drop ALL: the
-// hosted contract's (kit.AgentCaps, which says why each is needed).
-var AgentCaps = kit.AgentCaps
+// AgentCaps are the capabilities added back after --cap-drop ALL, sorted:
+// the hosted contract's (kit.AgentCaps, which says why each is needed) and
+// SETFCAP, with which (and SETUID and SETGID) the agent maps the guest's
+// ids into the nested user namespace that gives the daemon a mount
+// namespace of its own (Linux 5.12 and later require it to map id 0), as
+// under the oci provider.
+var AgentCaps = func() []string {
+	caps := append(slices.Clone(kit.AgentCaps), "SETFCAP")
+	slices.Sort(caps)
+	return caps
+}()
 
 // ContainerName is the engine's name of a sandbox's container.
 func ContainerName(name string) string { return "oac-" + name }
@@ -36,7 +45,11 @@ type runConfig struct {
 	// Installs are host binaries bound read-only at /usr/local/bin/NAME,
 	// as name -> host path pairs in name order.
 	Installs [][2]string
-	Debug    bool
+	// Seccomp is a host file holding the container's seccomp profile
+	// (seccompProfile): the engine's default plus what the workload
+	// launcher needs; "" leaves the engine's default.
+	Seccomp string
+	Debug   bool
 	// Kept makes a kept sandbox's container (provider.Spec.Keep): made
 	// once with `docker create` and started again by each run, never
 	// removed by one; its root, /home and /environment (unless a volume
@@ -80,8 +93,11 @@ func runArgs(c runConfig) []string {
 	for _, c := range AgentCaps {
 		a = append(a, "--cap-add", c)
 	}
+	a = append(a, "--security-opt", "no-new-privileges")
+	if c.Seccomp != "" {
+		a = append(a, "--security-opt", "seccomp="+c.Seccomp)
+	}
 	a = append(a,
-		"--security-opt", "no-new-privileges",
 		"--pids-limit", fmt.Sprint(kit.PidsLimit),
 		"--tmpfs", fmt.Sprintf("/tmp:rw,nosuid,nodev,size=%dm,mode=1777", kit.TmpSizeMiB),
 		"--tmpfs", fmt.Sprintf("/run:rw,nosuid,nodev,size=%dm,mode=755", kit.RunSizeMiB),

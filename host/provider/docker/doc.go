@@ -1,10 +1,12 @@
 // Package docker is the provider for hosts with a Docker engine: each
 // sandbox is a container started by the docker client, attached, with
 // `docker run --rm --network none --read-only --cap-drop ALL` plus the
-// hosted contract's capabilities (kit.AgentCaps), --security-opt
+// hosted contract's capabilities (kit.AgentCaps) and SETFCAP, --security-opt
 // no-new-privileges, --pids-limit 128, tmpfs on /run, a 128 MiB tmpfs on
 // /tmp and tmpfs /home and /environment (or --volume bind mounts), the
-// engine's default seccomp profile, the sandbox's socket directory bound at
+// engine's default seccomp profile plus what the workload launcher's
+// nested user and mount namespace needs (seccompProfile, written into the
+// sandbox's state directory), the sandbox's socket directory bound at
 // /run/oac, the host's oac-guest bound read-only as the entrypoint,
 // --sandbox-io and --install binaries bound read-only in /usr/local/bin, a
 // resolv.conf naming the guest's resolver, a name per sandbox (oac-NAME)

@@ -189,6 +189,14 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err := os.WriteFile(in.cfg.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
 		return nil, fmt.Errorf("write %s: %w", in.cfg.ResolvConf, err)
 	}
+	profile, err := seccompProfile()
+	if err != nil {
+		return nil, err
+	}
+	in.cfg.Seccomp = filepath.Join(state.Path, "seccomp.json")
+	if err := os.WriteFile(in.cfg.Seccomp, profile, 0o600); err != nil {
+		return nil, fmt.Errorf("write %s: %w", in.cfg.Seccomp, err)
+	}
 	run, ln, err := kit.RunDir(state.Path)
 	if ln != nil {
 		in.Own(ln)

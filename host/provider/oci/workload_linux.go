@@ -13,6 +13,6 @@ func (p *Provider) Workload(ctx context.Context) string {
 	if !kit.Seccomp() {
 		return "this kernel has no seccomp filters: workload processes cannot start"
 	}
-	return provider.WorkloadSummary(provider.DaemonIsolatedOCI,
+	return provider.WorkloadSummary(provider.DaemonIsolatedNested,
 		fmt.Sprintf("pids %d for the whole container (cgroup), and %s", kit.PidsLimit, provider.RlimitLimits(kit.HostMemory())))
 }

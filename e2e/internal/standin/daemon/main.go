@@ -12,8 +12,9 @@
 // can see that ready waits for health); with --never-healthy always 503.
 // SIGTERM or SIGINT: it exits 0.
 //
-// It also prints its capabilities, no-new-privileges and the network
-// interfaces it sees, and, once listening, runs each probe: a GET of URL
+// It also prints its capabilities, no-new-privileges, the network
+// interfaces it sees and whether it could read oac-sandbox-io's private
+// file (read-private-file=ok, or the errno's name), and, once listening, runs each probe: a GET of URL
 // through the proxy its environment names (proxy:), a GET with no proxy
 // at all (direct:, so only the transparent capture can carry it), or a TCP
 // connection that sends a line and reads one back (dial:). Each prints
@@ -29,6 +30,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -43,8 +45,23 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
+
+// errName names the outcome of a file access: ok, or the errno's name.
+func errName(err error) string {
+	var errno syscall.Errno
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &errno):
+		return unix.ErrnoName(errno)
+	}
+	return err.Error()
+}
 
 func say(format string, args ...any) { fmt.Printf("daemon: "+format+"\n", args...) }
 
@@ -105,6 +122,9 @@ func main() {
 	say("nnp=%s", selfreport.StatusField("NoNewPrivs"))
 	say("caps=%s", selfreport.Caps())
 	say("interfaces=%s", selfreport.Interfaces())
+	// oac-sandbox-io's private file, which no daemon may read.
+	_, err := os.ReadFile(bootstrap.SandboxIOFile)
+	say("read-private-file=%s", errName(err))
 
 	var n atomic.Int64
 	var denied atomic.Bool
