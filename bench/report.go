@@ -46,10 +46,15 @@ func (r Result) Judge(goal string, holds bool) Result {
 
 // Report is a whole run.
 type Report struct {
-	When    time.Time `json:"when"`
-	Host    string    `json:"host"`
-	Results []Result  `json:"results"`
-	Skipped []string  `json:"skipped,omitempty"`
+	When time.Time `json:"when"`
+	Host string    `json:"host"`
+	// LoadStart and LoadEnd are /proc/loadavg's 1-minute figure when the
+	// run started and when it was written: other work on the machine
+	// moves every figure, ratios less (subject and baseline alternate).
+	LoadStart string   `json:"load_start,omitempty"`
+	LoadEnd   string   `json:"load_end,omitempty"`
+	Results   []Result `json:"results"`
+	Skipped   []string `json:"skipped,omitempty"`
 }
 
 // NewReport starts a report describing this machine.
@@ -63,7 +68,20 @@ func NewReport() *Report {
 			}
 		}
 	}
-	return &Report{When: time.Now().UTC().Truncate(time.Second), Host: host}
+	return &Report{When: time.Now().UTC().Truncate(time.Second), Host: host, LoadStart: loadAvg()}
+}
+
+// loadAvg is /proc/loadavg's 1-minute load average ("" where there is none).
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
 }
 
 // Add appends a result and prints it.
@@ -105,6 +123,7 @@ func (r *Report) Write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
+	r.LoadEnd = loadAvg()
 	js, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -114,7 +133,11 @@ func (r *Report) Write(dir string) error {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Benchmark results\n\n%s, on %s. Written by `make bench`; each figure is the median of\n", r.When.Format(time.RFC3339), r.Host)
-	b.WriteString("repeated runs with (min..max), measured alternately with its baseline in the same run.\n\n")
+	b.WriteString("repeated runs with (min..max), measured alternately with its baseline in the same run.")
+	if r.LoadStart != "" {
+		fmt.Fprintf(&b, " Load average (1 min) %s at the start, %s at the end.", r.LoadStart, r.LoadEnd)
+	}
+	b.WriteString("\n\n")
 	b.WriteString("| figure | measured | unit | baseline | baseline measured | ratio | goal | holds |\n|---|---|---|---|---|---|---|---|\n")
 	for _, res := range r.Results {
 		base, bstat, ratio := "", "", ""

@@ -46,6 +46,7 @@ func rowBwrap(t *testing.T, f *confFixtures) confEnv {
 		spec: sandboxSpec{provider: "bwrap", shim: f.private.shim, agent: f.private.guest,
 			args: f.args(f.private.installs()...), files: f.caFiles()},
 		stateDir: runDir,
+		carrier:  carrierFD,
 	}
 }
 
@@ -67,6 +68,7 @@ func rowBwrapRootless(t *testing.T, f *confFixtures) confEnv {
 		stateDir: func(name string) string {
 			return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", uid), "sandboxes", name)
 		},
+		carrier: carrierDial,
 	}
 }
 
@@ -87,6 +89,7 @@ func rowOCI(runtime string) func(t *testing.T, f *confFixtures) confEnv {
 			spec: sandboxSpec{provider: "oci", shim: f.private.shim, agent: f.private.guest,
 				args: f.args(append(args, f.private.installs()...)...), files: files},
 			stateDir: runDir,
+			carrier:  carrierFD,
 			leftovers: func(name string) []string {
 				var left []string
 				if st := filepath.Join(runtimeRoot(runtime), "oac-"+name); dirExists(st) {
@@ -110,6 +113,7 @@ func rowDocker(t *testing.T, f *confFixtures) confEnv {
 		spec: sandboxSpec{provider: "docker", shim: f.private.shim, agent: f.private.guest, env: e.Env(),
 			args: f.args(append([]string{"--docker-image", image}, f.private.installs()...)...)},
 		stateDir: runDir,
+		carrier:  carrierFD,
 		leftovers: func(name string) []string {
 			var left []string
 			ctx := context.Background()
@@ -168,6 +172,7 @@ func rowQemu(t *testing.T, f *confFixtures) confEnv {
 				"--host-grace", vmHostGrace.String()}, f.private.installs()...)...)},
 		bootTimeout: vmBootTimeout,
 		stateDir:    runDir,
+		carrier:     carrierSession,
 	}
 }
 
@@ -180,6 +185,7 @@ func rowWSL(t *testing.T, f *confFixtures) confEnv {
 			env: append(w.env, "OAC_FAKE_WSL_NETNS="+nsPath), args: f.args(w.args()...)},
 		stateDir: runDir,
 		peer:     peer,
+		carrier:  carrierSession,
 		leftovers: func(name string) []string {
 			for _, d := range w.distros() {
 				if d == "oac-"+name {

@@ -66,6 +66,7 @@ var confPromises = []confPromise{
 	{"hosted bootstrap ready", promiseHostedReady},
 	{"private file, ids, no caps, health", promiseContract},
 	{"egress: proxies and capture", promiseEgress},
+	{"data plane: bytes both ways, events, pair ends", promiseDataPlane},
 	{"workload sees only lo", promiseOnlyLoopback},
 	{"SIGTERM: stopped, nothing left", promiseStopLeavesNothing},
 	{"kill -9 of the shim, restart: nothing left", promiseKillLeavesNothing},
@@ -109,6 +110,9 @@ type confEnv struct {
 	// peer, when set, is an address the guest's own network reaches that
 	// the workload must not (a WSL distribution's interface).
 	peer *confPeer
+	// carrier is what carries the row's egress connections beside the
+	// session (carrierFD, carrierDial), or carrierSession.
+	carrier string
 }
 
 // confPeer is a server on a network the guest's namespace has.
@@ -147,6 +151,7 @@ func newConfFixtures(t *testing.T) *confFixtures {
 		upstream: []string{
 			"--upstream", "relay.test:443=" + relaySrv.Listener.Addr().String(),
 			"--upstream", "web.test:80=" + web.Listener.Addr().String(),
+			"--upstream", "echo.test:7=" + rawEcho(t),
 		},
 		identity: []string{"--tenant", tenantID, "--environment", environmentID, "--allocation", allocationID},
 		caBundle: string(bundle),
@@ -197,6 +202,8 @@ func confBootstrap(name string, peer *confPeer, daemonArgs ...string) string {
 		"--probe", "proxy-denied=proxy:http://denied.test/",
 		"--probe", "direct-allowed=direct:http://web.test/direct",
 		"--probe", "direct-denied=direct:http://denied.test/",
+		"--probe", "echo-proxy=echo-proxy:echo.test:7",
+		"--probe", "echo-direct=echo-direct:echo.test:7",
 	}
 	if peer != nil {
 		argv = append(argv, "--probe", "peer=dial:"+peer.addr)

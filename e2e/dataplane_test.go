@@ -67,16 +67,19 @@ type dataPlaneCase struct {
 	need  func(t *testing.T)
 	log   string // a line of the guest's log that names the carrier in use
 	moves bool   // bytes pass through the processes' own read and write calls (the session)
+	// hands: the fd channel takes the workload's own sockets (the guest
+	// hands each client's socket to the host, which carries it alone).
+	hands bool
 }
 
 func dataPlaneCases() []dataPlaneCase {
 	root := func(t *testing.T) { needBwrap(t); needCurl(t) }
 	return []dataPlaneCase{
-		{name: "bwrap_fd_channel", need: root, log: "data plane: fd channel up"},
+		{name: "bwrap_fd_channel", need: root, log: "data plane: fd channel up", hands: true},
 		{name: "bwrap_dialed", spec: sandboxSpec{args: []string{"--data-plane", "dial"}}, need: root, log: "data plane: data connections"},
 		{name: "bwrap_rootless", spec: sandboxSpec{user: subIDUser}, need: func(t *testing.T) { needRootless(t); needCurl(t) }, log: "data plane: data connections"},
-		{name: "oci_runc", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "runc"}}, need: func(t *testing.T) { needOCI(t, "runc"); needCurl(t) }, log: "data plane: fd channel up"},
-		{name: "oci_crun", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "crun"}}, need: func(t *testing.T) { needOCI(t, "crun"); needCurl(t) }, log: "data plane: fd channel up"},
+		{name: "oci_runc", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "runc"}}, need: func(t *testing.T) { needOCI(t, "runc"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
+		{name: "oci_crun", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "crun"}}, need: func(t *testing.T) { needOCI(t, "crun"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
 		{name: "session_only", spec: sandboxSpec{args: []string{"--data-plane", "off"}}, need: root, moves: true},
 	}
 }
@@ -144,6 +147,9 @@ exec sleep 1000
 			}
 			if tc.log != "" {
 				assert.Contains(t, s.stderr.String(), tc.log, "the guest names its carrier")
+			}
+			if tc.hands {
+				assert.Contains(t, s.stderr.String(), "handing=true", "the host takes the workload's own sockets")
 			}
 			// The events are the session's: one decision and one close per
 			// connection, with the bytes each way.

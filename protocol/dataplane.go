@@ -20,6 +20,12 @@ const (
 	// CapDataDial: each connection is a connection of its own the guest
 	// dials on its transport's endpoint (vsock), naming its target first.
 	CapDataDial = "data_dial"
+	// CapDataHand: on the fd channel, the guest may hand the host the
+	// workload's own connected TCP socket with a Connect (Connect.Hand):
+	// the host then carries that socket itself, and no byte of the
+	// connection passes through the guest. A guest lists it with
+	// CapDataFD; a host lists it beside CapDataFD.
+	CapDataHand = "data_hand"
 )
 
 // Data plane limits and timeouts.
@@ -41,6 +47,9 @@ const (
 	// MaxPendingFDs bounds the descriptors a guest holds that no frame
 	// has claimed yet; one recvmsg takes at most this many.
 	MaxPendingFDs = 4
+	// MaxHandReply bounds Connect.Reply, MaxHandEarly Connect.Early.
+	MaxHandReply = 64
+	MaxHandEarly = 2 << 10
 )
 
 // NewDataToken returns a fresh random token for Welcome.DataToken.
@@ -68,12 +77,24 @@ type Channel struct {
 // the fd channel with an ID (the answer names it), or as the first frame
 // of a dialed data connection with the Token. Host, Port and Via are an
 // egress stream header's, checked the same way.
+//
+// Hand (fd channel only, CapDataHand): the frame carries one descriptor,
+// the workload's connected TCP socket, and the host carries the
+// connection between that socket and the upstream itself. On an OK
+// answer the host first writes Reply to the socket (the proxy's success
+// answer to its client: "200 Connection established", a SOCKS reply) and
+// Early to the upstream (what the client sent before the answer), then
+// moves the bytes; on a failure it has closed its copy unused and the
+// guest answers the client itself.
 type Connect struct {
 	ID    uint64 `json:"id,omitempty"`
 	Token string `json:"token,omitempty"`
 	Host  string `json:"host"`
 	Port  int    `json:"port"`
 	Via   string `json:"via,omitempty"`
+	Hand  bool   `json:"hand,omitempty"`
+	Reply []byte `json:"reply,omitempty"`
+	Early []byte `json:"early,omitempty"`
 }
 
 // Header returns the egress stream header Connect stands for: what the
@@ -87,6 +108,12 @@ func (c Connect) Header() StreamHeader {
 func (c Connect) Validate() error {
 	if len(c.Token) > MaxDataToken {
 		return fmt.Errorf("%w: data token longer than %d bytes", ErrBadBody, MaxDataToken)
+	}
+	if len(c.Reply) > MaxHandReply || len(c.Early) > MaxHandEarly {
+		return fmt.Errorf("%w: a handed connection's reply or early bytes over %d/%d bytes", ErrBadBody, MaxHandReply, MaxHandEarly)
+	}
+	if !c.Hand && (len(c.Reply) > 0 || len(c.Early) > 0) {
+		return fmt.Errorf("%w: reply and early bytes belong to a handed connection", ErrBadBody)
 	}
 	return c.Header().Validate()
 }

@@ -50,7 +50,7 @@
 //
 //	0x000D  Channel       guest -> host  {"token"} first frame of the fd channel
 //	                      host -> guest  {} the channel is up
-//	0x000E  Connect       guest -> host  {"id","token","host","port","via"}
+//	0x000E  Connect       guest -> host  {"id","token","host","port","via","hand","reply","early"} (+ 1 descriptor when "hand")
 //	0x000F  Connected     host -> guest  {"id","code","error","effect","reason","rule"} (+ 1 descriptor on the fd channel when code is 0)
 //	0x0010  Forward       host -> guest  {"port","name"} + 1 descriptor (fd channel only)
 //
@@ -197,8 +197,8 @@
 //	           (vsock, or unix) once per connection and names its target
 //	           on it; the connection then carries the bytes
 //
-// A guest lists in Hello what its transport allows ("data_fd" and
-// "data_dial" on unix, "data_dial" on vsock); a host lists in Welcome
+// A guest lists in Hello what its transport allows ("data_fd",
+// "data_hand" and "data_dial" on unix, "data_dial" on vsock); a host lists in Welcome
 // what it offers, with "data_token": 32 hex digits of randomness that
 // every data plane connection presents (on vsock any process of the VM can
 // dial the host's port). A host offers "data_fd" only when it can make
@@ -228,8 +228,27 @@
 // splices to the upstream; a failure carries none. The guest takes one
 // descriptor per OK Connected and per Forward, in order, and holds at most
 // MaxPendingFDs unclaimed (more, or a frame whose descriptor is missing,
-// ends the channel). The host reads the channel with read(2), so a
-// descriptor the guest sends is dropped by the kernel, never received.
+// ends the channel). A host that did not list "data_hand" reads the
+// channel with read(2), so a descriptor the guest sends is dropped by the
+// kernel, never received.
+//
+// Handed connections ("data_hand", listed by a host beside "data_fd"):
+// instead of asking for a pair, the guest may send a Connect with
+// "hand":true and exactly one descriptor attached in the same sendmsg:
+// the workload's own connected TCP socket (the one its proxy accepted or
+// its capture took), with "reply" (at most MaxHandReply bytes, what the
+// proxy answers its client on success: "200 Connection established", a
+// SOCKS reply) and "early" (at most MaxHandEarly bytes the client sent
+// before that answer). The host answers with a Connected that carries no
+// descriptor. On OK the host writes reply to the socket and early to the
+// upstream and carries the connection between the two itself: no byte of
+// it passes through the guest, which closes its descriptor. On a failure
+// the host has closed its copy before answering, untouched, and the guest
+// answers its client. The host takes only a connected TCP socket (AF_INET
+// or AF_INET6, SOCK_STREAM, IPPROTO_TCP, not listening, with a peer) and
+// only reads and writes it; anything else, or more than MaxPendingFDs
+// descriptors no handing Connect claimed, fails the guest as hostile. A
+// Connect on a data connection never hands.
 // Forward{"port","name"} hands the guest a connection the host accepted on
 // a forward's listener (port 1..65535; the guest joins it to
 // 127.0.0.1:port). Either side closing its end of a connection is the TCP
@@ -327,4 +346,9 @@
 //	     capability, so a newer guest carries every connection as a
 //	     stream; a 1.7 guest lists neither, so a newer host serves no data
 //	     plane connection for it.
+//	1.9  handed connections on the fd channel: capability "data_hand"
+//	     (Hello and Welcome, beside "data_fd"), Connect's "hand",
+//	     "reply" and "early", a descriptor with a handing Connect. A 1.8
+//	     host never lists it, so a newer guest asks for pairs there; a 1.8
+//	     guest never lists or hands, so a newer host answers it with pairs.
 package protocol

@@ -47,7 +47,8 @@ func SendFD(c *net.UnixConn, t Type, v any, fd int) error {
 	return nil
 }
 
-// FDReader reads frames from the guest's side of the fd channel and keeps
+// FDReader reads frames from one side of the fd channel (the guest's, and
+// the host's when it offered CapDataHand) and keeps
 // the descriptors that arrive with them, oldest first: the frame that
 // carries one (an OK Connected, a Forward) takes it with TakeConn once the
 // frame has been read, which is when its descriptor has arrived. It holds
@@ -156,6 +157,53 @@ func (f *FDReader) TakeConn() (*net.UnixConn, error) {
 		return nil, fmt.Errorf("%w: not a unix connection", ErrDescriptor)
 	}
 	return uc, nil
+}
+
+// Pending returns how many received descriptors no frame took yet.
+func (f *FDReader) Pending() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.fds)
+}
+
+// TakeTCP returns the oldest descriptor received as a handed connection
+// (Connect.Hand): it must be a connected TCP socket (AF_INET or AF_INET6,
+// SOCK_STREAM, IPPROTO_TCP, not listening); anything else is closed and
+// refused. Nothing about it is trusted but its kind: it is the peer's
+// socket in the peer's network namespace, read and written, never
+// connected, bound or configured by the reader.
+func (f *FDReader) TakeTCP() (*net.TCPConn, error) {
+	f.mu.Lock()
+	if len(f.fds) == 0 {
+		f.mu.Unlock()
+		return nil, fmt.Errorf("%w: the frame's descriptor did not arrive", ErrDescriptor)
+	}
+	fd := f.fds[0]
+	f.fds = f.fds[1:]
+	f.mu.Unlock()
+	file := os.NewFile(uintptr(fd), "handed connection")
+	defer file.Close()
+	dom, err1 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
+	typ, err2 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
+	proto, err3 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	lis, err4 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN)
+	if err := errors.Join(err1, err2, err3, err4); err != nil || (dom != unix.AF_INET && dom != unix.AF_INET6) ||
+		typ != unix.SOCK_STREAM || proto != unix.IPPROTO_TCP || lis != 0 {
+		return nil, fmt.Errorf("%w: not a connected TCP socket", ErrDescriptor)
+	}
+	if _, err := unix.Getpeername(fd); err != nil {
+		return nil, fmt.Errorf("%w: not a connected TCP socket", ErrDescriptor)
+	}
+	c, err := net.FileConn(file)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDescriptor, err)
+	}
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		c.Close()
+		return nil, fmt.Errorf("%w: not a TCP connection", ErrDescriptor)
+	}
+	return tc, nil
 }
 
 // SetReadDeadline sets the channel's read deadline (frame bodies are

@@ -342,18 +342,20 @@ func (a *agent) prepareEgress() {
 		}
 	}
 	open := a.data.opener(egress.SessionOpener(a.gate))
+	hand := a.data.hander()
 	if protocol.HasCapability(caps, protocol.CapDNS) {
 		// The resolver's made-up addresses map back to their names on
 		// every path: a client that resolves itself (curl --socks5) and
 		// then names the address to a proxy reaches the name.
 		a.pool = transparent.NewPool(transparent.DefaultPrefix)
 		open = a.pool.Opener(open)
+		hand = a.pool.Hander(hand)
 	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		p, err := egress.StartWith(a.wl.get().Listen, open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
+		p, err := egress.StartWith(a.wl.get().Listen, open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log, egress.WithHand(hand))
 		if err != nil {
 			a.egressErr = err
 			return
@@ -391,6 +393,7 @@ func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
 		Open:  a.data.opener(egress.SessionOpener(a.gate)),
+		Hand:  a.data.hander(),
 		Ask:   transparent.SessionAsker(a.gate),
 		Log:   a.cfg.Log,
 		Pool:  a.pool,

@@ -17,7 +17,7 @@ import (
 func dataPlaneCaps(ep transport.Endpoint) []string {
 	switch ep.Scheme {
 	case transport.SchemeUnix:
-		return []string{protocol.CapDataFD, protocol.CapDataDial}
+		return []string{protocol.CapDataFD, protocol.CapDataHand, protocol.CapDataDial}
 	case transport.SchemeVsock:
 		return []string{protocol.CapDataDial}
 	}
@@ -34,6 +34,8 @@ type dataPlane struct {
 	ready   chan struct{}
 	carry   dataplane.Carrier
 	channel *dataplane.Channel
+	// handing: the host takes the workload's own sockets on the channel.
+	handing bool
 }
 
 // newDataPlane prepares the data plane; begin sets it up, in the
@@ -63,7 +65,8 @@ func (a *agent) newDataPlane(ctx context.Context) *dataPlane {
 				return
 			}
 			d.channel, d.carry = ch, ch.Open
-			a.cfg.Log.Info("data plane: fd channel up")
+			d.handing = protocol.HasCapability(w.Capabilities, protocol.CapDataHand)
+			a.cfg.Log.Info("data plane: fd channel up", "handing", d.handing)
 		}
 	case protocol.HasCapability(w.Capabilities, protocol.CapDataDial):
 		d.setup = func() {
@@ -99,6 +102,24 @@ func (d *dataPlane) opener(session egress.Opener) egress.Opener {
 		}
 		return d.carry(ctx, host, port, via)
 	}, session)
+}
+
+// hander hands the workload's sockets to the host on the fd channel when
+// the host takes them; otherwise it answers "not asked" and the opener
+// carries the connection.
+func (d *dataPlane) hander() egress.Hander {
+	return func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
+		d.begin()
+		select {
+		case <-d.ready:
+		case <-ctx.Done():
+			return egress.LocalFailure(protocol.EgressCancelled, "cancelled"), true
+		}
+		if d.channel == nil || !d.handing {
+			return protocol.EgressReply{}, false
+		}
+		return d.channel.Hand(ctx, c, host, port, via, reply, early)
+	}
 }
 
 // close ends the fd channel, if there is one.

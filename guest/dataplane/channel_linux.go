@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/protocol"
@@ -30,6 +33,7 @@ type Channel struct {
 	mu      sync.Mutex
 	next    uint64
 	pending map[uint64]chan answer
+	handed  map[uint64]bool // pending requests that handed a socket (their answer carries none)
 	fwConns map[net.Conn]struct{}
 	err     error
 	done    chan struct{}
@@ -37,8 +41,9 @@ type Channel struct {
 }
 
 type answer struct {
-	c net.Conn
-	r protocol.EgressReply
+	c      net.Conn
+	r      protocol.EgressReply
+	handed bool // the answer to a request that handed a socket
 }
 
 // DialChannel dials ep (a unix transport) and sets up the fd channel with
@@ -73,7 +78,7 @@ func DialChannel(ctx context.Context, ep transport.Endpoint, token string, forwa
 	_ = c.SetDeadline(time.Time{})
 	ch := &Channel{
 		c: c, r: protocol.NewFDReader(c), log: log, forward: forward, fwSem: make(chan struct{}, protocol.MaxStreams),
-		pending: map[uint64]chan answer{}, fwConns: map[net.Conn]struct{}{}, done: make(chan struct{}),
+		pending: map[uint64]chan answer{}, handed: map[uint64]bool{}, fwConns: map[net.Conn]struct{}{}, done: make(chan struct{}),
 	}
 	ch.wg.Add(1)
 	go ch.read()
@@ -128,6 +133,88 @@ func (ch *Channel) Open(ctx context.Context, host string, port int, via string) 
 	}
 }
 
+// Hand carries one egress connection by handing the host c, the
+// workload's own connected TCP socket (the host offered
+// protocol.CapDataHand): on an OK answer the host writes reply to c and
+// early to the upstream and then moves the bytes itself, and the caller
+// only closes its descriptor of c; on a refusal the host has closed its
+// copy and the caller answers the client. answered is false when the host
+// was not asked (the channel is gone, the frame would be too large): the
+// connection may then go another way, c untouched.
+func (ch *Channel) Hand(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
+	if len(reply) > protocol.MaxHandReply || len(early) > protocol.MaxHandEarly {
+		return protocol.EgressReply{}, false
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return protocol.EgressReply{}, false
+	}
+	ans := make(chan answer, 1)
+	ch.mu.Lock()
+	if ch.err != nil {
+		ch.mu.Unlock()
+		return protocol.EgressReply{}, false
+	}
+	ch.next++
+	id := ch.next
+	ch.pending[id] = ans
+	ch.handed[id] = true
+	ch.mu.Unlock()
+	// forget gives the request up; a request the host got is answered
+	// all the same, without a descriptor, so it stays marked handed until
+	// then (its answer must not claim the next descriptor).
+	forget := func(sent bool) {
+		ch.mu.Lock()
+		delete(ch.pending, id)
+		if !sent {
+			delete(ch.handed, id)
+		}
+		ch.mu.Unlock()
+	}
+	req := protocol.Connect{ID: id, Host: host, Port: port, Via: via, Hand: true, Reply: reply, Early: early}
+	ch.wmu.Lock()
+	_ = ch.c.SetWriteDeadline(time.Now().Add(protocol.DataWriteTimeout))
+	var werr error
+	cerr := rc.Control(func(fd uintptr) { werr = protocol.SendFD(ch.c, protocol.TypeConnect, req, int(fd)) })
+	_ = ch.c.SetWriteDeadline(time.Time{})
+	ch.wmu.Unlock()
+	if cerr != nil || errors.Is(werr, protocol.ErrFrameTooLarge) {
+		forget(false)
+		return protocol.EgressReply{}, false
+	}
+	if werr != nil {
+		forget(false)
+		ch.fail(werr)
+		return protocol.EgressReply{}, false
+	}
+	timeout := time.NewTimer(protocol.EgressReplyTimeout)
+	defer timeout.Stop()
+	var r protocol.EgressReply
+	select {
+	case a := <-ans:
+		if a.r.OK() && !a.handed { // the channel ended before the answer
+			shutdown(rc)
+			return egress.LocalFailure(protocol.EgressIO, "the fd channel closed before the host answered"), true
+		}
+		return a.r, true
+	case <-ctx.Done():
+		r = egress.LocalFailure(protocol.EgressCancelled, "cancelled while waiting for the host broker")
+	case <-timeout.C:
+		r = egress.LocalFailure(protocol.EgressTimedOut, "the host broker did not answer within "+protocol.EgressReplyTimeout.String())
+	}
+	// The host has the socket and may still carry it: end the connection
+	// itself, not only this descriptor.
+	forget(true)
+	shutdown(rc)
+	return r, true
+}
+
+// shutdown ends both directions of the socket behind rc, for every
+// descriptor of it.
+func shutdown(rc syscall.RawConn) {
+	_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+}
+
 // drop closes a connection that arrived for a request nobody waits for.
 func (ch *Channel) drop(ans chan answer) {
 	select {
@@ -166,17 +253,22 @@ func (ch *Channel) handle(f protocol.Frame) error {
 		}
 		var a answer
 		a.r = r.EgressReply
-		if r.OK() {
+		ch.mu.Lock()
+		ans, ok := ch.pending[r.ID]
+		a.handed = ch.handed[r.ID]
+		delete(ch.pending, r.ID)
+		delete(ch.handed, r.ID)
+		ch.mu.Unlock()
+		if r.OK() && !a.handed {
 			c, err := ch.r.TakeConn()
 			if err != nil {
+				if ok {
+					ans <- answer{r: protocol.EgressReply{}}
+				}
 				return err
 			}
 			a.c = c
 		}
-		ch.mu.Lock()
-		ans, ok := ch.pending[r.ID]
-		delete(ch.pending, r.ID)
-		ch.mu.Unlock()
 		if !ok {
 			if a.c != nil { // its asker gave up
 				a.c.Close()
@@ -238,6 +330,7 @@ func (ch *Channel) fail(err error) {
 	ch.err = err
 	pending := ch.pending
 	ch.pending = map[uint64]chan answer{}
+	ch.handed = map[uint64]bool{}
 	for c := range ch.fwConns {
 		c.Close()
 	}

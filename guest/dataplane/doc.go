@@ -8,7 +8,9 @@
 // the host made in this guest's network namespace; the host's forwards
 // arrive the same way), the dialer of data connections (one dial of the
 // transport's endpoint per connection: vsock, or a unix transport whose
-// host cannot make pairs here), and the opener that uses them and falls
+// host cannot make pairs here), Hand (the workload's own accepted TCP
+// socket handed to the host on the channel, which carries it from then
+// on), and the opener that uses them and falls
 // back to the session's egress streams when the data plane cannot carry a
 // connection (it never asks the host twice about one it answered).
 //

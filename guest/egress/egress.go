@@ -41,6 +41,33 @@ type Opener func(ctx context.Context, host string, port int, via string) (net.Co
 // ResourceExhausted.
 const GateWait = 10 * time.Second
 
+// Hander hands c, the client's own connected TCP socket, to the host for
+// host:port (the data plane's fd channel, protocol.CapDataHand): on an OK
+// answer the host writes reply to c and early to the upstream, then
+// carries the connection itself, and the caller only closes its
+// descriptor of c; on a refusal the caller answers the client as for an
+// Opener's. answered is false when the host was not asked: the
+// connection goes through an Opener instead.
+type Hander func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (r protocol.EgressReply, answered bool)
+
+// Option configures StartWith.
+type Option func(*Proxies)
+
+// WithHand makes the proxies hand their clients' sockets to the host
+// through hand when it can take them.
+func WithHand(hand Hander) Option { return func(p *Proxies) { p.hand = hand } }
+
+// handOff hands c to the host when a Hander is set, c is a TCP socket and
+// early fits: handed reports whether the host answered (r), in which case
+// the caller does not open the connection another way.
+func (p *Proxies) handOff(c net.Conn, t target, via string, reply, early []byte) (r protocol.EgressReply, handed bool) {
+	tc, ok := c.(*net.TCPConn)
+	if p.hand == nil || !ok || len(early) > protocol.MaxHandEarly {
+		return r, false
+	}
+	return p.hand(p.ctx, tc, t.host, t.port, via, reply, early)
+}
+
 // SessionOpener opens egress streams over a yamux session, through gate:
 // the connections of a workload that opens more at once than the session
 // carries wait for a slot, then are refused in the guest, never counted
@@ -119,6 +146,7 @@ func sanitize(s string) string { return safetext.Clean(s, protocol.MaxEgressText
 type Proxies struct {
 	HTTPAddr, SOCKSAddr string
 	open                Opener
+	hand                Hander
 	log                 *slog.Logger
 	lns                 []net.Listener
 	ctx                 context.Context
@@ -139,12 +167,15 @@ func Start(open Opener, httpAddr, socksAddr string, log *slog.Logger) (*Proxies,
 }
 
 // StartWith is Start with the listeners made by listen.
-func StartWith(listen ListenFunc, open Opener, httpAddr, socksAddr string, log *slog.Logger) (*Proxies, error) {
+func StartWith(listen ListenFunc, open Opener, httpAddr, socksAddr string, log *slog.Logger, opts ...Option) (*Proxies, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxies{open: open, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	for _, o := range opts {
+		o(p)
+	}
 	hl, err := listen("tcp", httpAddr)
 	if err != nil {
 		cancel()

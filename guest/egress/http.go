@@ -196,16 +196,29 @@ func (p *Proxies) serveHTTP(c net.Conn) {
 	}
 }
 
+// connectOK is the answer to a CONNECT the host allowed.
+const connectOK = "HTTP/1.1 200 Connection established\r\n\r\n"
+
 // tunnel answers a CONNECT and carries bytes both ways once the host said
 // yes.
 func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
+	var early []byte
+	if n := br.Buffered(); n > 0 {
+		early, _ = br.Peek(n)
+	}
+	if r, handed := p.handOff(c, t, protocol.ViaConnect, []byte(connectOK), early); handed {
+		if !r.OK() {
+			writeRefusal(c, t, r)
+		}
+		return
+	}
 	st, r := p.open(p.ctx, t.host, t.port, protocol.ViaConnect)
 	if !r.OK() {
 		writeRefusal(c, t, r)
 		return
 	}
 	defer st.Close()
-	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(c, connectOK); err != nil {
 		return
 	}
 	if _, _, err := joinClient(c, br, st); err != nil {

@@ -159,6 +159,16 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
+	var early []byte
+	if n := br.Buffered(); n > 0 {
+		early, _ = br.Peek(n)
+	}
+	if r, handed := p.handOff(c, t, protocol.ViaSOCKS5, socksReply(socksSucceeded), early); handed {
+		if !r.OK() {
+			_, _ = c.Write(socksReply(socksReplyCode(r.Code)))
+		}
+		return
+	}
 	st, r := p.open(p.ctx, t.host, t.port, protocol.ViaSOCKS5)
 	if !r.OK() {
 		_, _ = c.Write(socksReply(socksReplyCode(r.Code)))

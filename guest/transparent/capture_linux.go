@@ -60,6 +60,9 @@ func SessionAsker(gate *protocol.StreamGate) Asker {
 // Config configures Start.
 type Config struct {
 	Open egress.Opener
+	// Hand, when not nil, hands each captured connection's socket to the
+	// host (egress.Hander); when it cannot, Open carries it.
+	Hand egress.Hander
 	Ask  Asker
 	Log  *slog.Logger
 	// DNSAddr defaults to DNSAddr. Tests and benchmarks use another.
@@ -254,7 +257,17 @@ func (t *Transparent) handle(c *net.TCPConn) {
 // handshake, and a reset is the closest to a refusal a raw TCP client
 // understands. Either way the reason is in the host's egress event.
 func (t *Transparent) Handle(c net.Conn, host string, port int) {
-	st, r := t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
+	var st net.Conn
+	r, handed := protocol.EgressReply{}, false
+	if tc, ok := c.(*net.TCPConn); ok && t.cfg.Hand != nil {
+		r, handed = t.cfg.Hand(t.ctx, tc, host, port, protocol.ViaTransparent, nil, nil)
+	}
+	if handed && r.OK() {
+		return // the host carries it
+	}
+	if !handed {
+		st, r = t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
+	}
 	if !r.OK() {
 		t.cfg.Log.Debug("capture: refused", "target", net.JoinHostPort(host, strconv.Itoa(port)), "code", r.Code.String(), "reason", r.Reason)
 		if port == 80 {

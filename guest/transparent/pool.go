@@ -103,6 +103,13 @@ func (p *Pool) Opener(open egress.Opener) egress.Opener {
 	}
 }
 
+// Hander wraps hand as Opener wraps an Opener.
+func (p *Pool) Hander(hand egress.Hander) egress.Hander {
+	return func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
+		return hand(ctx, c, p.Unmap(host), port, via, reply, early)
+	}
+}
+
 // Len returns how many names hold an address.
 func (p *Pool) Len() int {
 	p.mu.Lock()

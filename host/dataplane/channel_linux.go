@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -12,12 +13,15 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Channel is the host's side of one guest's fd channel.
 type Channel struct {
 	c     *net.UnixConn
+	r     io.Reader // c, or fr when the channel takes handed sockets
+	fr    *protocol.FDReader
 	cfg   Config
 	pairs *pairMaker
 	limit *rate.Limiter
@@ -43,7 +47,14 @@ func serveChannel(c *net.UnixConn, cfg Config) error {
 		c.Close()
 		return fmt.Errorf("fd channel: %w", err)
 	}
-	ch := &Channel{c: c, cfg: cfg, pairs: pm, limit: rate.NewLimiter(MaxRequestRate, MaxRequestBurst), done: make(chan struct{})}
+	ch := &Channel{c: c, r: c, cfg: cfg, pairs: pm, limit: rate.NewLimiter(MaxRequestRate, MaxRequestBurst), done: make(chan struct{})}
+	if protocol.HasCapability(cfg.Offer, protocol.CapDataHand) {
+		// Descriptors the guest sends are received (at most
+		// protocol.MaxPendingFDs at once) and must each be claimed by the
+		// Connect they came with.
+		ch.fr = protocol.NewFDReader(c)
+		ch.r = ch.fr
+	}
 	if err := ch.send(protocol.TypeChannel, protocol.Channel{}, -1); err != nil {
 		ch.Close()
 		return fmt.Errorf("fd channel: %w", err)
@@ -51,25 +62,32 @@ func serveChannel(c *net.UnixConn, cfg Config) error {
 	cfg.OnChannel(ch)
 	stop := context.AfterFunc(cfg.Ctx, func() { ch.Close() })
 	defer stop()
-	if err := ch.serve(); err != nil {
-		cfg.violation(err)
-	}
+	_ = ch.serve()
 	return nil
 }
 
 // serve answers the guest's Connect requests until the channel ends, then
 // closes it and waits for the connections it carries to end. It returns
 // nil when the guest closed the channel or Close was called, and an error
-// wrapping ErrViolation when the guest broke the protocol.
-func (ch *Channel) serve() error {
+// wrapping ErrViolation when the guest broke the protocol, which it
+// reports (cfg.OnViolation) at once, not after the connections ended.
+func (ch *Channel) serve() (err error) {
 	defer ch.wg.Wait()
 	defer ch.Close()
+	defer func() {
+		if err != nil {
+			ch.cfg.violation(err)
+		}
+	}()
 	for {
 		if err := ch.limit.Wait(ch.cfg.Ctx); err != nil {
 			return nil
 		}
-		f, err := protocol.ReadFrame(ch.c, protocol.MaxHeaderFrame)
+		f, err := protocol.ReadFrame(ch.r, protocol.MaxHeaderFrame)
 		if err != nil {
+			if errors.Is(err, protocol.ErrDescriptor) {
+				return fmt.Errorf("%w: %w", ErrViolation, err)
+			}
 			if err = violation(err); errors.Is(err, ErrViolation) {
 				return err
 			}
@@ -85,12 +103,70 @@ func (ch *Channel) serve() error {
 		if req.ID == 0 || req.Token != "" {
 			return fmt.Errorf("%w: a Connect on the fd channel carries an id and no token", ErrViolation)
 		}
+		if !req.Hand {
+			// A descriptor may be pending here: the reader reads ahead,
+			// and the next frame may be a handing Connect whose socket
+			// came with it. Descriptors no frame claims are bounded by
+			// the reader (protocol.MaxPendingFDs).
+			if len(req.Reply) > 0 || len(req.Early) > 0 {
+				return fmt.Errorf("%w: a Connect that hands no socket carries reply or early bytes", ErrViolation)
+			}
+			ch.wg.Add(1)
+			go func() {
+				defer ch.wg.Done()
+				ch.connect(req)
+			}()
+			continue
+		}
+		if ch.fr == nil {
+			return fmt.Errorf("%w: a handed socket on a channel that was not offered %s", ErrViolation, protocol.CapDataHand)
+		}
+		if len(req.Reply) > protocol.MaxHandReply || len(req.Early) > protocol.MaxHandEarly {
+			return fmt.Errorf("%w: a handed connection's reply or early bytes over the limit", ErrViolation)
+		}
+		sock, err := ch.fr.TakeTCP()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrViolation, err)
+		}
 		ch.wg.Add(1)
 		go func() {
 			defer ch.wg.Done()
-			ch.connect(req)
+			ch.hand(req, sock)
 		}()
 	}
+}
+
+// hand answers one request that handed the workload's own socket: the
+// broker decides; an allowed connection is carried between that socket
+// and the upstream by this process alone (after Reply to the socket and
+// Early to the upstream), a refused one is closed here before the guest
+// hears of it, so the guest's copy is the socket's last.
+func (ch *Channel) hand(req protocol.Connect, sock *net.TCPConn) {
+	ch.open.Add(1)
+	defer ch.open.Add(-1)
+	taken := false
+	defer func() {
+		if !taken {
+			sock.Close()
+		}
+	}()
+	ch.cfg.answer(req, func() (net.Conn, error) {
+		taken = true
+		return sock, nil
+	}, func(r protocol.Connected) error {
+		if !r.OK() && !taken {
+			sock.Close()
+			taken = true
+		}
+		return ch.send(protocol.TypeConnected, r, -1)
+	}, func(a *egress.Attempt, host net.Conn) {
+		if len(req.Reply) > 0 {
+			_ = sock.SetWriteDeadline(time.Now().Add(ch.cfg.WriteTimeout))
+			_, _ = sock.Write(req.Reply)
+			_ = sock.SetWriteDeadline(time.Time{})
+		}
+		_ = a.SendUpstream(req.Early)
+	})
 }
 
 // connect answers one request: the broker decides; an allowed connection
@@ -117,7 +193,7 @@ func (ch *Channel) connect(req protocol.Connect) {
 			guestFD = -1
 		}
 		return err
-	})
+	}, nil)
 }
 
 // pair returns the host's end, unwrapped (so it is spliced), and the
@@ -190,6 +266,9 @@ func (ch *Channel) Close() error {
 	ch.closeOnce.Do(func() {
 		close(ch.done)
 		ch.c.Close()
+		if ch.fr != nil {
+			ch.fr.Close()
+		}
 		ch.pairs.stop()
 	})
 	return nil

@@ -25,7 +25,8 @@ const (
 
 // HostFDsPerConnection is how many descriptors one carried connection
 // holds on the host: the upstream socket, the host's end of the guest's
-// connection (a pair's end or the dialed connection), and a splice pipe
+// connection (a pair's end, the dialed connection, or the workload's
+// socket the guest handed over), and a splice pipe
 // (two descriptors) each way while the bytes move in the kernel. The
 // broker's stream limit bounds the connections, so a sandbox's data plane
 // holds at most MaxStreams x HostFDsPerConnection, plus the fd channel
@@ -95,8 +96,10 @@ func (c *Config) defaults() {
 // answer decides one Connect with the broker. send delivers the answer to
 // the guest together with the guest's side of the connection (guest is
 // nil for a refusal) and reports whether it arrived; guest makes that side
-// when the attempt is OK and returns the host's side to carry.
-func (cfg *Config) answer(req protocol.Connect, guest func() (net.Conn, error), send func(protocol.Connected) error) {
+// when the attempt is OK and returns the host's side to carry. prime, when
+// not nil, runs once the guest has an OK answer, before the bytes move.
+// The host's side is closed once carried.
+func (cfg *Config) answer(req protocol.Connect, guest func() (net.Conn, error), send func(protocol.Connected) error, prime func(*egress.Attempt, net.Conn)) {
 	if cfg.Broker == nil {
 		_ = send(protocol.Connected{ID: req.ID, EgressReply: protocol.EgressReply{
 			Code: protocol.EgressUnsupportedNetwork, Effect: protocol.EffectNone, Error: protocol.EgressUnsupportedNetwork.String(),
@@ -121,7 +124,11 @@ func (cfg *Config) answer(req protocol.Connect, guest func() (net.Conn, error), 
 		}
 		return
 	}
+	if prime != nil {
+		prime(a, host)
+	}
 	a.Carry(host, func() { host.Close() }, peersGone)
+	host.Close()
 }
 
 // violation wraps a read error that a correct guest never causes.

@@ -103,6 +103,10 @@ func serveConn(c net.Conn, cfg Config, read func(), channelTaken *atomic.Bool) e
 		if !protocol.TokenMatches(req.Token, cfg.Token) {
 			return ErrToken
 		}
+		if req.Hand {
+			cfg.violation(fmt.Errorf("%w: a data connection cannot hand a socket over", ErrViolation))
+			return nil
+		}
 		if req.ID != 0 {
 			// The token is the agent's: this is the guest breaking the
 			// protocol, not a stranger knocking.
@@ -115,7 +119,7 @@ func serveConn(c net.Conn, cfg Config, read func(), channelTaken *atomic.Bool) e
 			_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 			defer func() { _ = c.SetWriteDeadline(time.Time{}) }()
 			return protocol.WriteMessage(c, protocol.TypeConnected, r)
-		})
+		}, nil)
 		return nil
 	}
 	c.Close()

@@ -10,7 +10,9 @@
 //     made in the guest's own network namespace (a thread of this process
 //     joins it once per channel), and forwards are handed over the same
 //     way. The host keeps its end and the upstream socket and splices
-//     between them;
+//     between them. A Connect that hands the workload's own TCP socket
+//     over (protocol.CapDataHand) is carried between that socket and the
+//     upstream, with no pair;
 //   - dialed data connections (a vsock transport, or a rootless shim on a
 //     unix one): the guest dials the transport's listener once per
 //     connection and names its target; the connection then carries the
@@ -24,8 +26,11 @@
 // target within a header timeout, and descriptors: at most the broker's
 // stream limit of pairs at once (docs/threat-model.md counts them).
 //
-// It must not decide anything about targets, read a descriptor the guest
-// sends (the channel is read with read(2), which drops them), or hand the
-// guest any socket but its end of a pair made in its own network
-// namespace: never a socket of the host's network namespace.
+// It must not decide anything about targets, take a descriptor the guest
+// sends except the one connected TCP socket of a handing Connect (without
+// CapDataHand the channel is read with read(2), which drops them; a
+// handed socket is only read and written, never connected, bound or
+// listened on), or hand the guest any socket but its end of a pair made
+// in its own network namespace: never a socket of the host's network
+// namespace.
 package dataplane

@@ -27,6 +27,9 @@ func FuzzDataConnection(f *testing.F) {
 	f.Add(protocol.AppendFrame(nil, protocol.TypeConnect, []byte(`{"token":"wrong","host":"up.test","port":80}`)))
 	f.Add(protocol.AppendFrame(nil, protocol.TypeChannel, []byte(`{"token":"`+testToken+`"}`)))
 	f.Add(protocol.AppendFrame(nil, protocol.TypeHello, []byte(`{}`)))
+	f.Add(protocol.AppendFrame(nil, protocol.TypeConnect, []byte(`{"token":"`+testToken+`","host":"up.test","port":80,"hand":true,"reply":"MjAw","early":"eA=="}`)))
+	f.Add(append(protocol.AppendFrame(nil, protocol.TypeChannel, []byte(`{"token":"`+testToken+`"}`)),
+		protocol.AppendFrame(nil, protocol.TypeConnect, []byte(`{"id":1,"host":"up.test","port":80,"hand":true}`))...))
 	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -46,7 +49,7 @@ func FuzzDataConnection(f *testing.F) {
 		cfg := Config{
 			Ctx: ctx, HeaderTimeout: 200 * time.Millisecond, Token: testToken,
 			Broker:      egress.New(egress.Config{}), // denies everything, dials nothing
-			Offer:       []string{protocol.CapDataFD, protocol.CapDataDial},
+			Offer:       []string{protocol.CapDataFD, protocol.CapDataHand, protocol.CapDataDial},
 			Emit:        func(api.Event) { decided.Add(1) },
 			OnViolation: func(error) { violations.Add(1) },
 		}

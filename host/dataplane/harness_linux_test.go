@@ -75,6 +75,7 @@ type host struct {
 	ln         *net.UnixListener
 	events     *recorder
 	accepted   *atomic.Int32
+	broker     *egress.Broker
 	channel    chan *Channel
 	violations chan error
 	cancel     context.CancelFunc
@@ -99,8 +100,9 @@ func startHost(t *testing.T, maxStreams int, tweak func(*Config), offer ...strin
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
+	h.broker = egress.New(egress.Config{Policy: pol, MaxStreams: maxStreams})
 	cfg := Config{
-		Ctx: ctx, Broker: egress.New(egress.Config{Policy: pol, MaxStreams: maxStreams}), Emit: h.events.emit,
+		Ctx: ctx, Broker: h.broker, Emit: h.events.emit,
 		HeaderTimeout: 2 * time.Second, Token: testToken, Offer: offer,
 		OnChannel:   func(ch *Channel) { h.channel <- ch },
 		OnViolation: func(err error) { h.violations <- err },

@@ -169,6 +169,7 @@ type Attempt struct {
 	up      net.Conn
 	rule    string
 	release func()
+	early   int64
 }
 
 // Open decides h (re-validated: it may come straight from the guest), takes
@@ -260,6 +261,21 @@ func (a *Attempt) Answered(werr error) bool {
 	return true
 }
 
+// SendUpstream writes b to the upstream of an OK attempt before Carry
+// (what the guest's client sent before the answer, on a carrier that
+// hands the client's own socket over), within the write timeout of an
+// answer; the bytes count in the close event.
+func (a *Attempt) SendUpstream(b []byte) error {
+	if a.up == nil || len(b) == 0 {
+		return nil
+	}
+	_ = a.up.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	n, err := a.up.Write(b)
+	_ = a.up.SetWriteDeadline(time.Time{})
+	a.early += int64(n)
+	return err
+}
+
 // Carry joins the guest's side to the upstream until both directions end
 // (or the idle timeout, or the sandbox stopping, ends them), emits the
 // close event and releases the slot. abort ends the guest's side for good
@@ -292,6 +308,7 @@ func (a *Attempt) Carry(guest net.Conn, abort func(), gone func(guest, up net.Co
 	})
 	stopOnCancel()
 	stopIdle()
+	out += a.early
 	ev, ctx := a.ev, a.ctx
 	closed := api.Event{Event: api.KindEgressClosed, Conn: a.id, Via: ev.Via, Target: ev.Target, Rule: a.rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(a.start).Milliseconds()), Message: "egress closed"}

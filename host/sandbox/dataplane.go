@@ -12,7 +12,8 @@ import (
 
 // dataCarriers returns the data plane carriers to offer: what the
 // provider's transport allows, the fd channel only to a shim that can
-// make pairs in the guest's namespace, narrowed by Config.DataPlane.
+// make pairs in the guest's namespace, narrowed by Config.DataPlane, and
+// with it protocol.CapDataHand.
 func (s *run) dataCarriers() []string {
 	dp, ok := s.inst.(provider.DataPlane)
 	if !ok || s.cfg.DataPlane == DataPlaneOff {
@@ -26,6 +27,11 @@ func (s *run) dataCarriers() []string {
 		if s.cfg.DataPlane == "" || s.cfg.DataPlane == c {
 			offer = append(offer, c)
 		}
+	}
+	if slices.Contains(offer, protocol.CapDataFD) {
+		// The fd channel also takes the workload's own sockets, carried
+		// here with no copy in the guest.
+		offer = append(offer, protocol.CapDataHand)
 	}
 	return offer
 }

@@ -6,7 +6,7 @@
 // only its SHA-256).
 //
 //	daemon serve --hostname 127.0.0.1 --port 4096 [--healthy-after-requests N] [--never-healthy] [--marker X]
-//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT]... [--persist PATH]...
+//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT]... [--persist PATH]...
 //
 // Until N authenticated health requests arrived it answers 503 (so a test
 // can see that ready waits for health); with --never-healthy always 503.
@@ -19,6 +19,11 @@
 // at all (direct:, so only the transparent capture can carry it), or a TCP
 // connection that sends a line and reads one back (dial:). Each prints
 // "daemon: probe NAME=ok STATUS BODY" or "daemon: probe NAME=error ERROR".
+// echo-proxy: (a CONNECT tunnel through the proxy its environment names)
+// and echo-direct: (a plain connection, so the capture carries it) send
+// EchoBytes of a fixed pattern to an echo server, half-close and read
+// everything back: "ok echoed N bytes sha256=HEX" when what came back is
+// what was sent.
 //
 // Each --persist PATH (a kept sandbox's test) prints "daemon: persist
 // PATH=CONTENT" (what an earlier run wrote, or "absent"), then writes
@@ -36,6 +41,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -77,7 +83,7 @@ func main() {
 	never := fs.Bool("never-healthy", false, "always answer 503")
 	_ = fs.String("marker", "", "ignored: lets tests find this process on the host")
 	var probes probeList
-	fs.Var(&probes, "probe", "NAME=proxy:URL, NAME=direct:URL or NAME=dial:HOST:PORT (repeatable)")
+	fs.Var(&probes, "probe", "NAME=proxy:URL, NAME=direct:URL, NAME=dial:HOST:PORT, NAME=echo-proxy:HOST:PORT or NAME=echo-direct:HOST:PORT (repeatable)")
 	var persist stringList
 	fs.Var(&persist, "persist", "report the content of PATH, then write \"kept\" there (repeatable)")
 	_ = fs.Parse(os.Args[2:])
@@ -181,7 +187,7 @@ func (l *probeList) String() string { return "" }
 func (l *probeList) Set(v string) error {
 	name, rest, ok := strings.Cut(v, "=")
 	mode, target, ok2 := strings.Cut(rest, ":")
-	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial") {
+	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial" && mode != "echo-proxy" && mode != "echo-direct") {
 		return fmt.Errorf("--probe %q: want NAME=proxy:URL, NAME=direct:URL or NAME=dial:HOST:PORT", v)
 	}
 	*l = append(*l, probe{name, mode, target})
@@ -190,8 +196,83 @@ func (l *probeList) Set(v string) error {
 
 const probeTimeout = 10 * time.Second
 
+// EchoBytes is how much an echo probe sends (and reads back).
+const EchoBytes = 1 << 20
+
+// EchoPattern is what an echo probe sends.
+func EchoPattern() []byte {
+	b := make([]byte, EchoBytes)
+	for i := range b {
+		b[i] = byte(i*31 + i>>11)
+	}
+	return b
+}
+
+// echo runs an echo probe over c, whose first bytes may already be in br.
+func echo(c net.Conn, br *bufio.Reader) (string, error) {
+	want := EchoPattern()
+	werr := make(chan error, 1)
+	go func() {
+		_, err := c.Write(want)
+		if cw, ok := c.(interface{ CloseWrite() error }); ok && err == nil {
+			err = cw.CloseWrite()
+		}
+		werr <- err
+	}()
+	got, err := io.ReadAll(io.LimitReader(br, 2*EchoBytes))
+	if err != nil {
+		return "", err
+	}
+	if err := <-werr; err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(got)
+	if len(got) != len(want) || string(got) != string(want) {
+		return "", fmt.Errorf("echoed %d bytes that differ from the %d sent (sha256=%s)", len(got), len(want), hex.EncodeToString(sum[:]))
+	}
+	return fmt.Sprintf("echoed %d bytes sha256=%s", len(got), hex.EncodeToString(sum[:])), nil
+}
+
 func (p probe) run() {
 	result := func(format string, args ...any) { say("probe %s="+format, append([]any{p.name}, args...)...) }
+	if p.mode == "echo-proxy" || p.mode == "echo-direct" {
+		addr := p.target
+		if p.mode == "echo-proxy" {
+			u, err := http.ProxyFromEnvironment(&http.Request{URL: &url.URL{Scheme: "https", Host: p.target}})
+			if err != nil || u == nil {
+				result("error no proxy in the environment: %v", err)
+				return
+			}
+			addr = u.Host
+		}
+		c, err := net.DialTimeout("tcp", addr, probeTimeout)
+		if err != nil {
+			result("error %v", err)
+			return
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * probeTimeout))
+		br := bufio.NewReader(c)
+		if p.mode == "echo-proxy" {
+			fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", p.target, p.target)
+			resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+			if err != nil {
+				result("error CONNECT through %s: %v", addr, err)
+				return
+			}
+			if resp.StatusCode != http.StatusOK {
+				result("error CONNECT answered %d", resp.StatusCode)
+				return
+			}
+		}
+		out, err := echo(c, br)
+		if err != nil {
+			result("error %v", err)
+			return
+		}
+		result("ok %s", out)
+		return
+	}
 	if p.mode == "dial" {
 		c, err := net.DialTimeout("tcp", p.target, probeTimeout)
 		if err != nil {
