@@ -50,6 +50,10 @@ func runKept(t *testing.T, cfg sandbox.Config, bootstrapJSON string) *keptRun {
 	require.NoError(t, err)
 	r := &keptRun{t: t, done: make(chan error, 1), change: make(chan struct{}, 1), start: time.Now()}
 	cfg.Bootstrap = b
+	// No fd channel in this process: its pair maker ends its locked OS
+	// thread when it stops, and a child started from that thread with a
+	// parent-death signal (the tests' private dockerd) would die with it.
+	cfg.DataPlane = sandbox.DataPlaneOff
 	cfg.Diag = &r.diag
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(&r.diag, nil)) // the shim's warnings
