@@ -51,7 +51,14 @@ func startSandbox(b Bins, timeout time.Duration) (*sandboxProc, error) {
 // startSandboxWith starts oac-shim with extra arguments (the provider) and
 // waits for the ready event.
 func startSandboxWith(b Bins, timeout time.Duration, extra ...string) (*sandboxProc, error) {
-	cmd := exec.Command(b.Shim, append([]string{"run", "--name", benchName(), "--agent", b.Guest}, extra...)...)
+	return startCommand(b, timeout, "run", benchName(), extra...)
+}
+
+// startCommand starts oac-shim COMMAND (run, or start of a kept sandbox)
+// for the sandbox name with extra arguments and waits for the ready
+// event.
+func startCommand(b Bins, timeout time.Duration, command, name string, extra ...string) (*sandboxProc, error) {
+	cmd := exec.Command(b.Shim, append([]string{command, "--name", name, "--agent", b.Guest}, extra...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

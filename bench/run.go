@@ -14,7 +14,7 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, clients, boot, footprint, density, oci, hosted, qemu); results are then
+	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept); results are then
 	// printed but not written.
 	Only []string
 }
@@ -96,6 +96,18 @@ func Run(o Options) error {
 			r.Skip("oci boot figures", "need root")
 		} else if err := OCIFigures(r, b, o.Runs); err != nil {
 			return err
+		}
+	}
+	if o.want("kept") {
+		switch {
+		case !root:
+			r.Skip("kept sandbox figures", "need root (bwrap with an id range, OCI)")
+		case errB != nil:
+			r.Skip("kept sandbox figures", "need bubblewrap")
+		default:
+			if err := KeptFigures(r, b, min(o.Runs, 11)); err != nil {
+				return err
+			}
 		}
 	}
 	if o.want("hosted") {

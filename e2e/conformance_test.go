@@ -70,6 +70,10 @@ var confPromises = []confPromise{
 	{"workload sees only lo", promiseOnlyLoopback},
 	{"SIGTERM: stopped, nothing left", promiseStopLeavesNothing},
 	{"kill -9 of the shim, restart: nothing left", promiseKillLeavesNothing},
+	{"kept: workspace and /usr/local survive stop/start", promiseKeptSurvives},
+	{"reset: both gone, sandbox kept", promiseKeptReset},
+	{"destroy: nothing left on host", promiseKeptDestroy},
+	{"kill -9 during create: nothing after next command", promiseKeptKilledCreate},
 }
 
 // confRow is one provider.
@@ -191,7 +195,7 @@ func (p privateBins) installs() []string {
 // with a wss Link on the relay, the daemon stand-in with credentials and
 // health, its probes (through the proxies, and direct: only the capture
 // can carry those) and a marker to find it on the host.
-func confBootstrap(name string, peer *confPeer) string {
+func confBootstrap(name string, peer *confPeer, daemonArgs ...string) string {
 	grace := bootstrap.Duration(3 * time.Second)
 	argv := []string{daemonBin, "serve", "--hostname", "127.0.0.1", "--port", strconv.Itoa(daemonPort), "--marker", name,
 		"--probe", "proxy-allowed=proxy:http://web.test/proxy",
@@ -204,6 +208,7 @@ func confBootstrap(name string, peer *confPeer) string {
 	if peer != nil {
 		argv = append(argv, "--probe", "peer=dial:"+peer.addr)
 	}
+	argv = append(argv, daemonArgs...)
 	b := &bootstrap.Bootstrap{
 		Version: 1, Hostname: "conformance",
 		SandboxIO: &bootstrap.SandboxIOSpec{Bootstrap: &bootstrap.SandboxIO{
@@ -231,6 +236,8 @@ type confCase struct {
 	procs   []procID
 	ifaces  []string
 	mu      sync.Mutex
+	// kept is the kept-sandbox columns' sandbox.
+	kept keptState
 }
 
 // live returns the row's running sandbox, booting it on first use (or

@@ -97,13 +97,14 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	}
 	// Destroy's rm is repeated while the engine's own --rm removal of the
 	// stopped container is under way ("removal ... already in progress").
-	require.GreaterOrEqual(t, len(verbs), 5)
-	assert.Equal(t, []string{"version", "image", "rm", "run", "rm"}, verbs[:5])
-	for _, c := range calls[5:] {
+	require.GreaterOrEqual(t, len(verbs), 6)
+	assert.Equal(t, []string{"version", "image", "container", "rm", "run", "rm"}, verbs[:6])
+	for _, c := range calls[6:] {
 		assert.Equal(t, []string{"rm", "--force", cname}, c, "only destroy's rm, repeated")
 	}
 	assert.Equal(t, []string{"image", "inspect", "--format", "{{.Id}}", image}, calls[1])
-	assert.Equal(t, []string{"rm", "--force", cname}, calls[2], "a stale container of the name is removed first")
+	assert.Equal(t, []string{"container", "inspect"}, calls[2][:2], "a container of the name is looked at first: a kept sandbox's is never removed")
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[3], "a stale container of the name is removed first")
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", cname, "--label", "oac.sandbox=" + name, "--pull", "never", "--user", "0:0",
 		"--network", "none", "--read-only",
@@ -118,8 +119,8 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 		"--mount", "type=bind,src=" + bins.daemon + ",dst=/usr/local/bin/oac-daemon-standin,readonly",
 		"--hostname", "dock",
 		"--entrypoint", "/run/oac/oac-guest", image, "--transport", "unix:///run/oac/agent.sock",
-	}, calls[3])
-	assert.Equal(t, []string{"rm", "--force", cname}, calls[4])
+	}, calls[4])
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[5])
 	assert.NoDirExists(t, stateDir)
 }
 

@@ -216,6 +216,9 @@ type sandboxSpec struct {
 	// 4, ... (a bootstrap or password handed over without a file).
 	stdin      io.Reader
 	extraFiles []*os.File
+	// command is the shim's command: "run" (the default) or "start" (a
+	// kept sandbox: no --provider, args are start's).
+	command string
 }
 
 // startShim starts `oac-shim run` for a sandbox and collects its events.
@@ -231,6 +234,9 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		spec.provider = "bwrap"
 	}
 	args := []string{"run", "--provider", spec.provider, "--name", spec.name, "--agent", spec.agent}
+	if spec.command == "start" {
+		args = []string{"start", "--name", spec.name, "--agent", spec.agent}
+	}
 	if spec.bootstrap != "" {
 		dir := t.TempDir()
 		owner := -1

@@ -22,10 +22,13 @@ const (
 	SandboxIO     = "sandbox-io.schema.json"
 	CoreBootstrap = "core-bootstrap.schema.json"
 	Policy        = "policy.schema.json"
+	// List is oac-shim list --json; Record a kept sandbox's record.
+	List   = "list.schema.json"
+	Record = "record.schema.json"
 )
 
 // Names lists the schema files.
-var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy}
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record}
 
 //go:embed *.schema.json
 var files embed.FS

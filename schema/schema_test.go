@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -20,6 +21,8 @@ import (
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/persist"
+	"github.com/oac/sandbox-agent/host/shimcli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/schema"
@@ -184,6 +187,38 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "SandboxIO", reflect.TypeFor[bootstrap.SandboxIO](), at{schema.SandboxIO, d[schema.SandboxIO]}, false)
 	d.agree(t, "Core", reflect.TypeFor[bootstrap.Core](), at{schema.CoreBootstrap, d[schema.CoreBootstrap]}, false)
 	d.agree(t, "PolicyFile", reflect.TypeFor[egress.File](), at{schema.Policy, d[schema.Policy]}, false)
+	d.agree(t, "ListReport", reflect.TypeFor[shimcli.ListReport](), at{schema.List, d[schema.List]}, true)
+	d.agree(t, "Record", reflect.TypeFor[persist.Record](), at{schema.Record, d[schema.Record]}, true)
+}
+
+// The kept sandbox's states, the list and the record the shim writes.
+func TestKeptRecordAndListValidate(t *testing.T) {
+	d := loadDocs(t)
+	var states []string
+	for _, s := range persist.States {
+		states = append(states, string(s))
+	}
+	sort.Strings(states)
+	assert.Equal(t, states, enum(t, d.def(schema.Record, "State")))
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	rec := persist.Record{Schema: persist.SchemaVersion, Name: "k1", Provider: "oci",
+		Image:   persist.Image{Ref: "/images/root", Digest: "sha256:" + strings.Repeat("ab", 32)},
+		Flags:   persist.Flags{Rootfs: "/images/root", Install: map[string]string{"d": "/bin/d"}, Provider: []string{"--runtime=crun"}},
+		Created: started, LastStarted: &started, State: persist.StateStopped}
+	data, err := persist.Encode(rec)
+	require.NoError(t, err)
+	assert.NoError(t, schema.Validate(schema.Record, data))
+	store := persist.NewMem(t.TempDir())
+	l, err := store.Lock("k1")
+	require.NoError(t, err)
+	require.NoError(t, store.Save(rec))
+	l.Unlock()
+	rep, err := shimcli.List(context.Background(), store, func(string) {})
+	require.NoError(t, err)
+	out, err := json.Marshal(rep)
+	require.NoError(t, err)
+	assert.NoError(t, schema.Validate(schema.List, out), "%s", out)
+	assert.Error(t, schema.Validate(schema.List, []byte(`{"schema_version":1,"sandboxes":[{"name":"k1"}]}`)))
 }
 
 // sample is a valid value for a command key, from its schema.
@@ -328,6 +363,7 @@ func TestEventsOfEveryKindValidate(t *testing.T) {
 		{Event: api.KindEgressClosed, Conn: 1, Via: protocol.ViaConnect, Target: "a.example.com:443", Address: "203.0.113.5:443",
 			BytesOut: &n, BytesIn: &n, DurationMS: &n, Message: "egress closed", Attempt: 1},
 		{Event: api.KindForward, Listen: "127.0.0.1:41123", GuestPort: 4096, Message: "listening"},
+		{Event: api.KindKept, Message: "reset: the kept state was discarded; the sandbox starts afresh from its image", Attempt: 2},
 	} {
 		line := encodeEvent(t, e)
 		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)

@@ -35,6 +35,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	debug := fs.Bool("debug", false, "log debug messages")
+	kept := fs.Bool("kept", false, "a kept sandbox's container: give /usr/local (but bin and sbin) to uid 1000, whose installs outlive the run")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -77,6 +78,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	} else if err := reaper.BecomeSubreaper(); err != nil {
 		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
+	}
+	if *kept {
+		if err := vminit.HandLocalTo1000(""); err != nil {
+			log.Warn("kept sandbox", "err", err)
+		}
 	}
 	rp := reaper.New()
 	// A host that goes away closes the stdio transport: writing to it must

@@ -125,7 +125,10 @@ type Params struct {
 	Debug     bool
 	// Root is the block device of the image's root ("vda"); empty: the
 	// guest runs from its initramfs.
-	Root   string
+	Root string
+	// Keep is the block device of a kept sandbox's disk (see
+	// vmparams.Keep); empty: every write lives in memory.
+	Keep   string
 	Shares []vmparams.Share
 }
 
@@ -163,6 +166,14 @@ func ParseParams(cmdline string) (Params, error) {
 	if r, ok := kv[vmparams.Root]; ok {
 		if p.Root, err = vmparams.ParseRoot(r); err != nil {
 			return Params{}, err
+		}
+	}
+	if k, ok := kv[vmparams.Keep]; ok {
+		if p.Keep, err = vmparams.ParseKeep(k); err != nil {
+			return Params{}, err
+		}
+		if p.Keep == p.Root {
+			return Params{}, fmt.Errorf("%s and %s name the same device %s", vmparams.Keep, vmparams.Root, p.Keep)
 		}
 	}
 	if p.Shares, err = vmparams.ParseShares(kv[vmparams.Shares]); err != nil {

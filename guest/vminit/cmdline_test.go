@@ -94,9 +94,17 @@ func TestParseParamsRootAndShares(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "vda", p.Root)
 	assert.Equal(t, []vmparams.Share{{Tag: "workspace", Path: "/environment/workspace"}, {Tag: "home", Path: "/home"}}, p.Shares)
+	assert.Empty(t, p.Keep, "a throwaway sandbox keeps nothing")
+	p, err = ParseParams("oac.transport=serial:oac.agent oac.root=vda oac.keep=vdb")
+	require.NoError(t, err)
+	assert.Equal(t, "vdb", p.Keep)
+	p, err = ParseParams("oac.transport=serial:oac.agent oac.keep=vda")
+	require.NoError(t, err)
+	assert.Equal(t, Params{Transport: p.Transport, HostGrace: DefaultHostGrace, Keep: "vda"}, p, "a kept disk without a root disk")
 	for _, bad := range []string{
 		"oac.transport=serial:a oac.root=/dev/vda", "oac.transport=serial:a oac.root=",
 		"oac.transport=serial:a oac.shares=w:/proc", "oac.transport=serial:a oac.shares=w",
+		"oac.transport=serial:a oac.keep=/dev/vdb", "oac.transport=serial:a oac.root=vda oac.keep=vda",
 	} {
 		_, err := ParseParams(bad)
 		assert.Error(t, err, bad)

@@ -43,6 +43,42 @@ const (
 // and /tmp are fresh tmpfs mounts carried over from the initramfs.
 var WritableDirs = []string{"/home", "/environment"}
 
+// KeptDirs are the directories a kept guest without a root disk keeps on
+// its kept disk (with a root disk the whole root is kept).
+var KeptDirs = []string{"/environment", "/home", "/usr/local"}
+
+// KeptLocalDirs are the directories of /usr/local a kept sandbox's
+// workload (uid 1000) owns, so it can install packages that outlive the
+// run, as on every provider that keeps; bin and sbin stay root's (the
+// host's installs are laid there).
+var KeptLocalDirs = []string{"/usr/local", "/usr/local/lib", "/usr/local/share", "/usr/local/include", "/usr/local/etc", "/usr/local/src"}
+
+// HandLocalTo1000 gives each of KeptLocalDirs that root has (a directory,
+// never a symlink) to 1000:1000. oac-guest --kept calls it too: the
+// container of a kept docker sandbox.
+func HandLocalTo1000(root string) error {
+	for _, d := range KeptLocalDirs {
+		var st unix.Stat_t
+		if err := unix.Lstat(root+d, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		if st.Uid == bootstrap.DaemonUID && st.Gid == bootstrap.DaemonGID {
+			continue
+		}
+		if err := unix.Lchown(root+d, bootstrap.DaemonUID, bootstrap.DaemonGID); err != nil {
+			return fmt.Errorf("kept %s: give it to uid 1000: %w", d, err)
+		}
+	}
+	return nil
+}
+
+// Mount points of a kept sandbox's disks in the initramfs (0700; nothing
+// reaches them after the switch).
+const (
+	lowerMount = "/oac/lower"
+	keptMount  = "/oac/kept"
+)
+
 // movedMounts are the initramfs's mounts carried into the new root.
 var movedMounts = []string{"/dev", "/proc", "/sys", "/run", "/tmp"}
 
@@ -73,26 +109,42 @@ func DetectFS(r io.ReaderAt) (string, error) {
 // binaries over it, frees the initramfs and makes the new root the
 // process's root. oac-guest stays PID 1 throughout: nothing is executed.
 // keep lists the WritableDirs a share replaces (no overlay there).
-func SwitchRoot(ctx context.Context, log *slog.Logger, dev string, keep map[string]bool) error {
+//
+// With kept (a kept sandbox's disk, see vmparams.Keep) the root disk is
+// mounted read-only at lowerMount instead and the new root is an overlay
+// of it whose upper layer is on the kept disk: every write to the root
+// (/home, /environment, /usr/local, /etc, ...) outlives the run, and no
+// tmpfs layers are laid.
+func SwitchRoot(ctx context.Context, log *slog.Logger, dev, kept string, keep map[string]bool) error {
 	start := time.Now()
 	devPath := "/dev/" + dev
-	if err := waitDevice(ctx, devPath, rootWait); err != nil {
+	fstype, err := detectDevice(ctx, devPath, "root disk")
+	if err != nil {
 		return err
-	}
-	f, err := os.Open(devPath)
-	if err != nil {
-		return fmt.Errorf("root disk: %w", err)
-	}
-	fstype, err := DetectFS(f)
-	f.Close()
-	if err != nil {
-		return fmt.Errorf("root disk %s: %w", devPath, err)
 	}
 	if err := os.MkdirAll(NewRoot, 0o755); err != nil {
 		return fmt.Errorf("root disk: %w", err)
 	}
-	if err := unix.Mount(devPath, NewRoot, fstype, unix.MS_RDONLY, ""); err != nil {
+	target := NewRoot
+	if kept != "" {
+		target = lowerMount
+		if err := os.MkdirAll(lowerMount, 0o700); err != nil {
+			return fmt.Errorf("root disk: %w", err)
+		}
+	}
+	if err := unix.Mount(devPath, target, fstype, unix.MS_RDONLY, ""); err != nil {
 		return fmt.Errorf("mount the root disk %s (%s) read-only: %w (is %s in the image's module list?)", devPath, fstype, err, fstype)
+	}
+	if kept != "" {
+		if err := mountKept(ctx, kept); err != nil {
+			return err
+		}
+		if err := overlay(lowerMount, NewRoot, keptMount+"/root", 0); err != nil {
+			return fmt.Errorf("kept root: %w", err)
+		}
+		if err := HandLocalTo1000(NewRoot); err != nil {
+			return err
+		}
 	}
 	need := append(append([]string{}, movedMounts...), WritableDirs...)
 	for _, d := range need {
@@ -122,7 +174,7 @@ func SwitchRoot(ctx context.Context, log *slog.Logger, dev string, keep map[stri
 		}
 	}
 	for _, d := range WritableDirs {
-		if keep[d] {
+		if keep[d] || kept != "" {
 			continue
 		}
 		if err := writableLayer(d); err != nil {
@@ -146,8 +198,105 @@ func SwitchRoot(ctx context.Context, log *slog.Logger, dev string, keep map[stri
 	if err := os.Chdir("/"); err != nil {
 		return fmt.Errorf("switch root: %w", err)
 	}
-	log.Info("switched into the image's root", "device", devPath, "fstype", fstype, "installed", n,
+	log.Info("switched into the image's root", "device", devPath, "fstype", fstype, "kept", kept, "installed", n,
 		"initramfs_freed_kib", freed>>10, "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+// detectDevice waits for the block device at devPath and tells its
+// filesystem.
+func detectDevice(ctx context.Context, devPath, what string) (string, error) {
+	if err := waitDevice(ctx, devPath, rootWait); err != nil {
+		return "", err
+	}
+	f, err := os.Open(devPath)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
+	fstype, err := DetectFS(f)
+	f.Close()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w", what, devPath, err)
+	}
+	return fstype, nil
+}
+
+// mountKept mounts a kept sandbox's disk (an ext4 filesystem the host
+// made) read-write at keptMount, a directory of the initramfs that
+// nothing reaches after the switch. noinit_itable: the host made it with
+// lazy inode tables, which need no zeroing (their groups are marked
+// unused), so the disk's file on the host stays sparse.
+func mountKept(ctx context.Context, dev string) error {
+	devPath := "/dev/" + dev
+	fstype, err := detectDevice(ctx, devPath, "kept disk")
+	if err != nil {
+		return err
+	}
+	if fstype != "ext4" {
+		return fmt.Errorf("kept disk %s: %s, want the ext4 filesystem the host made", devPath, fstype)
+	}
+	if err := os.MkdirAll(keptMount, 0o700); err != nil {
+		return fmt.Errorf("kept disk: %w", err)
+	}
+	if err := unix.Mount(devPath, keptMount, "ext4", unix.MS_NOATIME, "noinit_itable"); err != nil {
+		return fmt.Errorf("mount the kept disk %s: %w", devPath, err)
+	}
+	return nil
+}
+
+// KeepInitramfs keeps a guest that runs from its initramfs: the kept disk
+// dev is mounted and each of KeptDirs (but those a share replaces, in
+// keep) gets an overlay whose upper layer is on it.
+func KeepInitramfs(ctx context.Context, log *slog.Logger, dev string, keep map[string]bool) error {
+	if err := mountKept(ctx, dev); err != nil {
+		return err
+	}
+	for _, d := range KeptDirs {
+		if keep[d] {
+			continue
+		}
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("kept %s: %w", d, err)
+		}
+		if err := overlay(d, d, keptMount+"/dirs/"+strings.TrimPrefix(strings.ReplaceAll(d, "/", "-"), "-"), unix.MS_NOSUID|unix.MS_NODEV); err != nil {
+			return fmt.Errorf("kept %s: %w", d, err)
+		}
+	}
+	if err := HandLocalTo1000(""); err != nil {
+		return err
+	}
+	log.Info("kept directories on the kept disk", "device", "/dev/"+dev, "dirs", strings.Join(KeptDirs, " "))
+	return nil
+}
+
+// overlay mounts an overlay on target with lower below and base/upper
+// above (base/work its work directory), making them when missing. The
+// overlay's root takes its owner and mode from the upper directory, so
+// they are copied from lower's.
+func overlay(lower, target, base string, flags uintptr) error {
+	var st unix.Stat_t
+	if err := unix.Stat(lower, &st); err != nil {
+		return err
+	}
+	upper, work := base+"/upper", base+"/work"
+	if err := os.MkdirAll(base, 0o700); err != nil {
+		return err
+	}
+	for _, p := range []string{upper, work} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := unix.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if err := unix.Chmod(upper, st.Mode&0o7777); err != nil {
+		return err
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", target, "overlay", flags, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s: %w (is overlay in the image's module list?)", target, err)
+	}
 	return nil
 }
 
@@ -169,33 +318,14 @@ func waitDevice(ctx context.Context, p string, d time.Duration) error {
 }
 
 // writableLayer mounts an overlay on NewRoot+d: the image's directory
-// below, a fresh tmpfs directory above. The overlay's root takes its owner
-// and mode from the upper directory, so they are copied from the image's.
+// below, a fresh tmpfs directory above.
 func writableLayer(d string) error {
-	lower := NewRoot + d
-	var st unix.Stat_t
-	if err := unix.Stat(lower, &st); err != nil {
-		return fmt.Errorf("writable layer on %s: %w", d, err)
-	}
-	base := NewRoot + rwDir + "/" + strings.TrimPrefix(d, "/")
-	upper, work := base+"/upper", base+"/work"
 	if err := os.MkdirAll(NewRoot+rwDir, 0o700); err != nil {
 		return fmt.Errorf("writable layer on %s: %w", d, err)
 	}
-	for _, p := range []string{upper, work} {
-		if err := os.MkdirAll(p, 0o700); err != nil {
-			return fmt.Errorf("writable layer on %s: %w", d, err)
-		}
-	}
-	if err := unix.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+	base := NewRoot + rwDir + "/" + strings.TrimPrefix(d, "/")
+	if err := overlay(NewRoot+d, NewRoot+d, base, unix.MS_NOSUID|unix.MS_NODEV); err != nil {
 		return fmt.Errorf("writable layer on %s: %w", d, err)
-	}
-	if err := unix.Chmod(upper, st.Mode&0o7777); err != nil {
-		return fmt.Errorf("writable layer on %s: %w", d, err)
-	}
-	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", lower, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("writable layer on %s: mount overlay: %w (is overlay in the image's module list?)", d, err)
 	}
 	return nil
 }

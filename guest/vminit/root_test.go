@@ -54,3 +54,23 @@ func TestRemoveTreeFreesEverythingButWhatItKeeps(t *testing.T) {
 	_, err = os.Stat(filepath.Join(dir, "newroot", "keep"))
 	assert.NoError(t, err)
 }
+
+func TestHandLocalTo1000GivesTheKeptLocalDirsToTheWorkload(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "usr/local/bin"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "usr/local/lib"), 0o755))
+	require.NoError(t, os.Symlink("/etc", filepath.Join(root, "usr/local/etc")))
+	require.NoError(t, HandLocalTo1000(root))
+	owner := func(p string) uint32 {
+		var st unix.Stat_t
+		require.NoError(t, unix.Lstat(filepath.Join(root, p), &st))
+		return st.Uid
+	}
+	assert.Equal(t, uint32(1000), owner("usr/local"))
+	assert.Equal(t, uint32(1000), owner("usr/local/lib"))
+	assert.Equal(t, uint32(0), owner("usr/local/bin"), "bin stays root's: the host's installs are laid there")
+	assert.Equal(t, uint32(0), owner("usr/local/etc"), "a symlink is never followed")
+}

@@ -51,7 +51,15 @@ func Boot(ctx context.Context, p Params, cfg agent.Config) {
 		for _, s := range p.Shares {
 			keep[s.Path] = true
 		}
-		if err := SwitchRoot(ctx, log, p.Root, keep); err != nil {
+		if err := SwitchRoot(ctx, log, p.Root, p.Keep, keep); err != nil {
+			Fatal(log, err)
+		}
+	} else if p.Keep != "" {
+		keep := map[string]bool{}
+		for _, s := range p.Shares {
+			keep[s.Path] = true
+		}
+		if err := KeepInitramfs(ctx, log, p.Keep, keep); err != nil {
 			Fatal(log, err)
 		}
 	}

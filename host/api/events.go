@@ -36,6 +36,11 @@ const (
 	// KindAnswer answers one control command: id, command, ok, error and
 	// the command's result.
 	KindAnswer = "answer"
+	// KindKept reports what the shim did to a kept sandbox's state
+	// (oac-shim start, the control API's reset): message, e.g. a
+	// half-created sandbox discarded, the state discarded by a reset, or
+	// an image that changed since create.
+	KindKept = "kept"
 )
 
 // State is a sandbox's lifecycle state: starting, ready, failed or

@@ -82,6 +82,40 @@ type Keeper interface {
 	Discard(ctx context.Context, name, dir string) error
 }
 
+// The layout every provider gives a kept sandbox (Spec.Keep): the guest's
+// /home, /environment and /usr/local are what survive stop and start and
+// what Keeper.Discard removes. /usr/local belongs to the workload (guest
+// uid 1000) in a kept sandbox: what it installs there (npm -g, pip
+// --prefix /usr/local, a downloaded tool) is the sandbox's installed
+// packages. /usr/local/bin and /usr/local/sbin stay guest root's (the
+// workload cannot replace a binary the agent runs from there, such as
+// oac-sandbox-io); the shim's own installs (Spec.Installs) are bound
+// read-only over their files in /usr/local/bin, as in a throwaway
+// sandbox. The conformance suite checks a file uid 1000 writes under
+// /usr/local/lib. A
+// provider that keeps the whole root (a disk overlay, a container, a WSL
+// distribution) keeps these with it and hands /usr/local to uid 1000 the
+// first time.
+var KeptDirs = []string{"/home", "/environment", "/usr/local"}
+
+// ImageNamer is implemented by providers that boot an image of their own
+// (a kernel and initramfs, a disk, a Docker image) instead of, or besides,
+// Spec.Rootfs. ImageOf names it for a kept sandbox's record (ref) and
+// identifies its content (digest, "sha256:HEX", "" when it cannot tell),
+// so that a later start can say the image changed since create. Without
+// it the shim names Spec.Rootfs, or the provider's default root.
+type ImageNamer interface {
+	ImageOf(ctx context.Context, spec Spec) (ref, digest string, err error)
+}
+
+// ImageChecker is implemented by instances of providers that keep
+// sandboxes. ImageChanged returns, for a kept sandbox whose image changed
+// since it was created, a sentence saying so (the sandbox keeps running
+// the image it was created from until it is reset), and "" otherwise.
+type ImageChecker interface {
+	ImageChanged() string
+}
+
 // VolumeDirs are the guest directories Spec.Volumes may name.
 var VolumeDirs = []string{"/home", "/environment"}
 

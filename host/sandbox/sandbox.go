@@ -71,6 +71,10 @@ type Config struct {
 	Install       map[string]string
 	// Volumes replace the guest's /home or /environment (provider.Spec).
 	Volumes map[string]string
+	// Keep, when set, runs a kept sandbox (provider.Spec.Keep): what it
+	// writes outlives the run. The provider must implement
+	// provider.Keeper.
+	Keep *provider.Keep
 	// PasswordFile, when set, receives the daemon's password (0600,
 	// created exclusively) once the bootstrap is valid: the way a caller
 	// learns a password the shim generated. Events never carry it.
@@ -321,7 +325,12 @@ func (s *run) run(ctx context.Context) error {
 	}
 	spec := provider.Spec{
 		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
-		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes,
+		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes, Keep: s.cfg.Keep,
+	}
+	if spec.Keep != nil {
+		if _, ok := s.cfg.Provider.(provider.Keeper); !ok {
+			return s.fail(fmt.Errorf("nothing created: %w: the %s provider cannot keep a sandbox", provider.ErrInvalidSpec, s.cfg.Provider.Name()))
+		}
 	}
 	if err := spec.Validate(); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
@@ -362,6 +371,12 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	s.inst = inst
+	if c, ok := inst.(provider.ImageChecker); ok {
+		if msg := c.ImageChanged(); msg != "" {
+			s.cfg.Log.Warn(msg, "sandbox", s.cfg.Name)
+			s.emit(api.Event{Event: api.KindKept, Message: msg})
+		}
+	}
 	s.egressCtx, s.egressCancel = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.reportDropsEverySecond()

@@ -204,6 +204,15 @@ func TestInvalidNameFailsBeforeTheProviderCreatesAnything(t *testing.T) {
 	assert.Equal(t, 0, p.created)
 }
 
+func TestAKeptSandboxOfAProviderThatCannotKeepIsRefusedBeforeItCreatesAnything(t *testing.T) {
+	p, rec := newFakeProvider(), newRecorder()
+	_, done := runSandbox(t, Config{Provider: p, Events: rec, Keep: &provider.Keep{Dir: t.TempDir()}})
+	err := wait(t, done)
+	require.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "the fake provider cannot keep a sandbox")
+	assert.Equal(t, 0, p.created)
+}
+
 func TestAFlagTheProviderWouldIgnoreIsRefusedBeforeItCreatesAnything(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	_, done := runSandbox(t, Config{Provider: p, Events: rec, Install: map[string]string{"tool": "/bin/true"}})

@@ -74,9 +74,10 @@ func (s *shim) handle(ctx context.Context, c api.Command) (any, error) {
 		if s.stopping() {
 			return nil, errStopping
 		}
-		// Nothing of a sandbox persists in the shim (volumes are the
-		// caller's): a reset is a fresh start with a new password, which
-		// first removes what the provider left of the sandbox (resetFirst).
+		// A reset is a fresh start with a new password, which first
+		// removes what the provider left of the sandbox and, for a kept
+		// sandbox (oac-shim start), everything it kept (resetFirst).
+		// Volumes are the caller's and stay.
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		a, err := s.ctrl.Start()

@@ -64,13 +64,13 @@ func TestBootstrapAndPasswordDescriptorFlags(t *testing.T) {
 		{[]string{"--bootstrap-format", "yaml"}, `--bootstrap-format takes "oac" or "core"`},
 	} {
 		var stderr bytes.Buffer
-		f, code := parseRunFlags(append([]string{"--name", "x"}, tc.args...), &stderr)
+		f, code := parseRunFlags("run", append([]string{"--name", "x"}, tc.args...), &stderr)
 		assert.Nil(t, f, tc.args)
 		assert.Equal(t, 2, code, tc.args)
 		assert.Contains(t, stderr.String(), tc.err, tc.args)
 	}
 	var stderr bytes.Buffer
-	f, code := parseRunFlags([]string{"--name", "x", "--bootstrap", "fd:7", "--password-fd", "9"}, &stderr)
+	f, code := parseRunFlags("run", []string{"--name", "x", "--bootstrap", "fd:7", "--password-fd", "9"}, &stderr)
 	require.Zero(t, code, stderr.String())
 	assert.Equal(t, 9, f.passwordFD)
 }

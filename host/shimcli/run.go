@@ -19,6 +19,7 @@ import (
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/ospolicy"
+	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/internal/systemd"
@@ -42,12 +43,25 @@ type runFlags struct {
 	bootFormat                                          string
 	passwordFD                                          int
 	dataPlane                                           string
+	// keepRoot is where kept sandboxes live (start only).
+	keepRoot string
 }
 
-func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
+// parseRunFlags parses the flags of cmd: "run", or "start", which takes
+// the create flags (provider, rootfs, installs, volumes, the provider's
+// own) from the kept sandbox's record and refuses them here.
+func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int) {
 	f := &runFlags{installs: installFlag{}, volumes: installFlag{}}
-	fs := flag.NewFlagSet("oac-shim run", flag.ContinueOnError)
+	fs := flag.NewFlagSet("oac-shim "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		if cmd == "run" {
+			fmt.Fprintln(stderr, "oac-shim run: a throwaway sandbox, created, started and destroyed when the shim exits\n(oac-shim create and start keep one across runs: docs/kept.md). Flags:")
+		} else {
+			fmt.Fprintln(stderr, "oac-shim start: runs the kept sandbox NAME (oac-shim create) until it stops, as run does;\nwhat it writes in /home, /environment and /usr/local outlives the run. Flags:")
+		}
+		fs.PrintDefaults()
+	}
 	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
 	fs.StringVar(&f.name, "name", "", "sandbox name (a-z, 0-9, '-'; required)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
@@ -79,33 +93,42 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 	fs.IntVar(&f.forwardMaxStreams, "forward-max-streams", forward.DefaultMaxStreams, "concurrent forwarded connections, all forwards together; the next one is closed")
 	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox)`)
 	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
+	if cmd == "start" {
+		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+")")
+	}
 	if err := fs.Parse(args); err != nil {
 		return nil, 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "oac-shim run: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "oac-shim %s: unexpected arguments %q\n", cmd, fs.Args())
 		return nil, 2
 	}
+	if cmd == "start" {
+		if fixed := createFlagsGiven(fs); len(fixed) > 0 {
+			fmt.Fprintf(stderr, "oac-shim start: %s was fixed at create (oac-shim destroy and create the sandbox to change it)\n", strings.Join(fixed, ", "))
+			return nil, 2
+		}
+	}
 	if _, ok := f.providers[f.prov]; !ok {
-		fmt.Fprintf(stderr, "oac-shim run: unknown provider %q (have %s)\n", f.prov, strings.Join(provider.Names(), ", "))
+		fmt.Fprintf(stderr, "oac-shim "+cmd+": unknown provider %q (have %s)\n", f.prov, strings.Join(provider.Names(), ", "))
 		return nil, 2
 	}
 	if f.name == "" {
-		fmt.Fprintln(stderr, "oac-shim run: --name is required")
+		fmt.Fprintln(stderr, "oac-shim "+cmd+": --name is required")
 		return nil, 2
 	}
 	if _, _, err := bootstrapSource(f.bootFile); err != nil {
-		fmt.Fprintf(stderr, "oac-shim run: --bootstrap: %v\n", err)
+		fmt.Fprintf(stderr, "oac-shim "+cmd+": --bootstrap: %v\n", err)
 		return nil, 2
 	}
 	if f.bootFormat != formatOAC && f.bootFormat != formatCore {
-		fmt.Fprintf(stderr, "oac-shim run: --bootstrap-format takes %q or %q\n", formatOAC, formatCore)
+		fmt.Fprintf(stderr, "oac-shim "+cmd+": --bootstrap-format takes %q or %q\n", formatOAC, formatCore)
 		return nil, 2
 	}
 	if *passwordFD != "" {
 		n, err := parseFD(*passwordFD)
 		if err != nil {
-			fmt.Fprintf(stderr, "oac-shim run: --password-fd: %v\n", err)
+			fmt.Fprintf(stderr, "oac-shim "+cmd+": --password-fd: %v\n", err)
 			return nil, 2
 		}
 		f.passwordFD = n
@@ -121,7 +144,7 @@ func parseRunFlags(args []string, stderr io.Writer) (*runFlags, int) {
 		return nil, 2
 	}
 	if f.forwardMaxStreams < 1 {
-		fmt.Fprintln(stderr, "oac-shim run: --forward-max-streams must be at least 1")
+		fmt.Fprintln(stderr, "oac-shim "+cmd+": --forward-max-streams must be at least 1")
 		return nil, 2
 	}
 	// Host paths are resolved here, once (the providers' own path flags
@@ -157,10 +180,16 @@ func newLogger(stderr io.Writer, debug bool) *slog.Logger {
 }
 
 func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	f, code := parseRunFlags(args, stderr)
+	f, code := parseRunFlags("run", args, stderr)
 	if f == nil {
 		return code
 	}
+	return runShim(f, nil, stdin, stdout, stderr)
+}
+
+// runShim runs one sandbox until it stops: a throwaway one (kept nil,
+// oac-shim run) or a kept one (oac-shim start).
+func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writer) int {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(sandbox.SoftMemoryLimit)
 	}
@@ -243,6 +272,7 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	s := newShim(f, sink, log, broker)
 	defer s.fwd.Close()
+	s.kept = kept
 	if f.passwordFD != 0 {
 		pw, err := openFD(f.passwordFD, "--password-fd")
 		if err != nil {
@@ -272,7 +302,19 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		Volumes:       f.volumes,
 		DataPlane:     dataPlaneSetting(f.dataPlane),
 	}
+	if kept != nil {
+		s.base.Keep = &provider.Keep{Dir: kept.dir}
+		for _, msg := range kept.notes {
+			s.emit(api.Event{Event: api.KindKept, Message: msg})
+		}
+		if err := kept.started(); err != nil {
+			return failedEvent(err)
+		}
+	}
 	err = s.run(stdin)
+	if kept != nil {
+		kept.ended(err)
+	}
 	if err != nil {
 		if errors.Is(err, provider.ErrUnavailable) {
 			fmt.Fprintln(stderr, "oac-shim: run 'oac-shim check' to see what this host is missing")

@@ -103,7 +103,7 @@ func TestControlStdinAnswersShareTheEventStreamAndEndWithTheShim(t *testing.T) {
 func newTestShim(t *testing.T) (*shim, *bytes.Buffer) {
 	t.Helper()
 	var out bytes.Buffer
-	f, code := parseRunFlags([]string{"--name", "unit"}, &out)
+	f, code := parseRunFlags("run", []string{"--name", "unit"}, &out)
 	require.Zero(t, code)
 	b := egress.New(egress.Config{Policy: mustPolicy(t)})
 	s := newShim(f, api.NewJSONLines(&out), slog.New(slog.DiscardHandler), b)

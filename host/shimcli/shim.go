@@ -34,6 +34,9 @@ type shim struct {
 	notify *systemd.Notifier
 	// base is the sandbox configuration each attempt starts from.
 	base sandbox.Config
+	// kept is the kept sandbox this shim runs (oac-shim start); nil for
+	// a throwaway one (oac-shim run).
+	kept *keptRun
 	// passwordOut, when set, receives each attempt's password as a line
 	// "ATTEMPT PASSWORD" (--password-fd).
 	passwordOut io.Writer
@@ -181,8 +184,17 @@ func (s *shim) resetFirst(ctx context.Context, attempt uint64) error {
 	reset := s.resets[attempt]
 	delete(s.resets, attempt)
 	s.mu.Unlock()
+	if !reset {
+		return nil
+	}
+	if s.kept != nil {
+		if err := s.kept.reset(ctx); err != nil {
+			return err
+		}
+		s.emit(api.Event{Event: api.KindKept, Message: "reset: the kept state was discarded; the sandbox starts afresh from its image"})
+	}
 	r, ok := s.base.Provider.(provider.Resetter)
-	if !reset || !ok {
+	if !ok {
 		return nil
 	}
 	if err := r.Reset(ctx, s.name); err != nil {

@@ -33,7 +33,18 @@ const usageHead = `usage:
                        [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
 `
 
-const usageTail = `  oac-shim check [--json] [provider flags]
+const usageTail = `
+  run is a throwaway sandbox: created, started and destroyed when the shim exits.
+  A kept sandbox outlives its runs (its /home, /environment and /usr/local):
+  oac-shim create --provider P --name NAME [--rootfs DIR|FILE] [--sandbox-io PATH]
+                  [--install NAME=PATH]... [provider flags] [--agent PATH] [--keep-root DIR]
+  oac-shim start --name NAME [--keep-root DIR] [the run flags but --provider, --rootfs,
+                  --sandbox-io, --install, --volume and provider flags, fixed at create]
+  oac-shim reset --name NAME [--keep-root DIR] [--agent PATH]   back to the pristine image
+  oac-shim destroy --name NAME [--keep-root DIR]                every byte it kept
+  oac-shim list [--json] [--keep-root DIR]                      name, provider, image, state, size
+
+  oac-shim check [--json] [provider flags]
   oac-shim version
 `
 
@@ -68,6 +79,16 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return runCmd(args[1:], stdin, stdout, stderr)
+	case "create":
+		return createCmd(args[1:], stdout, stderr)
+	case "start":
+		return startCmd(args[1:], stdin, stdout, stderr)
+	case "reset":
+		return resetCmd(args[1:], stdout, stderr)
+	case "destroy":
+		return destroyCmd(args[1:], stdout, stderr)
+	case "list":
+		return listCmd(args[1:], stdout, stderr)
 	case "check":
 		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":

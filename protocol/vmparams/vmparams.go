@@ -27,7 +27,22 @@ const (
 	// Shares lists virtio-fs shares to mount, comma-separated, each
 	// TAG:PATH or TAG:PATH:ro ("workspace:/environment/workspace").
 	Shares = "oac.shares"
+	// Keep names the block device of a kept sandbox's disk ("vdb", or
+	// "vda" when there is no root disk): an ext4 filesystem the host
+	// made, on which the guest keeps its writable layers across runs.
+	// With oac.root the whole root is an overlay whose upper layer is on
+	// that disk; without it /home, /environment and /usr/local are.
+	Keep = "oac.keep"
 )
+
+// KeepDevice returns the block device name of a kept sandbox's disk: the
+// second virtio disk when there is a root disk, else the first.
+func KeepDevice(root bool) string {
+	if root {
+		return "vdb"
+	}
+	return RootDevice
+}
 
 // RootDevice is the block device name of the first virtio disk, the one
 // providers attach the root disk as.
@@ -50,9 +65,14 @@ var (
 func ValidTag(tag string) bool { return tagRE().MatchString(tag) }
 
 // ParseRoot checks the value of oac.root.
-func ParseRoot(v string) (string, error) {
+func ParseRoot(v string) (string, error) { return parseBlock(Root, v) }
+
+// ParseKeep checks the value of oac.keep.
+func ParseKeep(v string) (string, error) { return parseBlock(Keep, v) }
+
+func parseBlock(param, v string) (string, error) {
 	if !blockNameRE().MatchString(v) {
-		return "", fmt.Errorf("%s: want a block device name such as %s", Root, RootDevice)
+		return "", fmt.Errorf("%s: want a block device name such as %s", param, RootDevice)
 	}
 	return v, nil
 }

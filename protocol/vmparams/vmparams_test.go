@@ -42,7 +42,13 @@ func TestParseRoot(t *testing.T) {
 	for _, bad := range []string{"", "/dev/vda", "../vda", "VDA", "vda1/x"} {
 		_, err := ParseRoot(bad)
 		assert.Error(t, err, bad)
+		_, err = ParseKeep(bad)
+		assert.Error(t, err, bad)
 	}
+	k, err := ParseKeep(KeepDevice(true))
+	require.NoError(t, err)
+	assert.Equal(t, "vdb", k)
+	assert.Equal(t, RootDevice, KeepDevice(false), "without a root disk the kept disk is the first")
 }
 
 // FuzzParseShares: the kernel command line is input the guest did not

@@ -15,6 +15,7 @@ const files = {
   'bootstrap.schema.json': 'bootstrap.ts',
   'core-bootstrap.schema.json': 'core-bootstrap.ts',
   'policy.schema.json': 'policy.ts',
+  'list.schema.json': 'list.ts',
 };
 
 await mkdir(out, { recursive: true });

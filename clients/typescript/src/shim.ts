@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 
@@ -26,6 +26,7 @@ export type AnswerCode = ErrorAnswer['code'];
 export type CommandName = Command['cmd'];
 import type { Bootstrap } from './generated/bootstrap.js';
 import type { CoreBootstrap } from './generated/core-bootstrap.js';
+import type { ListReport } from './generated/list.js';
 
 /** An event: any line of oac-shim's output but an answer. */
 export type Event = Exclude<AnyLine, Answer>;
@@ -62,8 +63,15 @@ export interface StartOptions {
   shim?: string;
   /** The sandbox's name (--name). */
   name: string;
-  /** --provider (default bwrap). */
+  /** --provider (default bwrap); not with kept, whose provider was fixed at create. */
   provider?: string;
+  /**
+   * Start the kept sandbox of this name (`oac-shim start`, created with
+   * createKept) instead of a throwaway one (`oac-shim run`): what it
+   * writes in /home, /environment and /usr/local outlives this shim.
+   * keepRoot is --keep-root (default: the shim's).
+   */
+  kept?: { keepRoot?: string };
   /** The bootstrap, handed over on standard input (--bootstrap -): it touches no disk. */
   bootstrap?: Bootstrap;
   /** Core's sandbox.Bootstrap instead, on standard input (--bootstrap-format core). */
@@ -146,7 +154,7 @@ export class Shim {
   private readonly passwords = new Map<number, string>();
   private readonly exitPromise: Promise<Exit>;
 
-  /** Starts `oac-shim run --name NAME --control stdin ...`. */
+  /** Starts `oac-shim run --name NAME --control stdin ...` (`oac-shim start` with opts.kept). */
   static start(opts: StartOptions): Shim {
     return new Shim(opts);
   }
@@ -154,7 +162,9 @@ export class Shim {
   private constructor(opts: StartOptions) {
     this.name = opts.name;
     this.woken = new Promise((r) => (this.wake = r));
-    const args = ['run', '--name', opts.name, '--control', 'stdin', '--password-fd', String(PASSWORD_FD)];
+    const args = [opts.kept ? 'start' : 'run', '--name', opts.name, '--control', 'stdin', '--password-fd', String(PASSWORD_FD)];
+    if (opts.kept && opts.provider) throw new TypeError('a kept sandbox has its provider from createKept');
+    if (opts.kept?.keepRoot) args.push('--keep-root', opts.kept.keepRoot);
     if (opts.provider) args.push('--provider', opts.provider);
     if (opts.bootstrap && opts.coreBootstrap) throw new TypeError('give bootstrap or coreBootstrap, not both');
     const input = opts.bootstrap ?? opts.coreBootstrap;
@@ -386,4 +396,71 @@ export class Shim {
     if (!this.ended) this.child.kill('SIGKILL');
     return this.exitPromise;
   }
+}
+
+/** Where the short commands on kept sandboxes run. */
+export interface KeptOptions {
+  /** The oac-shim binary (default "oac-shim", found in PATH). */
+  shim?: string;
+  /** --keep-root (default: the shim's, /var/lib/oac for root). */
+  keepRoot?: string;
+  /** The shim's environment (default: this process's). */
+  env?: NodeJS.ProcessEnv;
+}
+
+/** How to create a kept sandbox (`oac-shim create`). */
+export interface CreateOptions extends KeptOptions {
+  name: string;
+  /** --provider (default bwrap). */
+  provider?: string;
+  /** More create flags: --rootfs, --sandbox-io, --install, --agent, the provider's own. */
+  args?: string[];
+}
+
+/** A short oac-shim command that failed: its exit status and what it said. */
+export class KeptError extends Error {
+  override readonly name = 'KeptError';
+  constructor(
+    message: string,
+    readonly exitStatus: number | null,
+    readonly stderr: string,
+  ) {
+    super(message);
+  }
+}
+
+function runKept(o: KeptOptions, args: string[]): Promise<string> {
+  if (o.keepRoot) args.push('--keep-root', o.keepRoot);
+  return new Promise((resolve, reject) => {
+    execFile(o.shim ?? 'oac-shim', args, { env: o.env ?? process.env, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      if (err) {
+        const status = typeof err.code === 'number' ? err.code : null;
+        reject(new KeptError(`oac-shim ${args[0]}: ${stderr.trim() || err.message}`, status, stderr));
+        return;
+      }
+      resolve(stdout);
+    });
+  });
+}
+
+/** Creates a kept sandbox (`oac-shim create`): its record and kept state, nothing booted. Start it with Shim.start({ name, kept: {} }). */
+export async function createKept(o: CreateOptions): Promise<void> {
+  await runKept(o, ['create', '--name', o.name, '--provider', o.provider ?? 'bwrap', ...(o.args ?? [])]);
+}
+
+/** Takes a kept sandbox back to its image (`oac-shim reset`), keeping its name and record. */
+export async function resetKept(name: string, o: KeptOptions & { agent?: string } = {}): Promise<void> {
+  const args = ['reset', '--name', name];
+  if (o.agent) args.push('--agent', o.agent);
+  await runKept(o, args);
+}
+
+/** Removes every byte of a kept sandbox (`oac-shim destroy`). */
+export async function destroyKept(name: string, o: KeptOptions = {}): Promise<void> {
+  await runKept(o, ['destroy', '--name', name]);
+}
+
+/** Lists the kept sandboxes (`oac-shim list --json`). */
+export async function listKept(o: KeptOptions = {}): Promise<ListReport> {
+  return JSON.parse(await runKept(o, ['list', '--json'])) as ListReport;
 }

@@ -4,11 +4,12 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, readFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 
-import { Shim, ShimError, CommandError, type Bootstrap, type Event, type StartOptions } from '../src/index.js';
+import { Shim, ShimError, CommandError, createKept, destroyKept, listKept, resetKept, type Bootstrap, type Event, type StartOptions } from '../src/index.js';
 
 const bin = process.env.OAC_BIN ?? join(process.cwd(), '..', '..', 'bin');
 const shimPath = join(bin, 'oac-shim');
@@ -259,4 +260,36 @@ test('kill ends the shim at once', async (t) => {
   await shim.waitFor('ready', { timeoutMs: 30_000 });
   const exit = await shim.kill();
   assert.equal(exit.signal, 'SIGKILL');
+});
+
+test('a kept sandbox: create, start twice, reset, list and destroy', async (t) => {
+  if (skip) return t.skip(skip);
+  const keepRoot = mkdtempSync(join(tmpdir(), 'oac-ts-keep-'));
+  chmodSync(keepRoot, 0o711);
+  t.after(() => rmSync(keepRoot, { recursive: true, force: true }));
+  const name = uniqueName('ts-keep');
+  const o = { shim: shimPath, keepRoot };
+  await createKept({ ...o, name, args: ['--agent', join(bin, 'oac-guest')] });
+  const boot = async (want: string) => {
+    const shim = start({
+      name, kept: { keepRoot }, identity: undefined, args: ['--agent', join(bin, 'oac-guest')],
+      bootstrap: { version: 1, daemon: { argv: ['/bin/sh', '-c', 'echo found=$(cat /home/runtime/f 2>/dev/null || echo absent); echo kept > /home/runtime/f; exec sleep 1000'] } },
+    });
+    try {
+      await shim.waitFor('ready', { timeoutMs: 30_000 });
+      const found = await shim.waitForEvent((e) => e.event === 'log' && (e.line ?? '').startsWith('found='), { timeoutMs: 10_000 });
+      assert.equal(found.event === 'log' && found.line, `found=${want}`);
+    } finally {
+      await shim.stop({ timeoutMs: 30_000 });
+    }
+  };
+  await boot('absent');
+  await boot('kept');
+  let list = await listKept(o);
+  assert.equal(list.sandboxes.find((e) => e.name === name)?.state, 'stopped');
+  await resetKept(name, { ...o, agent: join(bin, 'oac-guest') });
+  await boot('absent');
+  await destroyKept(name, o);
+  list = await listKept(o);
+  assert.equal(list.sandboxes.find((e) => e.name === name), undefined);
 });

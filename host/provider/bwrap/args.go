@@ -77,6 +77,11 @@ type argsConfig struct {
 	Tmpfs []string
 	// Volumes are RuntimeDirs bound from host directories instead.
 	Volumes []volumeFD
+	// KeptLocal, for a kept sandbox, are the fds of its /usr/local, bin
+	// and sbin (kit.Kept), bound read-write in that order in place of
+	// the default root's tmpfs or the rootfs's own; Installs are bound
+	// over their files as usual.
+	KeptLocal []int
 	// Installs are bound under GuestInstallDir. In the default root
 	// /usr/local is a fresh tmpfs for them (the host's /usr/local is not
 	// shown), remounted read-only afterwards; a rootfs must already have
@@ -140,7 +145,14 @@ func buildArgs(c argsConfig) []string {
 	for _, v := range c.Volumes {
 		a = append(a, "--bind-fd", strconv.Itoa(v.FD), v.Dir)
 	}
-	if len(c.Installs) > 0 {
+	if len(c.KeptLocal) == 3 {
+		for i, d := range []string{"/usr/local", "/usr/local/bin", "/usr/local/sbin"} {
+			a = append(a, "--bind-fd", strconv.Itoa(c.KeptLocal[i]), d)
+		}
+		for _, in := range c.Installs {
+			a = append(a, bindBinary(in.FD, in.Copy, GuestInstallDir+"/"+in.Name)...)
+		}
+	} else if len(c.Installs) > 0 {
 		if c.RootFD < 0 {
 			a = append(a, "--perms", "0755", "--tmpfs", "/usr/local", "--perms", "0755", "--dir", GuestInstallDir)
 		}

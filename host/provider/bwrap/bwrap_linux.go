@@ -19,6 +19,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -161,9 +162,17 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	in.dir, in.stateRoot = state.Path, root
+	if spec.Keep != nil && len(spec.Volumes) > 0 {
+		return nil, fmt.Errorf("%w: a kept sandbox keeps its own /home and /environment: no --volume", provider.ErrInvalidSpec)
+	}
 	switch mode {
 	case ModeRoot:
-		ids, err := kit.ClaimIDs(root, p.idBase())
+		claim := func() (*kit.IDs, error) { return kit.ClaimIDs(root, p.idBase()) }
+		if spec.Keep != nil {
+			// The same host ids every run: what it wrote stays its own.
+			claim = func() (*kit.IDs, error) { return kit.ClaimKeptIDs(root, p.idBase(), spec.Keep.Dir) }
+		}
+		ids, err := claim()
 		if err != nil {
 			return nil, err
 		}
@@ -175,10 +184,33 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		in.subGID, _ = pickRange(f.SubGIDs)
 		in.newuidmap, in.newgidmap = f.NewUIDMap, f.NewGIDMap
 	}
+	if spec.Keep != nil {
+		kept, err := kit.PrepareKept(spec.Keep.Dir, spec.Rootfs, spec.InstallNames(), in.HostID)
+		if err != nil {
+			return nil, err
+		}
+		in.kept = &kept
+		if mode == ModeSubIDs {
+			if err := in.ownKeptLocal(p); err != nil {
+				return nil, err
+			}
+		}
+		// The kept /home and /environment are bound like volumes.
+		in.spec.Volumes = map[string]string{"/home": kept.Home, "/environment": kept.Environment}
+	}
 	if err := in.prepare(); err != nil {
 		return nil, err
 	}
 	return in, nil
+}
+
+// Discard implements provider.Keeper: a bwrap sandbox keeps nothing but
+// what is under dir (kit.PrepareKept).
+func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	// What a start killed with SIGKILL left in the runtime state root
+	// (this name's and any other dead shim's, as every Claim sweeps).
+	statedir.Sweep(kit.UserStateRoot(p.StateRoot), "")
+	return p.discard(ctx, dir)
 }
 
 // namedFile is a descriptor of a binary to install (or of a volume).
@@ -214,6 +246,10 @@ type Instance struct {
 	tmpfs     []string
 	volumes   []namedFile // name: the guest directory
 	installs  []namedFile
+	// kept is a kept sandbox's state (nil: a throwaway one); keptLocal
+	// its /usr/local, bin and sbin, opened for bwrap.
+	kept      *kit.Kept
+	keptLocal []*os.File
 }
 
 // HostID returns the host uid and gid guest id maps to; -1 when id is not
@@ -313,6 +349,22 @@ func (in *Instance) prepare() error {
 			return fmt.Errorf("%w: volume %s: the rootfs has no directory %s to mount it on", provider.ErrInvalidSpec, d, d)
 		}
 	}
+	if in.kept != nil {
+		if in.rootFile != nil {
+			var st unix.Stat_t
+			if unix.Fstatat(int(in.rootFile.Fd()), "usr/local", &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				return fmt.Errorf("%w: a kept sandbox needs a /usr/local directory in the rootfs to mount its own on", provider.ErrInvalidSpec)
+			}
+		}
+		for _, d := range []string{in.kept.UsrLocal, in.kept.Bin(), in.kept.Sbin()} {
+			f, err := os.OpenFile(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("kept state %s: %w (oac-shim reset the sandbox)", d, err)
+			}
+			in.Own(f)
+			in.keptLocal = append(in.keptLocal, f)
+		}
+	}
 	agent, agentCopy, err := in.openBinary("agent binary", in.spec.AgentPath)
 	if err != nil {
 		return err
@@ -400,6 +452,9 @@ func (in *Instance) start(ctx context.Context) error {
 	}
 	for _, nf := range in.volumes {
 		cfg.Volumes = append(cfg.Volumes, volumeFD{Dir: nf.name, FD: fd(nf.f)})
+	}
+	for _, f := range in.keptLocal {
+		cfg.KeptLocal = append(cfg.KeptLocal, fd(f))
 	}
 	var infoR, blockW *os.File
 	var childEnds []*os.File

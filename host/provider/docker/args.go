@@ -1,7 +1,9 @@
 package docker
 
 import (
+	"crypto/sha256"
 	"encoding/csv"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -48,7 +50,23 @@ type runConfig struct {
 	// launcher needs; "" leaves the engine's default.
 	Seccomp string
 	Debug   bool
+	// Kept makes a kept sandbox's container (provider.Spec.Keep): made
+	// once with `docker create` and started again by each run, never
+	// removed by one; its root, /home and /environment (unless a volume
+	// replaces them) are its writable layer, which the engine keeps.
+	Kept bool
 }
+
+// Labels of the engine's objects.
+const (
+	// LabelSandbox names the sandbox a container was made for.
+	LabelSandbox = "oac.sandbox"
+	// LabelKept marks a kept sandbox's container ("1").
+	LabelKept = "oac.kept"
+	// LabelConfig is the digest of a kept container's settings: a run
+	// with others cannot reuse it (reset the sandbox to change them).
+	LabelConfig = "oac.config"
+)
 
 // mountArg is the value of --mount for the fields given as key=value,
 // quoted the way the docker client's CSV parser reads it (a path with a
@@ -63,15 +81,15 @@ func mountArg(fields ...string) string {
 
 // runArgs returns the arguments of `docker run` (without "docker").
 func runArgs(c runConfig) []string {
-	a := []string{
-		"run", "--rm", "--name", ContainerName(c.Name),
-		"--label", "oac.sandbox=" + c.Name,
-		"--pull", "never",
-		"--user", "0:0",
-		"--network", "none",
-		"--read-only",
-		"--cap-drop", "ALL",
+	a := []string{"run", "--rm", "--name", ContainerName(c.Name), "--label", LabelSandbox + "=" + c.Name}
+	if c.Kept {
+		a = []string{"create", "--name", ContainerName(c.Name), "--label", LabelSandbox + "=" + c.Name, "--label", LabelKept + "=1"}
 	}
+	a = append(a, "--pull", "never", "--user", "0:0", "--network", "none")
+	if !c.Kept {
+		a = append(a, "--read-only")
+	}
+	a = append(a, "--cap-drop", "ALL")
 	for _, c := range AgentCaps {
 		a = append(a, "--cap-add", c)
 	}
@@ -94,7 +112,7 @@ func runArgs(c runConfig) []string {
 	for _, d := range provider.VolumeDirs {
 		if host, ok := c.Volumes[d]; ok {
 			a = append(a, "--mount", mountArg("type=bind", "src="+host, "dst="+d))
-		} else {
+		} else if !c.Kept {
 			a = append(a, "--tmpfs", d+":rw,nosuid,nodev,mode=755")
 		}
 	}
@@ -108,7 +126,77 @@ func runArgs(c runConfig) []string {
 	if c.Debug {
 		a = append(a, "--debug")
 	}
+	if c.Kept {
+		// The agent gives /usr/local (but bin and sbin) to uid 1000.
+		a = append(a, "--kept")
+	}
 	return a
+}
+
+// createArgs returns the arguments of `docker create` for a kept
+// sandbox's container: runArgs' with the digest of its settings as a
+// label (the image's reference left out: a container keeps the image it
+// was made from, and a moved reference is said, not refused).
+func createArgs(c runConfig) []string {
+	c.Kept = true
+	return withConfigLabel(runArgs(c), configDigest(c))
+}
+
+func withConfigLabel(args []string, digest string) []string {
+	out := append([]string{}, args[:1]...)
+	out = append(out, "--label", LabelConfig+"="+digest)
+	return append(out, args[1:]...)
+}
+
+// configDigest is the digest of what a kept container's settings depend
+// on, but the image.
+func configDigest(c runConfig) string {
+	c.Image = ""
+	c.Kept = true
+	h := sha256.New()
+	for _, a := range runArgs(c) {
+		h.Write([]byte(a))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// startArgs starts a kept sandbox's container, attached as `docker run`
+// is.
+func startArgs(name string) []string { return []string{"start", "--attach", ContainerName(name)} }
+
+// inspectFormat prints a container's sandbox label, kept label, config
+// label, image id and whether it runs, one a line.
+const inspectFormat = `{{index .Config.Labels "` + LabelSandbox + `"}}
+{{index .Config.Labels "` + LabelKept + `"}}
+{{index .Config.Labels "` + LabelConfig + `"}}
+{{.Image}}
+{{.State.Running}}`
+
+func inspectArgs(name string) []string {
+	return []string{"container", "inspect", "--format", inspectFormat, ContainerName(name)}
+}
+
+// container is what inspectArgs tells of a container.
+type container struct {
+	sandbox, config, image string
+	kept, running          bool
+}
+
+func parseInspect(out string) (container, error) {
+	f := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(f) != 5 {
+		return container{}, fmt.Errorf("docker: container inspect printed %d lines, want 5", len(f))
+	}
+	return container{sandbox: f[0], kept: f[1] == "1", config: f[2], image: f[3], running: f[4] == "true"}, nil
+}
+
+// stopArgs stops a container at once and waits until it has stopped.
+func stopArgs(name string) []string { return []string{"stop", "--time", "0", ContainerName(name)} }
+
+// discardArgs removes a kept container with its anonymous volumes.
+func discardArgs(name string) []string {
+	return []string{"rm", "--force", "--volumes", ContainerName(name)}
 }
 
 func versionArgs() []string  { return []string{"version", "--format", "{{.Server.Version}}"} }

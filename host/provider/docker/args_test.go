@@ -2,6 +2,7 @@ package docker
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -77,4 +78,47 @@ func TestClassify(t *testing.T) {
 func TestUsernsRemapped(t *testing.T) {
 	assert.True(t, usernsRemapped(`["name=seccomp,profile=builtin","name=userns"]`))
 	assert.False(t, usernsRemapped(`["name=seccomp,profile=builtin","name=cgroupns"]`))
+}
+
+func TestKeptContainerArgs(t *testing.T) {
+	c := runConfig{Name: "demo", Image: "oac/guest:1", RunDir: "/run/oac/sandboxes/demo/run", AgentPath: "/opt/oac/oac-guest",
+		Volumes: map[string]string{"/environment": "/srv/env"}}
+	got := createArgs(c)
+	digest := configDigest(c)
+	assert.Equal(t, []string{"create", "--label", "oac.config=" + digest, "--name", "oac-demo", "--label", "oac.sandbox=demo", "--label", "oac.kept=1",
+		"--pull", "never", "--user", "0:0", "--network", "none", "--cap-drop", "ALL"}, got[:17],
+		"made once, never removed by a run, its root writable")
+	s := strings.Join(got, " ")
+	assert.NotContains(t, s, "--rm")
+	assert.NotContains(t, s, "--read-only")
+	assert.NotContains(t, s, "--tmpfs /home", "/home is the container's own, kept with it")
+	assert.Contains(t, s, "--mount type=bind,src=/srv/env,dst=/environment", "a volume still replaces its directory")
+	assert.Contains(t, s, "--tmpfs /tmp", "/tmp and /run stay fresh each start")
+	assert.Equal(t, "--kept", got[len(got)-1], "the agent gives /usr/local to uid 1000")
+
+	other := c
+	other.Image = "oac/guest:2"
+	assert.Equal(t, digest, configDigest(other), "the image is not a setting: a changed image is said, not refused")
+	other = c
+	other.Installs = [][2]string{{"x", "/opt/x"}}
+	assert.NotEqual(t, digest, configDigest(other))
+	other = c
+	other.Hostname = "box"
+	assert.NotEqual(t, digest, configDigest(other))
+
+	assert.Equal(t, []string{"start", "--attach", "oac-demo"}, startArgs("demo"))
+	assert.Equal(t, []string{"stop", "--time", "0", "oac-demo"}, stopArgs("demo"))
+	assert.Equal(t, []string{"rm", "--force", "--volumes", "oac-demo"}, discardArgs("demo"))
+	assert.Equal(t, "container", inspectArgs("demo")[0])
+}
+
+func TestParseInspect(t *testing.T) {
+	c, err := parseInspect("demo\n1\nabc\nsha256:1\ntrue\n")
+	assert.NoError(t, err)
+	assert.Equal(t, container{sandbox: "demo", kept: true, config: "abc", image: "sha256:1", running: true}, c)
+	c, err = parseInspect("demo\n\n\nsha256:1\nfalse\n")
+	assert.NoError(t, err)
+	assert.Equal(t, container{sandbox: "demo", image: "sha256:1"}, c, "a throwaway sandbox's container")
+	_, err = parseInspect("garbage")
+	assert.Error(t, err)
 }

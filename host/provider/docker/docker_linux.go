@@ -161,14 +161,30 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		return nil, err
 	}
-	// We hold the name's lock: a container of that name is a leftover.
-	if err := removeContainer(ctx, d, spec.Name, "remove stale container"); err != nil {
+	have, err := inspectContainer(ctx, d, spec.Name)
+	if err != nil {
 		return nil, err
 	}
-	// Destroy removes the container (--rm does not run when the client
-	// was killed).
-	in.OnDestroy(in.remove)
+	switch {
+	case have != nil && have.kept && spec.Keep == nil:
+		return nil, fmt.Errorf("%w: docker: %s is a kept sandbox's container: start that sandbox, or discard it first", provider.ErrExists, ContainerName(spec.Name))
+	case have != nil && have.sandbox != spec.Name:
+		return nil, fmt.Errorf("%w: docker: a container %s exists that oac did not make for this sandbox: remove or rename it", provider.ErrExists, ContainerName(spec.Name))
+	case spec.Keep == nil || (have != nil && !have.kept):
+		// We hold the name's lock: a container of that name is a
+		// leftover.
+		if err := removeContainer(ctx, d, spec.Name, "remove stale container"); err != nil {
+			return nil, err
+		}
+		have = nil
+	}
+	if spec.Keep == nil {
+		// Destroy removes the container (--rm does not run when the
+		// client was killed).
+		in.OnDestroy(in.remove)
+	}
 	in.cfg = cfg
+	in.cfg.Kept = spec.Keep != nil
 	in.cfg.ResolvConf = filepath.Join(state.Path, "resolv.conf")
 	if err := os.WriteFile(in.cfg.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
 		return nil, fmt.Errorf("write %s: %w", in.cfg.ResolvConf, err)
@@ -190,6 +206,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	in.cfg.RunDir = run
+	if in.cfg.Kept {
+		if err := in.keep(ctx, have, e.imageID); err != nil {
+			return nil, err
+		}
+	}
 	// docker kill first: the container's pid namespace goes down with it.
 	in.KillBy(func() error {
 		return in.KillAsking(func() { _, _ = output(context.Background(), in.docker, killArgs(in.cfg.Name)...) }, 5*time.Second)
@@ -198,16 +219,117 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 }
 
 // Instance is one container; the embedded Process is the attached
-// `docker run` client, which lives as long as the container.
+// `docker run` (or, kept, `docker start --attach`) client, which lives as
+// long as the container.
 type Instance struct {
 	*provider.Process
 	spec   provider.Spec
 	docker string
 	cfg    runConfig
+	// imageChanged says how the image changed since a kept sandbox's
+	// container was made.
+	imageChanged string
 }
 
-// Args returns the docker client's arguments for the container.
-func (in *Instance) Args() []string { return runArgs(in.cfg) }
+// keep makes a kept sandbox's container, or checks the one an earlier run
+// made (have): its settings must be this run's; a container made from
+// another image than the one --docker-image names now runs its own until
+// reset, which is said.
+func (in *Instance) keep(ctx context.Context, have *container, imageID string) error {
+	if have != nil {
+		if have.config != configDigest(in.cfg) {
+			return fmt.Errorf("%w: docker: the kept sandbox's container %s was made with other settings (installs, volumes, hostname or agent): start it with the same ones, or reset it", provider.ErrInvalidSpec, ContainerName(in.cfg.Name))
+		}
+		if have.running {
+			// Its shim was killed (the attached client with it): the
+			// guest in it waits for a host that is gone.
+			if out, err := output(ctx, in.docker, stopArgs(in.cfg.Name)...); err != nil {
+				return classify("stop the kept container a killed shim left running", out, err)
+			}
+		}
+		if have.image != imageID {
+			in.imageChanged = fmt.Sprintf("the image %s is now %s, not the %s this sandbox's container was made from: it keeps running the old one until reset", in.cfg.Image, shortID(imageID), shortID(have.image))
+		}
+		return nil
+	}
+	out, err := output(ctx, in.docker, createArgs(in.cfg)...)
+	if err != nil {
+		return classify("create the kept container", out, err)
+	}
+	// A first create that fails after this removes what it made.
+	in.OnDestroy(func() error {
+		if in.Started() {
+			return nil
+		}
+		return removeContainer(context.Background(), in.docker, in.cfg.Name, "remove the kept container")
+	})
+	return nil
+}
+
+// ImageChanged implements provider.ImageChecker.
+func (in *Instance) ImageChanged() string { return in.imageChanged }
+
+// Discard implements provider.Keeper: a kept docker sandbox is its
+// container (with its writable layer and any anonymous volume); nothing
+// is kept in dir. A container of that name not made for the sandbox is
+// left alone.
+func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	d, err := p.docker()
+	if err != nil {
+		return err
+	}
+	have, err := inspectContainer(ctx, d, name)
+	if err != nil || have == nil || have.sandbox != name || !have.kept {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
+	defer cancel()
+	for {
+		out, err := output(ctx, d, discardArgs(name)...)
+		if err == nil {
+			return nil
+		}
+		cerr := classify("discard the kept container", out, err)
+		switch {
+		case errors.Is(cerr, ErrNoContainer):
+			return nil
+		case !errors.Is(cerr, errRemoving):
+			return cerr
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (the engine did not finish removing it within %s)", cerr, quickTimeout)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// inspectContainer returns what the engine has under the sandbox's
+// container name, or nil.
+func inspectContainer(ctx context.Context, docker, name string) (*container, error) {
+	out, err := output(ctx, docker, inspectArgs(name)...)
+	if err != nil {
+		cerr := classify("inspect container", out, err)
+		if errors.Is(cerr, ErrNoContainer) {
+			return nil, nil
+		}
+		return nil, cerr
+	}
+	c, err := parseInspect(out)
+	if err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Args returns the docker client's arguments for the container (for a
+// kept sandbox, those that made its container).
+func (in *Instance) Args() []string {
+	if in.cfg.Kept {
+		return createArgs(in.cfg)
+	}
+	return runArgs(in.cfg)
+}
 
 // Start implements provider.Instance: `docker run` attached, so the
 // client lives as long as the container and relays its output.
@@ -216,7 +338,11 @@ func (in *Instance) Start(ctx context.Context) error {
 }
 
 func (in *Instance) start(ctx context.Context) error {
-	cmd := exec.Command(in.docker, runArgs(in.cfg)...)
+	args := runArgs(in.cfg)
+	if in.cfg.Kept {
+		args = startArgs(in.cfg.Name)
+	}
+	cmd := exec.Command(in.docker, args...)
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := in.StartPiped(cmd, in.spec.Stderr); err != nil {

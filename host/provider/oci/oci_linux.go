@@ -99,12 +99,30 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	in.state = state
-	ids, err := kit.ClaimIDs(root, p.IDBase)
+	if spec.Keep != nil && len(spec.Volumes) > 0 {
+		return nil, fmt.Errorf("%w: a kept sandbox keeps its own /home and /environment: no --volume", provider.ErrInvalidSpec)
+	}
+	var ids *kit.IDs
+	if spec.Keep != nil {
+		// The same host ids every run: what it wrote stays its own.
+		ids, err = kit.ClaimKeptIDs(root, p.IDBase, spec.Keep.Dir)
+	} else {
+		ids, err = kit.ClaimIDs(root, p.IDBase)
+	}
 	if err != nil {
 		return nil, err
 	}
 	in.Own(ids)
 	in.ids = ids
+	if spec.Keep != nil {
+		kept, err := kit.PrepareKept(spec.Keep.Dir, spec.Rootfs, spec.InstallNames(), ids.HostID)
+		if err != nil {
+			return nil, err
+		}
+		in.kept = &kept
+		// The kept /home and /environment are bound like volumes.
+		in.spec.Volumes = map[string]string{"/home": kept.Home, "/environment": kept.Environment}
+	}
 	// A container of this name left by a shim that was killed: we hold the
 	// name's lock, so it is stale.
 	_ = in.runtimeCmd(deleteArgs(in.id)...).Run()
@@ -125,6 +143,27 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return in.KillAsking(func() { _ = in.runtimeCmd(killArgs(in.id)...).Run() }, 3*time.Second)
 	})
 	return in, nil
+}
+
+// Discard implements provider.Keeper: an OCI sandbox keeps nothing but
+// what is under dir (kit.PrepareKept); its container is deleted with
+// every run.
+func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	// What a start killed with SIGKILL left in the runtime state root
+	// (this name's and any other dead shim's, as every Claim sweeps) and
+	// its container's runtime state.
+	root := kit.StateRoot(p.StateRoot)
+	statedir.Sweep(root, "")
+	if rt, err := p.runtime(); err == nil {
+		// Only while no sandbox of the name runs (a throwaway one has
+		// the same container id): holding its state directory says so.
+		if d, err := statedir.Claim(root, name); err == nil {
+			in := &Instance{rt: rt}
+			_ = in.runtimeCmd(deleteArgs(ContainerID(name))...).Run()
+			d.Release()
+		}
+	}
+	return kit.DiscardKept(dir)
 }
 
 // writeBundle writes config.json into a new bundle directory.
@@ -152,6 +191,8 @@ type Instance struct {
 	bundle string
 	state  *statedir.Dir
 	ids    *kit.IDs
+	// kept is a kept sandbox's state (nil: a throwaway one).
+	kept *kit.Kept
 }
 
 // ContainerID returns the runtime's id of the container.
@@ -273,13 +314,18 @@ func (in *Instance) contract(c *bundleConfig, dir string) error {
 		if st, err := os.Stat(installs[n]); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
 			return fmt.Errorf("%w: install %s: %s must be a regular file readable and executable by others (uid 1000 runs it)", provider.ErrInvalidSpec, n, installs[n])
 		}
-		if !has(filepath.Join(kit.GuestInstallDir, n), false) {
+		if in.kept == nil && !has(filepath.Join(kit.GuestInstallDir, n), false) {
 			return fmt.Errorf("%w: install %s: the rootfs has no regular file %s/%s to bind it over (a read-only root cannot get new mount points; oac-image build puts oac-sandbox-io there, --file others)",
 				provider.ErrInvalidSpec, n, kit.GuestInstallDir, n)
 		}
 		c.Installs = append(c.Installs, [2]string{n, installs[n]})
 	}
-	if in.spec.Rootfs == "" && len(names) > 0 {
+	if in.kept != nil {
+		if !has("usr/local", true) {
+			return fmt.Errorf("%w: a kept sandbox needs a /usr/local directory in the rootfs to mount its own on", provider.ErrInvalidSpec)
+		}
+		c.Kept = in.kept
+	} else if in.spec.Rootfs == "" && len(names) > 0 {
 		c.LocalDir = filepath.Join(dir, "usrlocal")
 		bin := filepath.Join(c.LocalDir, "bin")
 		if err := os.MkdirAll(bin, 0o755); err != nil {

@@ -66,6 +66,10 @@ type bundleConfig struct {
 	// bound read-only at /usr/local: its bin/ holds a mount point for
 	// each install (the host's /usr/local is not shown).
 	LocalDir string
+	// Kept, for a kept sandbox, is its state: its usr-local is bound
+	// read-write at /usr/local, and its bin and sbin again on their own
+	// (mount points the workload cannot rename), instead of LocalDir.
+	Kept *kit.Kept
 	// Installs are host binaries bound read-only at
 	// /usr/local/bin/NAME, as name -> host path pairs in name order.
 	Installs [][2]string
@@ -199,6 +203,11 @@ func mounts(c bundleConfig) []specs.Mount {
 	}
 	if c.LocalDir != "" {
 		ms = append(ms, specs.Mount{Destination: "/usr/local", Type: "bind", Source: c.LocalDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}})
+	}
+	if k := c.Kept; k != nil {
+		for _, m := range [][2]string{{"/usr/local", k.UsrLocal}, {"/usr/local/bin", k.Bin()}, {"/usr/local/sbin", k.Sbin()}} {
+			ms = append(ms, specs.Mount{Destination: m[0], Type: "bind", Source: m[1], Options: []string{"bind", "rw", "nosuid", "nodev"}})
+		}
 	}
 	for _, in := range c.Installs {
 		ms = append(ms, specs.Mount{Destination: kit.GuestInstallDir + "/" + in[0], Type: "bind", Source: in[1], Options: []string{"bind", "ro", "nosuid", "nodev"}})

@@ -63,7 +63,10 @@ type vmConfig struct {
 	// through.
 	Firmware string
 	// Disk is the image's root disk (read-only virtio-blk, vda).
-	Disk      string
+	Disk string
+	// Kept is a kept sandbox's disk (read-write virtio-blk after Disk;
+	// see package vmkeep), or "".
+	Kept      string
 	Accel     string // kvm or tcg, resolved
 	MemoryMiB int
 	CPUs      int
@@ -108,7 +111,7 @@ func kernelCmdline(c vmConfig) string {
 	for i, s := range c.Shares {
 		shares[i] = s.Share
 	}
-	parts = append(parts, vmguest.KernelParams(c.Disk != "", shares)...)
+	parts = append(parts, vmguest.KernelParams(c.Disk != "", c.Kept != "", shares)...)
 	if c.ExtraAppend != "" {
 		parts = append(parts, c.ExtraAppend)
 	}
@@ -177,6 +180,15 @@ func buildArgs(c vmConfig) []string {
 		a = append(a,
 			"-drive", "if=none,id=disk0,format=raw,readonly=on,file="+optEscape(c.Disk),
 			"-device", "virtio-blk-pci,drive=disk0",
+		)
+	}
+	if c.Kept != "" {
+		// After the root disk: the guest finds it as the next device
+		// (vmparams.KeepDevice). discard=unmap gives the host back what
+		// the guest frees.
+		a = append(a,
+			"-drive", "if=none,id=kept,format=raw,discard=unmap,file="+optEscape(c.Kept),
+			"-device", "virtio-blk-pci,drive=kept",
 		)
 	}
 	for i, s := range c.Shares {

@@ -90,3 +90,18 @@ func TestCPUHasVirtReadsTheFlagsLine(t *testing.T) {
 	assert.False(t, cpuHasVirt(strings.NewReader("flags\t\t: fpu hypervisor lahf_lm\nbugs\t\t: vmx_bug\n")))
 	assert.False(t, cpuHasVirt(strings.NewReader("")))
 }
+
+func TestBuildArgsForAKeptSandbox(t *testing.T) {
+	a := buildArgs(vmConfig{Name: "k", Kernel: "k", Initramfs: "i", Accel: AccelTCG, MemoryMiB: 256, CPUs: 1, Socket: "/s",
+		Disk: "/keep/image.disk", Kept: "/keep/kept.ext4"})
+	s := argString(a)
+	assert.Contains(t, s, "-drive if=none,id=disk0,format=raw,readonly=on,file=/keep/image.disk -device virtio-blk-pci,drive=disk0 "+
+		"-drive if=none,id=kept,format=raw,discard=unmap,file=/keep/kept.ext4 -device virtio-blk-pci,drive=kept",
+		"the image's copy read-only, then the kept disk read-write")
+	assert.Contains(t, a[indexOf(a, "-append")+1], "oac.root=vda oac.keep=vdb")
+
+	a = buildArgs(vmConfig{Name: "k", Kernel: "k", Initramfs: "i", Accel: AccelTCG, MemoryMiB: 256, CPUs: 1, Socket: "/s", Kept: "/keep/kept.ext4"})
+	assert.NotContains(t, argString(a), "disk0")
+	assert.Contains(t, a[indexOf(a, "-append")+1], "oac.keep=vda", "without a root disk the kept disk is the first")
+	assert.NotContains(t, a[indexOf(a, "-append")+1], "oac.root")
+}

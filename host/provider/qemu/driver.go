@@ -54,6 +54,12 @@ type Provider struct {
 	// StateRoot holds per-sandbox state; default kit.UserStateRoot's
 	// (kit.DefaultStateRoot as root).
 	StateRoot string
+	// Mkfs is mkfs.ext4, which makes a kept sandbox's disk; default: found
+	// in PATH or /usr/sbin (package e2fsprogs).
+	Mkfs string
+	// KeptDiskSize is the size in bytes of a kept sandbox's disk (a
+	// sparse file); default vmkeep.DefaultDiskSize.
+	KeptDiskSize int64
 	// IDBase is the first host id of the id ranges virtiofsd maps the
 	// guest's ids to; default kit.DefaultIDBase (the slots the bwrap and
 	// OCI providers draw from).

@@ -20,6 +20,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/host/provider/vmguest"
+	"github.com/oac/sandbox-agent/host/provider/vmkeep"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -326,6 +327,12 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		return nil, err
 	}
+	if spec.Keep != nil {
+		// Under the name's lock: one shim at a time uses the kept disks.
+		if err := in.keep(p, spec.Keep.Dir); err != nil {
+			return nil, err
+		}
+	}
 	if r.transport == TransportVsock {
 		if err := in.listenVsock(filepath.Join(root, "vsock")); err != nil {
 			return nil, err
@@ -352,6 +359,30 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	return in, nil
 }
 
+// keep boots a kept sandbox from the disks kept in dir: the image's copy
+// (instead of the image) and the kept disk (see package vmkeep).
+func (in *Instance) keep(p *Provider, dir string) error {
+	mkfs, err := vmkeep.Mkfs("qemu", p.Mkfs)
+	if err != nil {
+		return err
+	}
+	k, err := vmkeep.Prepare(dir, in.cfg.Disk, mkfs, p.KeptDiskSize)
+	if err != nil {
+		return err
+	}
+	in.cfg.Disk, in.cfg.Kept, in.imageChanged = k.Image, k.Disk, k.Changed
+	return nil
+}
+
+// Discard implements provider.Keeper: a kept qemu sandbox keeps nothing
+// but the files in its directory.
+func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	return vmkeep.Discard(dir)
+}
+
+// ImageChanged implements provider.ImageChecker.
+func (in *Instance) ImageChanged() string { return in.imageChanged }
+
 func orDefault(v, def int) int {
 	if v <= 0 {
 		return def
@@ -366,6 +397,9 @@ type Instance struct {
 	qemu         string
 	cfg          vmConfig
 	consoleLimit int64
+	// imageChanged says how the image changed since a kept sandbox was
+	// created (vmkeep.Kept.Changed).
+	imageChanged string
 
 	// virtio-fs: one virtiofsd per share, serving it on a socket the shim
 	// created (handed over as fd 3) with the guest's ids mapped to the

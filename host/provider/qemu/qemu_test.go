@@ -231,3 +231,39 @@ func TestDetailSaysHowTheVMWouldRun(t *testing.T) {
 	assert.Contains(t, d, "initramfs only")
 	assert.Contains(t, d, "state in "+p.StateRoot)
 }
+
+func TestAKeptSandboxKeepsItsDisksAcrossInstancesUntilDiscard(t *testing.T) {
+	p := fakeProvider(t, "exit 0")
+	mkfs := filepath.Join(t.TempDir(), "mkfs.ext4")
+	require.NoError(t, os.WriteFile(mkfs, []byte("#!/bin/sh\nexit 0\n"), 0o755))
+	p.Mkfs = mkfs
+	p.Disk = filepath.Join(t.TempDir(), "disk.erofs")
+	require.NoError(t, os.WriteFile(p.Disk, []byte("image"), 0o644))
+	dir := t.TempDir()
+	spec := provider.Spec{Name: "kept", AgentPath: "x", Keep: &provider.Keep{Dir: dir}}
+
+	in, err := p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	args := argString(in.(*Instance).Args())
+	assert.Contains(t, args, "file="+filepath.Join(dir, "image.disk"), "the kept sandbox boots its copy of the image")
+	assert.Contains(t, args, "file="+filepath.Join(dir, "kept.ext4"))
+	assert.Empty(t, in.(provider.ImageChecker).ImageChanged())
+	require.NoError(t, in.Destroy())
+	_, err = os.Stat(filepath.Join(dir, "kept.ext4"))
+	require.NoError(t, err, "Destroy leaves the kept state")
+	_, err = os.Stat(filepath.Join(p.StateRoot, "sandboxes", "kept"))
+	assert.True(t, os.IsNotExist(err), "and removes the run's state")
+
+	require.NoError(t, os.WriteFile(p.Disk, []byte("another image"), 0o644))
+	in, err = p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	assert.Contains(t, in.(provider.ImageChecker).ImageChanged(), "until reset")
+	require.NoError(t, in.Destroy())
+
+	var k provider.Keeper = p
+	require.NoError(t, k.Discard(context.Background(), "kept", dir))
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, ents, "Discard leaves nothing in the directory")
+	require.NoError(t, k.Discard(context.Background(), "kept", dir), "twice is fine")
+}

@@ -181,6 +181,27 @@ func ClaimSlot(dir string, slots int, what string) (int, *os.File, error) {
 	return 0, nil, fmt.Errorf("all %d %s slots are in use: stop some sandboxes", slots, what)
 }
 
+// ClaimSlotAt takes slot n in dir if it is free (see ClaimSlot): a kept
+// sandbox asks for the slot its earlier runs had, so that what it wrote
+// stays owned by the same host ids. It fails when another holds it.
+func ClaimSlotAt(dir string, n, slots int, what string) (*os.File, error) {
+	if n < 0 || n >= slots {
+		return nil, fmt.Errorf("%s slot %d is out of range 0..%d", what, n, slots-1)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create %s slot directory: %w", what, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(n)), os.O_RDWR|os.O_CREATE|openFlags, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open %s slot %d: %w", what, n, err)
+	}
+	if err := tryLock(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s slot %d is in use", what, n)
+	}
+	return f, nil
+}
+
 // Close is Release, so a Dir is an io.Closer (provider.Process.Own).
 func (d *Dir) Close() error {
 	d.Release()

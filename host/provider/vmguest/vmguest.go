@@ -80,11 +80,16 @@ func guestShares(shares []Share) []vmparams.Share {
 }
 
 // KernelParams returns the oac.* parameters for a guest that boots from
-// its root disk (root) and mounts shares.
-func KernelParams(root bool, shares []Share) []string {
+// its root disk (root), keeps its writes on a kept disk (kept: a kept
+// sandbox, see vmparams.Keep; attached after the root disk) and mounts
+// shares.
+func KernelParams(root, kept bool, shares []Share) []string {
 	var out []string
 	if root {
 		out = append(out, vmparams.Root+"="+vmparams.RootDevice)
+	}
+	if kept {
+		out = append(out, vmparams.Keep+"="+vmparams.KeepDevice(root))
 	}
 	if len(shares) > 0 {
 		v, _ := vmparams.FormatShares(guestShares(shares)) // checked by Shares

@@ -21,8 +21,10 @@ func TestSharesAreTheWorkspaceAndTheVolumes(t *testing.T) {
 		{Tag: "home", HostPath: home, GuestPath: "/home"},
 	}, shares, "sorted by guest path: /environment is mounted before the workspace in it")
 	assert.Equal(t, []string{"oac.root=vda", "oac.shares=environment:/environment,workspace:/environment/workspace,home:/home"},
-		KernelParams(true, shares))
-	assert.Empty(t, KernelParams(false, nil), "an initramfs guest without shares needs nothing")
+		KernelParams(true, false, shares))
+	assert.Empty(t, KernelParams(false, false, nil), "an initramfs guest without shares needs nothing")
+	assert.Equal(t, []string{"oac.root=vda", "oac.keep=vdb"}, KernelParams(true, true, nil), "a kept disk comes after the root disk")
+	assert.Equal(t, []string{"oac.keep=vda"}, KernelParams(false, true, nil), "without a root disk it is the first")
 
 	none, err := Shares("", false, nil)
 	require.NoError(t, err)

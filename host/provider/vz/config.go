@@ -73,6 +73,15 @@ type Settings struct {
 	// the guest runs from its initramfs.
 	Disk         string `flag:"disk,path" meta:"FILE" usage:"the image's root disk, attached read-only: the guest boots from it"`
 	DiskWritable bool
+	// Kept is a kept sandbox's disk (package vmkeep), attached read-write
+	// after Disk; Create sets it from provider.Spec.Keep.
+	Kept string
+	// Mkfs is mkfs.ext4, which makes a kept sandbox's disk; default: in
+	// PATH or Homebrew's e2fsprogs (brew install e2fsprogs).
+	Mkfs string
+	// KeptDiskSize is the size in bytes of a kept sandbox's disk (a
+	// sparse file); default vmkeep.DefaultDiskSize.
+	KeptDiskSize int64
 	// Share is an optional host directory shared as ShareTag and mounted
 	// on /environment/workspace (read-write unless ShareReadOnly).
 	Share         string `flag:"share,path" meta:"DIR" usage:"host directory shared over virtio-fs as the guest's workspace, /environment/workspace (tag workspace)"`
@@ -135,6 +144,14 @@ func Assemble(s Settings) (VMConfig, error) {
 		}
 		c.Disks = append(c.Disks, Disk{Path: s.Disk, ReadOnly: !s.DiskWritable})
 	}
+	if s.Kept != "" {
+		if err := regular(s.Kept); err != nil {
+			return bad("kept disk %s: %v", s.Kept, err)
+		}
+		// After the root disk: the guest finds it as the next device
+		// (vmparams.KeepDevice).
+		c.Disks = append(c.Disks, Disk{Path: s.Kept})
+	}
 	if s.HostArch != "" {
 		arch, err := vmguest.KernelArch(s.Kernel)
 		if err != nil {
@@ -160,7 +177,7 @@ func Assemble(s Settings) (VMConfig, error) {
 	if strings.ContainsAny(s.ExtraAppend, "\n\x00") {
 		return bad("the extra kernel command line holds a newline or NUL")
 	}
-	c.CommandLine = kernelCmdline(c.VsockPort, s.HostGrace, s.Debug, vmguest.KernelParams(s.Disk != "", shares), s.ExtraAppend)
+	c.CommandLine = kernelCmdline(c.VsockPort, s.HostGrace, s.Debug, vmguest.KernelParams(s.Disk != "", s.Kept != "", shares), s.ExtraAppend)
 	return c, nil
 }
 

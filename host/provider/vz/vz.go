@@ -12,6 +12,7 @@ import (
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/vmguest"
+	"github.com/oac/sandbox-agent/host/provider/vmkeep"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -80,6 +81,20 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	s := p.settings()
 	s.Volumes = spec.Volumes
+	changed := ""
+	if spec.Keep != nil {
+		// The image's copy (an APFS clone) and the kept disk, kept in
+		// the sandbox's directory (package vmkeep).
+		mkfs, err := vmkeep.Mkfs("vz", s.Mkfs)
+		if err != nil {
+			return nil, err
+		}
+		k, err := vmkeep.Prepare(spec.Keep.Dir, s.Disk, mkfs, s.KeptDiskSize)
+		if err != nil {
+			return nil, err
+		}
+		s.Disk, s.DiskWritable, s.Kept, changed = k.Image, false, k.Disk, k.Changed
+	}
 	installs := spec.Installs()
 	if _, err := vmguest.InstallFiles(installs); err != nil {
 		return nil, err
@@ -123,7 +138,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.Ins
 	}
 	in := &Instance{
 		Process: provider.NewProcess(func(err error) error { return err }, errors.New("vz: the virtual machine did not stop within 10s")),
-		cfg:     cfg, m: m, ln: ln,
+		cfg:     cfg, m: m, ln: ln, imageChanged: changed,
 	}
 	in.OnDestroy(func() error { removeTmp(); return nil })
 	in.Own(ln)
@@ -151,6 +166,18 @@ type Instance struct {
 	cfg VMConfig
 	m   Machine
 	ln  net.Listener
+	// imageChanged says how the image changed since a kept sandbox was
+	// created (vmkeep.Kept.Changed).
+	imageChanged string
+}
+
+// ImageChanged implements provider.ImageChecker.
+func (in *Instance) ImageChanged() string { return in.imageChanged }
+
+// Discard implements provider.Keeper: a kept vz sandbox keeps nothing but
+// the files in its directory (the image's clone and the kept disk).
+func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	return vmkeep.Discard(dir)
 }
 
 // Config returns the machine's configuration.

@@ -310,3 +310,56 @@ func TestPlatformHypervisorOffMacOS(t *testing.T) {
 	p := &Provider{}
 	assert.ErrorIs(t, p.Check(context.Background()), provider.ErrUnavailable)
 }
+
+// fakeMkfs is a mkfs.ext4 stand-in that only succeeds.
+func fakeMkfs(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "mkfs.ext4")
+	require.NoError(t, os.WriteFile(p, []byte("#!/bin/sh\nexit 0\n"), 0o755))
+	return p
+}
+
+func TestAKeptSandboxBootsAClonedImageAndAKeptDiskThatDiscardRemoves(t *testing.T) {
+	if runtime.GOOS == "windows" {
+		t.Skip("the stand-in mkfs.ext4 is a shell script")
+	}
+	hv := &fakeHV{}
+	p := newTestProvider(t, hv)
+	p.Mkfs = fakeMkfs(t)
+	p.Disk = filepath.Join(t.TempDir(), "disk.ext4")
+	require.NoError(t, os.WriteFile(p.Disk, []byte("image"), 0o644))
+	dir := t.TempDir()
+	spec := provider.Spec{Name: "kept", AgentPath: "x", Keep: &provider.Keep{Dir: dir}}
+
+	in, err := p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	assert.Equal(t, []Disk{{Path: filepath.Join(dir, "image.disk"), ReadOnly: true}, {Path: filepath.Join(dir, "kept.ext4")}}, hv.cfg.Disks,
+		"the image's copy read-only, then the kept disk read-write")
+	assert.Contains(t, hv.cfg.CommandLine, "oac.root=vda oac.keep=vdb")
+	assert.Empty(t, in.(provider.ImageChecker).ImageChanged())
+	require.NoError(t, in.Destroy())
+	_, err = os.Stat(filepath.Join(dir, "kept.ext4"))
+	require.NoError(t, err, "Destroy keeps the kept disk")
+
+	require.NoError(t, os.WriteFile(p.Disk, []byte("rebuilt image"), 0o644))
+	in, err = p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	assert.Contains(t, in.(provider.ImageChecker).ImageChanged(), "until reset", "a changed image is told")
+	b, err := os.ReadFile(filepath.Join(dir, "image.disk"))
+	require.NoError(t, err)
+	assert.Equal(t, "image", string(b), "and the old one kept")
+	require.NoError(t, in.Destroy())
+
+	var k provider.Keeper = p
+	require.NoError(t, k.Discard(context.Background(), "kept", dir))
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, ents, "Discard leaves nothing")
+	require.NoError(t, k.Discard(context.Background(), "kept", dir), "twice is fine")
+
+	p.Disk = ""
+	_, err = p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	assert.Equal(t, []Disk{{Path: filepath.Join(dir, "kept.ext4")}}, hv.cfg.Disks, "without a root disk, only the kept disk")
+	assert.Contains(t, hv.cfg.CommandLine, "oac.keep=vda")
+}

@@ -32,10 +32,16 @@ func listArgs() []string    { return []string{"--list", "--quiet"} }
 func importArgs(distro, dir, tarball string) []string {
 	return []string{"--import", distro, dir, tarball, "--version", "2"}
 }
-func agentArgs(distro string, debug bool) []string {
+
+// agentArgs runs the agent; kept: a kept sandbox's distribution, where
+// the agent gives /usr/local (but bin and sbin) to uid 1000.
+func agentArgs(distro string, debug, kept bool) []string {
 	a := []string{"-d", distro, "-u", "root", "--exec", GuestAgentPath, "--transport", "stdio://"}
 	if debug {
 		a = append(a, "--debug")
+	}
+	if kept {
+		a = append(a, "--kept")
 	}
 	return a
 }

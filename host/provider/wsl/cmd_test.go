@@ -25,8 +25,9 @@ func TestCommandLines(t *testing.T) {
 	assert.Equal(t, "oac-demo", DistroName("demo"))
 	assert.Equal(t, []string{"--import", "oac-demo", `C:\oac\demo`, `C:\img\rootfs.tar.gz`, "--version", "2"},
 		importArgs("oac-demo", `C:\oac\demo`, `C:\img\rootfs.tar.gz`))
-	assert.Equal(t, []string{"-d", "oac-demo", "-u", "root", "--exec", "/sbin/oac-guest", "--transport", "stdio://"}, agentArgs("oac-demo", false))
-	assert.Equal(t, "--debug", agentArgs("oac-demo", true)[8])
+	assert.Equal(t, []string{"-d", "oac-demo", "-u", "root", "--exec", "/sbin/oac-guest", "--transport", "stdio://"}, agentArgs("oac-demo", false, false))
+	assert.Equal(t, "--debug", agentArgs("oac-demo", true, false)[8])
+	assert.Equal(t, "--kept", agentArgs("oac-demo", false, true)[8], "a kept distribution's agent gives /usr/local to uid 1000")
 	assert.Equal(t, []string{"--terminate", "oac-demo"}, terminateArgs("oac-demo"))
 	assert.Equal(t, []string{"--unregister", "oac-demo"}, unregisterArgs("oac-demo"))
 	assert.Equal(t, []string{"--version"}, versionArgs())

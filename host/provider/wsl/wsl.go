@@ -232,16 +232,31 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	in.dir = filepath.Join(state.Path, "distro")
-	// Destroy unregisters the distribution (which deletes its disk).
-	in.OnDestroy(func() error { return in.unregister(context.Background()) })
+	if spec.Keep != nil {
+		in.dir = filepath.Join(spec.Keep.Dir, KeptDistroDir)
+	}
+	// Destroy unregisters the distribution (which deletes its disk); a
+	// kept sandbox's stays registered (only Discard unregisters it).
+	in.OnDestroy(func() error {
+		if in.kept {
+			return nil
+		}
+		return in.unregister(context.Background())
+	})
 	// Kill terminates the distribution (every process in it), then the
 	// wsl.exe that ran the agent.
 	in.KillBy(in.terminate)
-	// We hold the name's lock: a distribution of that name is a leftover.
 	names, err := in.list(ctx)
 	if err != nil {
 		return nil, err
 	}
+	if spec.Keep != nil {
+		if err := in.keep(ctx, spec.Keep.Dir, slices.Contains(names, in.distro)); err != nil {
+			return nil, err
+		}
+		return in, nil
+	}
+	// We hold the name's lock: a distribution of that name is a leftover.
 	if slices.Contains(names, in.distro) {
 		if err := in.wsl(ctx, quickTimeout, "unregister stale "+in.distro, unregisterArgs(in.distro)...); err != nil && !errors.Is(err, ErrNotFound) {
 			return nil, err
@@ -266,6 +281,93 @@ type Instance struct {
 
 	mu       sync.Mutex
 	imported bool
+	// kept: the distribution is a kept sandbox's, registered until
+	// Discard; imageChanged says how its tarball changed since.
+	kept         bool
+	imageChanged string
+}
+
+// What a kept sandbox holds in its directory.
+const (
+	// KeptDistroDir is the distribution's directory (its virtual disk).
+	KeptDistroDir = "distro"
+	// KeptRecordName records the tarball the distribution was imported
+	// from. It is written before the import, so a directory with it may
+	// have a registered distribution, and one without it has none.
+	KeptRecordName = "distro.json"
+)
+
+// keep uses the distribution an earlier run of the kept sandbox left
+// registered (registered) or imports it into dir.
+func (in *Instance) keep(ctx context.Context, dir string, registered bool) error {
+	recPath := filepath.Join(dir, KeptRecordName)
+	rec, rerr := kit.ReadImageRecord(recPath)
+	if rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		return rerr
+	}
+	if registered && rerr == nil {
+		in.mu.Lock()
+		in.imported, in.kept = true, true
+		in.mu.Unlock()
+		in.imageChanged = rec.Changed(in.tarball, "its distribution imported")
+		return nil
+	}
+	if registered {
+		// Registered but never recorded here: not this sandbox's.
+		return fmt.Errorf("%w: wsl: a distribution %s is registered that this kept sandbox did not import: unregister it (wsl.exe --unregister %s), or discard the sandbox", provider.ErrExists, in.distro, in.distro)
+	}
+	// First start, or the distribution was unregistered behind our
+	// back: import (again) from the tarball.
+	rec, err := kit.RecordImage(in.tarball)
+	if err != nil {
+		return fmt.Errorf("wsl: read %s: %w", in.tarball, err)
+	}
+	if err := kit.WriteImageRecord(recPath, rec); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(in.dir); err != nil {
+		return fmt.Errorf("wsl: %w", err)
+	}
+	if err := in.importDistro(ctx); err != nil {
+		return err
+	}
+	in.mu.Lock()
+	in.kept = true
+	in.mu.Unlock()
+	return nil
+}
+
+// ImageChanged implements provider.ImageChecker.
+func (in *Instance) ImageChanged() string { return in.imageChanged }
+
+// Discard implements provider.Keeper: it unregisters the kept sandbox's
+// distribution (which deletes its virtual disk) when this sandbox
+// imported it, and removes the distribution's directory and the record
+// from dir.
+func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	recPath := filepath.Join(dir, KeptRecordName)
+	if _, err := os.Stat(recPath); err == nil {
+		in := &Instance{run: p.runner(), distro: DistroName(name)}
+		names, err := in.list(ctx)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(names, in.distro) {
+			in.imported = true
+			if err := in.unregister(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(dir, KeptDistroDir)); err != nil {
+		return fmt.Errorf("wsl: %w", err)
+	}
+	for _, f := range []string{recPath, recPath + ".part"} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("wsl: %w", err)
+		}
+	}
+	return nil
 }
 
 // Distro returns the WSL distribution's name.
@@ -325,7 +427,10 @@ func (in *Instance) start(ctx context.Context) error {
 	if !imported {
 		return fmt.Errorf("%w: wsl: %s is not imported", provider.ErrNotStarted, in.distro)
 	}
-	proc, err := in.run.Start(agentArgs(in.distro, in.p.Debug), in.spec.Stderr)
+	in.mu.Lock()
+	kept := in.kept
+	in.mu.Unlock()
+	proc, err := in.run.Start(agentArgs(in.distro, in.p.Debug, kept), in.spec.Stderr)
 	if err != nil {
 		return err
 	}

@@ -214,3 +214,71 @@ func pinnedManifest(t *testing.T) string {
 	require.NoError(t, os.WriteFile(p, b.Bytes(), 0o644))
 	return p
 }
+
+func TestAKeptDistributionStaysRegisteredAcrossRunsUntilDiscard(t *testing.T) {
+	r := newFakeRunner()
+	p := newTestProvider(t, r)
+	dir := t.TempDir()
+	spec := provider.Spec{Name: "demo", AgentPath: "unused", Stderr: io.Discard, Keep: &provider.Keep{Dir: dir}}
+
+	inst, err := p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	require.NoError(t, inst.Start(context.Background()))
+	require.NoError(t, inst.Destroy())
+	assert.Equal(t, []string{
+		"--version", "--list --quiet",
+		"--import oac-demo " + filepath.Join(dir, "distro") + " " + p.Rootfs + " --version 2",
+		"-d oac-demo -u root --exec /sbin/oac-guest --transport stdio:// --kept",
+		"--terminate oac-demo",
+	}, r.commands(), "the first start imports into the kept directory; the end terminates, never unregisters")
+	assert.True(t, r.distros["oac-demo"], "the distribution stays registered")
+	assert.FileExists(t, filepath.Join(dir, "distro.json"))
+
+	r.calls = nil
+	inst, err = p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	assert.Empty(t, inst.(provider.ImageChecker).ImageChanged())
+	require.NoError(t, inst.Start(context.Background()))
+	require.NoError(t, inst.Destroy())
+	assert.Equal(t, []string{"--version", "--list --quiet", "-d oac-demo -u root --exec /sbin/oac-guest --transport stdio:// --kept", "--terminate oac-demo"},
+		r.commands(), "the next start imports nothing")
+
+	require.NoError(t, os.WriteFile(p.Rootfs, []byte("a rebuilt tarball"), 0o644))
+	inst, err = p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	assert.Contains(t, inst.(provider.ImageChecker).ImageChanged(), "until reset", "a changed tarball is said")
+	require.NoError(t, inst.Destroy())
+	assert.True(t, r.distros["oac-demo"], "and the old distribution kept")
+
+	var k provider.Keeper = p
+	r.calls = nil
+	require.NoError(t, k.Discard(context.Background(), "demo", dir))
+	assert.Equal(t, []string{"--list --quiet", "--unregister oac-demo"}, r.commands())
+	assert.Empty(t, r.distros)
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, ents, "Discard leaves nothing in the directory")
+	require.NoError(t, k.Discard(context.Background(), "demo", dir), "twice is fine")
+}
+
+func TestAKeptSandboxNeverTakesADistributionItDidNotImport(t *testing.T) {
+	r := newFakeRunner()
+	r.distros["oac-demo"] = true
+	p := newTestProvider(t, r)
+	dir := t.TempDir()
+	_, err := p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "unused", Keep: &provider.Keep{Dir: dir}})
+	assert.ErrorIs(t, err, provider.ErrExists)
+	assert.True(t, r.distros["oac-demo"], "left alone")
+	require.NoError(t, p.Discard(context.Background(), "demo", dir))
+	assert.True(t, r.distros["oac-demo"], "Discard does not unregister what the sandbox did not import")
+
+	// An import that fails is discarded whole.
+	delete(r.distros, "oac-demo")
+	r.fail["--import"] = "Error code: Wsl/Service/RegisterDistro/E_FAIL"
+	_, err = p.Create(context.Background(), provider.Spec{Name: "demo", AgentPath: "unused", Keep: &provider.Keep{Dir: dir}})
+	require.Error(t, err)
+	require.NoError(t, p.Discard(context.Background(), "demo", dir))
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, ents)
+}

@@ -6,7 +6,7 @@
 // only its SHA-256).
 //
 //	daemon serve --hostname 127.0.0.1 --port 4096 [--healthy-after-requests N] [--never-healthy] [--marker X]
-//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT]...
+//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT]... [--persist PATH]...
 //
 // Until N authenticated health requests arrived it answers 503 (so a test
 // can see that ready waits for health); with --never-healthy always 503.
@@ -24,6 +24,11 @@
 // EchoBytes of a fixed pattern to an echo server, half-close and read
 // everything back: "ok echoed N bytes sha256=HEX" when what came back is
 // what was sent.
+//
+// Each --persist PATH (a kept sandbox's test) prints "daemon: persist
+// PATH=CONTENT" (what an earlier run wrote, or "absent"), then writes
+// "kept" there (making the parent directories) and prints "daemon:
+// persisted PATH=ok" or "=error ERROR".
 package main
 
 import (
@@ -39,6 +44,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -76,7 +82,29 @@ func main() {
 	_ = fs.String("marker", "", "ignored: lets tests find this process on the host")
 	var probes probeList
 	fs.Var(&probes, "probe", "NAME=proxy:URL, NAME=direct:URL, NAME=dial:HOST:PORT, NAME=echo-proxy:HOST:PORT or NAME=echo-direct:HOST:PORT (repeatable)")
+	var persist stringList
+	fs.Var(&persist, "persist", "report the content of PATH, then write \"kept\" there (repeatable)")
 	_ = fs.Parse(os.Args[2:])
+	for _, p := range persist {
+		b, err := os.ReadFile(p)
+		switch {
+		case err == nil:
+			say("persist %s=%s", p, strings.TrimSpace(string(b)))
+		case os.IsNotExist(err):
+			say("persist %s=absent", p)
+		default:
+			say("persist %s=error %v", p, err)
+		}
+		err = os.MkdirAll(filepath.Dir(p), 0o755)
+		if err == nil {
+			err = os.WriteFile(p, []byte("kept\n"), 0o644)
+		}
+		if err != nil {
+			say("persisted %s=error %v", p, err)
+		} else {
+			say("persisted %s=ok", p)
+		}
+	}
 
 	user, pass := os.Getenv("OAC_SERVER_USERNAME"), os.Getenv("OAC_SERVER_PASSWORD")
 	if user == "" || pass == "" {
@@ -140,6 +168,12 @@ func main() {
 	say("got %s, exiting", sig)
 	os.Exit(0)
 }
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // probe is one --probe.
 type probe struct{ name, mode, target string }
