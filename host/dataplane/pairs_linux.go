@@ -55,12 +55,30 @@ func newPairMaker(c *net.UnixConn) (*pairMaker, error) {
 }
 
 // run is the maker's thread: it joins the namespace and makes pairs until
-// stopped. It never unlocks the thread, so the thread ends with it
-// instead of serving other goroutines from the guest's namespace.
+// stopped, then goes back to the shim's namespace and gives the thread
+// back. The thread must not end: a child another goroutine started from
+// it earlier with a parent-death signal (the runtime of a sandbox: docker,
+// qemu, bwrap) gets that signal when the thread that forked it exits, not
+// when the process does. Only when the way back fails is the thread left
+// locked, so that it ends instead of serving other goroutines from the
+// guest's namespace.
 func (pm *pairMaker) run(nsfd int, started chan<- error) {
 	defer close(pm.done)
 	runtime.LockOSThread()
-	err := unix.Setns(nsfd, unix.CLONE_NEWNET)
+	home, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		_ = unix.Close(nsfd)
+		runtime.UnlockOSThread()
+		started <- fmt.Errorf("open the shim's own network namespace: %w", err)
+		return
+	}
+	defer func() {
+		if unix.Setns(home, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		_ = unix.Close(home)
+	}()
+	err = unix.Setns(nsfd, unix.CLONE_NEWNET)
 	_ = unix.Close(nsfd)
 	if err != nil {
 		started <- fmt.Errorf("join the guest's network namespace (needs CAP_SYS_ADMIN: a root shim): %w", err)
