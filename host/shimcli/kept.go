@@ -286,6 +286,20 @@ func osAllows(stderr io.Writer) error {
 	return nil
 }
 
+// refuseKeptName refuses a throwaway sandbox (oac-shim run) named as a
+// kept sandbox of store: nothing is created. A name the store cannot hold
+// is not a kept one.
+func refuseKeptName(store persist.Store, name string) error {
+	_, err := store.Load(name)
+	switch {
+	case errors.Is(err, persist.ErrNotFound), errors.Is(err, provider.ErrInvalidSpec):
+		return nil
+	case err == nil, errors.Is(err, persist.ErrCorrupt):
+		return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s exists, nothing created (oac-shim start --name %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
+	}
+	return failure.With(failure.ErrInvalidConfig, fmt.Errorf("cannot tell whether a kept sandbox named %s exists, nothing created (a throwaway sandbox must not take its name): %w", name, err))
+}
+
 // createCmd is oac-shim create: a record and the provider's kept state,
 // nothing booted.
 func createCmd(args []string, stdout, stderr io.Writer) int {

@@ -376,3 +376,39 @@ func TestTheControlResetOfAKeptSandboxDiscardsItsState(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateRunning, rec.State, "the shim goes on running it")
 }
+
+func TestRunRefusesTheNameOfAKeptSandboxBeforeCreatingAnything(t *testing.T) {
+	p, root := keeping(t)
+	create(t, root, "k1")
+	require.Len(t, p.specs, 1)
+	before := left(t, root)
+	// The same provider, and another one (its throwaway state of that
+	// name would be as much in the way).
+	for _, prov := range []string{"keeping-test", "bwrap"} {
+		code, out, errOut := shimMain("run", "--provider", prov, "--name", "k1", "--agent", "/nonexistent/oac-guest", "--keep-root", root)
+		assert.Equal(t, api.FailureOf(api.CodeInvalidConfig).Exit, code, prov)
+		assert.Contains(t, errOut, "a kept sandbox named k1 exists, nothing created", prov)
+		assert.Contains(t, errOut, "oac-shim start --name k1", prov)
+		var e api.Event
+		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &e), "one event: %s", out)
+		assert.Equal(t, api.StateFailed, e.State)
+		assert.Equal(t, api.CodeInvalidConfig, e.Code)
+	}
+	assert.Len(t, p.specs, 1, "run created nothing")
+	assert.Equal(t, before, left(t, root), "the kept sandbox is untouched")
+	assert.Equal(t, persist.StateCreated, listOf(t, root).Sandboxes[0].State)
+
+	// An unreadable record is still a kept sandbox's name.
+	require.NoError(t, os.WriteFile(filepath.Join(root, "sandboxes", "k1", "record.json"), []byte(`{"schema":1`), 0o600))
+	code, _, errOut := shimMain("run", "--provider", "keeping-test", "--name", "k1", "--agent", "/nonexistent/oac-guest", "--keep-root", root)
+	assert.Equal(t, api.FailureOf(api.CodeInvalidConfig).Exit, code)
+	assert.Contains(t, errOut, "a kept sandbox named k1 exists")
+	assert.Len(t, p.specs, 1)
+
+	// Another name runs (and fails at Start: no runtime in unit tests).
+	code, _, errOut = shimMain("run", "--provider", "keeping-test", "--name", "k2", "--agent", "/nonexistent/oac-guest", "--keep-root", root)
+	assert.NotEqual(t, api.FailureOf(api.CodeInvalidConfig).Exit, code, errOut)
+	assert.NotContains(t, errOut, "kept sandbox")
+	assert.Len(t, p.specs, 2, "a throwaway sandbox of another name is created")
+	assert.Nil(t, p.lastSpec().Keep)
+}

@@ -43,7 +43,8 @@ type runFlags struct {
 	bootFormat                                          string
 	passwordFD                                          int
 	dataPlane                                           string
-	// keepRoot is where kept sandboxes live (start only).
+	// keepRoot is where kept sandboxes live: start runs one from there,
+	// run refuses a name one of them has.
 	keepRoot string
 }
 
@@ -95,6 +96,8 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
 	if cmd == "start" {
 		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+")")
+	} else {
+		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+"); run refuses the name of one of them")
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, 2
@@ -236,6 +239,14 @@ func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writ
 	if f.maxStreams < 1 || f.connectTimeout <= 0 || f.idleTimeout <= 0 {
 		fmt.Fprintln(stderr, "oac-shim run: --egress-max-streams must be at least 1 and the egress timeouts positive")
 		return 2
+	}
+	if kept == nil {
+		// A throwaway sandbox must not take a kept one's name: the
+		// provider's state of that name (a container, a registered
+		// distro) would be replaced or removed at its end.
+		if err := refuseKeptName(newStore(f.keepRoot), f.name); err != nil {
+			return failedEvent(err)
+		}
 	}
 	var specs []forward.Spec
 	for _, v := range f.forwards {
