@@ -5,6 +5,7 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -119,37 +120,16 @@ func HostedFigures(r *Report, b Bins, runs int) error {
 func dockerHosted(r *Report, b Bins, dir string, runs int, add func(string, string, func() (float64, error), func() (float64, error)) error,
 	hosted func(...string) func() (float64, error)) error {
 	ctx := context.Background()
-	e, err := dockerd.Start(ctx)
+	e, ref, done, err := dockerBench(ctx, b, dir, []imagebuild.ExtraFile{{Src: b.Daemon, Dst: hostedDaemon, Mode: 0o755}})
 	if err != nil {
-		r.Skip("hosted boot with docker", err.Error())
-		return nil
-	}
-	defer e.Stop()
-	base := filepath.Join(dir, "base")
-	if err := trueBase(base); err != nil {
-		return fmt.Errorf("docker image base: %w", err)
-	}
-	out := filepath.Join(dir, "image")
-	if _, err := imagebuild.Build(imagebuild.Spec{Base: base, Injection: imagebuild.Injection{Agent: b.Guest, SandboxIO: b.SandboxIO,
-		Files: []imagebuild.ExtraFile{{Src: b.Daemon, Dst: hostedDaemon, Mode: 0o755}}},
-		Outputs: []string{imagebuild.OutTar}, Out: out, Epoch: 1}); err != nil {
-		return fmt.Errorf("docker image: %w", err)
-	}
-	ref := fmt.Sprintf("oac-bench/guest:%d", os.Getpid())
-	if _, err := e.Import(ctx, filepath.Join(out, imagebuild.TarName), ref); err != nil {
+		var nd noDocker
+		if errors.As(err, &nd) {
+			r.Skip("hosted boot with docker", err.Error())
+			return nil
+		}
 		return err
 	}
-	defer func() { _, _ = e.Docker(ctx, "image", "rm", "--force", ref) }()
-	for _, kv := range e.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		old, had := os.LookupEnv(k)
-		os.Setenv(k, v)
-		if had {
-			defer os.Setenv(k, old)
-		} else {
-			defer os.Unsetenv(k)
-		}
-	}
+	defer done()
 	bare := func() (float64, error) {
 		t := time.Now()
 		if out, err := exec.Command(e.Client, "run", "--rm", "--network", "none", ref, "/bin/true").CombinedOutput(); err != nil {
@@ -159,6 +139,63 @@ func dockerHosted(r *Report, b Bins, dir string, runs int, add func(string, stri
 	}
 	return add("hosted boot, docker: oac-shim start to ready", "docker run --rm --network none IMAGE /bin/true", bare,
 		hosted("--provider", "docker", "--docker-image", ref))
+}
+
+// noDocker: no Docker engine could be started here.
+type noDocker struct{ error }
+
+// dockerBench starts a Docker engine (the one that answers, else a private
+// dockerd) and imports an image oac-image builds under dir from a base
+// holding only /bin/true (trueBase), with the agent, sandbox_io (the
+// stand-in fixture, else the agent) and files; it points this process's
+// Docker environment, which the shims it runs inherit, at the engine.
+// done undoes all of it.
+func dockerBench(ctx context.Context, b Bins, dir string, files []imagebuild.ExtraFile) (e *dockerd.Engine, ref string, done func(), err error) {
+	e, err = dockerd.Start(ctx)
+	if err != nil {
+		return nil, "", nil, noDocker{err}
+	}
+	var undo []func()
+	done = func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	undo = append(undo, func() { _ = e.Stop() })
+	defer func() {
+		if err != nil {
+			done()
+		}
+	}()
+	base := filepath.Join(dir, "base")
+	if err := trueBase(base); err != nil {
+		return nil, "", nil, fmt.Errorf("docker image base: %w", err)
+	}
+	sandboxIO := b.SandboxIO
+	if sandboxIO == "" {
+		sandboxIO = b.Guest
+	}
+	out := filepath.Join(dir, "image")
+	if _, err := imagebuild.Build(imagebuild.Spec{Base: base, Injection: imagebuild.Injection{Agent: b.Guest, SandboxIO: sandboxIO, Files: files},
+		Outputs: []string{imagebuild.OutTar}, Out: out, Epoch: 1}); err != nil {
+		return nil, "", nil, fmt.Errorf("docker image: %w", err)
+	}
+	ref = fmt.Sprintf("oac-bench/guest:%d", os.Getpid())
+	if _, err := e.Import(ctx, filepath.Join(out, imagebuild.TarName), ref); err != nil {
+		return nil, "", nil, err
+	}
+	undo = append(undo, func() { _, _ = e.Docker(ctx, "image", "rm", "--force", ref) })
+	for _, kv := range e.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		old, had := os.LookupEnv(k)
+		os.Setenv(k, v)
+		if had {
+			undo = append(undo, func() { os.Setenv(k, old) })
+		} else {
+			undo = append(undo, func() { os.Unsetenv(k) })
+		}
+	}
+	return e, ref, done, nil
 }
 
 // trueBase makes a base root filesystem with /bin/true and the shared

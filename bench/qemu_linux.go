@@ -74,6 +74,21 @@ func QemuFigures(r *Report, b Bins, arches []VMArch, runs int) error {
 	return nil
 }
 
+// vmImage builds the image every guest boots into img: its initramfs (the
+// default modules) and its root disk (erofs), and returns the kernel,
+// initramfs and disk paths. Nothing runs oac-sandbox-io here (no
+// bootstrap): the agent stands in for it.
+func vmImage(guest string, a VMArch, img string) (kernel, initrd, disk string, err error) {
+	if _, err := imagebuild.Build(imagebuild.Spec{
+		Injection: imagebuild.Injection{Agent: guest, SandboxIO: guest}, Arch: a.Arch,
+		Outputs: []string{imagebuild.OutErofs, imagebuild.OutVM}, Out: img,
+		Kernel: filepath.Join(a.KernelCache, "vmlinuz"), ModulesDir: filepath.Join(a.KernelCache, "modules"),
+	}); err != nil {
+		return "", "", "", fmt.Errorf("image: %w", err)
+	}
+	return filepath.Join(img, imagebuild.KernelName), filepath.Join(img, imagebuild.InitramfsName), filepath.Join(img, imagebuild.ErofsName), nil
+}
+
 func qemuArchFigures(r *Report, b Bins, a VMArch, dir, bin string, machine []string, console, label string, runs int) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -99,18 +114,10 @@ func qemuArchFigures(r *Report, b Bins, a VMArch, dir, bin string, machine []str
 	if err != nil {
 		return fmt.Errorf("trivial initramfs: %w", err)
 	}
-	// The image every guest boots: its initramfs (the default modules)
-	// and its root disk. Nothing runs oac-sandbox-io here (no bootstrap):
-	// the agent stands in for it.
-	img := filepath.Join(dir, "image")
-	if _, err := imagebuild.Build(imagebuild.Spec{
-		Injection: imagebuild.Injection{Agent: guest, SandboxIO: guest}, Arch: a.Arch,
-		Outputs: []string{imagebuild.OutErofs, imagebuild.OutVM}, Out: img,
-		Kernel: filepath.Join(a.KernelCache, "vmlinuz"), ModulesDir: filepath.Join(a.KernelCache, "modules"),
-	}); err != nil {
-		return fmt.Errorf("image: %w", err)
+	kernel, initrd, disk, err := vmImage(guest, a, filepath.Join(dir, "image"))
+	if err != nil {
+		return err
 	}
-	kernel, initrd, disk := filepath.Join(img, imagebuild.KernelName), filepath.Join(img, imagebuild.InitramfsName), filepath.Join(img, imagebuild.ErofsName)
 	bare := func() (float64, error) {
 		args := append(append([]string{}, machine...), "-accel", "tcg", "-m", "256", "-smp", "1",
 			"-nodefaults", "-nic", "none", "-no-reboot", "-display", "none", "-serial", "stdio",

@@ -101,11 +101,11 @@ func Run(o Options) error {
 	if o.want("kept") {
 		switch {
 		case !root:
-			r.Skip("kept sandbox figures", "need root (bwrap with an id range, OCI)")
+			r.Skip("kept sandbox figures", "need root (bwrap with an id range, OCI, docker, qemu)")
 		case errB != nil:
 			r.Skip("kept sandbox figures", "need bubblewrap")
 		default:
-			if err := KeptFigures(r, b, min(o.Runs, 11)); err != nil {
+			if err := KeptFigures(r, b, min(o.Runs, 11), VMArch{Arch: "amd64", KernelCache: envOr("OAC_KERNEL_CACHE", ".cache/kernel")}); err != nil {
 				return err
 			}
 		}
