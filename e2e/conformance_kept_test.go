@@ -189,12 +189,29 @@ func (c *confCase) listed(t *testing.T) map[string]map[string]any {
 	return m
 }
 
+// throwawayRefused runs a throwaway sandbox (oac-shim run, the row's
+// flags) named as the kept sandbox name: it must be refused with
+// invalid_config before anything is created, and the kept sandbox's next
+// start still finds what it wrote.
+func (c *confCase) throwawayRefused(t *testing.T, name string) {
+	t.Helper()
+	spec := c.env.spec
+	args := append([]string{"run", "--provider", spec.provider, "--name", name, "--keep-root", c.keepRoot(t)}, spec.args...)
+	if spec.agent != "" {
+		args = append(args, "--agent", spec.agent)
+	}
+	_, errOut, code := c.shimCmd(t, args...)
+	assert.Equal(t, api.FailureOf(api.CodeInvalidConfig).Exit, code, "oac-shim run of a kept sandbox's name")
+	assert.Contains(t, errOut, "a kept sandbox named "+name+", nothing created")
+}
+
 func promiseKeptSurvives(t *testing.T, c *confCase) {
 	name := uniqueName("conf-keep")
 	_, errOut, code := c.shimCmd(t, c.createArgs(t, name)...)
 	require.Zero(t, code, "oac-shim create: %s", errOut)
 	c.kept.name = name
 	c.keptBoot(t, name, "absent")
+	c.throwawayRefused(t, name)
 	c.keptBoot(t, name, "kept")
 	e := c.listed(t)[name]
 	require.NotNil(t, e, "listed")

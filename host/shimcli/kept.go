@@ -295,7 +295,7 @@ func refuseKeptName(store persist.Store, name string) error {
 	case errors.Is(err, persist.ErrNotFound), errors.Is(err, provider.ErrInvalidSpec):
 		return nil
 	case err == nil, errors.Is(err, persist.ErrCorrupt):
-		return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s exists, nothing created (oac-shim start --name %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
+		return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s, nothing created (oac-shim start --name %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
 	}
 	return failure.With(failure.ErrInvalidConfig, fmt.Errorf("cannot tell whether a kept sandbox named %s exists, nothing created (a throwaway sandbox must not take its name): %w", name, err))
 }

@@ -387,7 +387,7 @@ func TestRunRefusesTheNameOfAKeptSandboxBeforeCreatingAnything(t *testing.T) {
 	for _, prov := range []string{"keeping-test", "bwrap"} {
 		code, out, errOut := shimMain("run", "--provider", prov, "--name", "k1", "--agent", "/nonexistent/oac-guest", "--keep-root", root)
 		assert.Equal(t, api.FailureOf(api.CodeInvalidConfig).Exit, code, prov)
-		assert.Contains(t, errOut, "a kept sandbox named k1 exists, nothing created", prov)
+		assert.Contains(t, errOut, "sandbox already exists: a kept sandbox named k1, nothing created", prov)
 		assert.Contains(t, errOut, "oac-shim start --name k1", prov)
 		var e api.Event
 		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &e), "one event: %s", out)
@@ -402,7 +402,7 @@ func TestRunRefusesTheNameOfAKeptSandboxBeforeCreatingAnything(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(root, "sandboxes", "k1", "record.json"), []byte(`{"schema":1`), 0o600))
 	code, _, errOut := shimMain("run", "--provider", "keeping-test", "--name", "k1", "--agent", "/nonexistent/oac-guest", "--keep-root", root)
 	assert.Equal(t, api.FailureOf(api.CodeInvalidConfig).Exit, code)
-	assert.Contains(t, errOut, "a kept sandbox named k1 exists")
+	assert.Contains(t, errOut, "a kept sandbox named k1, nothing created")
 	assert.Len(t, p.specs, 1)
 
 	// Another name runs (and fails at Start: no runtime in unit tests).
