@@ -132,15 +132,10 @@ func (f *FDReader) keep(oob []byte, flags int) error {
 // must be a connected AF_UNIX stream socket; anything else is closed and
 // refused.
 func (f *FDReader) TakeConn() (*net.UnixConn, error) {
-	f.mu.Lock()
-	if len(f.fds) == 0 {
-		f.mu.Unlock()
-		return nil, fmt.Errorf("%w: the frame's descriptor did not arrive", ErrDescriptor)
+	fd, file, err := f.take("fd channel connection")
+	if err != nil {
+		return nil, err
 	}
-	fd := f.fds[0]
-	f.fds = f.fds[1:]
-	f.mu.Unlock()
-	file := os.NewFile(uintptr(fd), "fd channel connection")
 	defer file.Close()
 	dom, err1 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
 	typ, err2 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
@@ -159,6 +154,19 @@ func (f *FDReader) TakeConn() (*net.UnixConn, error) {
 	return uc, nil
 }
 
+// take removes the oldest received descriptor and wraps it in a file
+// named what, which the caller closes.
+func (f *FDReader) take(what string) (int, *os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.fds) == 0 {
+		return -1, nil, fmt.Errorf("%w: the frame's descriptor did not arrive", ErrDescriptor)
+	}
+	fd := f.fds[0]
+	f.fds = f.fds[1:]
+	return fd, os.NewFile(uintptr(fd), what), nil
+}
+
 // Pending returns how many received descriptors no frame took yet.
 func (f *FDReader) Pending() int {
 	f.mu.Lock()
@@ -173,15 +181,10 @@ func (f *FDReader) Pending() int {
 // socket in the peer's network namespace, read and written, never
 // connected, bound or configured by the reader.
 func (f *FDReader) TakeTCP() (*net.TCPConn, error) {
-	f.mu.Lock()
-	if len(f.fds) == 0 {
-		f.mu.Unlock()
-		return nil, fmt.Errorf("%w: the frame's descriptor did not arrive", ErrDescriptor)
+	fd, file, err := f.take("handed connection")
+	if err != nil {
+		return nil, err
 	}
-	fd := f.fds[0]
-	f.fds = f.fds[1:]
-	f.mu.Unlock()
-	file := os.NewFile(uintptr(fd), "handed connection")
 	defer file.Close()
 	dom, err1 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN)
 	typ, err2 := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)

@@ -282,26 +282,7 @@ func (p *Provider) Discard(ctx context.Context, name, dir string) error {
 	if err != nil || have == nil || have.sandbox != name || !have.kept {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
-	defer cancel()
-	for {
-		out, err := output(ctx, d, discardArgs(name)...)
-		if err == nil {
-			return nil
-		}
-		cerr := classify("discard the kept container", out, err)
-		switch {
-		case errors.Is(cerr, ErrNoContainer):
-			return nil
-		case !errors.Is(cerr, errRemoving):
-			return cerr
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (the engine did not finish removing it within %s)", cerr, quickTimeout)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return removeUntilGone(ctx, d, "discard the kept container", discardArgs(name))
 }
 
 // inspectContainer returns what the engine has under the sandbox's
@@ -363,10 +344,17 @@ func (in *Instance) remove() error {
 // once the engine has none: a container whose own removal is under way
 // (--rm after its guest stopped, when its shim was killed) is waited for.
 func removeContainer(ctx context.Context, docker, name, what string) error {
+	return removeUntilGone(ctx, docker, what, removeArgs(name))
+}
+
+// removeUntilGone runs docker with args (a removal) until the engine has
+// no such container, waiting out a removal already under way, for at
+// most quickTimeout.
+func removeUntilGone(ctx context.Context, docker, what string, args []string) error {
 	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
 	defer cancel()
 	for {
-		out, err := output(ctx, docker, removeArgs(name)...)
+		out, err := output(ctx, docker, args...)
 		if err == nil {
 			return nil
 		}
