@@ -123,7 +123,7 @@ func setupRow(t *testing.T, row vmRow) vmRow {
 // bins') and runs oac-image build with a tiny base holding vmdaemon.
 func buildVMImage(arch string) *vmImageResult {
 	r := &vmImageResult{}
-	dir, err := os.MkdirTemp("", "oac-e2e-vm-"+arch+"-")
+	dir, err := os.MkdirTemp(bins.dir, "vm-"+arch+"-") // removed with bins.dir when the run ends
 	if err != nil {
 		r.err = err
 		return r
