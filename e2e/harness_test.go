@@ -528,6 +528,23 @@ func hostProcs(marker string) []int {
 	return pids
 }
 
+// procs returns the pids below this shim whose command line contains
+// marker: a marker other sandboxes' processes share (a stand-in's own
+// command line) counts only this sandbox's.
+func (s *shim) procs(marker string) []int {
+	mine := map[int]bool{}
+	for _, p := range descendants(s.cmd.Process.Pid) {
+		mine[p] = true
+	}
+	var out []int
+	for _, p := range hostProcs(marker) {
+		if mine[p] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // procStatus returns a field of /proc/PID/status split into words.
 func procStatus(t *testing.T, pid int, field string) []string {
 	t.Helper()

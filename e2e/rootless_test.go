@@ -179,13 +179,13 @@ func TestRootlessBootContractWritesThePrivateFileAndRunsBothProcessesOnSubordina
 	start, err := subIDStart(subIDUser)
 	require.NoError(t, err)
 	var pids []int
-	require.Eventually(t, func() bool { pids = hostProcs("oac-daemon-standin serve"); return len(pids) == 1 }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { pids = s.procs("oac-daemon-standin serve"); return len(pids) == 1 }, 5*time.Second, 20*time.Millisecond)
 	assert.Equal(t, strconv.Itoa(start+999), procStatus(t, pids[0], "Uid")[0])
 
 	s.signal(syscall.SIGTERM)
 	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
-	assert.Eventually(t, func() bool { return len(hostProcs("oac-daemon-standin serve")) == 0 }, 5*time.Second, 20*time.Millisecond,
+	assert.Eventually(t, func() bool { _, err := os.Stat(fmt.Sprintf("/proc/%d", pids[0])); return os.IsNotExist(err) }, 5*time.Second, 20*time.Millisecond,
 		"nothing left behind")
 }
 
