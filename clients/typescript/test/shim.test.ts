@@ -270,10 +270,12 @@ test('a kept sandbox: create, start twice, reset, list and destroy', async (t) =
   const name = uniqueName('ts-keep');
   const o = { shim: shimPath, keepRoot };
   await createKept({ ...o, name, args: ['--agent', join(bin, 'oac-guest')] });
+  // The daemon writes the file before it says what it found, so a stop
+  // that follows the found line never races the write.
   const boot = async (want: string) => {
     const shim = start({
       name, kept: { keepRoot }, identity: undefined, args: ['--agent', join(bin, 'oac-guest')],
-      bootstrap: { version: 1, daemon: { argv: ['/bin/sh', '-c', 'echo found=$(cat /home/runtime/f 2>/dev/null || echo absent); echo kept > /home/runtime/f; exec sleep 1000'] } },
+      bootstrap: { version: 1, daemon: { argv: ['/bin/sh', '-c', 'f=$(cat /home/runtime/f 2>/dev/null || echo absent); echo kept > /home/runtime/f; echo found=$f; exec sleep 1000'] } },
     });
     try {
       await shim.waitFor('ready', { timeoutMs: 30_000 });
