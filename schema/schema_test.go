@@ -21,8 +21,8 @@ import (
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
-	"github.com/oac/sandbox-agent/host/shimcli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/schema"
@@ -187,7 +187,7 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "SandboxIO", reflect.TypeFor[bootstrap.SandboxIO](), at{schema.SandboxIO, d[schema.SandboxIO]}, false)
 	d.agree(t, "Core", reflect.TypeFor[bootstrap.Core](), at{schema.CoreBootstrap, d[schema.CoreBootstrap]}, false)
 	d.agree(t, "PolicyFile", reflect.TypeFor[egress.File](), at{schema.Policy, d[schema.Policy]}, false)
-	d.agree(t, "ListReport", reflect.TypeFor[shimcli.ListReport](), at{schema.List, d[schema.List]}, true)
+	d.agree(t, "ListReport", reflect.TypeFor[api.ListReport](), at{schema.List, d[schema.List]}, true)
 	d.agree(t, "Record", reflect.TypeFor[persist.Record](), at{schema.Record, d[schema.Record]}, true)
 }
 
@@ -213,7 +213,7 @@ func TestKeptRecordAndListValidate(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, store.Save(rec))
 	l.Unlock()
-	rep, err := shimcli.List(context.Background(), store, func(string) {})
+	rep, err := kept.New(store, nil).List(context.Background())
 	require.NoError(t, err)
 	out, err := json.Marshal(rep)
 	require.NoError(t, err)

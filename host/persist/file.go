@@ -98,6 +98,15 @@ func sameFile(f *os.File, path string) bool {
 	return err1 == nil && err2 == nil && os.SameFile(a, b)
 }
 
+// Exists implements Store.
+func (s *FileStore) Exists(name string) bool {
+	if checkName(name) != nil {
+		return false
+	}
+	_, err := os.Lstat(s.dir(name))
+	return err == nil
+}
+
 // Held implements Store.
 func (s *FileStore) Held(name string) bool {
 	if checkName(name) != nil {

@@ -51,6 +51,13 @@ func (m *Mem) Lock(name string) (Unlocker, error) {
 	return &memLock{m: m, name: name}, nil
 }
 
+// Exists implements Store.
+func (m *Mem) Exists(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.known[name]
+}
+
 // Held implements Store.
 func (m *Mem) Held(name string) bool {
 	m.mu.Lock()

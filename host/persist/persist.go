@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/strictjson"
 )
@@ -30,37 +32,33 @@ var (
 	ErrCorrupt = errors.New("kept sandbox record is unreadable")
 )
 
-// State is a kept sandbox's last state.
-type State string
+// State is a kept sandbox's last state (the published api.KeptState).
+type State = api.KeptState
 
-// States. Creating and Resetting are held only while a shim holds the
-// sandbox's lock: found with the lock free, they are what a shim killed
-// half way left, and the next command discards the sandbox.
+// States. Creating, Resetting and Destroying are held only while a shim
+// holds the sandbox's lock: found with the lock free, they are what a
+// shim killed half way left, and the next command discards the sandbox.
 const (
-	StateCreating  State = "creating"
-	StateCreated   State = "created"
-	StateRunning   State = "running"
-	StateStopped   State = "stopped"
-	StateFailed    State = "failed"
-	StateResetting State = "resetting"
+	StateCreating   = api.KeptCreating
+	StateCreated    = api.KeptCreated
+	StateRunning    = api.KeptRunning
+	StateStopped    = api.KeptStopped
+	StateFailed     = api.KeptFailed
+	StateResetting  = api.KeptResetting
+	StateDestroying = api.KeptDestroying
 )
 
 // States lists every State.
-var States = []State{StateCreating, StateCreated, StateRunning, StateStopped, StateFailed, StateResetting}
+var States = api.KeptStates
 
-// Valid reports whether s is one of States.
-func (s State) Valid() bool {
-	for _, v := range States {
-		if s == v {
-			return true
-		}
-	}
-	return false
-}
+// validState reports whether s is one of States.
+func validState(s State) bool { return slices.Contains(States, s) }
 
 // Unfinished reports whether s is a state only a shim holding the lock
 // may leave a record in (see StateCreating).
-func (s State) Unfinished() bool { return s == StateCreating || s == StateResetting }
+func Unfinished(s State) bool {
+	return s == StateCreating || s == StateResetting || s == StateDestroying
+}
 
 // Record is what the shim keeps about one sandbox.
 type Record struct {
@@ -113,7 +111,7 @@ func (r *Record) Validate() error {
 		return fmt.Errorf("%w: invalid sandbox name", ErrCorrupt)
 	case r.Provider == "":
 		return fmt.Errorf("%w: no provider", ErrCorrupt)
-	case !r.State.Valid():
+	case !validState(r.State):
 		return fmt.Errorf("%w: unknown state %q", ErrCorrupt, r.State)
 	case r.Created.IsZero():
 		return fmt.Errorf("%w: no creation time", ErrCorrupt)
@@ -194,6 +192,9 @@ type Store interface {
 	Remove(name string) error
 	// List returns the names of the kept sandboxes, sorted.
 	List() ([]string, error)
+	// Exists reports whether anything is kept under the name (a record,
+	// or the directory a killed command left).
+	Exists(name string) bool
 	// Dir is the provider's state directory of the sandbox
 	// (provider.Keep.Dir), created 0700 on first use by Lock.
 	Dir(name string) string

@@ -97,3 +97,19 @@ var defaultInstead = map[Feature]string{
 	FeatureInstall:   "put the binary into the guest image instead (oac-image build --file)",
 	FeatureVolume:    "it has no persistent volumes: the guest's /home and /environment come from its image",
 }
+
+// CheckSpec is what every create checks before anything is made (a
+// sandbox's attempt and a kept sandbox's create or reset alike): a kept
+// spec needs a Keeper, the spec's own rules hold, and p honours every
+// feature it asks for. Errors wrap ErrInvalidSpec.
+func CheckSpec(p Provider, spec Spec) error {
+	if spec.Keep != nil {
+		if _, ok := p.(Keeper); !ok {
+			return fmt.Errorf("%w: the %s provider cannot keep a sandbox", ErrInvalidSpec, p.Name())
+		}
+	}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	return Refuse(p, spec)
+}

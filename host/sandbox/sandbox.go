@@ -20,6 +20,7 @@ import (
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/crashpoint"
 	"github.com/oac/sandbox-agent/internal/safetext"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -327,15 +328,7 @@ func (s *run) run(ctx context.Context) error {
 		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
 		SandboxIOPath: s.cfg.SandboxIOPath, Install: s.cfg.Install, Volumes: s.cfg.Volumes, Keep: s.cfg.Keep,
 	}
-	if spec.Keep != nil {
-		if _, ok := s.cfg.Provider.(provider.Keeper); !ok {
-			return s.fail(fmt.Errorf("nothing created: %w: the %s provider cannot keep a sandbox", provider.ErrInvalidSpec, s.cfg.Provider.Name()))
-		}
-	}
-	if err := spec.Validate(); err != nil {
-		return s.fail(fmt.Errorf("nothing created: %w", err))
-	}
-	if err := provider.Refuse(s.cfg.Provider, spec); err != nil {
+	if err := provider.CheckSpec(s.cfg.Provider, spec); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
 	}
 	if c := b.Credentials; c != nil {
@@ -371,6 +364,7 @@ func (s *run) run(ctx context.Context) error {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("create %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
 	s.inst = inst
+	crashpoint.Hit(crashpoint.BootCreated)
 	if c, ok := inst.(provider.ImageChecker); ok {
 		if msg := c.ImageChanged(); msg != "" {
 			s.cfg.Log.Warn(msg, "sandbox", s.cfg.Name)
@@ -423,6 +417,10 @@ func (s *run) run(ctx context.Context) error {
 	err = s.handshake(ctx, conn, helloWait)
 	s.phases.mark("handshake")
 	if err != nil {
+		// A stop closes the session under the guard, which may still be
+		// judging a frame it took off the transport: the outcome is
+		// decided once the session's reader has ended (endSession).
+		s.endSession()
 		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
 			_ = s.inst.Kill()
 			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
@@ -432,12 +430,9 @@ func (s *run) run(ctx context.Context) error {
 			s.setState(api.StateStopped, "stopped during the handshake with the guest: "+stopReason(ctx))
 			return nil
 		}
-		// A guest that refused the handshake exits on its own: give it a
-		// moment so its own account of the failure reaches the diagnostics
-		// before the runtime is killed.
-		if s.sess != nil {
-			s.sess.Close()
-		}
+		// A guest that refused the handshake exits on its own (its
+		// session is closed): give it a moment so its own account of the
+		// failure reaches the diagnostics before the runtime is killed.
 		select {
 		case <-s.inst.Done():
 		case <-time.After(handshakeExitWait):
@@ -590,6 +585,9 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 		case <-ctx.Done():
 			reason := stopReason(ctx)
 			s.shutdown(reason)
+			// Whatever the guard took off the transport before the
+			// session ended is judged before the outcome is.
+			s.endSession()
 			if err := s.guardErr(); err != nil {
 				// The guest broke a bound before or while it was stopped:
 				// that is what ended it.
@@ -690,6 +688,18 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 	}
 }
 
+// endSession closes the guest's session, if there is one, and returns
+// once its reader has ended: yamux's Close waits for its receive loop,
+// which is the guard's only reader, so a frame the guard took off the
+// transport has been judged (guardErr names it if it broke a bound).
+// Deciding the outcome before that raced the guard: a violation the
+// guest sent before the stop ended some runs as stopped.
+func (s *run) endSession() {
+	if s.sess != nil {
+		s.sess.Close()
+	}
+}
+
 // stopReason is why ctx ended: its cause, or "stop requested".
 func stopReason(ctx context.Context) string {
 	if c := context.Cause(ctx); c != nil && c != context.Canceled {
@@ -744,6 +754,7 @@ func (s *run) setReady(msg, url, username string) {
 		}
 	}
 	s.emit(e)
+	crashpoint.Hit(crashpoint.BootReady)
 }
 
 func (s *run) emitProcess(p *protocol.ProcessStatus) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -99,11 +101,11 @@ func shimMain(args ...string) (int, string, string) {
 	return code, stdout.String(), stderr.String()
 }
 
-func listOf(t *testing.T, root string) ListReport {
+func listOf(t *testing.T, root string) api.ListReport {
 	t.Helper()
 	code, out, errOut := shimMain("list", "--json", "--keep-root", root)
 	require.Zero(t, code, errOut)
-	var rep ListReport
+	var rep api.ListReport
 	require.NoError(t, json.Unmarshal([]byte(out), &rep))
 	return rep
 }
@@ -348,14 +350,12 @@ func TestTheControlResetOfAKeptSandboxDiscardsItsState(t *testing.T) {
 	create(t, root, "unit")
 	s, out := newTestShim(t)
 	store := persist.NewFileStore(root)
-	l, err := store.Lock("unit")
-	require.NoError(t, err)
-	defer l.Unlock()
-	rec, err := store.Load("unit")
-	require.NoError(t, err)
 	dir := store.Dir("unit")
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "workspace-file"), nil, 0o600))
-	s.kept = &keptRun{ops: keptOps{store: store, say: func(string) {}}, lock: l, rec: rec, dir: dir, prov: p}
+	lease, err := kept.Open(root, nil).Start(context.Background(), "unit", "/x", io.Discard)
+	require.NoError(t, err)
+	defer lease.Close()
+	s.kept = lease
 	s.base.Name, s.base.Provider, s.base.AgentPath = "unit", p, "/x"
 	s.base.Keep = &provider.Keep{Dir: dir}
 	ctx := context.Background()
@@ -372,7 +372,7 @@ func TestTheControlResetOfAKeptSandboxDiscardsItsState(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist)
 	assert.Contains(t, out.String(), `"event":"kept"`)
 	assert.Contains(t, out.String(), "reset: the kept state was discarded")
-	rec, err = store.Load("unit")
+	rec, err := store.Load("unit")
 	require.NoError(t, err)
 	assert.Equal(t, persist.StateRunning, rec.State, "the shim goes on running it")
 }

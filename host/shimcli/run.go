@@ -18,10 +18,12 @@ import (
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
+	"github.com/oac/sandbox-agent/internal/crashpoint"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -190,9 +192,9 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return runShim(f, nil, stdin, stdout, stderr)
 }
 
-// runShim runs one sandbox until it stops: a throwaway one (kept nil,
+// runShim runs one sandbox until it stops: a throwaway one (lease nil,
 // oac-shim run) or a kept one (oac-shim start).
-func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writer) int {
+func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.Writer) int {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(sandbox.SoftMemoryLimit)
 	}
@@ -240,13 +242,15 @@ func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "oac-shim run: --egress-max-streams must be at least 1 and the egress timeouts positive")
 		return 2
 	}
-	if kept == nil {
-		// A throwaway sandbox must not take a kept one's name: the
-		// provider's state of that name (a container, a registered
-		// distro) would be replaced or removed at its end.
-		if err := refuseKeptName(newStore(f.keepRoot), f.name); err != nil {
+	if lease == nil {
+		// A throwaway sandbox holds its name in the keep root while it
+		// runs: the provider's objects of that name (a container, a
+		// registered distro) are a kept sandbox's when one has it.
+		res, err := keptService(f.keepRoot, stderr).Reserve(context.Background(), f.name)
+		if err != nil {
 			return failedEvent(err)
 		}
+		defer res.Close()
 	}
 	var specs []forward.Spec
 	for _, v := range f.forwards {
@@ -283,7 +287,7 @@ func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writ
 	}
 	s := newShim(f, sink, log, broker)
 	defer s.fwd.Close()
-	s.kept = kept
+	s.kept = lease
 	if f.passwordFD != 0 {
 		pw, err := openFD(f.passwordFD, "--password-fd")
 		if err != nil {
@@ -313,18 +317,19 @@ func runShim(f *runFlags, kept *keptRun, stdin io.Reader, stdout, stderr io.Writ
 		Volumes:       f.volumes,
 		DataPlane:     dataPlaneSetting(f.dataPlane),
 	}
-	if kept != nil {
-		s.base.Keep = &provider.Keep{Dir: kept.dir}
-		for _, msg := range kept.notes {
+	if lease != nil {
+		s.base.Keep = &provider.Keep{Dir: lease.Dir}
+		for _, msg := range lease.Notes {
 			s.emit(api.Event{Event: api.KindKept, Message: msg})
 		}
-		if err := kept.started(); err != nil {
+		if err := lease.Started(); err != nil {
 			return failedEvent(err)
 		}
 	}
 	err = s.run(stdin)
-	if kept != nil {
-		kept.ended(err)
+	crashpoint.Hit(crashpoint.StopInstanceEnded)
+	if lease != nil {
+		lease.Ended(err)
 	}
 	if err != nil {
 		if errors.Is(err, provider.ErrUnavailable) {

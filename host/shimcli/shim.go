@@ -14,6 +14,7 @@ import (
 	"github.com/oac/sandbox-agent/host/egress"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/lifecycle"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
@@ -36,7 +37,7 @@ type shim struct {
 	base sandbox.Config
 	// kept is the kept sandbox this shim runs (oac-shim start); nil for
 	// a throwaway one (oac-shim run).
-	kept *keptRun
+	kept *kept.Lease
 	// passwordOut, when set, receives each attempt's password as a line
 	// "ATTEMPT PASSWORD" (--password-fd).
 	passwordOut io.Writer
@@ -188,7 +189,7 @@ func (s *shim) resetFirst(ctx context.Context, attempt uint64) error {
 		return nil
 	}
 	if s.kept != nil {
-		if err := s.kept.reset(ctx); err != nil {
+		if err := s.kept.Reset(ctx); err != nil {
 			return err
 		}
 		s.emit(api.Event{Event: api.KindKept, Message: "reset: the kept state was discarded; the sandbox starts afresh from its image"})

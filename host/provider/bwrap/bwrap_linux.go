@@ -19,7 +19,6 @@ import (
 
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -207,9 +206,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 // Discard implements provider.Keeper: a bwrap sandbox keeps nothing but
 // what is under dir (kit.PrepareKept).
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
-	// What a start killed with SIGKILL left in the runtime state root
-	// (this name's and any other dead shim's, as every Claim sweeps).
-	statedir.Sweep(kit.UserStateRoot(p.StateRoot), "")
+	if err := kit.DiscardRuntime(kit.UserStateRoot(p.StateRoot), name, nil); err != nil {
+		return err
+	}
 	return p.discard(ctx, dir)
 }
 

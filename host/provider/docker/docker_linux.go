@@ -271,18 +271,21 @@ func (in *Instance) ImageChanged() string { return in.imageChanged }
 
 // Discard implements provider.Keeper: a kept docker sandbox is its
 // container (with its writable layer and any anonymous volume); nothing
-// is kept in dir. A container of that name not made for the sandbox is
+// is kept in dir. A throwaway container of the name that a killed shim
+// left goes too; a container of that name not made for the sandbox is
 // left alone.
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
 	d, err := p.docker()
 	if err != nil {
 		return err
 	}
-	have, err := inspectContainer(ctx, d, name)
-	if err != nil || have == nil || have.sandbox != name || !have.kept {
-		return err
-	}
-	return removeUntilGone(ctx, d, "discard the kept container", discardArgs(name))
+	return kit.DiscardRuntime(kit.StateRoot(p.StateRoot), name, func() error {
+		have, err := inspectContainer(ctx, d, name)
+		if err != nil || have == nil || have.sandbox != name {
+			return err
+		}
+		return removeUntilGone(ctx, d, "discard the container", discardArgs(name))
+	})
 }
 
 // inspectContainer returns what the engine has under the sandbox's

@@ -3,6 +3,7 @@
 package kit
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -61,4 +62,24 @@ func ClaimState(in *provider.Process, root, name string) (*statedir.Dir, error) 
 	}
 	in.Own(d)
 	return d, nil
+}
+
+// DiscardRuntime is the runtime half of every provider's Discard: it
+// removes what dead shims left in the state root (each directory whose
+// lock is free), then, holding name's state directory as a Create does,
+// calls remove for the provider's own objects of the name (a container,
+// a distribution) that a killed shim left. Whoever holds a name's state
+// directory owns its runtime objects: a sandbox of the name that runs now
+// is refused with provider.ErrExists and nothing of it is touched.
+func DiscardRuntime(root, name string, remove func() error) error {
+	statedir.Sweep(root, "")
+	d, err := statedir.Claim(root, name)
+	if err != nil {
+		return fmt.Errorf("discard the runtime state of %s: %w (stop the sandbox of that name first)", name, err)
+	}
+	defer d.Release()
+	if remove == nil {
+		return nil
+	}
+	return remove()
 }

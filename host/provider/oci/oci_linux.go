@@ -149,19 +149,16 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 // what is under dir (kit.PrepareKept); its container is deleted with
 // every run.
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
-	// What a start killed with SIGKILL left in the runtime state root
-	// (this name's and any other dead shim's, as every Claim sweeps) and
-	// its container's runtime state.
-	root := kit.StateRoot(p.StateRoot)
-	statedir.Sweep(root, "")
-	if rt, err := p.runtime(); err == nil {
-		// Only while no sandbox of the name runs (a throwaway one has
-		// the same container id): holding its state directory says so.
-		if d, err := statedir.Claim(root, name); err == nil {
-			in := &Instance{rt: rt}
-			_ = in.runtimeCmd(deleteArgs(ContainerID(name))...).Run()
-			d.Release()
+	err := kit.DiscardRuntime(kit.StateRoot(p.StateRoot), name, func() error {
+		// The container's runtime state, when the runtime is here (a
+		// throwaway sandbox of the name has the same container id).
+		if rt, err := p.runtime(); err == nil {
+			_ = (&Instance{rt: rt}).runtimeCmd(deleteArgs(ContainerID(name))...).Run()
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return kit.DiscardKept(dir)
 }

@@ -377,6 +377,9 @@ func (in *Instance) keep(p *Provider, dir string) error {
 // Discard implements provider.Keeper: a kept qemu sandbox keeps nothing
 // but the files in its directory.
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	if err := kit.DiscardRuntime(p.stateRoot(), name, nil); err != nil {
+		return err
+	}
 	return vmkeep.Discard(dir)
 }
 

@@ -345,6 +345,9 @@ func (in *Instance) ImageChanged() string { return in.imageChanged }
 // imported it, and removes the distribution's directory and the record
 // from dir.
 func (p *Provider) Discard(ctx context.Context, name, dir string) error {
+	if err := kit.DiscardRuntime(p.stateRoot(), name, nil); err != nil {
+		return err
+	}
 	recPath := filepath.Join(dir, KeptRecordName)
 	if _, err := os.Stat(recPath); err == nil {
 		in := &Instance{run: p.runner(), distro: DistroName(name)}

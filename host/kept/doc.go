@@ -1,0 +1,20 @@
+// Package kept owns kept sandboxes: oac-shim create, start, reset,
+// destroy and list act through its Service on the records of a
+// persist.Store and the registered providers. Every command holds the
+// name's lock for as long as it acts (start: for as long as the sandbox
+// runs, through its Lease), and so does a throwaway sandbox of the name
+// (Reserve, for oac-shim run), so no two commands decide about one name
+// at once.
+//
+// Crash recovery: a record says "creating", "resetting" or "destroying"
+// before the provider makes or removes anything, and the provider claims
+// its runtime state under its own state root before it makes it. The
+// next command on the name that finds such a record with its lock free
+// discards the sandbox (the provider's Discard removes its kept state and
+// what dead shims left in its state root) and says so; a directory with
+// no record is a create killed before its first save, removed the same
+// way. The named steps of each command are internal/crashpoint's.
+//
+// It must not parse flags or print (package shimcli does), run a sandbox
+// (package sandbox), or know what a provider keeps.
+package kept

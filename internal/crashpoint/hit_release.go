@@ -1,0 +1,9 @@
+//go:build !crashpoints || !unix
+
+package crashpoint
+
+// Enabled is whether this build can crash at a point.
+const Enabled = false
+
+// Hit does nothing in a release build.
+func Hit(Point) {}
