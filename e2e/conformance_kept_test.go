@@ -62,6 +62,8 @@ type keptState struct {
 	root  string
 	name  string
 	procs []procID
+	// crashName is the crash matrix's kept sandbox for its start cells.
+	crashName string
 }
 
 // keepRoot is the row's keep root: searchable by others (the guest's
@@ -93,8 +95,15 @@ func (c *confCase) keepRoot(t *testing.T) string {
 // code.
 func (c *confCase) shimCmd(t *testing.T, args ...string) (string, string, int) {
 	t.Helper()
+	stdout, stderr, st := c.shimCmdAs(t, c.env.spec.shim, nil, args...)
+	return stdout, stderr, st.ExitCode()
+}
+
+// shimCmdAs is shimCmd with another oac-shim binary (the row's when
+// empty) and more environment, returning how the process ended.
+func (c *confCase) shimCmdAs(t *testing.T, bin string, env []string, args ...string) (string, string, *os.ProcessState) {
+	t.Helper()
 	spec := c.env.spec
-	bin := spec.shim
 	if bin == "" {
 		bin = bins.shim
 	}
@@ -105,20 +114,17 @@ func (c *confCase) shimCmd(t *testing.T, args ...string) (string, string, int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), spec.env...)
+	cmd.Env = append(append(os.Environ(), spec.env...), env...)
 	cmd.Dir = "/"
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
-	code := 0
 	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
+	if err != nil && !errors.As(err, &ee) {
 		t.Fatalf("oac-shim %s: %v", strings.Join(args, " "), err)
 	}
-	t.Logf("oac-shim %s: exit %d\n%s%s", args[0], code, stdout.String(), stderr.String())
-	return stdout.String(), stderr.String(), code
+	t.Logf("oac-shim %s: %s\n%s%s", args[0], cmd.ProcessState, stdout.String(), stderr.String())
+	return stdout.String(), stderr.String(), cmd.ProcessState
 }
 
 // createArgs are oac-shim create's arguments for a kept sandbox called
@@ -136,7 +142,7 @@ func (c *confCase) createArgs(t *testing.T, name string) []string {
 // keptBoot starts the kept sandbox, checks that each keptFiles holds want
 // ("absent" or "kept") as the workload sees it, lets it write them, and
 // stops it.
-func (c *confCase) keptBoot(t *testing.T, name, want string) {
+func (c *confCase) keptBoot(t *testing.T, name, want string) *shim {
 	t.Helper()
 	spec := c.env.spec
 	spec.name, spec.command = name, "start"
@@ -171,6 +177,7 @@ func (c *confCase) keptBoot(t *testing.T, name, want string) {
 	s.signal(syscall.SIGTERM)
 	s.waitState(api.StateStopped, 30*time.Second)
 	assert.Equal(t, 0, s.exit(30*time.Second))
+	return s
 }
 
 // listed returns the kept sandboxes oac-shim list --json shows, by name.

@@ -48,6 +48,7 @@ func TestConformance(t *testing.T) {
 		}
 	})
 	table := res.table()
+	table += "\ncrash points (each command killed at each point it passes; the next command on the name):\n\n" + res.crashTable()
 	fmt.Printf("\nconformance (%s):\n%s\n", time.Now().UTC().Format("2006-01-02"), table)
 	if p := os.Getenv("OAC_CONFORMANCE_TABLE"); p != "" {
 		require.NoError(t, os.WriteFile(p, []byte(table), 0o644))
@@ -135,7 +136,7 @@ type confFixtures struct {
 }
 
 // privateBins are the binaries a sandbox runs, installed somewhere.
-type privateBins struct{ shim, guest, sandboxIO, daemon string }
+type privateBins struct{ shim, guest, sandboxIO, daemon, crashShim string }
 
 func newConfFixtures(t *testing.T) *confFixtures {
 	testCA(t)
@@ -173,7 +174,7 @@ func installBins(t *testing.T, dir string, uid, gid int) privateBins {
 	for _, b := range []struct {
 		dst *string
 		src string
-	}{{&p.shim, bins.shim}, {&p.guest, bins.guest}, {&p.sandboxIO, bins.sandboxIO}, {&p.daemon, bins.daemon}} {
+	}{{&p.shim, bins.shim}, {&p.guest, bins.guest}, {&p.sandboxIO, bins.sandboxIO}, {&p.daemon, bins.daemon}, {&p.crashShim, bins.crashShim}} {
 		data, err := os.ReadFile(b.src)
 		require.NoError(t, err)
 		*b.dst = filepath.Join(bin, filepath.Base(b.src))
@@ -336,6 +337,9 @@ func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) 
 			for _, p := range confPromises {
 				res.set(row.name, p.name, rowOutcome(t))
 			}
+			for _, cell := range crashCells() {
+				res.setCrash(row.name, cell.String(), rowOutcome(t))
+			}
 		}
 	})
 	c.env = row.setup(t, fix)
@@ -347,6 +351,7 @@ func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) 
 		ok := t.Run(p.name, func(t *testing.T) { p.check(t, c) })
 		res.set(row.name, p.name, map[bool]string{true: "pass", false: "FAIL"}[ok])
 	}
+	runCrashMatrix(t, c, res)
 	if c.s != nil {
 		if ready := c.s.find(func(e api.Event) bool { return e.Event == api.KindState && e.State == api.StateReady }); len(ready) > 0 {
 			res.note(row.name, ready[0].Message)
@@ -601,10 +606,12 @@ type confResults struct {
 	mu    sync.Mutex
 	cells map[string]map[string]string
 	notes map[string]string
+	// crash is the crash matrix: cell -> row -> outcome.
+	crash map[string]map[string]string
 }
 
 func newConfResults() *confResults {
-	return &confResults{cells: map[string]map[string]string{}, notes: map[string]string{}}
+	return &confResults{cells: map[string]map[string]string{}, notes: map[string]string{}, crash: map[string]map[string]string{}}
 }
 
 func (r *confResults) set(row, promise, outcome string) {

@@ -45,6 +45,9 @@ var bins struct {
 	shimClient string
 	// probe plays a hostile daemon (internal/probe).
 	probe string
+	// crashShim is oac-shim built with -tags crashpoints: it kills
+	// itself at the crash point $OAC_CRASH_AT names.
+	crashShim string
 }
 
 func TestMain(m *testing.M) {
@@ -72,6 +75,7 @@ func TestMain(m *testing.M) {
 	bins.dockerRec = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
 	bins.probe = filepath.Join(dir, "probe")
+	bins.crashShim = filepath.Join(dir, "oac-shim-crash")
 	builds := []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -85,6 +89,7 @@ func TestMain(m *testing.M) {
 		{bins.dockerRec, "./internal/dockerrec", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
 		{bins.probe, "./internal/probe", ""},
+		{bins.crashShim, "../cmd/oac-shim", ""},
 	}
 	bins.bad = map[string]string{}
 	for _, mode := range hostileModes {
@@ -93,7 +98,11 @@ func TestMain(m *testing.M) {
 	}
 	for _, b := range builds {
 		out, pkg := b.out, b.pkg
-		cmd := exec.Command("go", "build", "-trimpath", "-ldflags", b.ldflags, "-o", out, pkg)
+		args := []string{"build", "-trimpath", "-ldflags", b.ldflags, "-o", out}
+		if out == bins.crashShim {
+			args = append(args, "-tags", "crashpoints")
+		}
+		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: build %s: %v\n%s", pkg, err, b)

@@ -99,6 +99,18 @@ func specOf(r persist.Record, agent, dir string, stderr io.Writer) provider.Spec
 // provider, or every provider that keeps when the record cannot say) and
 // the store's. The caller holds the lock.
 func (s *Service) discard(ctx context.Context, name string, rec *persist.Record) error {
+	if err := s.discardProvider(ctx, name, rec); err != nil {
+		return err
+	}
+	if err := s.Store.Remove(name); err != nil {
+		return fmt.Errorf("discard kept sandbox %s: %w", name, err)
+	}
+	return nil
+}
+
+// discardProvider is the provider's half of discard: the record stays,
+// for the next command to finish the job if this one dies.
+func (s *Service) discardProvider(ctx context.Context, name string, rec *persist.Record) error {
 	dir := s.Store.Dir(name)
 	var errs []error
 	var ps []provider.Provider
@@ -129,9 +141,6 @@ func (s *Service) discard(ctx context.Context, name string, rec *persist.Record)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("discard kept sandbox %s: %w", name, errors.Join(errs...))
-	}
-	if err := s.Store.Remove(name); err != nil {
-		return fmt.Errorf("discard kept sandbox %s: %w", name, err)
 	}
 	return nil
 }
@@ -183,6 +192,11 @@ func (s *Service) claim(ctx context.Context, name string) (l persist.Unlocker, r
 			return nil, rec, false, err
 		}
 		return l, persist.Record{}, false, nil
+	case rec.State == persist.StateRunning:
+		// Running, and no shim holds it: its shim was killed. What that
+		// run made at runtime is the provider's to sweep at the next
+		// Create; what it kept stays.
+		s.Say(fmt.Sprintf("kept sandbox %s was running when its shim was killed (no shim holds it); what it kept is kept", name))
 	}
 	return l, rec, true, nil
 }
@@ -370,8 +384,12 @@ func (s *Service) Destroy(ctx context.Context, name string) error {
 		}
 		crashpoint.Hit(crashpoint.DestroyMarked)
 	}
-	if err := s.discard(ctx, name, r); err != nil {
+	if err := s.discardProvider(ctx, name, r); err != nil {
 		return err
+	}
+	crashpoint.Hit(crashpoint.DestroyDiscarded)
+	if err := s.Store.Remove(name); err != nil {
+		return fmt.Errorf("destroy kept sandbox %s: %w", name, err)
 	}
 	if !found {
 		return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: %s", persist.ErrNotFound, name))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"sync"
 
@@ -150,19 +151,39 @@ func (s *Service) Reserve(ctx context.Context, name string) (*Reservation, error
 	case l == nil && errors.Is(err, provider.ErrInvalidSpec):
 		// A name the store cannot hold is no kept sandbox's.
 		return &Reservation{}, nil
+	case l == nil && errors.Is(err, fs.ErrPermission):
+		// A keep root this user cannot write (a user with no home): no
+		// create of this user's can race the run there, so reading
+		// the record is enough.
+		_, lerr := s.Store.Load(name)
+		switch {
+		case errors.Is(lerr, persist.ErrNotFound):
+			return &Reservation{}, nil
+		case lerr == nil, errors.Is(lerr, persist.ErrCorrupt):
+			return nil, keptName(name)
+		}
+		return nil, cannotTell(name, lerr)
 	case errors.Is(err, persist.ErrLocked):
 		return nil, failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: %s is in use by another oac-shim (a kept sandbox started, created, reset or destroyed, or a throwaway one running), nothing created", provider.ErrExists, name))
 	case found:
 		l.Unlock()
-		return nil, failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s, nothing created (oac-shim start --name %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
+		return nil, keptName(name)
 	case err != nil:
 		if l != nil {
 			l.Unlock()
 		}
-		return nil, failure.With(failure.ErrInvalidConfig, fmt.Errorf("cannot tell whether a kept sandbox named %s exists, nothing created (a throwaway sandbox must not take its name): %w", name, err))
+		return nil, cannotTell(name, err)
 	}
 	crashpoint.Hit(crashpoint.RunLocked)
 	return &Reservation{svc: s, name: name, lock: l}, nil
+}
+
+func keptName(name string) error {
+	return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s, nothing created (oac-shim start --name %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
+}
+
+func cannotTell(name string, err error) error {
+	return failure.With(failure.ErrInvalidConfig, fmt.Errorf("cannot tell whether a kept sandbox named %s exists, nothing created (a throwaway sandbox must not take its name): %w", name, err))
 }
 
 // Close removes the name's directory in the keep root and drops the lock.
