@@ -74,7 +74,6 @@ var confPromises = []confPromise{
 	{"kept: workspace and /usr/local survive stop/start", promiseKeptSurvives},
 	{"reset: both gone, sandbox kept", promiseKeptReset},
 	{"destroy: nothing left on host", promiseKeptDestroy},
-	{"kill -9 during create: nothing after next command", promiseKeptKilledCreate},
 }
 
 // confRow is one provider.
