@@ -251,4 +251,3 @@ func promiseKeptDestroy(t *testing.T, c *confCase) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "its kept directory is gone")
 	c.nothingLeft(t, name, c.kept.procs)
 }
-
