@@ -8,9 +8,10 @@
 // the live guest session; the control API (schema in package api, served
 // by package apiserver on stdin and/or a 0600 unix socket) is carried out
 // by the handler in control.go; systemd hears about every state (package
-// internal/systemd). kept.go holds the commands of kept sandboxes
-// (create, start, reset, destroy, list) on the injected store of package
-// persist; start runs a kept sandbox with run's wiring, holding its lock.
+// internal/systemd). kept.go parses the commands of kept sandboxes
+// (create, start, reset, destroy, list) and prints what package kept's
+// Service did; start runs a kept sandbox with run's wiring, holding its
+// lease, and run holds its name's lock through the same Service.
 // cmd/oac-shim only calls Main.
 //
 // It must not know a provider's settings, contain sandbox logic (package
