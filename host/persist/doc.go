@@ -23,5 +23,5 @@
 //
 // It owns the records, the lock and the layout of a sandbox's directory.
 // It must not know what a provider keeps under state/, start anything, or
-// decide what a state means for the lifecycle (package shimcli does).
+// decide what a state means for the lifecycle (package kept does).
 package persist
