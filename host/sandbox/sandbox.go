@@ -418,9 +418,14 @@ func (s *run) run(ctx context.Context) error {
 	s.phases.mark("handshake")
 	if err != nil {
 		// A stop closes the session under the guard, which may still be
-		// judging a frame it took off the transport: the outcome is
-		// decided once the session's reader has ended (endSession).
-		s.endSession()
+		// judging a frame it has taken off the transport: the outcome is
+		// decided once the session's reader has ended (yamux's Close
+		// waits for its receive loop, the guard's only reader), so a
+		// violation the host received before the stop is never reported
+		// as a stop.
+		if s.sess != nil {
+			s.sess.Close()
+		}
 		if gerr := s.guardErr(); errors.Is(gerr, ErrHostileGuest) {
 			_ = s.inst.Kill()
 			return s.fail(fmt.Errorf("handshake with guest: %w", gerr))
@@ -585,9 +590,6 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 		case <-ctx.Done():
 			reason := stopReason(ctx)
 			s.shutdown(reason)
-			// Whatever the guard took off the transport before the
-			// session ended is judged before the outcome is.
-			s.endSession()
 			if err := s.guardErr(); err != nil {
 				// The guest broke a bound before or while it was stopped:
 				// that is what ended it.
@@ -685,18 +687,6 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
 			}
 		}
-	}
-}
-
-// endSession closes the guest's session, if there is one, and returns
-// once its reader has ended: yamux's Close waits for its receive loop,
-// which is the guard's only reader, so a frame the guard took off the
-// transport has been judged (guardErr names it if it broke a bound).
-// Deciding the outcome before that raced the guard: a violation the
-// guest sent before the stop ended some runs as stopped.
-func (s *run) endSession() {
-	if s.sess != nil {
-		s.sess.Close()
 	}
 }
 

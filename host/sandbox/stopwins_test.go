@@ -39,6 +39,20 @@ import (
 // a busy machine under the race detector (measured there: up to 2.1 s).
 var stopBound = time.Duration(shortGrace) + stopMargin + 2*time.Second
 
+// stopConfig is the configuration of the sandbox the stop tests attack:
+// hostileConfig's bounds and 100 ms grace, with the production timeouts
+// for the Hello, a control frame's body and a stream header. These tests'
+// guests send each of those at once and never wait on them; the hostile
+// suite's 300 ms (short so that its stall tests do not wait) were a race
+// the set-up could lose: under the race detector, with both cores busy
+// and the meter collecting every 10 ms, a guest once found its session
+// closed before its Hello went through.
+func stopConfig(p *fakeProvider, rec *recorder) Config {
+	cfg := hostileConfig(p, rec)
+	cfg.HelloTimeout, cfg.FrameBodyTimeout, cfg.StreamHeaderTimeout = 0, 0, 0
+	return cfg
+}
+
 // connectInjecting is connectGuest over a transport the test can inject
 // raw yamux frames into.
 func connectInjecting(t *testing.T, p *fakeProvider) (*fakeGuest, *muxinject.Conn) {
@@ -103,16 +117,39 @@ func finalIsLast(t *testing.T, rec *recorder) api.Event {
 
 // Finding 1: a window update that wraps the 32-bit send window made the
 // host's next write to the guest block forever; stop and SIGTERM did
-// nothing. Now the guard refuses the update before yamux adds it, the
-// sandbox fails naming it, and a stop requested at the same time still
-// ends everything within the bound.
+// nothing. Now the guard refuses the update before yamux adds it and the
+// sandbox fails naming it, within the bound, whichever came first: the
+// update or the stop. Each order is chosen on purpose:
+//
+//   - before Welcome, after ready: the update, then the stop. When Inject
+//     returns the host has taken the frame off the transport (the fake
+//     transport is a net.Pipe: a write returns once the other end has read
+//     all of it), and the host decides the outcome only once its
+//     session's reader, the guard's, has ended: a stop never hides a
+//     violation the host had already received. (Before the Welcome it
+//     did: the stop was decided while the guard was still judging the
+//     frame it had just read, and about one run in 15 on a busy machine
+//     ended "stopped during the handshake".)
+//   - during the stop: the stop, then the update, once the guest has the
+//     Shutdown (the host is waiting for the guest's answer).
+//
+// The guest's grace is long (30 s), so the stop's own deadline cannot end
+// the sandbox first: ending within the bound proves the violation ended
+// it at once.
 func TestStopWinsOverAWindowUpdateThatWrapsTheSendWindow(t *testing.T) {
-	for _, when := range []string{"before Welcome", "after ready"} {
+	// 0xffffffff wraps the control stream's window to just below what it
+	// was: yamux would stall the host's next write.
+	wrap := muxinject.Frame(muxinject.TypeWindowUpdate, 0, 1, 0xffffffff, nil)
+	grace := bootstrap.Duration(30 * time.Second)
+	for _, when := range []string{"before Welcome", "after ready", "during the stop"} {
 		t.Run(strings.ReplaceAll(when, " ", "_"), func(t *testing.T) {
 			p, rec := newFakeProvider(), newRecorder()
+			cfg := stopConfig(p, rec)
+			cfg.Bootstrap = &bootstrap.Bootstrap{Version: 1, StopGrace: &grace}
 			m := startMeter(t)
-			cancel, done := runSandbox(t, hostileConfig(p, rec))
+			cancel, done := runSandbox(t, cfg)
 			var inj *muxinject.Conn
+			var g *fakeGuest
 			if when == "before Welcome" {
 				inj = muxinject.Wrap(<-p.guest)
 				sess, err := yamux.Client(inj, attackerMux())
@@ -122,16 +159,24 @@ func TestStopWinsOverAWindowUpdateThatWrapsTheSendWindow(t *testing.T) {
 				_, err = sess.OpenStream() // the control stream, id 1; no Hello yet
 				require.NoError(t, err)
 			} else {
-				g, c := connectInjecting(t, p)
+				g, inj = connectInjecting(t, p)
 				g.send(t, protocol.State{State: protocol.StateReady})
 				rec.waitState(t, api.StateReady)
-				inj = c
 			}
-			start := time.Now()
-			// 0xffffffff wraps the control stream's window to just below
-			// what it was: yamux would stall the host's next write.
-			require.NoError(t, inj.Inject(muxinject.Frame(muxinject.TypeWindowUpdate, 0, 1, 0xffffffff, nil)))
-			cancel(errors.New("stop requested"))
+			var start time.Time
+			if when == "during the stop" {
+				cancel(errors.New("stop requested"))
+				var sd protocol.Shutdown
+				require.NoError(t, g.ctl.RecvMessage(protocol.TypeShutdown, &sd))
+				require.Equal(t, time.Duration(grace).Milliseconds(), sd.GraceMS)
+				// The host is stopping: it waits for the guest's answer.
+				start = time.Now()
+				require.NoError(t, inj.Inject(wrap))
+			} else {
+				start = time.Now()
+				require.NoError(t, inj.Inject(wrap)) // the host has read it
+				cancel(errors.New("stop requested"))
+			}
 			err := endsWithin(t, done, start, stopBound)
 			require.Error(t, err)
 			assert.ErrorIs(t, err, ErrHostileGuest)
@@ -152,7 +197,7 @@ func TestPingFloodEndsTheSandboxAsHostileWithinBounds(t *testing.T) {
 	h := startHealthy(t)
 	p, rec := newFakeProvider(), newRecorder()
 	m := startMeter(t)
-	_, done := runSandbox(t, hostileConfig(p, rec))
+	_, done := runSandbox(t, stopConfig(p, rec))
 	g, inj := connectInjecting(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
 	rec.waitState(t, api.StateReady)
@@ -183,7 +228,9 @@ func TestStopClosesEveryUpstreamConnectionBeforeTheFinalEvent(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
+	const conns = 32
 	var upstreams sync.WaitGroup
+	accepted := make(chan struct{}, conns)
 	var closedAt sync.Map // conn -> time the upstream saw its end
 	go func() {
 		for {
@@ -192,6 +239,7 @@ func TestStopClosesEveryUpstreamConnectionBeforeTheFinalEvent(t *testing.T) {
 				return
 			}
 			upstreams.Add(1)
+			accepted <- struct{}{}
 			go func() { // keeps its half open: never closes, writes a byte now and then
 				defer upstreams.Done()
 				defer c.Close()
@@ -209,14 +257,13 @@ func TestStopClosesEveryUpstreamConnectionBeforeTheFinalEvent(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	pol, err := egress.ParsePolicy(nil, []string{"up:80=" + ln.Addr().String()})
 	require.NoError(t, err)
-	cfg := hostileConfig(p, rec)
+	cfg := stopConfig(p, rec)
 	cfg.Egress = egress.New(egress.Config{Policy: pol}) // idle timeout: the default 10 minutes
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
 	g.send(t, protocol.State{State: protocol.StateReady})
 	rec.waitState(t, api.StateReady)
 	m := startMeter(t)
-	const conns = 32
 	for i := range conns {
 		st, err := protocol.OpenStream(g.sess, protocol.StreamHeader{Kind: protocol.KindEgress, Host: "up", Port: 80, Via: protocol.ViaConnect})
 		require.NoError(t, err)
@@ -225,6 +272,16 @@ func TestStopClosesEveryUpstreamConnectionBeforeTheFinalEvent(t *testing.T) {
 		require.True(t, r.OK(), "%+v", r)
 		if i%2 == 0 {
 			st.Close() // half-closed by the guest; the other half goes quiet
+		}
+	}
+	// A reply says the host's dial completed, which may be before the
+	// listener's Accept returned: every upstream is counted in upstreams
+	// (and waited for below) before the stop.
+	for range conns {
+		select {
+		case <-accepted:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the upstream did not accept every connection")
 		}
 	}
 	// The guest ignores Shutdown and keeps its streams: stop must win.
@@ -262,7 +319,7 @@ func TestWorkloadConnectLoopThroughTheGateIsNeverHostile(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	pol, err := egress.ParsePolicy(nil, nil)
 	require.NoError(t, err)
-	cfg := hostileConfig(p, rec)
+	cfg := stopConfig(p, rec)
 	cfg.Egress = egress.New(egress.Config{Policy: pol})
 	cfg.Events = api.Func(func(e api.Event) {
 		if e.Event != api.KindEgress {
@@ -317,7 +374,7 @@ func TestWorkloadConnectLoopThroughTheGateIsNeverHostile(t *testing.T) {
 func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	var logBuf syncBuffer
-	cfg := hostileConfig(p, rec)
+	cfg := stopConfig(p, rec)
 	cfg.Log = slog.New(slog.NewTextHandler(&logBuf, nil))
 	var processEvents, processDropped atomic.Int64
 	cfg.Events = api.Func(func(e api.Event) {
@@ -379,7 +436,7 @@ func TestStreamResetAndProcessFloodsStayWithinTheirRates(t *testing.T) {
 func TestATimeoutShorterThanTheBootIsAlwaysAStop(t *testing.T) {
 	for i := range 20 {
 		p, rec := newFakeProvider(), newRecorder()
-		cfg := hostileConfig(p, rec)
+		cfg := stopConfig(p, rec)
 		cfg.BootTimeout = 10 * time.Second
 		ctx, cancel := context.WithTimeoutCause(context.Background(), 50*time.Millisecond, errors.New("run time limit of 50ms reached"))
 		defer cancel()
@@ -416,7 +473,7 @@ func TestATimeoutShorterThanTheBootIsAlwaysAStop(t *testing.T) {
 func TestTerminalEscapesReachNeitherEventsNorStderr(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	var diag syncBuffer
-	cfg := hostileConfig(p, rec)
+	cfg := stopConfig(p, rec)
 	cfg.Diag = &diag
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
@@ -504,7 +561,7 @@ func TestAnAbortFromTheGuestClosesTheUpstreamAtOnce(t *testing.T) {
 	p, rec := newFakeProvider(), newRecorder()
 	pol, err := egress.ParsePolicy(nil, []string{"big:80=" + ln.Addr().String()})
 	require.NoError(t, err)
-	cfg := hostileConfig(p, rec)
+	cfg := stopConfig(p, rec)
 	cfg.Egress = egress.New(egress.Config{Policy: pol})
 	cancel, done := runSandbox(t, cfg)
 	g := connectGuest(t, p)
