@@ -106,6 +106,9 @@ func (c *confCase) crashedBoot(t *testing.T, cell crashCell, name string) {
 	spec.name, spec.shim = name, spec.crashShim()
 	spec.env = append(append([]string(nil), spec.env...), crashEnv(cell)...)
 	spec.bootstrap = confBootstrap(name, c.env.peer)
+	// The row's keep root, which its user can write: a run holds its
+	// name there.
+	spec.args = append(append([]string(nil), spec.args...), "--keep-root", c.keepRoot(t))
 	if cell.command == "start" {
 		spec.command = "start"
 		_, start := splitKept(spec.args)
@@ -186,7 +189,11 @@ func crashRun(t *testing.T, c *confCase, cell crashCell) {
 	require.Equal(t, crashpoint.Before, cell.point.Leaves(), "a throwaway sandbox's crash leaves the name free")
 	name := uniqueName("crash-r")
 	c.crashedBoot(t, cell, name)
-	again := c.start(t, name)
+	spec := c.env.spec
+	spec.name, spec.bootstrap = name, confBootstrap(name, c.env.peer)
+	spec.args = append(append([]string(nil), spec.args...), "--keep-root", c.keepRoot(t))
+	again := startShim(c.rowT, spec)
+	again.t = t
 	again.waitState(api.StateReady, c.env.bootTimeout)
 	procs := sandboxProcs(again, name)
 	again.signal(syscall.SIGTERM)

@@ -109,7 +109,7 @@ func (c *confCase) shimCmdAs(t *testing.T, bin string, env []string, args ...str
 	}
 	argv := append([]string{bin}, args...)
 	if spec.user != "" {
-		argv = append([]string{"setpriv", "--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env"}, argv...)
+		argv = asUser(spec.user, append(append([]string(nil), spec.env...), env...), argv)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -125,11 +125,9 @@ func rowDocker(t *testing.T, f *confFixtures) confEnv {
 			for _, l := range before {
 				inUse[l] = true
 			}
-			if ids, _ := e.Docker(ctx, "ps", "--all", "--quiet"); ids != "" {
-				dirs, _ := e.Docker(ctx, append([]string{"inspect", "--format", "{{.GraphDriver.Data.Dir}}"}, strings.Fields(ids)...)...)
-				for _, d := range strings.Fields(dirs) {
-					inUse[filepath.Base(d)] = true
-				}
+			used, _ := e.ContainerLayers()
+			for _, l := range used {
+				inUse[l] = true
 			}
 			now, _ := e.Layers()
 			for _, l := range now {

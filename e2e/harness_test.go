@@ -274,7 +274,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	argv := append([]string{shimBin}, args...)
 	if spec.user != "" {
 		// setpriv execs the shim itself, so signals reach it directly.
-		argv = append([]string{"setpriv", "--reuid", spec.user, "--regid", spec.user, "--init-groups", "--reset-env"}, argv...)
+		argv = asUser(spec.user, spec.env, argv)
 	}
 	if spec.hosts != "" {
 		if spec.files == nil {
@@ -364,6 +364,17 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		}
 	})
 	return s
+}
+
+// asUser runs argv as user with a fresh login environment plus env
+// (setpriv --reset-env drops the caller's; env execs, as setpriv does).
+func asUser(user string, env, argv []string) []string {
+	out := []string{"setpriv", "--reuid", user, "--regid", user, "--init-groups", "--reset-env"}
+	if len(env) > 0 {
+		out = append(append(append(out, "env"), env...), argv...)
+		return out
+	}
+	return append(out, argv...)
 }
 
 // validLine checks one line oac-shim printed against the published event

@@ -127,6 +127,29 @@ func (e *Engine) Layers() ([]string, error) {
 	return out, nil
 }
 
+// ContainerLayers lists the vfs layers the engine's containers use (each
+// container's read-write layer and its init layer, from the layer
+// store's mounts), for a test's leftover check.
+func (e *Engine) ContainerLayers() ([]string, error) {
+	if !e.Started {
+		return nil, nil
+	}
+	mounts := filepath.Join(e.dir, "data", "image", "vfs", "layerdb", "mounts")
+	ents, err := os.ReadDir(mounts)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var out []string
+	for _, en := range ents {
+		for _, f := range []string{"mount-id", "init-id"} {
+			if b, err := os.ReadFile(filepath.Join(mounts, en.Name(), f)); err == nil {
+				out = append(out, strings.TrimSpace(string(b)))
+			}
+		}
+	}
+	return out, nil
+}
+
 func (e *Engine) start(ctx context.Context) error {
 	dir, err := os.MkdirTemp("", "oac-dockerd-")
 	if err != nil {

@@ -3,7 +3,9 @@
 package kit
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -74,7 +76,12 @@ func ClaimState(in *provider.Process, root, name string) (*statedir.Dir, error) 
 func DiscardRuntime(root, name string, remove func() error) error {
 	statedir.Sweep(root, "")
 	d, err := statedir.Claim(root, name)
-	if err != nil {
+	switch {
+	case errors.Is(err, fs.ErrPermission):
+		// A state root this user cannot write: none of its sandboxes
+		// ever ran there (a provider that needs root, asked by a user).
+		return nil
+	case err != nil:
 		return fmt.Errorf("discard the runtime state of %s: %w (stop the sandbox of that name first)", name, err)
 	}
 	defer d.Release()
