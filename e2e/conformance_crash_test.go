@@ -102,23 +102,12 @@ func (s sandboxSpec) crashShim() string {
 // killed at cell's point.
 func (c *confCase) crashedBoot(t *testing.T, cell crashCell, name string) {
 	t.Helper()
-	spec := c.env.spec
-	spec.name, spec.shim = name, spec.crashShim()
-	spec.env = append(append([]string(nil), spec.env...), crashEnv(cell)...)
-	spec.bootstrap = confBootstrap(name, c.env.peer)
-	// The row's keep root, which its user can write: a run holds its
-	// name there.
-	spec.args = append(append([]string(nil), spec.args...), "--keep-root", c.keepRoot(t))
+	spec := c.runSpec(t, name)
 	if cell.command == "start" {
-		spec.command = "start"
-		_, start := splitKept(spec.args)
-		spec.args = append(start, "--keep-root", c.keepRoot(t))
-		var persist []string
-		for _, f := range keptFiles {
-			persist = append(persist, "--persist", f)
-		}
-		spec.bootstrap = confBootstrap(name, c.env.peer, persist...)
+		spec = c.keptStartSpec(t, name)
 	}
+	spec.shim = spec.crashShim()
+	spec.env = append(append([]string(nil), spec.env...), crashEnv(cell)...)
 	s := startShim(c.rowT, spec)
 	s.t = t
 	if strings.HasPrefix(cell.point.Name(), "stop/") {
@@ -134,7 +123,16 @@ func (c *confCase) crashedBoot(t *testing.T, cell crashCell, name string) {
 	killedAt(t, cell, s.cmd.ProcessState, s.stderr.String())
 }
 
-// startSays runs oac-shim start of name, which must refuse (the sandbox
+// runSpec is how the row runs a throwaway sandbox name, holding its name
+// in the row's keep root (which the row's user can write).
+func (c *confCase) runSpec(t *testing.T, name string) sandboxSpec {
+	spec := c.env.spec
+	spec.name, spec.bootstrap = name, confBootstrap(name, c.env.peer)
+	spec.args = append(append([]string(nil), spec.args...), "--keep-root", c.keepRoot(t))
+	return spec
+}
+
+// startFindsNothing runs oac-shim start of name, which must refuse (the sandbox
 // is gone) after saying that it discarded what the crash left.
 func (c *confCase) startFindsNothing(t *testing.T, name string) {
 	t.Helper()
@@ -189,10 +187,7 @@ func crashRun(t *testing.T, c *confCase, cell crashCell) {
 	require.Equal(t, crashpoint.Before, cell.point.Leaves(), "a throwaway sandbox's crash leaves the name free")
 	name := uniqueName("crash-r")
 	c.crashedBoot(t, cell, name)
-	spec := c.env.spec
-	spec.name, spec.bootstrap = name, confBootstrap(name, c.env.peer)
-	spec.args = append(append([]string(nil), spec.args...), "--keep-root", c.keepRoot(t))
-	again := startShim(c.rowT, spec)
+	again := startShim(c.rowT, c.runSpec(t, name))
 	again.t = t
 	again.waitState(api.StateReady, c.env.bootTimeout)
 	procs := sandboxProcs(again, name)

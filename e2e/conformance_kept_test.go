@@ -144,16 +144,7 @@ func (c *confCase) createArgs(t *testing.T, name string) []string {
 // stops it.
 func (c *confCase) keptBoot(t *testing.T, name, want string) *shim {
 	t.Helper()
-	spec := c.env.spec
-	spec.name, spec.command = name, "start"
-	_, start := splitKept(spec.args)
-	spec.args = append(start, "--keep-root", c.keepRoot(t))
-	var persist []string
-	for _, f := range keptFiles {
-		persist = append(persist, "--persist", f)
-	}
-	spec.bootstrap = confBootstrap(name, c.env.peer, persist...)
-	s := startShim(c.rowT, spec)
+	s := startShim(c.rowT, c.keptStartSpec(t, name))
 	s.t = t
 	defer func() {
 		// A start that failed ends here, and its lock with it, before
@@ -178,6 +169,21 @@ func (c *confCase) keptBoot(t *testing.T, name, want string) *shim {
 	s.waitState(api.StateStopped, 30*time.Second)
 	assert.Equal(t, 0, s.exit(30*time.Second))
 	return s
+}
+
+// keptStartSpec is how the row starts its kept sandbox name: start's
+// flags, and a daemon that reports and writes keptFiles.
+func (c *confCase) keptStartSpec(t *testing.T, name string) sandboxSpec {
+	spec := c.env.spec
+	spec.name, spec.command = name, "start"
+	_, start := splitKept(spec.args)
+	spec.args = append(start, "--keep-root", c.keepRoot(t))
+	var persist []string
+	for _, f := range keptFiles {
+		persist = append(persist, "--persist", f)
+	}
+	spec.bootstrap = confBootstrap(name, c.env.peer, persist...)
+	return spec
 }
 
 // listed returns the kept sandboxes oac-shim list --json shows, by name.
