@@ -96,7 +96,7 @@ unit:
 e2e: kernels
 	@mkdir -p .cache
 	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
-	  OAC_CONFORMANCE_TABLE=$(abspath .cache/conformance.md) $(GO) test -count=1 -timeout 20m ./e2e/...
+	  OAC_CONFORMANCE_TABLE=$(abspath .cache/conformance.md) $(GO) test -count=1 -timeout 30m ./e2e/...
 	@echo; echo "conformance:"; cat .cache/conformance.md
 
 # The TypeScript client (clients/typescript): types generated from schema/,
