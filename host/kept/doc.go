@@ -11,9 +11,10 @@
 // its runtime state under its own state root before it makes it. The
 // next command on the name that finds such a record with its lock free
 // discards the sandbox (the provider's Discard removes its kept state and
-// what dead shims left in its state root) and says so; a directory with
-// no record is a create killed before its first save, removed the same
-// way. The named steps of each command are internal/crashpoint's.
+// what dead shims left in its state root) and says so. A directory with
+// no record (a create killed before its first save, a throwaway run's)
+// holds nothing of a provider's and is removed as it is, by the next
+// command on its name or by any run. The named steps of each command are internal/crashpoint's.
 //
 // It must not parse flags or print (package shimcli does), run a sandbox
 // (package sandbox), or know what a provider keeps.

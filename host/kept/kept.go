@@ -167,9 +167,12 @@ func (s *Service) claim(ctx context.Context, name string) (l persist.Unlocker, r
 	switch {
 	case errors.Is(err, persist.ErrNotFound):
 		if existed {
-			// A create killed before its first save (or a throwaway
-			// sandbox's shim killed): only the directory and its lock.
-			if err := s.discard(ctx, name, nil); err != nil {
+			// A create killed before its first save, or a throwaway
+			// sandbox's shim killed: the record is written before a
+			// provider makes anything, so there is only the directory
+			// and its lock (what a run made at runtime is its
+			// provider's to sweep).
+			if err := s.Store.Remove(name); err != nil {
 				return l, rec, false, err
 			}
 			s.Say(fmt.Sprintf("removed what a killed oac-shim left of %s (a directory with no record); nothing of it is left", name))
@@ -410,13 +413,7 @@ func (s *Service) List(ctx context.Context) (api.ListReport, error) {
 		held := s.Store.Held(n)
 		rec, err := s.Store.Load(n)
 		if !held && (errors.Is(err, persist.ErrNotFound) || (err == nil && persist.Unfinished(rec.State))) {
-			l, _, found, cerr := s.claim(ctx, n)
-			if cerr == nil && !found {
-				_ = s.Store.Remove(n)
-			}
-			if l != nil {
-				l.Unlock()
-			}
+			s.tidy(ctx, n)
 			continue
 		}
 		if errors.Is(err, persist.ErrNotFound) {
@@ -437,6 +434,38 @@ func (s *Service) List(ctx context.Context) (api.ListReport, error) {
 	}
 	slices.SortFunc(rep.Sandboxes, func(a, b api.ListEntry) int { return strings.Compare(a.Name, b.Name) })
 	return rep, nil
+}
+
+// tidy discards what a killed command left under name, when no shim
+// holds it (claim says what it found).
+func (s *Service) tidy(ctx context.Context, name string) {
+	l, _, found, err := s.claim(ctx, name)
+	if err == nil && !found {
+		_ = s.Store.Remove(name)
+	}
+	if l != nil {
+		l.Unlock()
+	}
+}
+
+// sweep removes the directories that killed commands left with no record
+// under other names than skip (a throwaway run's, a create's before its
+// first save): a run's name is seldom used again, so its next command may
+// never come. Records, even unfinished ones, are left to the commands on
+// their names and to list.
+func (s *Service) sweep(ctx context.Context, skip string) {
+	names, err := s.Store.List()
+	if err != nil {
+		return
+	}
+	for _, n := range names {
+		if n == skip || s.Store.Held(n) {
+			continue
+		}
+		if _, err := s.Store.Load(n); errors.Is(err, persist.ErrNotFound) {
+			s.tidy(ctx, n)
+		}
+	}
 }
 
 // storeDirOf is the directory whose size list shows: the sandbox's whole

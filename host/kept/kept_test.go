@@ -184,3 +184,29 @@ func TestTheNextStartSaysWhenTheSandboxsShimWasKilledWhileItRan(t *testing.T) {
 	_, err = os.Stat(filepath.Join(lease.Dir, "made"))
 	assert.NoError(t, err, "what it kept is there")
 }
+
+func TestARunSweepsTheDirectoriesKilledRunsLeftUnderOtherNames(t *testing.T) {
+	s, _, said := service(t)
+	for _, n := range []string{"dead1", "dead2"} { // runs killed, names never used again
+		l, err := s.Store.Lock(n)
+		require.NoError(t, err)
+		l.Unlock()
+	}
+	create(t, s, "k1")
+	rec, err := s.Store.Load("k1")
+	require.NoError(t, err)
+	rec.State = persist.StateCreating // a create killed half way: its record waits for its own name
+	require.NoError(t, s.Store.Save(rec))
+	held, err := s.Store.Lock("busy") // a run of another name, going on
+	require.NoError(t, err)
+	defer held.Unlock()
+
+	res, err := s.Reserve(context.Background(), "t1")
+	require.NoError(t, err)
+	defer res.Close()
+	assert.False(t, s.Store.Exists("dead1"))
+	assert.False(t, s.Store.Exists("dead2"))
+	assert.Contains(t, *said, "removed what a killed oac-shim left of dead1 (a directory with no record); nothing of it is left")
+	assert.True(t, s.Store.Exists("k1"), "a record is left to the commands on its name")
+	assert.True(t, s.Store.Exists("busy"), "a name another shim holds is not touched")
+}

@@ -175,6 +175,7 @@ func (s *Service) Reserve(ctx context.Context, name string) (*Reservation, error
 		return nil, cannotTell(name, err)
 	}
 	crashpoint.Hit(crashpoint.RunLocked)
+	s.sweep(ctx, name)
 	return &Reservation{svc: s, name: name, lock: l}, nil
 }
 
