@@ -52,6 +52,7 @@ const (
 	ReasonDaemonUnhealthy = "daemon_unhealthy"  // no healthy answer before the deadline
 	ReasonDaemonFailed    = "daemon_failed"     // the daemon could not start, or exited
 	ReasonSandboxIO       = "sandbox_io_failed" // the private file or oac-sandbox-io failed
+	ReasonPlatformDoor    = "platform_door"     // a door to the host the guest cannot close for the workload
 	ReasonGuest           = "guest_failed"      // anything else the agent could not do
 )
 

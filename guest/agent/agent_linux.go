@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/guest/doors"
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/health"
 	"github.com/oac/sandbox-agent/guest/initsys"
@@ -58,6 +59,9 @@ type Config struct {
 	// Confinement starts workload processes (package workload); nil:
 	// decided by Run.
 	Confinement *workload.Confinement
+	// Shares are the contract's share mount points (a VM's virtio-fs
+	// shares): never platform doors.
+	Shares []string
 }
 
 // Run runs the agent until the host asks it to stop (returns nil), ctx is
@@ -232,7 +236,7 @@ type agent struct {
 // confinement describes how the workload is confined here, for the host.
 func (a *agent) confinement() string {
 	c := a.cfg.Confinement
-	parts := []string{"workload: seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd refused)"}
+	parts := []string{"workload: seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd, vsock refused)"}
 	if a.boot.SandboxIO != nil && a.boot.Daemon != nil {
 		if ok, why := c.Isolated(); ok {
 			parts = append(parts, "the daemon in a mount namespace of its own without oac-sandbox-io's private file")
@@ -293,6 +297,12 @@ func (a *agent) serve(ctx context.Context) error {
 			return err
 		}
 	}
+	if b.SandboxIO != nil || b.Daemon != nil {
+		if err := a.closeDoors(); err != nil {
+			a.fail(protocol.CodeInternal, err)
+			return err
+		}
+	}
 	if a.egressLate {
 		a.prepareEgress()
 	}
@@ -322,6 +332,36 @@ func (a *agent) serve(ctx context.Context) error {
 		return err
 	}
 	return a.loop(ctx)
+}
+
+// closeDoors finds the doors the platform opened to the host (package
+// doors) and has every workload process close them in its own mount
+// namespace; where the guest can give it none, the sandbox fails naming
+// them: never a workload with a door open.
+func (a *agent) closeDoors() error {
+	src, err := doors.Scan(a.cfg.Shares)
+	if err != nil {
+		return fmt.Errorf("look for the platform's doors: %w", err)
+	}
+	found, plan := doors.Find(src)
+	if len(found) == 0 {
+		return nil
+	}
+	names := make([]string, len(found))
+	for i, d := range found {
+		names[i] = d.String()
+		a.cfg.Log.Info("platform door", "kind", string(d.Kind), "path", d.Path, "what", d.What, "closed", d.Close)
+	}
+	if !doors.Enabled {
+		a.cfg.Log.Warn("platform doors left open: this oac-guest was built with oac_doors_off, for tests only")
+		return nil
+	}
+	if ok, why := a.cfg.Confinement.Isolated(); !ok && !plan.Empty() {
+		return errmark.With(workload.ErrDoorsOpen, fmt.Errorf("the platform opened doors to the host that this guest cannot close for the workload (%s): %s; "+
+			"close them in the platform's configuration (a WSL distribution: /etc/wsl.conf, see docs/platform-doors.md)", why, strings.Join(names, "; ")))
+	}
+	a.cfg.Confinement.SetDoors(plan)
+	return a.state(protocol.State{State: protocol.StateStarting, Message: "platform doors closed for the workload: " + strings.Join(names, "; ")})
 }
 
 // prepareEgress starts the proxies, the resolver and the capture in the
@@ -473,7 +513,7 @@ func (a *agent) startAll(ctx context.Context) error {
 		if b.SandboxIO != nil {
 			mask = []string{bootstrap.SandboxIOFile}
 		}
-		p, err := a.start(workload.Spec{Name: "daemon", Argv: b.Daemon.Argv, Env: env, Dir: a.daemonDir(b.Daemon), OwnMountNS: true, Mask: mask}, 0, func(e reaper.Exit) {
+		p, err := a.start(workload.Spec{Name: "daemon", Argv: b.Daemon.Argv, Env: env, Dir: a.daemonDir(b.Daemon), Mask: mask}, 0, func(e reaper.Exit) {
 			a.daemonExit <- e
 		})
 		if err != nil {
@@ -652,6 +692,8 @@ func reasonOf(err error) string {
 	switch {
 	case errors.Is(err, bootstrap.ErrInvalid):
 		return protocol.ReasonBootstrap
+	case errors.Is(err, workload.ErrDoorsOpen):
+		return protocol.ReasonPlatformDoor
 	case errors.Is(err, health.ErrUnhealthy):
 		return protocol.ReasonDaemonUnhealthy
 	case errors.Is(err, errDaemon):

@@ -69,6 +69,9 @@ func Boot(ctx context.Context, p Params, cfg agent.Config) {
 	if res, _ := initsys.EnsureMounts([]initsys.Mount{initsys.CgroupMount}); len(res) > 0 && res[0].Err != nil {
 		log.Warn("cgroup2 unavailable", "err", res[0].Err)
 	}
+	for _, s := range p.Shares {
+		cfg.Shares = append(cfg.Shares, s.Path)
+	}
 	// Once per boot (it creates the workload's cgroup), not per session.
 	if cfg.Confinement == nil {
 		cfg.Confinement = workload.Prepare(log)

@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/oac/sandbox-agent/guest/doors"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -43,6 +44,11 @@ const (
 // launcher itself).
 var ErrNotIsolated = errors.New("refused: this guest cannot give the process a mount namespace of its own")
 
+// ErrDoorsOpen: the platform opened doors to the host (package doors)
+// and this guest cannot give the process a mount namespace to close them
+// in, so it is not started.
+var ErrDoorsOpen = errors.New("refused: the platform's doors to the host cannot be closed for the workload without a mount namespace of its own")
+
 // Confinement is how this guest confines the workload, decided once when
 // the agent starts and narrowed if the kernel refuses a part.
 type Confinement struct {
@@ -59,6 +65,17 @@ type Confinement struct {
 	cgroup   *os.File
 	memLimit uint64
 	limits   string
+	// doors is what every workload process closes (SetDoors).
+	doors doors.Plan
+}
+
+// SetDoors makes every workload process started from now on close the
+// platform's doors p in its own mount namespace and leave p's variables
+// out of its environment.
+func (c *Confinement) SetDoors(p doors.Plan) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.doors = p
 }
 
 // Prepare makes the agent itself not dumpable (so no uid-1000 process can
@@ -148,10 +165,19 @@ func (c *Confinement) Command(s Spec) (*Launch, error) {
 		// private file, for the daemon, which shares its uid).
 		return nil, fmt.Errorf("%w: %s would be able to read %s (%s)", ErrNotIsolated, s.Name, strings.Join(s.Mask, ", "), c.why)
 	}
-	s.Isolated = c.iso != isoNone && (s.OwnMountNS || len(s.Mask) > 0 || s.NoDump)
+	if !c.doors.Empty() && c.iso == isoNone {
+		return nil, fmt.Errorf("%w: %s would reach %s (%s)", ErrDoorsOpen, s.Name, strings.Join(append(c.doors.Detach, c.doors.Cover...), ", "), c.why)
+	}
+	// Every workload process gets a namespace of its own where the guest
+	// allows one: that is where the platform's doors are closed and /dev
+	// holds only the contract's devices.
+	s.Isolated = c.iso != isoNone
 	if s.Isolated {
 		s.AgentMountNS = c.agentNS
+		s.MinimalDev = doors.Enabled
 	}
+	s.Doors = c.doors
+	s.Env = c.doors.CleanEnv(s.Env)
 	if c.cgroup == nil {
 		s.Rlimits = []Rlimit{{unix.RLIMIT_NPROC, PidsMax}, {unix.RLIMIT_DATA, c.memLimit}}
 	}

@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/guest/doors"
 )
 
 // LaunchArg, as oac-guest's first argument, makes it the launcher: it
@@ -45,9 +47,6 @@ type Spec struct {
 	// UID and GID the process runs as, with no supplementary groups.
 	UID int `json:"uid"`
 	GID int `json:"gid"`
-	// OwnMountNS asks for a mount namespace of its own (implied by Mask
-	// and NoDump) where the guest allows one.
-	OwnMountNS bool `json:"own_mount_ns,omitempty"`
 	// Mask are files made unreadable in the process's own mount namespace
 	// (an empty, mode 000, read-only file mounted over each).
 	Mask []string `json:"mask,omitempty"`
@@ -58,6 +57,12 @@ type Spec struct {
 	NoDump bool `json:"no_dump,omitempty"`
 
 	// Set by Confinement.Command.
+
+	// Doors are the platform's doors the launcher closes in its own
+	// mount namespace (package doors); MinimalDev replaces /dev with the
+	// contract's devices.
+	Doors      doors.Plan `json:"doors,omitempty"`
+	MinimalDev bool       `json:"minimal_dev,omitempty"`
 
 	// Isolated says the launcher runs in a mount namespace of its own;
 	// AgentMountNS is the agent's (the launcher checks it is in another
@@ -137,9 +142,20 @@ func launch(s Spec, status io.Writer) error {
 		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 			return fmt.Errorf("make mounts private: %w", err)
 		}
-		if err := maskFiles(s.Mask); err != nil {
+		masks, err := closeDoors(s.Doors)
+		if err != nil {
 			return err
 		}
+		if s.MinimalDev {
+			if err := minimalDev(); err != nil {
+				return err
+			}
+		}
+		if err := maskFiles(append(s.Mask, masks...)); err != nil {
+			return err
+		}
+	} else if !s.Doors.Empty() {
+		return fmt.Errorf("%w: %s would reach %s", ErrDoorsOpen, s.Name, strings.Join(append(s.Doors.Detach, s.Doors.Cover...), ", "))
 	}
 	var prog *program
 	if s.NoDump {

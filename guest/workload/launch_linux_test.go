@@ -3,9 +3,11 @@ package workload
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oac/sandbox-agent/guest/doors"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -45,6 +48,10 @@ const (
 	envBin    = "OAC_TEST_BIN"
 	envSecret = "OAC_TEST_SECRET"
 	envTarget = "OAC_TEST_TARGET"
+	// envDoors: a directory where the agent opens doors as a platform
+	// does (a drive, an interop socket, a socket mounted in) and tells
+	// the launcher to close them.
+	envDoors = "OAC_TEST_DOORS"
 )
 
 // runScenario plays the agent: it starts "oac-sandbox-io" (idle, not
@@ -54,6 +61,16 @@ func runScenario() scenario {
 	c := detect(slog.New(slog.NewTextHandler(io.Discard, nil)), effectiveCaps())
 	var sc scenario
 	sc.Isolated, sc.Why = c.Isolated()
+	attackEnv := []string{}
+	if root := os.Getenv(envDoors); root != "" {
+		env, err := openDoors(root)
+		if err != nil {
+			sc.Error = "open the doors: " + err.Error()
+			return sc
+		}
+		attackEnv = append(env, envDoors+"="+root)
+		c.SetDoors(doors.Plan{Detach: []string{root + "/drive", root + "/docker.sock"}, Cover: []string{root + "/run-wsl"}, DropEnv: []string{"WSL_INTEROP"}})
+	}
 	sc.AgentCaps = statusField("CapEff")
 	bin, secret := os.Getenv(envBin), os.Getenv(envSecret)
 	start := func(s Spec, stdout io.Writer) (*exec.Cmd, error) {
@@ -91,7 +108,7 @@ func runScenario() scenario {
 	defer func() { _ = idle.Process.Kill(); _ = idle.Wait() }()
 	var out bytes.Buffer
 	attack, err := start(Spec{Name: "daemon", Path: bin, Argv: []string{bin},
-		Env: []string{childEnv + "=attack", envSecret + "=" + secret, envTarget + "=" + strconv.Itoa(idle.Process.Pid)},
+		Env: append([]string{childEnv + "=attack", envSecret + "=" + secret, envTarget + "=" + strconv.Itoa(idle.Process.Pid)}, attackEnv...),
 		Dir: "/", UID: 1000, GID: 1000, Mask: []string{secret}}, &out)
 	if err != nil {
 		sc.Error = err.Error()
@@ -102,7 +119,7 @@ func runScenario() scenario {
 		sc.Error = fmt.Sprintf("attack output %q: %v", out.String(), err)
 	}
 	control := exec.Command(bin)
-	control.Env = []string{childEnv + "=attack", envSecret + "=" + secret, envTarget + "=" + strconv.Itoa(idle.Process.Pid)}
+	control.Env = append([]string{childEnv + "=attack", envSecret + "=" + secret, envTarget + "=" + strconv.Itoa(idle.Process.Pid)}, attackEnv...)
 	control.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{}}}
 	b, err := control.Output()
 	if err == nil {
@@ -147,7 +164,70 @@ func attack() map[string]string {
 	res["nproc"] = strconv.FormatUint(rl.Cur, 10)
 	wd, _ := os.Getwd()
 	res["cwd"] = wd
+	var dev []string
+	if ents, err := os.ReadDir("/dev"); err == nil {
+		for _, e := range ents {
+			dev = append(dev, e.Name())
+		}
+	}
+	res["dev"] = strings.Join(dev, ",")
+	if root := os.Getenv(envDoors); root != "" {
+		_, err := os.ReadFile(root + "/drive/Users/me/secret.txt")
+		res["door: read the drive"] = errName(err)
+		res["door: interop socket"] = dialName(root + "/run-wsl/1_interop")
+		res["door: mounted socket"] = dialName(root + "/docker.sock")
+		res["door: $WSL_INTEROP"] = os.Getenv("WSL_INTEROP")
+		res["door: $PATH"] = os.Getenv("PATH")
+	}
 	return res
+}
+
+// openDoors opens, under root, the doors a platform opens (the agent's
+// mount namespace is the test's own): a writable "drive" (a tmpfs), an
+// interop socket in run-wsl, a host socket mounted on docker.sock. It
+// returns the workload environment a platform gives.
+func openDoors(root string) ([]string, error) {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return nil, err
+	}
+	drive := root + "/drive"
+	if err := unix.Mount("tmpfs", drive, "tmpfs", 0, "mode=0755"); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(drive+"/Users/me", 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(drive+"/Users/me/secret.txt", []byte("the user's files"), 0o644); err != nil {
+		return nil, err
+	}
+	for _, sock := range []string{root + "/run-wsl/1_interop", root + "/host.sock"} {
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			return nil, err
+		}
+		_ = os.Chmod(sock, 0o777)
+		_ = l // served by the backlog until the agent exits
+	}
+	if err := os.WriteFile(root+"/docker.sock", nil, 0o644); err != nil {
+		return nil, err
+	}
+	if err := unix.Mount(root+"/host.sock", root+"/docker.sock", "", unix.MS_BIND, ""); err != nil {
+		return nil, err
+	}
+	return []string{"WSL_INTEROP=" + root + "/run-wsl/1_interop", "PATH=/usr/bin:/bin:" + drive + "/Windows/System32"}, nil
+}
+
+func dialName(path string) string {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return "connected"
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return unix.ErrnoName(errno)
+	}
+	return err.Error()
 }
 
 func statusField(name string) string {
@@ -221,6 +301,13 @@ func assertConfined(t *testing.T, sc scenario) {
 		assert.Equal(t, "0000000000000000", a[k], k)
 	}
 	assert.Equal(t, strconv.Itoa(PidsMax), a["nproc"])
+	// /dev holds the contract's devices and nothing of the guest's own.
+	for _, name := range strings.Split(a["dev"], ",") {
+		assert.Contains(t, []string{"null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm", "mqueue", "fd", "stdin", "stdout", "stderr"}, name, "/dev/%s", name)
+	}
+	for _, name := range []string{"null", "zero", "urandom", "ptmx", "pts", "fd", "stdout"} {
+		assert.Contains(t, strings.Split(a["dev"], ","), name)
+	}
 
 	// Without the launcher, the same uid reads the file, and still not
 	// the neighbour's memory: that is the kernel's dumpable check, not
@@ -246,6 +333,36 @@ func TestLaunchKeepsTheDaemonFromTheFileAndMemoryOfAnUndumpableNeighbour(t *test
 	require.NoError(t, err)
 	assert.Equal(t, "SECRET", string(b), "the agent's view is untouched")
 	assert.False(t, isMountPoint(t, secret), "nothing is mounted in the agent's namespace")
+}
+
+func TestLaunchClosesThePlatformsDoorsTheAgentFound(t *testing.T) {
+	needRoot(t)
+	secret := secretFile(t, 1000)
+	root, err := os.MkdirTemp("", "oac-doors-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(root) })
+	require.NoError(t, os.Chmod(root, 0o755))
+	for _, d := range []string{"drive", "run-wsl"} {
+		require.NoError(t, os.Mkdir(filepath.Join(root, d), 0o755))
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=agent", envBin+"="+workloadBinary(t), envSecret+"="+secret, envDoors+"="+root)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	sc := decodeScenario(t, out)
+	assertConfined(t, sc)
+	a, c := sc.Attack, sc.Control
+	// Without the launcher the same uid walks through every door.
+	assert.Equal(t, "ok", c["door: read the drive"])
+	assert.Equal(t, "connected", c["door: interop socket"])
+	assert.Equal(t, "connected", c["door: mounted socket"])
+	// Through it, none is there.
+	assert.Equal(t, "ENOENT", a["door: read the drive"], "the drive's mount is detached")
+	assert.Equal(t, "ENOENT", a["door: interop socket"], "the interop directory is covered")
+	assert.Equal(t, "", a["door: $WSL_INTEROP"], "the interop socket's address is not passed")
+	assert.Equal(t, "/usr/bin:/bin", a["door: $PATH"], "PATH loses the entries on the closed drive")
+	assert.NotEqual(t, "connected", a["door: mounted socket"], "the socket mounted in is detached")
 }
 
 func TestLaunchUnderAnOCIRuntimesCapabilities(t *testing.T) {
@@ -373,4 +490,16 @@ func isMountPoint(t *testing.T, path string) bool {
 		}
 	}
 	return false
+}
+
+func TestNoWorkloadStartsWithADoorOpenWhereTheGuestCannotCloseIt(t *testing.T) {
+	c := &Confinement{iso: isoNone, why: "no namespace here"}
+	c.SetDoors(doors.Plan{Detach: []string{"/mnt/c"}, Cover: []string{"/run/WSL"}})
+	_, err := c.Command(Spec{Name: "oac-sandbox-io", Path: "/bin/true", Argv: []string{"true"}, Dir: "/"})
+	require.ErrorIs(t, err, ErrDoorsOpen)
+	assert.Contains(t, err.Error(), "oac-sandbox-io would reach /mnt/c, /run/WSL (no namespace here)")
+	// The launcher's own check, should a spec carry doors without a
+	// namespace.
+	err = launch(Spec{Name: "daemon", Path: "/bin/true", Argv: []string{"true"}, Dir: "/", UID: 1000, GID: 1000, Doors: doors.Plan{Detach: []string{"/mnt/c"}}}, io.Discard)
+	require.ErrorIs(t, err, ErrDoorsOpen)
 }

@@ -105,7 +105,8 @@ func maskFiles(paths []string) error {
 
 // openNoSymlinks opens path as O_PATH without following a symlink in any
 // component (a uid-1000 process may have planted one in a directory it
-// owns), and requires a regular file.
+// owns), and requires a file that is not a directory (a regular file, or
+// a socket or device a platform mounted in).
 func openNoSymlinks(path string) (int, error) {
 	fd, err := unix.Openat2(unix.AT_FDCWD, path, &unix.OpenHow{
 		Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
@@ -118,9 +119,9 @@ func openNoSymlinks(path string) (int, error) {
 		return -1, err
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR || st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		unix.Close(fd)
-		return -1, fmt.Errorf("%s is not a regular file", path)
+		return -1, fmt.Errorf("%s is a directory", path)
 	}
 	return fd, nil
 }

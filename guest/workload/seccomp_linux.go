@@ -31,6 +31,21 @@ var Denied = []string{
 // capability, which is how `unshare -Ur` would undo the sandbox.
 var NewUserNSCalls = []string{"clone", "unshare"}
 
+// SocketCalls fail with EAFNOSUPPORT when they ask for an AF_VSOCK socket
+// (the first argument): vsock reaches the host's services from a VM and,
+// since it ignores network namespaces, from a container too; the agent
+// needs it, the workload never does.
+var SocketCalls = []string{"socket"}
+
+// SocketcallCalls is i386's multiplexed socket call: its arguments lie
+// behind a pointer no filter can read, so creating a socket through it
+// (its first argument SYS_SOCKET) fails with ENOSYS; libcs since 2015 use
+// the direct socket call, which the filter sees.
+var SocketcallCalls = []string{"socketcall"}
+
+// sysSocket is socketcall's number for socket (linux/net.h).
+const sysSocket = 1
+
 // ENOSYSCalls fail with ENOSYS: clone3 passes its flags behind a pointer,
 // which a filter cannot read, and C libraries fall back to clone on ENOSYS.
 var ENOSYSCalls = []string{"clone3"}
@@ -86,7 +101,7 @@ func block(a *assembler, c abi) error {
 	for _, rule := range []struct {
 		names  []string
 		target string
-	}{{NewUserNSCalls, p + "flags"}, {ENOSYSCalls, p + "enosys"}, {Denied, p + "eperm"}} {
+	}{{NewUserNSCalls, p + "flags"}, {SocketCalls, p + "family"}, {SocketcallCalls, p + "socketcall"}, {ENOSYSCalls, p + "enosys"}, {Denied, p + "eperm"}} {
 		for _, name := range rule.names {
 			nr, ok := c.nr[name]
 			if !ok {
@@ -103,6 +118,16 @@ func block(a *assembler, c abi) error {
 	a.emit(bpf.LoadAbsolute{Off: offArg0, Size: 4})
 	a.jump(bpf.JumpBitsSet, unix.CLONE_NEWUSER, p+"eperm", "")
 	a.emit(bpf.RetConstant{Val: retAllow})
+	a.label(p + "family")
+	a.emit(bpf.LoadAbsolute{Off: offArg0, Size: 4})
+	a.jump(bpf.JumpEqual, unix.AF_VSOCK, p+"eafnosupport", "")
+	a.emit(bpf.RetConstant{Val: retAllow})
+	a.label(p + "socketcall")
+	a.emit(bpf.LoadAbsolute{Off: offArg0, Size: 4})
+	a.jump(bpf.JumpEqual, sysSocket, p+"enosys", "")
+	a.emit(bpf.RetConstant{Val: retAllow})
+	a.label(p + "eafnosupport")
+	a.emit(bpf.RetConstant{Val: retErrno(unix.EAFNOSUPPORT)})
 	a.label(p + "eperm")
 	a.emit(bpf.RetConstant{Val: retErrno(unix.EPERM)})
 	a.label(p + "enosys")
@@ -167,7 +192,7 @@ func (a *assembler) assemble() ([]bpf.Instruction, error) {
 // filterNames lists every system call the filter acts on, sorted (for
 // descriptions).
 func filterNames() []string {
-	names := append(append(append([]string(nil), Denied...), NewUserNSCalls...), ENOSYSCalls...)
+	names := slices.Concat(Denied, NewUserNSCalls, SocketCalls, SocketcallCalls, ENOSYSCalls)
 	sort.Strings(names)
 	return names
 }

@@ -55,6 +55,10 @@ func want(c abi, nr uint32, arg0 uint64) uint32 {
 			return retErrno(unix.ENOSYS)
 		case slices.Contains(NewUserNSCalls, name) && arg0&unix.CLONE_NEWUSER != 0:
 			return retErrno(unix.EPERM)
+		case slices.Contains(SocketCalls, name) && uint32(arg0) == unix.AF_VSOCK:
+			return retErrno(unix.EAFNOSUPPORT)
+		case slices.Contains(SocketcallCalls, name) && uint32(arg0) == sysSocket:
+			return retErrno(unix.ENOSYS)
 		}
 	}
 	return retAllow
@@ -83,6 +87,15 @@ func TestFilterDeniesTheListOnEveryConventionOfTheArch(t *testing.T) {
 				assert.Equal(t, retAllow, eval(t, prog, c.audit, nr, 0), "%s %s(0)", c.name, name)
 			}
 			assert.Equal(t, retErrno(unix.ENOSYS), eval(t, prog, c.audit, c.nr["clone3"]), "%s clone3", c.name)
+			// The workload gets no vsock: the host's services are behind it.
+			assert.Equal(t, retErrno(unix.EAFNOSUPPORT), eval(t, prog, c.audit, c.nr["socket"], unix.AF_VSOCK), "%s socket(AF_VSOCK)", c.name)
+			for _, family := range []uint64{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK} {
+				assert.Equal(t, retAllow, eval(t, prog, c.audit, c.nr["socket"], family), "%s socket(%d)", c.name, family)
+			}
+			if nr, ok := c.nr["socketcall"]; ok {
+				assert.Equal(t, retErrno(unix.ENOSYS), eval(t, prog, c.audit, nr, sysSocket), "%s socketcall(SYS_SOCKET)", c.name)
+				assert.Equal(t, retAllow, eval(t, prog, c.audit, nr, 3), "%s socketcall(SYS_CONNECT)", c.name)
+			}
 			// Everyday calls pass: read, write, openat, getpid and friends
 			// are never in the list, whatever their number.
 			for nr := uint32(0); nr < 64; nr++ {

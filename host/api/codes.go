@@ -15,6 +15,7 @@ const (
 	CodeGuestIncompatible   = "guest_incompatible"
 	CodeOSUnsupported       = "os_unsupported"
 	CodeProviderUnavailable = "provider_unavailable"
+	CodePlatformDoorOpen    = "platform_door_open"
 	// The boot.
 	CodeBootTimeout = "boot_timeout"
 	// The workload, as the guest reports it.
@@ -70,6 +71,8 @@ var Failures = []Failure{
 		"This OS version cannot run sandboxes (the message says which version is needed): tell the user; do not retry."},
 	{CodeProviderUnavailable, 5, 503, CodeProviderUnavailable, false,
 		"The provider cannot run on this host: run `oac-shim check`, install what it names, or pick another provider or node."},
+	{CodePlatformDoorOpen, 5, 503, CodePlatformDoorOpen, false,
+		"The platform opened a door to the host (a Windows drive, WSL interop, a host socket or share; the message names each) that this guest cannot close for the workload: close it in the platform's configuration (WSL: the image's /etc/wsl.conf) or run where the guest can give the workload a mount namespace. Nothing of the workload ran."},
 	{CodeBootTimeout, 6, 504, CodeBootTimeout, true,
 		"The guest was not ready within the boot timeout: retry (the host may be loaded) or raise --boot-timeout; look at the log events."},
 	{CodeDaemonUnhealthy, 7, 502, CodeDaemonUnhealthy, true,

@@ -35,6 +35,7 @@ var (
 	ErrDaemonUnhealthy = errors.New("daemon not healthy")
 	ErrDaemonFailed    = errors.New("daemon failed")
 	ErrSandboxIOFailed = errors.New("oac-sandbox-io failed")
+	ErrPlatformDoor    = errors.New("a platform door to the host is open")
 	ErrGuestFailed     = errors.New("guest agent failed")
 )
 
@@ -53,6 +54,8 @@ func GuestReason(reason string) error {
 		return ErrDaemonFailed
 	case protocol.ReasonSandboxIO:
 		return ErrSandboxIOFailed
+	case protocol.ReasonPlatformDoor:
+		return ErrPlatformDoor
 	}
 	return ErrGuestFailed
 }
@@ -97,6 +100,7 @@ var rules = []rule{
 	{ErrDaemonUnhealthy, api.CodeDaemonUnhealthy},
 	{ErrDaemonFailed, api.CodeDaemonFailed},
 	{ErrSandboxIOFailed, api.CodeSandboxIOFailed},
+	{ErrPlatformDoor, api.CodePlatformDoorOpen},
 	{ErrGuestFailed, api.CodeGuestFailed},
 	{ErrRuntimeFailed, api.CodeRuntimeFailed},
 	{protocol.ErrTruncated, api.CodeRuntimeFailed},

@@ -43,6 +43,7 @@ func TestCodesComeFromSentinelsNotMessages(t *testing.T) {
 		{"health deadline", With(GuestReason(protocol.ReasonDaemonUnhealthy), errors.New("guest: daemon not healthy within 30s")), api.CodeDaemonUnhealthy},
 		{"daemon exited", With(GuestReason(protocol.ReasonDaemonFailed), errors.New("guest: daemon exited: exit status 3")), api.CodeDaemonFailed},
 		{"sandbox-io usage", With(GuestReason(protocol.ReasonSandboxIO), errors.New("guest: oac-sandbox-io exit status 2")), api.CodeSandboxIOFailed},
+		{"platform door", With(GuestReason(protocol.ReasonPlatformDoor), errors.New("guest: the platform opened doors to the host that this guest cannot close")), api.CodePlatformDoorOpen},
 		{"guest's own", With(GuestReason(protocol.ReasonGuest), errors.New("guest: sethostname: EPERM")), api.CodeGuestFailed},
 		{"an older guest names no reason", With(GuestReason(""), errors.New("guest: something")), api.CodeGuestFailed},
 		{"a guest names a reason it may not", With(GuestReason("hostile_guest"), errors.New("guest: x")), api.CodeGuestFailed},

@@ -19,7 +19,7 @@ type Confiner interface {
 // the provider: whether the daemon gets a mount namespace of its own
 // without oac-sandbox-io's private file, and which limits apply.
 func WorkloadSummary(daemon, limits string) string {
-	return "seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd refused); " +
+	return "seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd, vsock refused); " +
 		daemon + "; oac-sandbox-io not dumpable; limits: " + limits
 }
 
