@@ -81,6 +81,11 @@ func TestInjectFollowsMergedUsrAndMergesUsers(t *testing.T) {
 	assert.Equal(t, fs.FileMode(0o640), tree.Get("etc/shadow").Mode, "the base's mode is kept")
 	require.NotNil(t, tree.Get("usr/local/bin/oac-sandbox-io"))
 	require.NotNil(t, tree.Get("etc/ssl/certs/ca-certificates.crt"))
+	wslConf, err := readNode(tree, tree.Get("etc/wsl.conf"), 1<<20)
+	require.NoError(t, err)
+	for _, line := range []string{"[automount]\nenabled=false\nmountFsTab=false\n", "[interop]\nenabled=false\nappendWindowsPath=false\n", "[gpu]\nenabled=false\n"} {
+		assert.Contains(t, string(wslConf), line, "a WSL distribution of the image opens no door to Windows")
+	}
 }
 
 func TestMergeIDs(t *testing.T) {

@@ -7,8 +7,9 @@
 // Every image gets the same fixed parts (Inject): oac-guest at
 // /sbin/oac-guest, oac-sandbox-io at /usr/local/bin/oac-sandbox-io, the CA
 // bundle, the runtime user and group 1000 (merged into the base's
-// databases), /home/runtime (0700, 1000:1000), /environment/workspace and
-// the runtimes' mount points.
+// databases), /home/runtime (0700, 1000:1000), /environment/workspace,
+// the runtimes' mount points and an /etc/wsl.conf that closes WSL's doors
+// to the Windows host.
 //
 // Outputs are reproducible: the same inputs give bit-identical bytes.
 // Entries are written in sorted order, owners are numeric only, every

@@ -56,8 +56,9 @@ type Injection struct {
 // Inject adds the guest's fixed parts to t: the agent, oac-sandbox-io, the
 // CA bundle, the runtime user and group 1000 (merged into the base's
 // /etc/passwd, /etc/group and, when present, shadow files), /home/runtime
-// (0700, 1000:1000), /environment/workspace (0755, 1000:1000) and the
-// mount points the runtimes need (/proc, /sys, /dev, /run, /tmp).
+// (0700, 1000:1000), /environment/workspace (0755, 1000:1000), the
+// mount points the runtimes need (/proc, /sys, /dev, /run, /tmp) and
+// /etc/wsl.conf (WSLConf).
 func Inject(t *Tree, in Injection) error {
 	if in.AllRoot {
 		for _, n := range t.nodes {
@@ -153,8 +154,32 @@ func Inject(t *Tree, in Injection) error {
 			}
 		}
 	}
+	// The image's own wsl.conf wins over a base's: it closes the doors a
+	// WSL distribution has open by default.
+	if _, err := t.Put(Node{Path: "etc/wsl.conf", Mode: 0o644, Data: []byte(WSLConf), Size: int64(len(WSLConf))}); err != nil {
+		return fmt.Errorf("/etc/wsl.conf: %w", err)
+	}
 	return nil
 }
+
+// WSLConf is every image's /etc/wsl.conf: WSL reads it when it starts the
+// distribution and then mounts no Windows drive, registers no interop
+// handler, appends no Windows PATH and gives no GPU. A user or an older
+// WSL can ignore it, so the agent checks again at every boot (package
+// guest/doors; docs/platform-doors.md says which WSL honours what).
+const WSLConf = `# oac guest image: no door to the Windows host (docs/platform-doors.md).
+# oac-guest checks again at every boot and closes what is still open.
+[automount]
+enabled=false
+mountFsTab=false
+
+[interop]
+enabled=false
+appendWindowsPath=false
+
+[gpu]
+enabled=false
+`
 
 const defaultHosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
