@@ -11,16 +11,10 @@
 //	                               symlinks kept) as the distribution's root,
 //	                               creates DIR/ext4.vhdx
 //	-d NAME -u root --exec PATH ARGS...
-//	                               execs PATH inside the distribution, in place of
-//	                               this process (its stdio is the caller's pipes:
-//	                               the real oac-guest over stdio://): as root,
-//	                               chrooted into the distribution's root (a bind
-//	                               mount of itself), in a mount
-//	                               namespace of its own with /proc, the host's /dev
-//	                               and tmpfs /run and /tmp, and in the network
-//	                               namespace $OAC_FAKE_WSL_NETNS when set (a WSL2
-//	                               distribution shares the utility VM's network,
-//	                               which has a real interface)
+//	                               runs PATH as root inside the distribution
+//	                               (its stdio is the caller's pipes, passed
+//	                               through: the real oac-guest over stdio://)
+//	                               and exits with its status; see below
 //	--terminate NAME               kills every process of the distribution (those
 //	                               whose root is its root directory)
 //	--unregister NAME              terminates and deletes the distribution
@@ -29,6 +23,42 @@
 // selects failures: "missing" (no --version, like the inbox WSL), "old"
 // (version 0.50.2), "nohyperv" (import fails as without the Virtual Machine
 // Platform).
+//
+// A distribution is what WSL makes by default (no /etc/wsl.conf): a fake
+// emulates the platform's defaults, the doors to the host included, not an
+// ideal platform: the guest has to close these doors for its workload on a
+// real WSL, and a test proves it does only if the doors are there. Running
+// a command (distro.go):
+//
+//   - a PID namespace of its own, whose pid 1 is an init (this binary, in
+//     a mode of its own, standing in for WSL's /init: it reaps orphans and
+//     reports the command's status) and whose command is its child; host
+//     processes are not visible. wsl.exe stays outside, waits and exits
+//     with the command's status (killed when it was killed, 128+n for
+//     another signal); killing wsl.exe kills the init (parent-death
+//     signal), and so every process of the distribution, as a pid
+//     namespace ends with its pid 1;
+//   - a mount namespace of its own, chrooted into the distribution's root
+//     (a bind mount of itself), with /proc (of the new pid namespace), the
+//     host's /dev, tmpfs /run and /tmp; in the network namespace
+//     $OAC_FAKE_WSL_NETNS when set (a WSL2 distribution shares the utility
+//     VM's network, which has a real interface);
+//   - the doors WSL opens by default: the Windows drive C: at /mnt/c
+//     (drvfs: writable, every file the default user's, uid 1000; here a
+//     bind of $OAC_FAKE_WSL_STATE/drives/c, shared by every distribution,
+//     holding Windows/System32/cmd.exe and Users/user/Documents/secret.txt);
+//     /mnt/wsl, shared by every distribution ($OAC_FAKE_WSL_STATE/shared/wsl);
+//     WSLg's /mnt/wslg (tmpfs) with the listening sockets PulseServer and
+//     .X11-unix/X0, and /tmp/.X11-unix a read-only bind of its .X11-unix;
+//     interop: the listening socket /run/WSL/1_interop, $WSL_INTEROP naming
+//     it, the interpreter /init (a read-only bind of this binary) and its
+//     binfmt_misc registration WSLInterop (a read-only tmpfs over
+//     /proc/sys/fs/binfmt_misc: binfmt_misc is the host's, global, and a
+//     test never registers a handler there, so a Windows binary does not
+//     actually run); the Windows PATH appended to $PATH, and WSL_DISTRO_NAME
+//     and WSLENV set. The sockets are served by wsl.exe, outside the
+//     distribution's pid namespace (a connection is accepted and closed),
+//     as the real ones are by WSL's init and Windows.
 package main
 
 import (
@@ -47,12 +77,12 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf16"
-
-	"golang.org/x/sys/unix"
 )
 
-// The distribution is entered on the main thread, which then execs the
-// agent: namespaces and the root are per thread until exec.
+// wsl.exe starts the distribution's init from the main thread (a parent
+// thread's exit would send the init its parent-death signal), and the init
+// enters the network namespace on its main thread (namespaces are per
+// thread), from which it starts the command.
 func init() { runtime.LockOSThread() }
 
 var state = os.Getenv("OAC_FAKE_WSL_STATE")
@@ -62,6 +92,9 @@ func main() {
 		fail("OAC_FAKE_WSL_STATE is not set")
 	}
 	args := os.Args[1:]
+	if len(args) >= 3 && args[0] == initArg {
+		distroInit(args[1], args[2], args[2:])
+	}
 	if f, err := os.OpenFile(filepath.Join(state, "argv.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err == nil {
 		b, _ := json.Marshal(args)
 		f.Write(append(b, '\n'))
@@ -250,72 +283,6 @@ func unpack(tarball, root string) error {
 		return errors.New("no files")
 	}
 	return nil
-}
-
-// run execs path inside the "distribution" in place of this process, so
-// the caller's pipes are the agent's stdio and killing wsl.exe kills it.
-func run(name, path string, argv []string) {
-	if !slices.Contains(distros(), name) {
-		say("There is no distribution with the supplied name.\nError code: Wsl/Service/WSL_E_DISTRO_NOT_FOUND\n")
-		os.Exit(1)
-	}
-	root := filepath.Join(state, "distros", name, "rootfs")
-	os.WriteFile(filepath.Join(state, "distros", name, "pid"), []byte(strconv.Itoa(os.Getpid())), 0o600)
-	if err := enter(root); err != nil {
-		fmt.Fprintf(os.Stderr, "<3>WSL (1) ERROR: fake distribution %s: %v\n", name, err)
-		os.Exit(1)
-	}
-	err := syscall.Exec(filepath.Clean("/"+path), argv, os.Environ())
-	fmt.Fprintf(os.Stderr, "<3>WSL (1) ERROR: CreateProcessEntryCommon:370: execvpe %s failed 2: %v\n", path, err)
-	os.Exit(1)
-}
-
-// enter puts the calling thread into the distribution: its network (when
-// the test gave one), a mount namespace of its own and its root.
-func enter(root string) error {
-	if p := os.Getenv("OAC_FAKE_WSL_NETNS"); p != "" {
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			return fmt.Errorf("enter network namespace %s: %w", p, err)
-		}
-	}
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return fmt.Errorf("unshare mount namespace: %w", err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("make / private: %w", err)
-	}
-	// The distribution's root is a mount of its own, as in WSL (the
-	// agent's launcher makes the mounts below it private).
-	if err := unix.Mount(root, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("bind %s: %w", root, err)
-	}
-	for _, m := range []struct {
-		src, dst, fstype string
-		flags            uintptr
-		data             string
-	}{
-		{"proc", "proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
-		{"/dev", "dev", "", unix.MS_BIND | unix.MS_REC, ""},
-		{"tmpfs", "run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=755"},
-		{"tmpfs", "tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
-	} {
-		dst := filepath.Join(root, m.dst)
-		if err := os.MkdirAll(dst, 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mount(m.src, dst, m.fstype, m.flags, m.data); err != nil {
-			return fmt.Errorf("mount %s on %s: %w", m.src, dst, err)
-		}
-	}
-	if err := unix.Chroot(root); err != nil {
-		return fmt.Errorf("chroot %s: %w", root, err)
-	}
-	return unix.Chdir("/")
 }
 
 // terminate kills every process of the distribution: those whose root
