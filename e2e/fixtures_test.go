@@ -128,6 +128,30 @@ func guestImage(t *testing.T) string {
 	return filepath.Join(runImage.dir, "rootfs.tar.gz")
 }
 
+// doorsOffImage is the run's image with bins.guestDoorsOff as its agent
+// (a rootfs tarball): the guest that closes no platform door.
+var doorsOffImage struct {
+	once sync.Once
+	dir  string
+	err  error
+	out  []byte
+}
+
+func guestImageDoorsOff(t *testing.T) string {
+	t.Helper()
+	needImageBuild(t)
+	testCA(t)
+	doorsOffImage.once.Do(func() {
+		doorsOffImage.dir = filepath.Join(bins.dir, "image-doors-off")
+		cmd := exec.Command(bins.image, "build", "--agent", bins.guestDoorsOff, "--sandbox-io", bins.sandboxIO,
+			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
+			"--output", "tar", "--epoch", "1", "-o", doorsOffImage.dir)
+		doorsOffImage.out, doorsOffImage.err = cmd.CombinedOutput()
+	})
+	require.NoError(t, doorsOffImage.err, "oac-image build: %s", doorsOffImage.out)
+	return filepath.Join(doorsOffImage.dir, "rootfs.tar.gz")
+}
+
 // guestRootfs returns the run's image as a directory (oac-image's rootfs/
 // output, what bwrap and the OCI runtimes take as --rootfs).
 func guestRootfs(t *testing.T) string {

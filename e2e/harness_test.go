@@ -48,6 +48,10 @@ var bins struct {
 	// crashShim is oac-shim built with -tags crashpoints: it kills
 	// itself at the crash point $OAC_CRASH_AT names.
 	crashShim string
+	// guestDoorsOff is oac-guest built with -tags oac_doors_off: it
+	// closes none of the platform's doors (the test that proves the
+	// suite sees them).
+	guestDoorsOff string
 }
 
 func TestMain(m *testing.M) {
@@ -76,6 +80,7 @@ func TestMain(m *testing.M) {
 	bins.shimClient = filepath.Join(dir, "shim-client")
 	bins.probe = filepath.Join(dir, "probe")
 	bins.crashShim = filepath.Join(dir, "oac-shim-crash")
+	bins.guestDoorsOff = filepath.Join(dir, "oac-guest-doors-off")
 	builds := []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -90,6 +95,7 @@ func TestMain(m *testing.M) {
 		{bins.shimClient, "../examples/shim-client", ""},
 		{bins.probe, "./internal/probe", ""},
 		{bins.crashShim, "../cmd/oac-shim", ""},
+		{bins.guestDoorsOff, "../cmd/oac-guest", ""},
 	}
 	bins.bad = map[string]string{}
 	for _, mode := range hostileModes {
@@ -99,8 +105,11 @@ func TestMain(m *testing.M) {
 	for _, b := range builds {
 		out, pkg := b.out, b.pkg
 		args := []string{"build", "-trimpath", "-ldflags", b.ldflags, "-o", out}
-		if out == bins.crashShim {
+		switch out {
+		case bins.crashShim:
 			args = append(args, "-tags", "crashpoints")
+		case bins.guestDoorsOff:
+			args = append(args, "-tags", "oac_doors_off")
 		}
 		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -6,9 +6,11 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,9 +66,11 @@ func newFakeWSL(t *testing.T, mode string) *fakeWSL {
 }
 
 // newWSLDistro is a fake wsl.exe whose distributions are the run's guest
-// image (oac-image's rootfs tarball: the agent, the stand-ins, the CA).
+// image (oac-image's rootfs tarball: the agent, the stand-ins, the CA),
+// with every door WSL opens by default: the fake ignores the image's
+// /etc/wsl.conf, as a WSL older than its keys does.
 func newWSLDistro(t *testing.T) *fakeWSL {
-	w := newFakeWSL(t, "")
+	w := newFakeWSL(t, "ignore-wslconf")
 	w.rootfs = guestImage(t)
 	return w
 }
@@ -85,6 +89,26 @@ func (w *fakeWSL) calls(t *testing.T) []string {
 		out = append(out, strings.Join(argv, " "))
 	}
 	return out
+}
+
+// hostPid is the host's pid of the process of the distribution whose pid
+// in the distribution's pid namespace is pid.
+func (w *fakeWSL) hostPid(t *testing.T, distro string, pid int) int {
+	t.Helper()
+	root := filepath.Join(w.state, "distros", distro, "rootfs")
+	for _, p := range allPids() {
+		if r, _ := os.Readlink(fmt.Sprintf("/proc/%d/root", p)); r != root {
+			continue
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p))
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "NSpid:" && f[len(f)-1] == strconv.Itoa(pid) {
+				return p
+			}
+		}
+	}
+	t.Fatalf("no process of %s is pid %d there", distro, pid)
+	return 0
 }
 
 func (w *fakeWSL) distros() []string {
@@ -133,9 +157,11 @@ func TestWSLAgentKilledIsFailedAndTheDistroIsRemoved(t *testing.T) {
 	s := startShim(t, sandboxSpec{provider: "wsl", name: name, env: w.env, args: w.args(), bootstrap: standinDaemon(name)})
 	agent := s.waitFor(func(e api.Event) bool { return e.Event == api.KindAgent }, bootTimeout, "agent event")
 	s.waitState(api.StateReady, bootTimeout)
-	// The fake wsl.exe became the agent (exec), so Hello's pid is a host pid.
-	require.Contains(t, readCmdline(agent.PID), "--transport")
-	require.NoError(t, syscall.Kill(agent.PID, syscall.SIGKILL))
+	// The agent runs in the distribution's pid namespace: Hello's pid is
+	// its pid there.
+	pid := w.hostPid(t, "oac-"+s.name, agent.PID)
+	require.Contains(t, readCmdline(pid), "--transport")
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 
 	failed := s.waitState(api.StateFailed, 10*time.Second)
 	assert.Regexp(t, `guest connection lost|sandbox runtime exited`, failed.Message)
@@ -220,4 +246,71 @@ func TestWSLImportFailureCreatesNothing(t *testing.T) {
 		assert.False(t, strings.HasPrefix(c, "-d "), "no agent started: %s", c)
 	}
 	assert.NoDirExists(t, filepath.Join("/run/oac/sandboxes", s.name))
+}
+
+// wslDoorsRun boots the daemon stand-in in w's fake WSL distribution and
+// returns what the stand-in, the workload,
+// found of the platform's doors ("none" or "; "-separated findings).
+// The distribution's agent is the image's.
+func wslDoorsRun(t *testing.T, w *fakeWSL) (*shim, string) {
+	t.Helper()
+	name := uniqueName("wsl-doors")
+	s := startShim(t, sandboxSpec{provider: "wsl", name: name, env: w.env, args: w.args(), bootstrap: standinDaemon(name)})
+	s.waitState(api.StateReady, bootTimeout)
+	return s, s.waitLog("daemon: doors=", bootTimeout)
+}
+
+func TestWSLDoorsAreSeenWhenTheGuestDoesNotCloseThem(t *testing.T) {
+	needRootForState(t)
+	// The proof the conformance suite's "no platform door" cell on the WSL
+	// row means something: the same fake, the same image, an agent built
+	// to close nothing (-tags oac_doors_off), and the workload finds every
+	// default door.
+	w := newWSLDistro(t)
+	w.rootfs = guestImageDoorsOff(t)
+	s, doors := wslDoorsRun(t, w)
+	t.Logf("doors with the checks off: %s", doors)
+	require.NotEqual(t, "none", doors)
+	// (The workload's environment is the bootstrap's, never the agent's:
+	// $WSL_INTEROP and the Windows PATH do not reach it even then.)
+	for _, door := range []string{"mount /mnt/c", "mount /mnt/wsl", "mount /mnt/wslg", "/tmp/.X11-unix", "host socket /run/WSL/1_interop", "host path /init", "device /dev/vsock"} {
+		assert.Contains(t, doors, door)
+	}
+	s.signal(syscall.SIGTERM)
+	s.waitState(api.StateStopped, 30*time.Second)
+}
+
+func TestWSLTheGuestClosesEveryDefaultDoorAndSaysWhich(t *testing.T) {
+	needRootForState(t)
+	s, doors := wslDoorsRun(t, newWSLDistro(t))
+	assert.Equal(t, "none", doors)
+	closed := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && strings.Contains(e.Message, "platform doors closed for the workload")
+	}, time.Second, "the agent's report of the doors it closed")
+	for _, door := range []string{"windows-drive /mnt/c", "shared-mount /mnt/wsl", "display-socket /mnt/wslg", "display-socket /tmp/.X11-unix",
+		"wsl-interop binfmt_misc/WSLInterop", "wsl-interop /run/WSL", "wsl-interop $WSL_INTEROP", "windows-path $PATH /mnt/c/Windows/System32"} {
+		assert.Contains(t, closed.Message, door)
+	}
+	s.signal(syscall.SIGTERM)
+	s.waitState(api.StateStopped, 30*time.Second)
+}
+
+func TestWSLTheImagesWSLConfLeavesOnlyTheDoorsItCannotClose(t *testing.T) {
+	needRootForState(t)
+	// A WSL that honours the image's /etc/wsl.conf mounts no drive,
+	// registers no interop handler and appends no Windows PATH; /mnt/wsl,
+	// WSLg and the interop socket directory are not wsl.conf's to close
+	// (.wslconfig is the user's), so the agent closes those.
+	w := newFakeWSL(t, "")
+	w.rootfs = guestImageDoorsOff(t)
+	s, doors := wslDoorsRun(t, w)
+	t.Logf("doors under the image's wsl.conf, the agent's checks off: %s", doors)
+	for _, door := range []string{"/mnt/c", "host path /init"} {
+		assert.NotContains(t, doors, door)
+	}
+	for _, door := range []string{"mount /mnt/wsl", "mount /mnt/wslg", "host socket /run/WSL/1_interop"} {
+		assert.Contains(t, doors, door)
+	}
+	s.signal(syscall.SIGTERM)
+	s.waitState(api.StateStopped, 30*time.Second)
 }

@@ -120,7 +120,10 @@ func Find(src Sources) ([]Door, Plan) {
 		}
 		interop = true
 		how := "its socket hidden and $WSL_INTEROP dropped: without them it reaches no Windows process"
-		if e.interpreter != "" && !strings.Contains(e.flags, "F") && isRegular(src.Lstat, e.interpreter) {
+		// The interpreter (WSL's /init) is an interop client itself, run
+		// directly; and without flag F the kernel resolves it at exec in
+		// the workload's namespace. Masked either way.
+		if e.interpreter != "" && isRegular(src.Lstat, e.interpreter) {
 			plan.Mask = append(plan.Mask, e.interpreter)
 			how = "its interpreter " + e.interpreter + " masked, " + how
 		}

@@ -61,7 +61,7 @@ func TestFindsEveryDoorOfAWSL2DistributionAsWSLMakesIt(t *testing.T) {
 	assert.Equal(t, []string{"/mnt/c", "/mnt/d", "/mnt/wsl", "/mnt/wslg", "/tmp/.X11-unix", "/usr/lib/wsl/drivers", "/usr/lib/wsl/lib"}, plan.Detach,
 		"each door's mount once, none below another")
 	assert.Equal(t, []string{"/run/WSL"}, plan.Cover)
-	assert.Empty(t, plan.Mask, "with flag F the kernel holds /init open: masking it would change nothing")
+	assert.Equal(t, []string{"/init"}, plan.Mask, "WSL's /init is an interop client itself")
 	assert.Contains(t, paths(doors), "binfmt_misc/WSLInterop")
 	for _, d := range doors {
 		if d.Path == "/mnt/c" {
@@ -73,13 +73,13 @@ func TestFindsEveryDoorOfAWSL2DistributionAsWSLMakesIt(t *testing.T) {
 			"PATH=/usr/local/bin:/usr/bin:/mnt/c/Windows/System32:/bin:/mnt/wslg/runtime-dir", "HOME=/home/runtime"}))
 }
 
-func TestAnInteropHandlerWithoutFlagFHasItsInterpreterMasked(t *testing.T) {
+func TestEveryHandlerOfWindowsProgramsHasItsInterpreterMasked(t *testing.T) {
 	doors, plan := Find(Sources{
 		Binfmt: map[string]string{"WSLInterop": "enabled\ninterpreter /init\nflags: P\noffset 0\nmagic 4d5a\n",
 			"wine": "enabled\ninterpreter /usr/bin/wine\nflags: \noffset 0\nmagic 4D5A\n"},
 		Lstat: files(map[string]fs.FileMode{"/init": 0, "/usr/bin/wine": 0}),
 	})
-	assert.Equal(t, []string{"/init", "/usr/bin/wine"}, plan.Mask, "any handler of MZ programs: the kernel resolves its interpreter in the workload's namespace")
+	assert.Equal(t, []string{"/init", "/usr/bin/wine"}, plan.Mask, "any handler of MZ programs: without flag F the kernel resolves its interpreter in the workload's namespace")
 	assert.Len(t, doors, 2)
 	_, plan = Find(Sources{Binfmt: map[string]string{"WSLInterop": "disabled\ninterpreter /init\nflags: P\noffset 0\nmagic 4d5a\n"}, Lstat: files(map[string]fs.FileMode{"/init": 0})})
 	assert.True(t, plan.Empty(), "a disabled entry (wsl.conf [interop] enabled=false) is no door")

@@ -63,7 +63,7 @@ func run(name, path string, argv []string) {
 	cmd := exec.Command(self, append([]string{initArg, name}, argv...)...)
 	cmd.Args[0] = "/init"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = distroEnv(name)
+	cmd.Env = distroEnv(name, readWSLConf(name))
 	cmd.ExtraFiles = []*os.File{initEnd}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID | unix.CLONE_NEWNS, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -161,7 +161,7 @@ func sharedDirs() error {
 
 // distroEnv is the command's environment: the caller's, with WSL's
 // additions.
-func distroEnv(name string) []string {
+func distroEnv(name string, conf wslConf) []string {
 	path, ok := os.LookupEnv("PATH")
 	if !ok {
 		path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -170,7 +170,55 @@ func distroEnv(name string) []string {
 		k, _, _ := strings.Cut(kv, "=")
 		return k == "PATH" || k == "WSL_DISTRO_NAME" || k == "WSLENV" || k == "WSL_INTEROP"
 	})
-	return append(env, "PATH="+path+windowsPath, "WSL_DISTRO_NAME="+name, "WSLENV=", "WSL_INTEROP="+interopSocket)
+	if conf.appendWindowsPath {
+		path += windowsPath
+	}
+	env = append(env, "PATH="+path, "WSL_DISTRO_NAME="+name, "WSLENV=")
+	if conf.interop {
+		env = append(env, "WSL_INTEROP="+interopSocket)
+	}
+	return env
+}
+
+// wslConf is what WSL reads of the distribution's /etc/wsl.conf (the keys
+// that open doors), with WSL's defaults for what the file does not say.
+type wslConf struct{ automount, interop, appendWindowsPath bool }
+
+// readWSLConf reads the distribution's /etc/wsl.conf as WSL does: INI,
+// "key = value", booleans "true"/"false", comments with # or ;. With
+// $OAC_FAKE_WSL_MODE "ignore-wslconf" the file is ignored, as by a WSL
+// older than its keys or after a user emptied it: WSL's defaults, every
+// door open.
+func readWSLConf(name string) wslConf {
+	c := wslConf{automount: true, interop: true, appendWindowsPath: true}
+	if os.Getenv("OAC_FAKE_WSL_MODE") == "ignore-wslconf" {
+		return c
+	}
+	b, err := os.ReadFile(filepath.Join(state, "distros", name, "rootfs", "etc", "wsl.conf"))
+	if err != nil {
+		return c
+	}
+	section := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || line[0] == '#' || line[0] == ';':
+		case line[0] == '[':
+			section = strings.ToLower(strings.Trim(line, "[] "))
+		default:
+			k, v, _ := strings.Cut(line, "=")
+			on := strings.EqualFold(strings.Trim(strings.TrimSpace(v), `"`), "true")
+			switch section + "." + strings.ToLower(strings.TrimSpace(k)) {
+			case "automount.enabled":
+				c.automount = on
+			case "interop.enabled":
+				c.interop = on
+			case "interop.appendwindowspath":
+				c.appendWindowsPath = on
+			}
+		}
+	}
+	return c
 }
 
 // distroInit is pid 1 of the distribution: it enters it, waits for
@@ -181,7 +229,7 @@ func distroEnv(name string) []string {
 func distroInit(name, path string, argv []string) {
 	sync := os.NewFile(3, "sync")
 	unix.CloseOnExec(3)
-	if err := enter(filepath.Join(state, "distros", name, "rootfs")); err != nil {
+	if err := enter(filepath.Join(state, "distros", name, "rootfs"), readWSLConf(name)); err != nil {
 		fmt.Fprintf(os.Stderr, "<3>WSL (1) ERROR: fake distribution %s: %v\n", name, err)
 		os.Exit(1)
 	}
@@ -221,7 +269,7 @@ func distroInit(name, path string, argv []string) {
 // enter puts the init into the distribution (its mount namespace is new,
 // made by wsl.exe): the network namespace (when the test gave one) on
 // this thread, the distribution's mounts, and its root.
-func enter(root string) error {
+func enter(root string, conf wslConf) error {
 	if p := os.Getenv("OAC_FAKE_WSL_NETNS"); p != "" {
 		f, err := os.Open(p)
 		if err != nil {
@@ -252,17 +300,18 @@ func enter(root string) error {
 		file             bool               // the mount point is a file
 		fill             func(string) error // writes the new mount's files
 		ro               bool               // then made read-only
+		off              bool               // wsl.conf turned it off
 	}{
 		// /proc of the init's pid namespace: only the distribution's processes.
 		{src: "proc", dst: "proc", fstype: "proc", flags: nosuid | nodev | noexec},
 		// WSL's interop registration, as binfmt_misc would show it (the
 		// host's binfmt_misc is global: never registered here).
-		{src: "binfmt_misc", dst: "proc/sys/fs/binfmt_misc", fstype: "tmpfs", flags: nosuid | nodev | noexec, data: "mode=755", fill: binfmt, ro: true},
+		{src: "binfmt_misc", dst: "proc/sys/fs/binfmt_misc", fstype: "tmpfs", flags: nosuid | nodev | noexec, data: "mode=755", fill: binfmt(conf.interop), ro: true},
 		{src: "/dev", dst: "dev", flags: unix.MS_BIND | unix.MS_REC},
 		{src: "tmpfs", dst: "run", fstype: "tmpfs", flags: nosuid | nodev, data: "mode=755", fill: mkdir("WSL", 0o755)},
 		{src: "tmpfs", dst: "tmp", fstype: "tmpfs", flags: nosuid | nodev, data: "mode=1777"},
 		// The Windows drive and /mnt/wsl, shared by every distribution.
-		{src: filepath.Join(state, "drives", "c"), dst: "mnt/c", flags: unix.MS_BIND},
+		{src: filepath.Join(state, "drives", "c"), dst: "mnt/c", flags: unix.MS_BIND, off: !conf.automount},
 		{src: filepath.Join(state, "shared", "wsl"), dst: "mnt/wsl", flags: unix.MS_BIND},
 		// WSLg: its sockets (served by wsl.exe) in a tmpfs, and X11's
 		// socket directory bound read-only into /tmp.
@@ -271,6 +320,9 @@ func enter(root string) error {
 		// WSL's interop interpreter.
 		{src: self, dst: "init", flags: unix.MS_BIND, file: true, ro: true},
 	} {
+		if m.off {
+			continue
+		}
 		dst := filepath.Join(root, m.dst)
 		if err := mountPoint(dst, m.file); err != nil {
 			return err
@@ -327,15 +379,19 @@ func mkdir(name string, mode os.FileMode) func(string) error {
 	}
 }
 
-// binfmt writes binfmt_misc's files as WSL's registration leaves them.
-func binfmt(dir string) error {
-	for name, body := range map[string]string{
-		"status":     "enabled\n",
-		"WSLInterop": "enabled\ninterpreter /init\nflags: PF\noffset 0\nmagic 4d5a\n",
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			return err
+// binfmt writes binfmt_misc's files as WSL's registration leaves them
+// (no WSLInterop entry when wsl.conf turned interop off).
+func binfmt(interop bool) func(string) error {
+	return func(dir string) error {
+		files := map[string]string{"status": "enabled\n"}
+		if interop {
+			files["WSLInterop"] = "enabled\ninterpreter /init\nflags: PF\noffset 0\nmagic 4d5a\n"
 		}
+		for name, body := range files {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	return nil
 }

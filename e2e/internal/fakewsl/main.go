@@ -22,9 +22,14 @@
 // Every argv is appended to $OAC_FAKE_WSL_STATE/argv.log. $OAC_FAKE_WSL_MODE
 // selects failures: "missing" (no --version, like the inbox WSL), "old"
 // (version 0.50.2), "nohyperv" (import fails as without the Virtual Machine
-// Platform).
+// Platform), "ignore-wslconf" (the distribution's /etc/wsl.conf is ignored,
+// as by a WSL older than its keys or once a user emptied it).
 //
-// A distribution is what WSL makes by default (no /etc/wsl.conf): a fake
+// The distribution's /etc/wsl.conf is honoured as WSL documents it for
+// the doors it controls: [automount] enabled=false mounts no drive,
+// [interop] enabled=false registers no WSLInterop and sets no $WSL_INTEROP,
+// appendWindowsPath=false appends nothing to $PATH. The rest is what WSL
+// makes by default (without a wsl.conf, every door below): a fake
 // emulates the platform's defaults, the doors to the host included, not an
 // ideal platform: the guest has to close these doors for its workload on a
 // real WSL, and a test proves it does only if the doors are there. Running
