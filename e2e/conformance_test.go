@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
+	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -69,6 +70,7 @@ var confPromises = []confPromise{
 	{"egress: proxies and capture", promiseEgress},
 	{"data plane: bytes both ways, events, pair ends", promiseDataPlane},
 	{"workload sees only lo", promiseOnlyLoopback},
+	{"no platform door", promiseNoPlatformDoor},
 	{"SIGTERM: stopped, nothing left", promiseStopLeavesNothing},
 	{"kill -9 of the shim, restart: nothing left", promiseKillLeavesNothing},
 	{"kept: workspace and /usr/local survive stop/start", promiseKeptSurvives},
@@ -443,6 +445,29 @@ func promiseOnlyLoopback(t *testing.T, c *confCase) {
 	assert.NotEmpty(t, s.find(func(e api.Event) bool {
 		return e.Event == api.KindEgress && e.Target == c.env.peer.addr && e.Decision == "denied"
 	}), "the workload's attempt reached only the broker, which refused it")
+}
+
+// promiseNoPlatformDoor: the workload finds no door to the host that the
+// platform opens by default (a drive or host share mounted, a host socket
+// it can connect to, AF_VSOCK, an environment naming one, a device node
+// beyond the minimal /dev, WSL's interop, a host process in sight): the
+// daemon stand-in looks at start (selfreport.Doors).
+func promiseNoPlatformDoor(t *testing.T, c *confCase) {
+	s := c.live(t)
+	found := doorFindings(t, s)
+	assert.Equal(t, "none", s.waitLog("daemon: doors=", bootTimeout),
+		"the workload (uid 1000) found %d door(s) to the host that the %s platform left open:\n  %s",
+		len(found), c.row.name, strings.Join(found, "\n  "))
+	t.Logf("the door probe: %s", s.waitLog("daemon: doors-scan=", 5*time.Second))
+}
+
+// doorFindings is what the daemon stand-in of s reported as doors to the
+// host ("daemon: doors=none" is none): a test that opens a door on purpose
+// can look for it.
+func doorFindings(t *testing.T, s *shim) []string {
+	t.Helper()
+	raw := s.waitLog("daemon: doors=", bootTimeout)
+	return selfreport.ParseReport(raw)
 }
 
 func promiseStopLeavesNothing(t *testing.T, c *confCase) {

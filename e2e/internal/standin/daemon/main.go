@@ -14,7 +14,9 @@
 //
 // It also prints its capabilities, no-new-privileges, the network
 // interfaces it sees and whether it could read oac-sandbox-io's private
-// file (read-private-file=ok, or the errno's name), and, once listening, runs each probe: a GET of URL
+// file (read-private-file=ok, or the errno's name), the doors to the host
+// it finds (doors=none, or the findings of selfreport.Doors joined by
+// "; "; doors-scan= what that cost), and, once listening, runs each probe: a GET of URL
 // through the proxy its environment names (proxy:), a GET with no proxy
 // at all (direct:, so only the transparent capture can carry it), or a TCP
 // connection that sends a line and reads one back (dial:). Each prints
@@ -129,6 +131,20 @@ func main() {
 	// oac-sandbox-io's private file, which no daemon may read.
 	_, err := os.ReadFile(bootstrap.SandboxIOFile)
 	say("read-private-file=%s", errName(err))
+	// Every door to the host the platform left open, as the workload.
+	doors := selfreport.ScanDoors()
+	say("doors=%s", selfreport.Report(doors.Findings))
+	scan := fmt.Sprintf("took %s, %d entries", doors.Took.Round(10*time.Microsecond), doors.Entries)
+	if len(doors.Truncated) > 0 {
+		scan += ", bounded in " + strings.Join(doors.Truncated, ",")
+	}
+	if len(doors.Stages) > 0 {
+		scan += " (" + strings.Join(doors.Stages, ", ") + ")"
+	}
+	if len(doors.Closed) > 0 {
+		scan += "; there but closed: " + strings.Join(doors.Closed, ", ")
+	}
+	say("doors-scan=%s", scan)
 
 	var n atomic.Int64
 	var denied atomic.Bool
