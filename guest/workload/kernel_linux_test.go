@@ -51,6 +51,8 @@ func attempts() map[string]string {
 		res[name] = errnoName(e)
 	}
 	raw("ptrace attach", unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(target))
+	raw("socket vsock", unix.SYS_SOCKET, unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC)
+	raw("socket unix", unix.SYS_SOCKET, unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC)
 	if res["ptrace attach"] == "ok" {
 		_ = unix.PtraceDetach(target)
 	}
@@ -103,6 +105,7 @@ func attempts() map[string]string {
 		r32("i386 unshare none", 310, 0)
 		r32("i386 ptrace peek", 26, unix.PTRACE_PEEKDATA)
 		r32("i386 keyctl", 288, unix.KEYCTL_GET_KEYRING_ID)
+		r32("i386 socketcall socket", 102, 1)
 		res["i386 getpid"] = fmt.Sprint(syscall32.Call(20, 0, 0, 0) == int32(os.Getpid()))
 	}
 	return res
@@ -191,6 +194,11 @@ func TestTheFilterOnTheRealKernel(t *testing.T) {
 		assert.Equal(t, "EPERM", filtered[name], name)
 	}
 	assert.Equal(t, "ENOSYS", filtered["clone3"])
+	assert.Equal(t, "EAFNOSUPPORT", filtered["socket vsock"], "no vsock for the workload")
+	assert.Equal(t, "ok", filtered["socket unix"])
+	if _, err := os.Stat("/sys/module/vsock"); err == nil {
+		assert.Equal(t, "ok", plain["socket vsock"], "this kernel has vsock: the refusal is the filter's")
+	}
 	assert.Equal(t, "ok", filtered["unshare none"], "unshare without a user namespace is not the filter's business")
 	assert.Equal(t, "ok", filtered["clone plain"], "processes still start")
 	// The same calls without the filter prove the EPERM is the filter's:
@@ -207,6 +215,8 @@ func TestTheFilterOnTheRealKernel(t *testing.T) {
 		assert.Equal(t, "EPERM", filtered["i386 unshare newuser"])
 		assert.Equal(t, "EPERM", filtered["i386 ptrace peek"])
 		assert.Equal(t, "EPERM", filtered["i386 keyctl"])
+		assert.Equal(t, "ENOSYS", filtered["i386 socketcall socket"])
+		assert.Equal(t, "EFAULT", plain["i386 socketcall socket"], "past the filter the kernel reads the arguments' pointer")
 		assert.Equal(t, "ok", filtered["i386 unshare none"])
 		assert.Equal(t, "EINVAL", plain["i386 unshare newuser"])
 		assert.NotEqual(t, "EPERM", plain["i386 keyctl"])
