@@ -102,54 +102,47 @@ func runRelay(t *testing.T) (*linkrelay.Relay, *httptest.Server) {
 	return relay, srv
 }
 
-// runImage is the guest image oac-image builds once per run from an empty
-// base: oac-guest, the oac-sandbox-io stand-in, the daemon stand-in at
-// daemonBin and the run's CA bundle, as a rootfs tarball and directory.
-var runImage struct {
+// builtImage is a guest image oac-image builds once per run from an empty
+// base: an agent, the oac-sandbox-io stand-in, the daemon stand-in at
+// daemonBin and the run's CA bundle.
+type builtImage struct {
 	once sync.Once
 	dir  string
 	err  error
 	out  []byte
 }
+
+// build builds the image into bins.dir/name once, with agent and outputs
+// (oac-image --output), and returns its directory.
+func (img *builtImage) build(t *testing.T, name, agent, outputs string) string {
+	t.Helper()
+	needImageBuild(t)
+	testCA(t)
+	img.once.Do(func() {
+		img.dir = filepath.Join(bins.dir, name)
+		cmd := exec.Command(bins.image, "build", "--agent", agent, "--sandbox-io", bins.sandboxIO,
+			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
+			"--output", outputs, "--epoch", "1", "-o", img.dir)
+		img.out, img.err = cmd.CombinedOutput()
+	})
+	require.NoError(t, img.err, "oac-image build: %s", img.out)
+	return img.dir
+}
+
+// runImage is the run's image, as a rootfs tarball and directory;
+// doorsOffImage has bins.guestDoorsOff as its agent (the guest that
+// closes no platform door), as a tarball.
+var runImage, doorsOffImage builtImage
 
 // guestImage returns the rootfs tarball of the run's image.
 func guestImage(t *testing.T) string {
 	t.Helper()
-	needImageBuild(t)
-	testCA(t)
-	runImage.once.Do(func() {
-		runImage.dir = filepath.Join(bins.dir, "image")
-		cmd := exec.Command(bins.image, "build", "--agent", bins.guest, "--sandbox-io", bins.sandboxIO,
-			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
-			"--output", "tar,dir", "--epoch", "1", "-o", runImage.dir)
-		runImage.out, runImage.err = cmd.CombinedOutput()
-	})
-	require.NoError(t, runImage.err, "oac-image build: %s", runImage.out)
-	return filepath.Join(runImage.dir, "rootfs.tar.gz")
-}
-
-// doorsOffImage is the run's image with bins.guestDoorsOff as its agent
-// (a rootfs tarball): the guest that closes no platform door.
-var doorsOffImage struct {
-	once sync.Once
-	dir  string
-	err  error
-	out  []byte
+	return filepath.Join(runImage.build(t, "image", bins.guest, "tar,dir"), "rootfs.tar.gz")
 }
 
 func guestImageDoorsOff(t *testing.T) string {
 	t.Helper()
-	needImageBuild(t)
-	testCA(t)
-	doorsOffImage.once.Do(func() {
-		doorsOffImage.dir = filepath.Join(bins.dir, "image-doors-off")
-		cmd := exec.Command(bins.image, "build", "--agent", bins.guestDoorsOff, "--sandbox-io", bins.sandboxIO,
-			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
-			"--output", "tar", "--epoch", "1", "-o", doorsOffImage.dir)
-		doorsOffImage.out, doorsOffImage.err = cmd.CombinedOutput()
-	})
-	require.NoError(t, doorsOffImage.err, "oac-image build: %s", doorsOffImage.out)
-	return filepath.Join(doorsOffImage.dir, "rootfs.tar.gz")
+	return filepath.Join(doorsOffImage.build(t, "image-doors-off", bins.guestDoorsOff, "tar"), "rootfs.tar.gz")
 }
 
 // guestRootfs returns the run's image as a directory (oac-image's rootfs/

@@ -7,11 +7,30 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
 // The pure parts of the door probe (Doors, on Linux): what the workload
 // reads is parsed and judged here, so that it can be tested anywhere.
+
+// Doors lists the doors the workload found (ScanDoors, per OS).
+func Doors() []string { return ScanDoors().Findings }
+
+// DoorScan is what ScanDoors found and what it cost.
+type DoorScan struct {
+	Findings []string
+	Took     time.Duration
+	// Entries is how many directory entries the walks read; Truncated
+	// names the roots a walk did not finish (depth or entry bound).
+	Entries   int
+	Truncated []string
+	// Stages is what each part took, in order ("mounts 1ms").
+	Stages []string
+	// Closed are well-known host paths that are there but no door, and
+	// why ("/mnt/c (empty directory)").
+	Closed []string
+}
 
 // DoorsNone is what Report says when nothing was found.
 const DoorsNone = "none"

@@ -16,8 +16,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Doors looks, as the workload, for every door a platform opens by default
-// to the host, and returns its findings sorted (nil: none):
+const (
+	walkDepth   = 6
+	walkEntries = 5000
+)
+
+// socketRoots are where a socket the workload could reach would be.
+var socketRoots = []string{"/run", "/var/run", "/tmp", "/mnt", "/media", "/dev", "/home", "/root", "/srv"}
+
+// ScanDoors looks, as the workload, for every door a platform opens by
+// default to the host, and says what it found (Findings sorted, nil: none)
+// and what the look cost:
 //
 //   - mounts: a host share (9p, drvfs, virtiofs, NFS, SMB, vboxsf, FUSE...)
 //     other than the workspace, anything below /mnt or /media, a mount
@@ -43,32 +52,6 @@ import (
 //   - WSL's interop: "binfmt WSLInterop enabled" when a file starting with
 //     "MZ" that the workload writes actually runs;
 //   - host processes it can see ("host process visible: pid 12 (oac-shim)").
-func Doors() []string { return ScanDoors().Findings }
-
-// DoorScan is what ScanDoors found and what it cost.
-type DoorScan struct {
-	Findings []string
-	Took     time.Duration
-	// Entries is how many directory entries the walks read; Truncated
-	// names the roots a walk did not finish (depth or entry bound).
-	Entries   int
-	Truncated []string
-	// Stages is what each part took, in order ("mounts 1ms").
-	Stages []string
-	// Closed are well-known host paths that are there but no door, and
-	// why ("/mnt/c (empty directory)").
-	Closed []string
-}
-
-const (
-	walkDepth   = 6
-	walkEntries = 5000
-)
-
-// socketRoots are where a socket the workload could reach would be.
-var socketRoots = []string{"/run", "/var/run", "/tmp", "/mnt", "/media", "/dev", "/home", "/root", "/srv"}
-
-// ScanDoors is Doors with its cost.
 func ScanDoors() DoorScan {
 	start := time.Now()
 	var sc DoorScan
