@@ -30,10 +30,11 @@ type keeper struct {
 	discardedInState []persist.State
 }
 
-func (*keeper) Name() string                    { return "kept-test" }
-func (*keeper) Check(context.Context) error     { return nil }
-func (*keeper) Honours() []provider.Feature     { return provider.AllFeatures }
-func (*keeper) Instead(provider.Feature) string { return "" }
+func (*keeper) Name() string                { return "kept-test" }
+func (*keeper) Check(context.Context) error { return nil }
+func (*keeper) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true}
+}
 
 func (k *keeper) Create(_ context.Context, spec provider.Spec) (provider.Instance, error) {
 	k.mu.Lock()

@@ -1,9 +1,12 @@
 // Package provider defines how oac-shim boots a guest, the way Lima's
-// drivers are built: a small Provider interface (availability check and
-// create), an Instance (start, the guest's transport connection, exit,
-// kill, destroy), optional capabilities found by type assertion and used
-// by oac-shim (Detailer, Warner, Resetter), and sentinel errors callers
-// test with errors.Is.
+// drivers are built: a small Provider interface (its Capabilities,
+// availability check and create), an Instance (start, the guest's
+// transport connection, exit, kill, destroy), and sentinel errors callers
+// test with errors.Is. What a provider can do is data, one Capabilities
+// value (the features it honours, whether it keeps sandboxes, the
+// warnings its settings call for), as Lima's DriverFeatures; optional
+// interfaces are for behaviour only (Keeper's Discard, Detailer,
+// Resetter, ImageNamer, Confiner; DataPlane on instances).
 //
 // Each provider package (bwrap, docker, oci, qemu, vz, wsl) registers a
 // Driver from init: its name, its settings struct whose tagged fields are

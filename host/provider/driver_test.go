@@ -35,6 +35,7 @@ type testDriverB struct {
 type settingsProvider struct{ settings any }
 
 func (settingsProvider) Name() string                { return "settings" }
+func (settingsProvider) Capabilities() Capabilities  { return Capabilities{} }
 func (settingsProvider) Check(context.Context) error { return nil }
 func (settingsProvider) Create(context.Context, Spec) (Instance, error) {
 	return nil, ErrUnavailable

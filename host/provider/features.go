@@ -51,38 +51,39 @@ func (s Spec) Features() []Feature {
 	return out
 }
 
-// Honourer is implemented by providers that honour optional features of
-// a Spec. A provider that does not implement it honours none of them.
-type Honourer interface {
-	// Honours lists the features the provider carries into its guests.
-	Honours() []Feature
+// Capabilities are a provider's fixed facts, read wherever a decision
+// depends on what a provider can do (the create checks, the kept service,
+// oac-shim check and run): what a provider can do is data, one value per
+// provider; interfaces are for behaviour only (Keeper's Discard,
+// Detailer, Resetter, ImageNamer, Confiner).
+type Capabilities struct {
+	// Honours lists the optional features the provider carries into its
+	// guests; the sandbox refuses the others before anything is made.
+	Honours []Feature
 	// Instead says, for a feature it does not honour, what to do instead
-	// ("" for the generic advice).
-	Instead(Feature) string
+	// (missing: the generic advice).
+	Instead map[Feature]string
+	// Keeps: the provider keeps a sandbox across runs (Spec.Keep); it
+	// must implement Keeper, whose Discard removes what it kept.
+	Keeps bool
+	// Warnings are what its settings give up, told before a sandbox runs.
+	Warnings []string
 }
 
 // Honours returns the features p honours.
-func Honours(p Provider) []Feature {
-	if h, ok := p.(Honourer); ok {
-		return h.Honours()
-	}
-	return nil
-}
+func Honours(p Provider) []Feature { return p.Capabilities().Honours }
 
 // Refuse returns nil when p honours every feature spec asks for, else an
 // error wrapping ErrInvalidSpec and ErrUnsupported that names the first
 // flag p would ignore, the provider, and what to do instead. The sandbox
 // calls it before anything is created.
 func Refuse(p Provider, spec Spec) error {
-	honoured := Honours(p)
+	caps := p.Capabilities()
 	for _, f := range spec.Features() {
-		if slices.Contains(honoured, f) {
+		if slices.Contains(caps.Honours, f) {
 			continue
 		}
-		instead := ""
-		if h, ok := p.(Honourer); ok {
-			instead = h.Instead(f)
-		}
+		instead := caps.Instead[f]
 		if instead == "" {
 			instead = defaultInstead[f]
 		}
@@ -104,8 +105,11 @@ var defaultInstead = map[Feature]string{
 // feature it asks for. Errors wrap ErrInvalidSpec.
 func CheckSpec(p Provider, spec Spec) error {
 	if spec.Keep != nil {
-		if _, ok := p.(Keeper); !ok {
+		if !p.Capabilities().Keeps {
 			return fmt.Errorf("%w: the %s provider cannot keep a sandbox", ErrInvalidSpec, p.Name())
+		}
+		if _, ok := p.(Keeper); !ok {
+			return fmt.Errorf("the %s provider declares it keeps sandboxes but cannot discard them: a defect, report it", p.Name())
 		}
 	}
 	if err := spec.Validate(); err != nil {

@@ -16,18 +16,15 @@ type honouring struct {
 func (h honouring) Name() string                                 { return h.name }
 func (honouring) Check(context.Context) error                    { return nil }
 func (honouring) Create(context.Context, Spec) (Instance, error) { return nil, ErrUnavailable }
-func (h honouring) Honours() []Feature                           { return h.fs }
-func (h honouring) Instead(f Feature) string {
-	if f == FeatureVolume {
-		return "its distribution's disk holds /home"
-	}
-	return ""
+func (h honouring) Capabilities() Capabilities {
+	return Capabilities{Honours: h.fs, Instead: map[Feature]string{FeatureVolume: "its distribution's disk holds /home"}}
 }
 
-// plain implements no optional capability.
+// plain declares nothing.
 type plain struct{}
 
 func (plain) Name() string                                   { return "plain" }
+func (plain) Capabilities() Capabilities                     { return Capabilities{} }
 func (plain) Check(context.Context) error                    { return nil }
 func (plain) Create(context.Context, Spec) (Instance, error) { return nil, ErrUnavailable }
 

@@ -185,6 +185,8 @@ func (s Spec) Validate() error {
 type Provider interface {
 	// Name is the provider's name as given to --provider.
 	Name() string
+	// Capabilities are its fixed facts (see Capabilities).
+	Capabilities() Capabilities
 	// Check returns nil when the provider can run here, or an error
 	// wrapping ErrUnavailable that says why and what to do.
 	Check(ctx context.Context) error
@@ -226,13 +228,6 @@ type Detailer interface {
 	Detail(ctx context.Context) string
 }
 
-// Warner is implemented by providers whose settings give something up
-// that the user must be told before a sandbox runs (oac-shim run logs
-// each warning).
-type Warner interface {
-	Warnings() []string
-}
-
 // Resetter is implemented by providers that can leave something of a
 // sandbox on the host after its runtime is gone (a WSL distribution whose
 // unregister failed). Reset removes what a sandbox of that name left; the
@@ -247,7 +242,8 @@ func Unavailable(name, why string) Provider { return unavailable{name, why} }
 
 type unavailable struct{ name, why string }
 
-func (u unavailable) Name() string { return u.name }
+func (u unavailable) Name() string               { return u.name }
+func (u unavailable) Capabilities() Capabilities { return Capabilities{} }
 func (u unavailable) Check(context.Context) error {
 	return fmt.Errorf("%w: %s: %s", ErrUnavailable, u.name, u.why)
 }

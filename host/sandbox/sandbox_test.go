@@ -38,8 +38,9 @@ type fakeProvider struct {
 
 func newFakeProvider() *fakeProvider { return &fakeProvider{guest: make(chan net.Conn, 1)} }
 
-func (p *fakeProvider) Name() string                { return "fake" }
-func (p *fakeProvider) Check(context.Context) error { return nil }
+func (p *fakeProvider) Name() string                        { return "fake" }
+func (p *fakeProvider) Capabilities() provider.Capabilities { return provider.Capabilities{} }
+func (p *fakeProvider) Check(context.Context) error         { return nil }
 func (p *fakeProvider) Create(_ context.Context, s provider.Spec) (provider.Instance, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err

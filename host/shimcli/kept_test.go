@@ -36,8 +36,9 @@ type keepingProvider struct {
 func (*keepingProvider) Name() string                { return "keeping-test" }
 func (*keepingProvider) Check(context.Context) error { return nil }
 
-func (*keepingProvider) Honours() []provider.Feature     { return provider.AllFeatures }
-func (*keepingProvider) Instead(provider.Feature) string { return "" }
+func (*keepingProvider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true}
+}
 
 func (p *keepingProvider) Create(_ context.Context, spec provider.Spec) (provider.Instance, error) {
 	p.mu.Lock()

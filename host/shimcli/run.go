@@ -280,10 +280,8 @@ func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.
 		log.Warn(verdict.Message)
 	}
 	prov := f.providers[f.prov]()
-	if w, ok := prov.(provider.Warner); ok {
-		for _, msg := range w.Warnings() {
-			log.Warn(msg)
-		}
+	for _, msg := range prov.Capabilities().Warnings {
+		log.Warn(msg)
 	}
 	s := newShim(f, sink, log, broker)
 	defer s.fwd.Close()

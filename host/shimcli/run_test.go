@@ -41,8 +41,9 @@ func TestRunUsageErrorsForControlAndForwardFlags(t *testing.T) {
 // failingProvider fails every Create.
 type failingProvider struct{}
 
-func (failingProvider) Name() string                { return "failing" }
-func (failingProvider) Check(context.Context) error { return nil }
+func (failingProvider) Name() string                        { return "failing" }
+func (failingProvider) Capabilities() provider.Capabilities { return provider.Capabilities{} }
+func (failingProvider) Check(context.Context) error         { return nil }
 func (failingProvider) Create(context.Context, provider.Spec) (provider.Instance, error) {
 	return nil, errors.New("no runtime here")
 }

@@ -35,15 +35,6 @@ func (p *Provider) idBase() int {
 	return kit.DefaultIDBase
 }
 
-// Warnings implements provider.Warner: the single-uid fallback's loss,
-// said plainly before a rootless sandbox runs.
-func (p *Provider) Warnings() []string {
-	if p.SingleUID && os.Geteuid() != 0 {
-		return []string{SingleUIDLoss}
-	}
-	return nil
-}
-
 // Check implements provider.Provider.
 func (p *Provider) Check(ctx context.Context) error {
 	_, err := p.mode()

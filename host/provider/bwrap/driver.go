@@ -1,6 +1,8 @@
 package bwrap
 
 import (
+	"os"
+
 	"github.com/oac/sandbox-agent/host/provider"
 )
 
@@ -26,8 +28,13 @@ func init() {
 	provider.Register(provider.Driver[Provider]{Name: "bwrap", New: (*Provider).driver})
 }
 
-// Honours implements provider.Honourer: every optional feature.
-func (p *Provider) Honours() []provider.Feature { return provider.AllFeatures }
-
-// Instead implements provider.Honourer.
-func (p *Provider) Instead(provider.Feature) string { return "" }
+// Capabilities implements provider.Provider: every optional feature, kept
+// sandboxes, and the single-uid fallback's loss said plainly before a
+// rootless sandbox runs.
+func (p *Provider) Capabilities() provider.Capabilities {
+	c := provider.Capabilities{Honours: provider.AllFeatures, Keeps: true}
+	if p.SingleUID && os.Geteuid() != 0 {
+		c.Warnings = []string{SingleUIDLoss}
+	}
+	return c
+}

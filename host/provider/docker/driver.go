@@ -24,16 +24,13 @@ func init() {
 	provider.Register(provider.Driver[Provider]{Name: "docker", New: (*Provider).driver})
 }
 
-// Honours implements provider.Honourer: installs and volumes are bind
-// mounts; the root is the image.
-func (p *Provider) Honours() []provider.Feature {
-	return []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume}
-}
-
-// Instead implements provider.Honourer.
-func (p *Provider) Instead(f provider.Feature) string {
-	if f == provider.FeatureRootfs {
-		return "it runs an image: pass --docker-image (docker import the image build's rootfs.tar.gz)"
+// Capabilities implements provider.Provider: installs and volumes are
+// bind mounts; the root is the image; kept sandboxes are a container and
+// volumes.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{
+		Honours: []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume},
+		Instead: map[provider.Feature]string{provider.FeatureRootfs: "it runs an image: pass --docker-image (docker import the image build's rootfs.tar.gz)"},
+		Keeps:   true,
 	}
-	return ""
 }

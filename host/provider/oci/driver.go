@@ -29,8 +29,8 @@ func init() {
 	provider.Register(provider.Driver[Provider]{Name: "oci", Defaults: &Provider{NoNewPrivileges: true}, New: (*Provider).driver})
 }
 
-// Honours implements provider.Honourer: every optional feature.
-func (p *Provider) Honours() []provider.Feature { return provider.AllFeatures }
-
-// Instead implements provider.Honourer.
-func (p *Provider) Instead(provider.Feature) string { return "" }
+// Capabilities implements provider.Provider: every optional feature and
+// kept sandboxes.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true}
+}

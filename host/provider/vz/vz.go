@@ -227,17 +227,14 @@ func (r machineRun) Wait() error {
 func (r machineRun) Kill() error { return r.m.Stop() }
 func (r machineRun) Pid() int    { return 0 }
 
-// Honours implements provider.Honourer: --sandbox-io and --install reach
-// the guest in an archive appended to the initramfs, --volume as a
-// virtio-fs share; the root is the image's disk (--disk), not --rootfs.
-func (p *Provider) Honours() []provider.Feature {
-	return []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume}
-}
-
-// Instead implements provider.Honourer.
-func (p *Provider) Instead(f provider.Feature) string {
-	if f == provider.FeatureRootfs {
-		return "vz guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs)"
+// Capabilities implements provider.Provider: --sandbox-io and --install
+// reach the guest in an archive appended to the initramfs, --volume as a
+// virtio-fs share; the root is the image's disk (--disk), not --rootfs;
+// a kept sandbox is a disk of its own.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{
+		Honours: []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume},
+		Instead: map[provider.Feature]string{provider.FeatureRootfs: "vz guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs)"},
+		Keeps:   true,
 	}
-	return ""
 }

@@ -68,23 +68,21 @@ func init() {
 	}})
 }
 
-// Honours implements provider.Honourer: --rootfs is the tarball each
-// sandbox's distribution is imported from; what the guest runs must be
-// in it (a distribution cannot see the Windows host's files the way a
-// bind mount would show them, and its disk is deleted with it).
-func (p *Provider) Honours() []provider.Feature { return []provider.Feature{provider.FeatureRootfs} }
-
-// Instead implements provider.Honourer.
-func (p *Provider) Instead(f provider.Feature) string {
-	switch f {
-	case provider.FeatureSandboxIO:
-		return "build it into the root filesystem tarball instead (oac-image build --sandbox-io)"
-	case provider.FeatureInstall:
-		return "build the binary into the root filesystem tarball instead (oac-image build --file SRC:/usr/local/bin/NAME)"
-	case provider.FeatureVolume:
-		return "a distribution's /home and /environment live on its own disk, which is deleted with the sandbox"
+// Capabilities implements provider.Provider: --rootfs is the tarball
+// each sandbox's distribution is imported from; what the guest runs must
+// be in it (a distribution cannot see the Windows host's files the way a
+// bind mount would show them); a kept sandbox is a registered
+// distribution.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{
+		Honours: []provider.Feature{provider.FeatureRootfs},
+		Instead: map[provider.Feature]string{
+			provider.FeatureSandboxIO: "build it into the root filesystem tarball instead (oac-image build --sandbox-io)",
+			provider.FeatureInstall:   "build the binary into the root filesystem tarball instead (oac-image build --file SRC:/usr/local/bin/NAME)",
+			provider.FeatureVolume:    "a distribution's /home and /environment live on its own disk, which is deleted with the sandbox",
+		},
+		Keeps: true,
 	}
-	return ""
 }
 
 func (p *Provider) wslPath() string {
