@@ -127,34 +127,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	d := e.client
-	if st, err := os.Stat(spec.AgentPath); err != nil || !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: agent binary %s is not a regular file (build it with make build)", provider.ErrInvalidSpec, spec.AgentPath)
-	}
-	cfg := runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, Volumes: map[string]string{}, Debug: p.Debug}
-	if cfg.AgentPath, err = filepath.Abs(spec.AgentPath); err != nil {
+	hp, err := kit.CheckHostPaths(spec)
+	if err != nil {
 		return nil, err
 	}
-	for dir, host := range spec.Volumes {
-		abs, err := filepath.Abs(host)
-		if err != nil {
-			return nil, fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, dir, err)
-		}
-		if st, err := os.Stat(abs); err != nil || !st.IsDir() {
-			return nil, fmt.Errorf("%w: volume %s: %s is not a directory", provider.ErrInvalidSpec, dir, abs)
-		}
-		cfg.Volumes[dir] = abs
-	}
-	installs := spec.Installs()
-	for _, n := range spec.InstallNames() {
-		abs, err := filepath.Abs(installs[n])
-		if err != nil {
-			return nil, fmt.Errorf("%w: install %s: %v", provider.ErrInvalidSpec, n, err)
-		}
-		if st, err := os.Stat(abs); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
-			return nil, fmt.Errorf("%w: install %s: %s must be a regular file readable and executable by others (uid 1000 runs it)", provider.ErrInvalidSpec, n, abs)
-		}
-		cfg.Installs = append(cfg.Installs, [2]string{n, abs})
-	}
+	cfg := runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, AgentPath: hp.Agent, Volumes: hp.Volumes, Installs: hp.Installs, Debug: p.Debug}
 	in := &Instance{Process: provider.NewProcess(provider.Exits("container exited (docker run returned status 0)", "sandbox runtime exited: docker run"), errors.New("docker run did not exit within 10s of SIGKILL")), spec: spec, docker: d}
 	defer in.DestroyOnError(&err)
 	state, err := kit.ClaimState(in.Process, kit.StateRoot(p.StateRoot), spec.Name)

@@ -217,12 +217,14 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 	dir := in.state.Path
 	root := in.ids.Base
 	c := bundleConfig{
-		AgentPath: in.spec.AgentPath, Hostname: in.spec.Hostname, IDBase: in.ids.Base, IDSize: kit.IDRange,
+		Hostname: in.spec.Hostname, IDBase: in.ids.Base, IDSize: kit.IDRange,
 		CgroupsPath: cgroupsPath(in.spec.Name), NoNewPrivileges: p.NoNewPrivileges, Debug: p.Debug,
 	}
-	if st, err := os.Stat(in.spec.AgentPath); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
-		return c, fmt.Errorf("%w: agent binary %s must be a regular file readable and executable by others (build it with make build)", provider.ErrInvalidSpec, in.spec.AgentPath)
+	hp, err := kit.CheckHostPaths(in.spec)
+	if err != nil {
+		return c, err
 	}
+	c.AgentPath = hp.Agent
 	// The runtime mounts from inside the guest's user namespace, as guest
 	// root: it must reach the sources.
 	if err := os.Chown(dir, root, root); err != nil {
@@ -245,7 +247,7 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 			return c, err
 		}
 	}
-	if err := in.contract(&c, dir); err != nil {
+	if err := in.contract(&c, hp, dir); err != nil {
 		return c, err
 	}
 	run, ln, err := kit.RunDir(dir)
@@ -271,7 +273,7 @@ func (in *Instance) prepare(p *Provider) (bundleConfig, error) {
 // /etc/resolv.conf. A --rootfs cannot get new mount points (the runtime,
 // as guest root, cannot create them in a host directory it does not own):
 // what it lacks is refused here, before anything runs.
-func (in *Instance) contract(c *bundleConfig, dir string) error {
+func (in *Instance) contract(c *bundleConfig, hp kit.HostPaths, dir string) error {
 	rootfs := c.RootPath
 	has := func(p string, dir bool) bool {
 		if in.spec.Rootfs == "" {
@@ -287,49 +289,36 @@ func (in *Instance) contract(c *bundleConfig, dir string) error {
 		return st.Mode().IsRegular()
 	}
 	for _, d := range provider.VolumeDirs {
-		host, isVolume := in.spec.Volumes[d]
+		host, isVolume := hp.Volumes[d]
 		switch {
 		case !has(d, true) && isVolume:
 			return fmt.Errorf("%w: volume %s: the rootfs has no directory %s to mount it on", provider.ErrInvalidSpec, d, d)
 		case !has(d, true):
 			continue
-		case isVolume:
-			abs, err := filepath.Abs(host)
-			if err != nil {
-				return fmt.Errorf("%w: volume %s: %v", provider.ErrInvalidSpec, d, err)
-			}
-			if st, err := os.Stat(abs); err != nil || !st.IsDir() {
-				return fmt.Errorf("%w: volume %s: %s is not a directory", provider.ErrInvalidSpec, d, abs)
-			}
-			host = abs
 		}
 		c.Writable = append(c.Writable, writableDir{Dir: d, Host: host})
 	}
-	installs := in.spec.Installs()
-	names := in.spec.InstallNames()
-	for _, n := range names {
-		if st, err := os.Stat(installs[n]); err != nil || !st.Mode().IsRegular() || st.Mode()&0o005 != 0o005 {
-			return fmt.Errorf("%w: install %s: %s must be a regular file readable and executable by others (uid 1000 runs it)", provider.ErrInvalidSpec, n, installs[n])
-		}
+	for _, inst := range hp.Installs {
+		n := inst[0]
 		if in.kept == nil && !has(filepath.Join(kit.GuestInstallDir, n), false) {
 			return fmt.Errorf("%w: install %s: the rootfs has no regular file %s/%s to bind it over (a read-only root cannot get new mount points; oac-image build puts oac-sandbox-io there, --file others)",
 				provider.ErrInvalidSpec, n, kit.GuestInstallDir, n)
 		}
-		c.Installs = append(c.Installs, [2]string{n, installs[n]})
+		c.Installs = append(c.Installs, inst)
 	}
 	if in.kept != nil {
 		if !has("usr/local", true) {
 			return fmt.Errorf("%w: a kept sandbox needs a /usr/local directory in the rootfs to mount its own on", provider.ErrInvalidSpec)
 		}
 		c.Kept = in.kept
-	} else if in.spec.Rootfs == "" && len(names) > 0 {
+	} else if in.spec.Rootfs == "" && len(hp.Installs) > 0 {
 		c.LocalDir = filepath.Join(dir, "usrlocal")
 		bin := filepath.Join(c.LocalDir, "bin")
 		if err := os.MkdirAll(bin, 0o755); err != nil {
 			return fmt.Errorf("create %s: %w", bin, err)
 		}
-		for _, n := range names {
-			if err := os.WriteFile(filepath.Join(bin, n), nil, 0o644); err != nil {
+		for _, inst := range hp.Installs {
+			if err := os.WriteFile(filepath.Join(bin, inst[0]), nil, 0o644); err != nil {
 				return fmt.Errorf("create install mount point: %w", err)
 			}
 		}
