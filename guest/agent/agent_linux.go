@@ -236,7 +236,7 @@ type agent struct {
 // confinement describes how the workload is confined here, for the host.
 func (a *agent) confinement() string {
 	c := a.cfg.Confinement
-	parts := []string{"workload: seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd, vsock refused)"}
+	parts := []string{"workload: " + bootstrap.WorkloadFilter}
 	if a.boot.SandboxIO != nil && a.boot.Daemon != nil {
 		if ok, why := c.Isolated(); ok {
 			parts = append(parts, "the daemon in a mount namespace of its own without oac-sandbox-io's private file")

@@ -19,8 +19,7 @@ type Confiner interface {
 // the provider: whether the daemon gets a mount namespace of its own
 // without oac-sandbox-io's private file, and which limits apply.
 func WorkloadSummary(daemon, limits string) string {
-	return "seccomp filter (ptrace, other processes' memory, new user namespaces, keyctl, bpf, perf_event_open, userfaultfd, vsock refused); " +
-		daemon + "; oac-sandbox-io not dumpable; limits: " + limits
+	return bootstrap.WorkloadFilter + "; " + daemon + "; oac-sandbox-io not dumpable; limits: " + limits
 }
 
 // Daemon isolation, as WorkloadSummary's daemon.

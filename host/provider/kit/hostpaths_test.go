@@ -33,8 +33,8 @@ func TestCheckHostPathsResolvesEveryPathOnceAndNamesTheFlagItRefuses(t *testing.
 
 	for want, spec := range map[string]provider.Spec{
 		"agent binary: " + private + " must be a regular file readable and executable by others": {AgentPath: private},
-		"agent binary: " + home + " must be a regular file":                                       {AgentPath: home},
-		"volume /home: " + agent + " is not a directory":                                          {AgentPath: agent, Volumes: map[string]string{"/home": agent}},
+		"agent binary: " + home + " must be a regular file":                                      {AgentPath: home},
+		"volume /home: " + agent + " is not a directory":                                         {AgentPath: agent, Volumes: map[string]string{"/home": agent}},
 		"install tool: " + private + " must be a regular file readable and executable by others (uid 1000 runs it)": {
 			AgentPath: agent, Install: map[string]string{"tool": private}},
 	} {
