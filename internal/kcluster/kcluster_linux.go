@@ -83,6 +83,7 @@ type Cluster struct {
 	ifacesPre  []string
 	logsPre    bool
 	cniPre     bool
+	hostPre    map[string]bool
 	logf       func(string, ...any)
 	stopOnce   sync.Once
 	stopErr    error
@@ -118,6 +119,18 @@ const cniBinDir = "/usr/lib/cni"
 
 // cniCache is libcni's cache of results.
 const cniCache = "/var/lib/cni"
+
+// hostPaths are fixed host paths the kubelet (its device-plugin socket)
+// and containerd 1.6 (its shims' sockets) use whatever their
+// configuration says, deepest first: Stop removes those Start did not
+// find (directories only when empty).
+var hostPaths = []string{
+	"/var/lib/kubelet/device-plugins/kubelet.sock",
+	"/var/lib/kubelet/device-plugins",
+	"/var/lib/kubelet",
+	"/run/containerd/s",
+	"/run/containerd",
+}
 
 // Start assembles and starts a cluster and waits until its node is Ready.
 // On error, everything it started is stopped and removed again.
@@ -313,6 +326,12 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 	}
 	if _, err := os.Stat(cniCache); err == nil {
 		c.cniPre = true
+	}
+	c.hostPre = map[string]bool{}
+	for _, p := range hostPaths {
+		if _, err := os.Lstat(p); err == nil {
+			c.hostPre[p] = true
+		}
 	}
 	ip, err := hostIP()
 	if err != nil {
@@ -842,6 +861,16 @@ func (c *Cluster) stop() error {
 		_ = os.Remove(filepath.Join(cniCache, "results"))
 		_ = os.Remove(cniCache)
 	}
+	// Host paths the kubelet and containerd use whatever their
+	// configuration says, when Start made them (deepest first; a
+	// directory only when empty).
+	if c.hostPre != nil {
+		for _, p := range hostPaths {
+			if !c.hostPre[p] {
+				_ = os.Remove(p)
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -1095,6 +1124,11 @@ func (c *Cluster) Leftovers() []string {
 	for _, ns := range netnsList() {
 		if !slices.Contains(c.netnsPre, ns) && strings.HasPrefix(ns, "cni-") {
 			out = append(out, "netns "+ns)
+		}
+	}
+	for _, p := range hostPaths {
+		if _, err := os.Lstat(p); err == nil && c.hostPre != nil && !c.hostPre[p] {
+			out = append(out, "host path "+p)
 		}
 	}
 	for _, h := range cgroupHierarchies() {
