@@ -17,7 +17,12 @@
 // talking to the API over HTTPS with a bearer token (net/http and
 // encoding/json, no client library). The apiserver allows everything
 // (AlwaysAllow): the cluster is for tests on this machine only and listens
-// on loopback, the kubelet on the node's own address.
+// on loopback, the kubelet on the node's own address. Cluster.Do and Get
+// call the API; Cluster.Exec runs a command in a container through the
+// pods/exec subresource over a websocket (v5.channel.k8s.io, written by
+// hand on crypto/tls); Cluster.ImportImage imports an OCI archive (as
+// WriteOCIArchive and StaticBinaryImage write) for Pods with
+// imagePullPolicy: Never.
 //
 // Stop deletes the cluster's pods, ends every process it started by its
 // pid, removes the containers and tasks left in containerd's k8s.io

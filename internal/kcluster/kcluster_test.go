@@ -106,6 +106,67 @@ func TestCluster(t *testing.T) {
 		t.Errorf("the CNI bridge %s is not there while a pod runs: %v", c.bridge, err)
 	}
 
+	// A second image, imported by ImportImage, and exec through the API.
+	src := t.TempDir()
+	if err := os.WriteFile(src+"/go.mod", []byte("module probe\n\ngo 1.22\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(src+"/main.go", []byte(probeSource), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	archive := t.TempDir() + "/probe.oci.tar"
+	if err := StaticBinaryImage(ctx, src, "probe", "oac.local/kcluster/probe:1", archive); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ImportImage(ctx, archive); err != nil {
+		t.Fatal(err)
+	}
+	probe := map[string]any{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": "probe", "namespace": "default"},
+		"spec": map[string]any{
+			"nodeName":                      c.NodeName,
+			"automountServiceAccountToken":  false,
+			"terminationGracePeriodSeconds": 2,
+			"containers": []any{map[string]any{
+				"name": "probe", "image": "oac.local/kcluster/probe:1", "imagePullPolicy": "Never",
+			}},
+		},
+	}
+	if err := c.Do(ctx, http.MethodPost, "/api/v1/namespaces/default/pods", probe, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(2 * time.Minute)
+	for {
+		if err := c.Get(ctx, "/api/v1/namespaces/default/pods/probe", &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.Phase == "Running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("probe pod not Running within 2m: %+v", got.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	te := time.Now()
+	res, err := c.Exec(ctx, "default", "probe", "probe", "/bin/probe", "echo", "hello", "world")
+	if err != nil {
+		t.Fatalf("exec: %v\nkubelet: %s", err, c.LogTail("kubelet", 3000))
+	}
+	t.Logf("exec: %s: stdout %q stderr %q status %q %q", time.Since(te).Round(time.Millisecond), res.Stdout, res.Stderr, res.Status, res.Message)
+	if string(res.Stdout) != "hello world\n" || string(res.Stderr) != "to stderr\n" || res.Status != "Success" {
+		t.Errorf("exec echo: %+v", res)
+	}
+	res, err = c.Exec(ctx, "default", "probe", "probe", "/bin/probe", "exit", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("exec exit 3: status %q %q", res.Status, res.Message)
+	if res.Status != "Failure" || !strings.Contains(res.Message, "3") {
+		t.Errorf("exec exit 3: %+v", res)
+	}
+
 	t2 := time.Now()
 	if err := c.Do(ctx, http.MethodDelete, "/api/v1/namespaces/default/pods/pause",
 		map[string]any{"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 1}, nil); err != nil {
@@ -146,3 +207,34 @@ func TestCluster(t *testing.T) {
 		t.Errorf("the CNI bridge %s is left after Stop", c.bridge)
 	}
 }
+
+// probeSource is a static test program: "echo ARGS" prints them (and a
+// line to stderr), "exit N" exits with N, else it waits for SIGTERM.
+const probeSource = `package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "echo":
+			fmt.Println(strings.Join(os.Args[2:], " "))
+			fmt.Fprintln(os.Stderr, "to stderr")
+			return
+		case "exit":
+			n, _ := strconv.Atoi(os.Args[2])
+			os.Exit(n)
+		}
+	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGTERM, syscall.SIGINT)
+	<-c
+}
+`
