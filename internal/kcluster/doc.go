@@ -28,8 +28,13 @@
 // pid, removes the containers and tasks left in containerd's k8s.io
 // namespace, the CNI bridge and the network namespaces that appeared while
 // it ran, the iptables chains the kubelet made, the mounts the kubelet left
-// under its root directory, its cgroup root and the temporary directory,
-// so the host is left as it was found.
+// under its root directory, its cgroup root, the temporary directory and
+// the fixed host paths the kubelet and containerd 1.6 use whatever their
+// configuration says (/var/lib/kubelet/device-plugins, /run/containerd/s,
+// /var/lib/cni, /var/log/containers) when Start did not find them, so the
+// host is left as it was found. The network namespaces it removes are
+// those named cni-* that appeared while it ran: two clusters (or another
+// CRI runtime) must not run at once on one machine.
 //
 // It owns the life of the cluster it started only. It must not touch a
 // system containerd, etcd or kubelet, /var/lib/containerd or
