@@ -16,7 +16,7 @@ import (
 // TestCluster starts a real single-node cluster, runs a Pod of the pause
 // image on it until Running, deletes it, stops the cluster and checks that
 // nothing is left. KCLUSTER_BIN_DIR names prebuilt binaries; else they are
-// built once into the user cache directory.
+// built once into KCLUSTER_CACHE_DIR, by default the user cache directory.
 func TestCluster(t *testing.T) {
 	if m := Missing(); m != "" {
 		t.Fatal(m)
@@ -24,7 +24,7 @@ func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	c, err := Start(ctx, Options{BinDir: os.Getenv("KCLUSTER_BIN_DIR"), Log: t.Logf})
+	c, err := Start(ctx, Options{BinDir: os.Getenv("KCLUSTER_BIN_DIR"), CacheDir: os.Getenv("KCLUSTER_CACHE_DIR"), Log: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
