@@ -784,6 +784,13 @@ func (c *Cluster) Stop() error {
 }
 
 func (c *Cluster) stop() error {
+	if c.Dir == "" {
+		// Start failed before it made anything (the directory is its
+		// first step, and what the host had before is recorded right
+		// after): there is nothing to remove, and an empty Dir must not
+		// match every shim's command line.
+		return nil
+	}
 	var errs []error
 	ctx := context.Background()
 	// Pods first, through the kubelet, so that CNI tears their networks
@@ -951,6 +958,9 @@ func (c *Cluster) removeContainers(ctx context.Context) error {
 // killShims ends containerd-shim processes whose command line names dir
 // (this containerd's state).
 func killShims(dir string) {
+	if dir == "" {
+		return
+	}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
