@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/internal/hostclean"
 )
 
 // DefaultHost is the engine's default socket.
@@ -159,8 +160,8 @@ func (e *Engine) start(ctx context.Context) error {
 	e.Started = true
 	e.Host = "unix://" + filepath.Join(dir, "docker.sock")
 	e.cgroup = "/" + filepath.Base(dir)
-	e.ifaces = interfaces()
-	e.chains = chains()
+	e.ifaces = hostclean.Interfaces()
+	e.chains = hostclean.Chains(iptablesTables...)
 	cfg := filepath.Join(dir, "daemon.json")
 	if err := os.WriteFile(cfg, []byte("{}\n"), 0o600); err != nil {
 		return err
@@ -244,14 +245,14 @@ func (e *Engine) stop() error {
 	if e.log != nil {
 		e.log.Close()
 	}
-	for _, name := range interfaces() {
+	for _, name := range hostclean.Interfaces() {
 		if !slices.Contains(e.ifaces, name) && (name == "docker0" || strings.HasPrefix(name, "br-") || strings.HasPrefix(name, "veth")) {
 			if out, err := exec.Command("ip", "link", "delete", name).CombinedOutput(); err != nil {
 				errs = append(errs, fmt.Errorf("remove interface %s: %v: %s", name, err, out))
 			}
 		}
 	}
-	for _, c := range chains() {
+	for _, c := range hostclean.Chains(iptablesTables...) {
 		if !slices.Contains(e.chains, c) && strings.HasPrefix(strings.SplitN(c, " ", 2)[1], "DOCKER") {
 			table, chain, _ := strings.Cut(c, " ")
 			_ = exec.Command("iptables", "-t", table, "-F", chain).Run()
@@ -261,7 +262,7 @@ func (e *Engine) stop() error {
 		}
 	}
 	if e.dir != "" {
-		unmountUnder(e.dir)
+		hostclean.UnmountUnder(e.dir)
 		if err := os.RemoveAll(e.dir); err != nil {
 			errs = append(errs, err)
 		}
@@ -272,51 +273,8 @@ func (e *Engine) stop() error {
 	return errors.Join(errs...)
 }
 
-func interfaces() []string {
-	ifs, _ := net.Interfaces()
-	var out []string
-	for _, i := range ifs {
-		out = append(out, i.Name)
-	}
-	return out
-}
-
-// chains lists "TABLE CHAIN" for every iptables chain (nil without
-// iptables).
-func chains() []string {
-	var out []string
-	for _, table := range []string{"filter", "nat"} {
-		b, err := exec.Command("iptables", "-t", table, "-S").Output()
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "-N" {
-				out = append(out, table+" "+f[1])
-			}
-		}
-	}
-	return out
-}
-
-// unmountUnder detaches every mount at or below dir, deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			points = append(points, f[4])
-		}
-	}
-	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
-	for _, p := range points {
-		_ = unix.Unmount(p, unix.MNT_DETACH)
-	}
-}
+// iptablesTables are the tables dockerd adds chains to.
+var iptablesTables = []string{"filter", "nat"}
 
 // removeCgroup removes the cgroup parent from every hierarchy (it is
 // empty once the engine's containers are gone).

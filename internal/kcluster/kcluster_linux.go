@@ -25,6 +25,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/internal/hostclean"
 )
 
 // Version is the Kubernetes version tools/k8s builds.
@@ -318,8 +320,8 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 	c.bridge = "oackc" + randHex(4)
 	c.cgroupRoot = "/oac-kcluster-" + id
 	c.NodeName = "oac-kcluster-" + strings.ToLower(id)
-	c.ifacesPre = interfaces()
-	c.chainsPre = chains()
+	c.ifacesPre = hostclean.Interfaces()
+	c.chainsPre = hostclean.Chains(iptablesTables...)
 	c.netnsPre = netnsList()
 	if _, err := os.Stat("/var/log/containers"); err == nil {
 		c.logsPre = true
@@ -823,20 +825,20 @@ func (c *Cluster) stop() error {
 		}
 	}
 	// The bridge (the pods' veths went with their network namespaces).
-	for _, name := range interfaces() {
+	for _, name := range hostclean.Interfaces() {
 		if !slices.Contains(c.ifacesPre, name) && name == c.bridge {
 			if out, err := exec.Command("ip", "link", "delete", name).CombinedOutput(); err != nil {
 				errs = append(errs, fmt.Errorf("remove interface %s: %v: %s", name, err, out))
 			}
 		}
 	}
-	for _, ch := range chains() {
+	for _, ch := range hostclean.Chains(iptablesTables...) {
 		table, chain, _ := strings.Cut(ch, " ")
 		if !slices.Contains(c.chainsPre, ch) && (strings.HasPrefix(chain, "KUBE-") || strings.HasPrefix(chain, "CNI-")) {
 			_ = exec.Command("iptables", "-t", table, "-F", chain).Run()
 		}
 	}
-	for _, ch := range chains() {
+	for _, ch := range hostclean.Chains(iptablesTables...) {
 		table, chain, _ := strings.Cut(ch, " ")
 		if !slices.Contains(c.chainsPre, ch) && (strings.HasPrefix(chain, "KUBE-") || strings.HasPrefix(chain, "CNI-")) {
 			// Rules of built-in chains that jump to it go first.
@@ -847,7 +849,7 @@ func (c *Cluster) stop() error {
 		}
 	}
 	if c.Dir != "" {
-		unmountUnder(c.Dir)
+		hostclean.UnmountUnder(c.Dir)
 		if err := os.RemoveAll(c.Dir); err != nil {
 			errs = append(errs, err)
 		}
@@ -987,32 +989,6 @@ func netnsList() []string {
 	return out
 }
 
-func interfaces() []string {
-	ifs, _ := net.Interfaces()
-	var out []string
-	for _, i := range ifs {
-		out = append(out, i.Name)
-	}
-	return out
-}
-
-// chains lists "TABLE CHAIN" for every iptables chain.
-func chains() []string {
-	var out []string
-	for _, table := range []string{"filter", "nat", "mangle"} {
-		b, err := exec.Command("iptables", "-t", table, "-S").Output()
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[0] == "-N" {
-				out = append(out, table+" "+f[1])
-			}
-		}
-	}
-	return out
-}
-
 // removeJumps deletes the rules of table that jump to chain.
 func removeJumps(table, chain string) {
 	b, err := exec.Command("iptables", "-t", table, "-S").Output()
@@ -1027,29 +1003,8 @@ func removeJumps(table, chain string) {
 	}
 }
 
-// unmountUnder detaches every mount at or below dir, deepest first.
-func unmountUnder(dir string) {
-	for _, p := range MountsUnder(dir) {
-		_ = unix.Unmount(p, unix.MNT_DETACH)
-	}
-}
-
-// MountsUnder lists the mount points at or below dir, deepest first.
-func MountsUnder(dir string) []string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			points = append(points, f[4])
-		}
-	}
-	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
-	return points
-}
+// iptablesTables are the tables the CNI plugins and the kubelet add chains to.
+var iptablesTables = []string{"filter", "nat", "mangle"}
 
 // cgroupHierarchies are the cgroup v1 hierarchies (and the unified one).
 func cgroupHierarchies() []string {
@@ -1112,7 +1067,7 @@ func (c *Cluster) Leftovers() []string {
 		}
 	}
 	if c.Dir != "" {
-		for _, m := range MountsUnder(c.Dir) {
+		for _, m := range hostclean.MountsUnder(c.Dir) {
 			out = append(out, "mount "+m)
 		}
 		if _, err := os.Stat(c.Dir); err == nil {
@@ -1126,7 +1081,7 @@ func (c *Cluster) Leftovers() []string {
 			}
 		}
 	}
-	for _, i := range interfaces() {
+	for _, i := range hostclean.Interfaces() {
 		if i == c.bridge {
 			out = append(out, "interface "+i)
 		}
