@@ -34,6 +34,10 @@ import (
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
+// ListenTimeout bounds the wait for the host's bridge on a unix+listen
+// endpoint.
+const ListenTimeout = 2 * time.Minute
+
 // Config configures one agent run.
 type Config struct {
 	Endpoint     transport.Endpoint
@@ -72,6 +76,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
+		if cfg.Endpoint.Scheme == transport.SchemeUnixListen {
+			// The host execs its bridge once the Pod runs: an image
+			// pull of a sibling, a busy API server.
+			cfg.DialTimeout = ListenTimeout
+		}
 	}
 	if cfg.Confinement == nil {
 		cfg.Confinement = workload.Prepare(cfg.Log)

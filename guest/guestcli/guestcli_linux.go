@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/initsys"
@@ -29,6 +30,9 @@ import (
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == workload.LaunchArg {
 		return workload.Main()
+	}
+	if len(args) > 0 && args[0] == BridgeArg {
+		return bridge(args[1:], os.Stdin, os.Stdout, stderr)
 	}
 	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -169,4 +173,37 @@ func newLogger(level slog.Level, stderr io.Writer) *slog.Logger {
 		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
 	}
 	return slog.New(h).With("component", "oac-guest")
+}
+
+// BridgeArg runs oac-guest as the bridge a host execs into a Pod: it
+// relays its stdin and stdout to the agent's unix+listen socket.
+const BridgeArg = "bridge"
+
+// bridge connects to the agent's socket (unix:///PATH) and relays in and
+// out to it until either ends.
+func bridge(args []string, in io.Reader, out io.Writer, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: oac-guest bridge unix:///PATH (the agent's --transport unix+listen:///PATH)")
+		return 2
+	}
+	ep, err := transport.Parse(args[0])
+	if err == nil && ep.Scheme != transport.SchemeUnix {
+		err = fmt.Errorf("endpoint %s: the bridge connects to a unix:// socket", ep)
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "oac-guest bridge:", err)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, err := ep.Dial(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(stderr, "oac-guest bridge:", err, "(is the agent waiting on --transport unix+listen:// with this path?)")
+		return 1
+	}
+	if err := transport.Relay(c, in, out); err != nil {
+		fmt.Fprintln(stderr, "oac-guest bridge:", err)
+		return 1
+	}
+	return 0
 }

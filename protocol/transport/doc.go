@@ -8,8 +8,14 @@
 //	stdio://                     this process's stdin (read) and stdout (write)
 //	serial:///dev/vport1p1       a character device opened read-write, e.g. a
 //	                             virtio-serial port (Linux only)
+//	unix+listen:///run/oac/session.sock
+//	                             the guest listens instead, takes one
+//	                             connection and removes the socket (a Pod's
+//	                             agent, reached by a bridge the host execs:
+//	                             `oac-guest bridge unix:///run/oac/session.sock`
+//	                             relays its stdin and stdout with Relay)
 //
-// The guest dials (it always connects first). The host's side of each
+// The guest dials (it connects first), except on unix+listen. The host's side of each
 // transport belongs to the provider that sets it up: an owner-only unix
 // socket (package internal/sockfile), a vsock listener of the VM, the pipes
 // of a runtime process.

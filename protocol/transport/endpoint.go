@@ -17,6 +17,12 @@ const (
 	SchemeVsock  = "vsock"
 	SchemeStdio  = "stdio"
 	SchemeSerial = "serial"
+	// SchemeUnixListen is the one endpoint the guest listens on instead
+	// of dialing: it takes the first connection on an owner-only socket
+	// and removes the socket, so nobody connects a second time. A Pod's
+	// agent waits so for the bridge the host execs into it (see
+	// docs/kubernetes.md).
+	SchemeUnixListen = "unix+listen"
 )
 
 // ErrUnsupported is returned when an endpoint cannot dial on this OS.
@@ -37,7 +43,7 @@ func (e Endpoint) String() string {
 		return fmt.Sprintf("vsock://%d:%d", e.CID, e.Port)
 	case SchemeStdio:
 		return "stdio://"
-	case SchemeUnix, SchemeSerial:
+	case SchemeUnix, SchemeSerial, SchemeUnixListen:
 		// Escaped, so that a path holding '%', '?', '#' or control
 		// characters prints as a URL that parses back to the same path.
 		return (&url.URL{Scheme: e.Scheme, Path: e.Path}).String()
@@ -56,7 +62,7 @@ func Parse(raw string) (Endpoint, error) {
 		return Endpoint{}, fmt.Errorf("endpoint %q: user info, query and fragment are not allowed", raw)
 	}
 	switch u.Scheme {
-	case SchemeUnix, SchemeSerial:
+	case SchemeUnix, SchemeSerial, SchemeUnixListen:
 		if u.Host != "" || !path.IsAbs(u.Path) || path.Clean(u.Path) != u.Path {
 			return Endpoint{}, fmt.Errorf("endpoint %q: want %s:///absolute/clean/path", raw, u.Scheme)
 		}
@@ -78,7 +84,7 @@ func Parse(raw string) (Endpoint, error) {
 		}
 		return Endpoint{Scheme: SchemeVsock, CID: uint32(cid), Port: uint32(p)}, nil
 	default:
-		return Endpoint{}, fmt.Errorf("endpoint %q: unknown scheme %q (want unix, vsock, stdio or serial)", raw, u.Scheme)
+		return Endpoint{}, fmt.Errorf("endpoint %q: unknown scheme %q (want unix, unix+listen, vsock, stdio or serial)", raw, u.Scheme)
 	}
 }
 
@@ -92,6 +98,8 @@ func (e Endpoint) Dial(ctx context.Context) (net.Conn, error) {
 			return nil, fmt.Errorf("dial %s: %w", e, err)
 		}
 		return c, nil
+	case SchemeUnixListen:
+		return listenOnce(ctx, e.Path)
 	case SchemeStdio:
 		return Stdio(), nil
 	case SchemeSerial:

@@ -14,11 +14,12 @@ import (
 
 func TestParseRoundTripsEveryScheme(t *testing.T) {
 	for raw, want := range map[string]Endpoint{
-		"unix:///run/oac/agent.sock": {Scheme: SchemeUnix, Path: "/run/oac/agent.sock"},
-		"vsock://2:1024":             {Scheme: SchemeVsock, CID: 2, Port: 1024},
-		"vsock://4294967295:1/":      {Scheme: SchemeVsock, CID: 4294967295, Port: 1},
-		"stdio://":                   {Scheme: SchemeStdio},
-		"serial:///dev/vport0p1":     {Scheme: SchemeSerial, Path: "/dev/vport0p1"},
+		"unix:///run/oac/agent.sock":          {Scheme: SchemeUnix, Path: "/run/oac/agent.sock"},
+		"vsock://2:1024":                      {Scheme: SchemeVsock, CID: 2, Port: 1024},
+		"vsock://4294967295:1/":               {Scheme: SchemeVsock, CID: 4294967295, Port: 1},
+		"stdio://":                            {Scheme: SchemeStdio},
+		"serial:///dev/vport0p1":              {Scheme: SchemeSerial, Path: "/dev/vport0p1"},
+		"unix+listen:///run/oac/session.sock": {Scheme: SchemeUnixListen, Path: "/run/oac/session.sock"},
 	} {
 		got, err := Parse(raw)
 		require.NoError(t, err, raw)
