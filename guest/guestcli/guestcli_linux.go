@@ -34,6 +34,17 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == BridgeArg {
 		return bridge(args[1:], os.Stdin, os.Stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == SeedKeptArg {
+		if len(args) != 2 {
+			fmt.Fprintln(stderr, "usage: oac-guest seed-kept DIR (a kept sandbox's volume, before the agent starts)")
+			return 2
+		}
+		if err := vminit.SeedKept(args[1]); err != nil {
+			fmt.Fprintln(stderr, "oac-guest:", err)
+			return 1
+		}
+		return 0
+	}
 	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")
@@ -174,6 +185,10 @@ func newLogger(level slog.Level, stderr io.Writer) *slog.Logger {
 	}
 	return slog.New(h).With("component", "oac-guest")
 }
+
+// SeedKeptArg prepares a kept sandbox's volume from the image (a Pod's
+// init container; see vminit.SeedKept).
+const SeedKeptArg = "seed-kept"
 
 // BridgeArg runs oac-guest as the bridge a host execs into a Pod: it
 // relays its stdin and stdout to the agent's unix+listen socket.
