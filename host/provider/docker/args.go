@@ -46,7 +46,7 @@ type runConfig struct {
 	// as name -> host path pairs in name order.
 	Installs [][2]string
 	// Seccomp is a host file holding the container's seccomp profile
-	// (seccompProfile): the engine's default plus what the workload
+	// (kit.ContainerSeccompProfile): the engine's default plus what the workload
 	// launcher needs; "" leaves the engine's default.
 	Seccomp string
 	Debug   bool

@@ -5,7 +5,7 @@
 // no-new-privileges, --pids-limit 128, tmpfs on /run, a 128 MiB tmpfs on
 // /tmp and tmpfs /home and /environment (or --volume bind mounts), the
 // engine's default seccomp profile plus what the workload launcher's
-// nested user and mount namespace needs (seccompProfile, written into the
+// nested user and mount namespace needs (kit.ContainerSeccompProfile, written into the
 // sandbox's state directory), the sandbox's socket directory bound at
 // /run/oac, the host's oac-guest bound read-only as the entrypoint,
 // --sandbox-io and --install binaries bound read-only in /usr/local/bin, a

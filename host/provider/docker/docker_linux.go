@@ -166,7 +166,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err := os.WriteFile(in.cfg.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
 		return nil, fmt.Errorf("write %s: %w", in.cfg.ResolvConf, err)
 	}
-	profile, err := seccompProfile()
+	profile, err := kit.ContainerSeccompProfile()
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 // Workload implements provider.Confiner. The container's seccomp profile
-// (the engine's default plus seccompProfile's additions) and CAP_SETFCAP
+// (kit.ContainerSeccompProfile: the engine's default plus the launcher's calls) and CAP_SETFCAP
 // let the agent start each workload process in a nested user and mount
 // namespace, as under the oci provider.
 func (p *Provider) Workload(ctx context.Context) string {

@@ -1,4 +1,4 @@
-package docker
+package kit
 
 import (
 	"encoding/json"
@@ -30,12 +30,13 @@ const namespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC 
 // of the guest's own, which the workload's own filter refuses to make.
 var launcherSyscalls = []string{"fsconfig", "fsmount", "fsopen", "mount", "umount2"}
 
-// seccompProfile is the container's seccomp profile: the engine's default
+// ContainerSeccompProfile is the seccomp profile of a container that runs
+// the agent (a docker container, a Kubernetes Pod's): the engine's default
 // (the profile `docker run` applies without --security-opt seccomp) plus
 // the nested namespace's clone and the launcher's calls (see
 // docs/providers.md#docker). The engine resolves its conditions against
 // the container's capabilities and the host's kernel as for its own.
-func seccompProfile() ([]byte, error) {
+func ContainerSeccompProfile() ([]byte, error) {
 	p := seccomp.DefaultProfile()
 	p.Syscalls = append(p.Syscalls,
 		&seccomp.Syscall{
@@ -54,7 +55,7 @@ func seccompProfile() ([]byte, error) {
 	)
 	b, err := json.MarshalIndent(p, "", " ")
 	if err != nil {
-		return nil, fmt.Errorf("docker: seccomp profile: %w", err)
+		return nil, fmt.Errorf("seccomp profile: %w", err)
 	}
 	return b, nil
 }

@@ -1,4 +1,4 @@
-package docker
+package kit
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 )
 
 func TestTheSeccompProfileIsTheEnginesDefaultPlusTheLaunchersCalls(t *testing.T) {
-	b, err := seccompProfile()
+	b, err := ContainerSeccompProfile()
 	require.NoError(t, err)
 	var got seccomp.Seccomp
 	require.NoError(t, json.Unmarshal(b, &got))
