@@ -6,6 +6,7 @@ package shimcli
 import (
 	_ "github.com/oac/sandbox-agent/host/provider/bwrap"
 	_ "github.com/oac/sandbox-agent/host/provider/docker"
+	_ "github.com/oac/sandbox-agent/host/provider/kubernetes"
 	_ "github.com/oac/sandbox-agent/host/provider/oci"
 	_ "github.com/oac/sandbox-agent/host/provider/qemu"
 	_ "github.com/oac/sandbox-agent/host/provider/vz"

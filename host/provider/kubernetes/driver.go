@@ -1,0 +1,72 @@
+//go:build kubernetes
+
+package kubernetes
+
+import (
+	"github.com/oac/sandbox-agent/host/provider"
+)
+
+// Provider runs each sandbox as a Pod of a Kubernetes cluster.
+type Provider struct {
+	// Kubeconfig is the kubeconfig file; default $KUBECONFIG, then
+	// ~/.kube/config, then the Pod's own service account.
+	Kubeconfig string `flag:"kubeconfig,path" meta:"FILE" usage:"the cluster's kubeconfig (default: $KUBECONFIG, ~/.kube/config, or the service account of the Pod oac-shim runs in)"`
+	// Namespace of the sandboxes' objects; default the kubeconfig
+	// context's, else "default".
+	Namespace string `flag:"k8s-namespace" meta:"NAME" usage:"the namespace of the sandboxes' Pods (default: the kubeconfig context's, else default)"`
+	// Image is the guest image (oac-image build's OCI image, pushed to a
+	// registry the nodes pull from).
+	Image string `flag:"k8s-image" meta:"!IMAGE" usage:"the guest image, holding /sbin/oac-guest and oac-sandbox-io"`
+	// PullPolicy is the containers' imagePullPolicy (default
+	// IfNotPresent).
+	PullPolicy string `flag:"k8s-pull-policy" meta:"POLICY" usage:"the image pull policy: IfNotPresent (default), Always or Never"`
+	// RuntimeClass names a RuntimeClass (gVisor, Kata).
+	RuntimeClass string `flag:"k8s-runtime-class" meta:"NAME" usage:"the Pods' RuntimeClass, e.g. gvisor or kata (default: the nodes' runtime)"`
+	// UserNamespaces: auto (hostUsers false when every node says its
+	// runtime supports it), require, or off.
+	UserNamespaces string `flag:"k8s-user-namespaces" meta:"MODE" usage:"auto (default: when every node's runtime supports them), require, or off"`
+	// Seccomp is the Pods' seccomp profile: a Localhost profile's path
+	// under the kubelet's seccomp directory, or RuntimeDefault.
+	Seccomp string `flag:"k8s-seccomp-profile" meta:"PROFILE" usage:"a Localhost seccomp profile on the nodes (default oac-seccomp.json: install examples/kubernetes/oac-seccomp.json in each kubelet's seccomp directory), or RuntimeDefault"`
+	// Requests and Limits of the agent's container.
+	Requests string `flag:"k8s-requests" meta:"LIST" usage:"the Pods' resource requests (default cpu=100m,memory=128Mi)"`
+	Limits   string `flag:"k8s-limits" meta:"LIST" usage:"the Pods' resource limits (default cpu=2,memory=2Gi)"`
+	// StorageClass and KeptSize of a kept sandbox's claim.
+	StorageClass string `flag:"k8s-storage-class" meta:"NAME" usage:"kept sandboxes' PersistentVolumeClaims' StorageClass (default: the cluster's default)"`
+	KeptSize     string `flag:"k8s-kept-size" meta:"SIZE" usage:"the size of a kept sandbox's claim for /home, /environment and /usr/local (default 10Gi)"`
+	// StateRoot holds per-sandbox state on this host (the name's lock);
+	// default kit.DefaultStateRoot.
+	StateRoot string
+	// Holder names this host in its objects (default the host name).
+	Holder string
+	Debug  bool
+}
+
+// Name implements provider.Provider.
+func (p *Provider) Name() string { return "kubernetes" }
+
+func init() {
+	provider.Register(provider.Driver[Provider]{
+		Name: "kubernetes",
+		Defaults: &Provider{
+			PullPolicy: "IfNotPresent", UserNamespaces: "auto", Seccomp: DefaultSeccompProfile,
+			Requests: "cpu=100m,memory=128Mi", Limits: "cpu=2,memory=2Gi", KeptSize: "10Gi",
+		},
+		New: func(p *Provider) provider.Provider { return p },
+	})
+}
+
+// Capabilities implements provider.Provider: a node has none of this
+// host's files, so the root, oac-sandbox-io, installs and volumes come
+// from the image or the cluster; kept sandboxes are claims.
+func (p *Provider) Capabilities() provider.Capabilities {
+	return provider.Capabilities{
+		Instead: map[provider.Feature]string{
+			provider.FeatureRootfs:    "it runs an image: pass --k8s-image (oac-image build's OCI image, pushed to a registry the nodes pull from)",
+			provider.FeatureSandboxIO: "a node cannot see this host's files: put oac-sandbox-io into the image (oac-image build --sandbox-io)",
+			provider.FeatureInstall:   "a node cannot see this host's files: put the binary into the image (oac-image build --file)",
+			provider.FeatureVolume:    "a node cannot see this host's directories: a kept sandbox (oac-shim create) keeps /home and /environment on a PersistentVolumeClaim",
+		},
+		Keeps: true,
+	}
+}
