@@ -14,6 +14,7 @@ import (
 
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/vminit"
 	"github.com/oac/sandbox-agent/guest/workload"
@@ -50,6 +51,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	debug := fs.Bool("debug", false, "log debug messages")
+	offline := fs.Bool("offline", false, "the host reaches this guest over its transport alone: delete every network interface but lo before anything starts (a Kubernetes Pod)")
 	kept := fs.Bool("kept", false, "a kept sandbox's container: give /usr/local (but bin and sbin) to uid 1000, whose installs outlive the run")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -93,6 +95,16 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	} else if err := reaper.BecomeSubreaper(); err != nil {
 		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
+	}
+	if *offline {
+		// Before the agent looks at its interfaces: the workload (and the
+		// agent) then have only lo, as in a container without a network.
+		dropped, err := netns.DropOthers()
+		if err != nil {
+			log.Warn("offline: interfaces left (the workload gets a namespace of its own, or none)", "err", err)
+		} else if len(dropped) > 0 {
+			log.Info("offline: network interfaces deleted", "interfaces", dropped)
+		}
 	}
 	if *kept {
 		if err := vminit.HandLocalTo1000(""); err != nil {

@@ -95,7 +95,10 @@ var AgentCaps = func() []corev1.Capability {
 func podSpec(c podConfig) *corev1.Pod {
 	no, yes := false, true
 	root := int64(0)
-	args := []string{"--transport", "unix+listen://" + SessionSocket}
+	// --offline: the session comes through the API server, so the agent
+	// deletes the Pod's interfaces (it holds NET_ADMIN, not the
+	// SYS_ADMIN a namespace of the workload's own would need).
+	args := []string{"--transport", "unix+listen://" + SessionSocket, "--offline"}
 	if c.Debug {
 		args = append(args, "--debug")
 	}

@@ -47,7 +47,7 @@ func TestTheAgentRunsAsRootWithTheContractsCapabilitiesOnly(t *testing.T) {
 	require.Len(t, p.Spec.Containers, 1)
 	c := p.Spec.Containers[0]
 	assert.Equal(t, []string{AgentPath}, c.Command)
-	assert.Equal(t, []string{"--transport", "unix+listen://" + SessionSocket}, c.Args, "the agent waits for the bridge")
+	assert.Equal(t, []string{"--transport", "unix+listen://" + SessionSocket, "--offline"}, c.Args, "the agent waits for the bridge and drops the Pod's network")
 	sc := c.SecurityContext
 	assert.Equal(t, int64(0), *sc.RunAsUser)
 	assert.False(t, *sc.AllowPrivilegeEscalation)
