@@ -95,6 +95,7 @@ var confRows = []confRow{
 	{"docker (real engine)", rowDocker},
 	{"qemu (TCG)", rowQemu},
 	{"wsl (fake wsl.exe)", rowWSL},
+	{"kubernetes (real single-node cluster)", rowKubernetes},
 }
 
 // confEnv is how a row runs a sandbox.

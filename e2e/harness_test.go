@@ -106,8 +106,11 @@ func TestMain(m *testing.M) {
 		out, pkg := b.out, b.pkg
 		args := []string{"build", "-trimpath", "-ldflags", b.ldflags, "-o", out}
 		switch out {
+		case bins.shim:
+			// The tests' oac-shim has every provider, kubernetes too.
+			args = append(args, "-tags", "kubernetes")
 		case bins.crashShim:
-			args = append(args, "-tags", "crashpoints")
+			args = append(args, "-tags", "crashpoints,kubernetes")
 		case bins.guestDoorsOff:
 			args = append(args, "-tags", "oac_doors_off")
 		}
@@ -120,6 +123,12 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if err := stopKube(); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: stop the Kubernetes cluster the tests started:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
 	if err := stopEngine(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: stop the Docker engine the tests started:", err)
 		if code == 0 {

@@ -1,0 +1,197 @@
+//go:build linux
+
+package e2e
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/internal/kcluster"
+)
+
+// The Kubernetes cluster: a real single node (internal/kcluster: etcd, a
+// private containerd, the API server, scheduler, controller manager and
+// kubelet built from k8s.io/kubernetes), started once per test binary by
+// the first test that needs it and stopped by TestMain, leaving nothing.
+var kube struct {
+	once    sync.Once
+	c       *kcluster.Cluster
+	err     error
+	imgOnce sync.Once
+	image   string
+	imgErr  error
+}
+
+// kubeImageRef is the run's guest image in the cluster's containerd.
+const kubeImageRef = "oac.local/e2e/guest:1"
+
+// kubeStartTimeout bounds the cluster's start, a cold build of its
+// binaries included.
+const kubeStartTimeout = 25 * time.Minute
+
+// needKubernetes returns the run's cluster, starting it on first use.
+func needKubernetes(t *testing.T) *kcluster.Cluster {
+	t.Helper()
+	missing := kcluster.Missing()
+	need(t, missing == "", missing)
+	need(t, os.Geteuid() == 0, "the test cluster runs containerd and a kubelet: run the e2e tests as root (sudo make test)")
+	kube.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), kubeStartTimeout)
+		defer cancel()
+		t0 := time.Now()
+		kube.c, kube.err = kcluster.Start(ctx, kcluster.Options{})
+		if kube.err == nil {
+			fmt.Fprintf(os.Stderr, "e2e: Kubernetes cluster %s ready in %s (%v)\n", kcluster.Version, time.Since(t0).Round(time.Second), kube.c.Timings)
+			kube.err = installSeccompProfile(kube.c)
+		}
+	})
+	require.NoError(t, kube.err, "the test cluster")
+	return kube.c
+}
+
+// installSeccompProfile does what docs/kubernetes.md asks of an operator:
+// the agent's profile in the kubelet's seccomp directory.
+func installSeccompProfile(c *kcluster.Cluster) error {
+	b, err := os.ReadFile("../examples/kubernetes/oac-seccomp.json")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(c.Dir, "kubelet", "seccomp")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "oac-seccomp.json"), b, 0o644)
+}
+
+// kubeImage builds the run's guest image as an OCI image (the stand-ins
+// in it: a node cannot see this host's files) and imports it into the
+// cluster's containerd once; Pods run it with --k8s-pull-policy Never.
+func kubeImage(t *testing.T, c *kcluster.Cluster) string {
+	t.Helper()
+	needImageBuild(t)
+	testCA(t)
+	kube.imgOnce.Do(func() {
+		dir := filepath.Join(bins.dir, "image-oci")
+		out, err := exec.Command(bins.image, "build", "--agent", bins.guest, "--sandbox-io", bins.sandboxIO,
+			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
+			"--output", "oci", "--ref", kubeImageRef, "--epoch", "1", "-o", dir).CombinedOutput()
+		if err != nil {
+			kube.imgErr = fmt.Errorf("oac-image build: %w: %s", err, out)
+			return
+		}
+		tarball := dir + ".tar"
+		if kube.imgErr = tarDir(filepath.Join(dir, "oci"), tarball); kube.imgErr != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		kube.imgErr = c.ImportImage(ctx, tarball)
+		kube.image = kubeImageRef
+	})
+	require.NoError(t, kube.imgErr, "import the guest image into the cluster")
+	return kube.image
+}
+
+// tarDir writes dir's files into an uncompressed tar at out (an OCI
+// layout archive, as ctr images import reads).
+func tarDir(dir, out string) error {
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	tw := tar.NewWriter(f)
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		hdr, err := tar.FileInfoHeader(info, "")
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			src, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer src.Close()
+			_, err = io.Copy(tw, src)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// kubeLeftovers lists the cluster's objects of sandbox name: Pods,
+// NetworkPolicies and claims the provider labelled with it.
+func kubeLeftovers(c *kcluster.Cluster, name string) []string {
+	var left []string
+	sel := "labelSelector=app.kubernetes.io%2Fmanaged-by%3Doac-shim%2Coac.dev%2Fsandbox%3D" + name
+	for _, kind := range []string{"/api/v1/pods", "/apis/networking.k8s.io/v1/networkpolicies", "/api/v1/persistentvolumeclaims"} {
+		var list struct {
+			Items []struct {
+				Metadata struct{ Namespace, Name string }
+			}
+		}
+		if err := c.Get(context.Background(), kind+"?"+sel, &list); err != nil {
+			left = append(left, fmt.Sprintf("cannot list %s: %v", kind, err))
+			continue
+		}
+		for _, it := range list.Items {
+			left = append(left, fmt.Sprintf("%s %s/%s", strings.TrimPrefix(kind[strings.LastIndex(kind, "/"):], "/"), it.Metadata.Namespace, it.Metadata.Name))
+		}
+	}
+	return left
+}
+
+// stopKube stops the cluster if the run started one.
+func stopKube() error {
+	if kube.c == nil {
+		return nil
+	}
+	return kube.c.Stop()
+}
+
+func rowKubernetes(t *testing.T, f *confFixtures) confEnv {
+	c := needKubernetes(t)
+	image := kubeImage(t, c)
+	return confEnv{
+		spec: sandboxSpec{provider: "kubernetes", shim: f.private.shim, agent: f.private.guest,
+			args: f.args("--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never")},
+		bootTimeout: 2 * time.Minute,
+		stateDir:    runDir,
+		carrier:     carrierSession,
+		leftovers:   func(name string) []string { return kubeLeftovers(c, name) },
+	}
+}
