@@ -44,7 +44,8 @@ const (
 // into the user cache directory (once) and starts a cluster in a new
 // temporary directory.
 type Options struct {
-	// BinDir holds prebuilt kube-apiserver and kubelet; nothing is built.
+	// BinDir holds prebuilt kube-apiserver, kubelet, kube-scheduler and
+	// kube-controller-manager; nothing is built.
 	BinDir string
 	// CacheDir is where the binaries are built once and then reused
 	// (default: the user cache directory's sandbox-agent/kcluster/VERSION).
@@ -54,7 +55,8 @@ type Options struct {
 	ToolsDir string
 	// Log, when set, receives progress lines.
 	Log func(format string, a ...any)
-	// ReadyTimeout bounds the wait for the node to be Ready (default 3m).
+	// ReadyTimeout bounds the wait for the node to be Ready and
+	// schedulable (default 3m).
 	ReadyTimeout time.Duration
 }
 
@@ -64,9 +66,11 @@ type Cluster struct {
 	URL string
 	// CA is the PEM of the CA that signed the apiserver's certificate.
 	CA []byte
-	// Token is a bearer token of a user in system:masters.
+	// Token is a bearer token of a user in system:masters (RBAC and the
+	// Node authorizer let it do anything); User makes unprivileged users.
 	Token string
-	// Kubeconfig is a kubeconfig file for kubectl and client libraries.
+	// Kubeconfig is a kubeconfig file of that user for kubectl and client
+	// libraries.
 	Kubeconfig string
 	// NodeName is the one node's name; NodeIP its InternalIP.
 	NodeName, NodeIP string
@@ -75,20 +79,25 @@ type Cluster struct {
 	// Timings records how long Start's steps took.
 	Timings map[string]time.Duration
 
-	client     *http.Client
-	ctrSock    string
-	bridge     string
-	cgroupRoot string
-	procs      []*proc
-	netnsPre   []string
-	chainsPre  []string
-	ifacesPre  []string
-	logsPre    bool
-	cniPre     bool
-	hostPre    map[string]bool
-	logf       func(string, ...any)
-	stopOnce   sync.Once
-	stopErr    error
+	client         *http.Client
+	pki            *pki
+	ctrSock        string
+	hostPathPre    []string // HostPathPVDir's entries at Start (non-nil once recorded)
+	hostPathDirPre bool
+	mu             sync.Mutex
+	users          int
+	bridge         string
+	cgroupRoot     string
+	procs          []*proc
+	netnsPre       []string
+	chainsPre      []string
+	ifacesPre      []string
+	logsPre        bool
+	cniPre         bool
+	hostPre        map[string]bool
+	logf           func(string, ...any)
+	stopOnce       sync.Once
+	stopErr        error
 }
 
 type proc struct {
@@ -163,11 +172,14 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	return c, nil
 }
 
-// binaries returns the directory holding kube-apiserver and kubelet,
-// building them when needed.
+// Binaries are the programs tools/k8s builds.
+var Binaries = []string{"kube-apiserver", "kubelet", "kube-scheduler", "kube-controller-manager"}
+
+// binaries returns the directory holding Binaries, building them when
+// needed.
 func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string, error) {
 	have := func(dir string) bool {
-		for _, b := range []string{"kube-apiserver", "kubelet"} {
+		for _, b := range Binaries {
 			if st, err := os.Stat(filepath.Join(dir, b)); err != nil || st.Mode()&0o111 == 0 {
 				return false
 			}
@@ -176,7 +188,7 @@ func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string
 	}
 	if o.BinDir != "" {
 		if !have(o.BinDir) {
-			return "", fmt.Errorf("kcluster: %s lacks kube-apiserver or kubelet", o.BinDir)
+			return "", fmt.Errorf("kcluster: %s lacks one of %s", o.BinDir, strings.Join(Binaries, ", "))
 		}
 		return o.BinDir, nil
 	}
@@ -210,7 +222,7 @@ func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	logf("building kube-apiserver and kubelet %s into %s (minutes on a cold cache)", Version, dir)
+	logf("building %s %s into %s (minutes on a cold cache)", strings.Join(Binaries, ", "), Version, dir)
 	if err := BuildBinaries(ctx, tools, dir); err != nil {
 		return "", err
 	}
@@ -223,21 +235,25 @@ const LDFlags = "-s -w -X k8s.io/component-base/version.gitVersion=" + Version +
 	" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37" +
 	" -X k8s.io/component-base/version.gitTreeState=clean"
 
-// BuildBinaries builds kube-apiserver and kubelet from toolsDir
-// (tools/k8s) into outDir, statically (CGO_ENABLED=0).
+// BuildBinaries builds Binaries from toolsDir (tools/k8s) into outDir, in
+// one go build, statically (CGO_ENABLED=0).
 func BuildBinaries(ctx context.Context, toolsDir, outDir string) error {
 	tmp, err := os.MkdirTemp(outDir, ".build-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-ldflags", LDFlags, "-o", tmp+"/", "./cmd/kube-apiserver", "./cmd/kubelet")
+	args := []string{"build", "-trimpath", "-ldflags", LDFlags, "-o", tmp + "/"}
+	for _, b := range Binaries {
+		args = append(args, "./cmd/"+b)
+	}
+	cmd := exec.CommandContext(ctx, goTool(), args...)
 	cmd.Dir = toolsDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("kcluster: build tools/k8s: %w: %s", err, out)
 	}
-	for _, b := range []string{"kube-apiserver", "kubelet"} {
+	for _, b := range Binaries {
 		if err := os.Rename(filepath.Join(tmp, b), filepath.Join(outDir, b)); err != nil {
 			return err
 		}
@@ -323,12 +339,16 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 	c.ifacesPre = hostclean.Interfaces()
 	c.chainsPre = hostclean.Chains(iptablesTables...)
 	c.netnsPre = netnsList()
-	if _, err := os.Stat("/var/log/containers"); err == nil {
+	if _, err := os.Stat(containerLogs); err == nil {
 		c.logsPre = true
 	}
 	if _, err := os.Stat(cniCache); err == nil {
 		c.cniPre = true
 	}
+	if _, err := os.Stat(HostPathPVDir); err == nil {
+		c.hostPathDirPre = true
+	}
+	c.hostPathPre = append([]string{}, hostPathPVs()...)
 	c.hostPre = map[string]bool{}
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil {
@@ -340,12 +360,13 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 		return err
 	}
 	c.NodeIP = ip.String()
-	ports, err := freePorts(5)
+	ports, err := freePorts(7)
 	if err != nil {
 		return err
 	}
 	etcdClient, etcdPeer, apiPort, kubeletPort, healthzPort := ports[0], ports[1], ports[2], ports[3], ports[4]
-	for _, d := range []string{"pki", "etcd", "containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins", "logs"} {
+	schedPort, cmPort := ports[5], ports[6]
+	for _, d := range []string{"pki", "etcd", "containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins", "logs", "users"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
@@ -356,6 +377,7 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 		return fmt.Errorf("kcluster: certificates: %w", err)
 	}
 	c.CA = p.caPEM
+	c.pki = p
 	c.Token = randHex(24)
 	tokens := filepath.Join(dir, "pki", "tokens.csv")
 	if err := os.WriteFile(tokens, []byte(c.Token+",oac-admin,oac-admin,system:masters\n"), 0o600); err != nil {
@@ -366,7 +388,7 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 	pool.AddCert(p.ca)
 	c.client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	c.Kubeconfig = filepath.Join(dir, "kubeconfig")
-	if err := c.writeKubeconfig(c.Kubeconfig); err != nil {
+	if err := c.writeKubeconfig(c.Kubeconfig, "oac-admin", map[string]any{"token": c.Token}); err != nil {
 		return err
 	}
 	c.Timings["pki"] = time.Since(t)
@@ -474,33 +496,55 @@ state = %[2]q
 		"--tls-cert-file", p.serverCert, "--tls-private-key-file", p.serverKey,
 		"--client-ca-file", p.caFile,
 		"--token-auth-file", tokens,
-		"--authorization-mode", "AlwaysAllow",
+		"--authorization-mode", "Node,RBAC",
 		"--service-cluster-ip-range", ServiceSubnet,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", p.saPub,
 		"--service-account-signing-key-file", p.saKey,
-		"--disable-admission-plugins", "ServiceAccount",
+		"--enable-admission-plugins", "NodeRestriction",
 		"--kubelet-preferred-address-types", "InternalIP",
 		"--kubelet-client-certificate", p.kubeletClient, "--kubelet-client-key", p.kubeletClKey,
 		"--kubelet-certificate-authority", p.caFile,
+		"--requestheader-client-ca-file", p.frontCAFile,
+		"--requestheader-allowed-names", "front-proxy-client",
+		"--requestheader-username-headers", "X-Remote-User",
+		"--requestheader-group-headers", "X-Remote-Group",
+		"--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+		"--proxy-client-cert-file", p.proxyClient, "--proxy-client-key-file", p.proxyClKey,
 		"--allow-privileged=true",
 		"--cert-dir", filepath.Join(dir, "pki", "apiserver-generated"),
 	); err != nil {
 		return err
 	}
+	// Ready: every post-start hook (RBAC's bootstrap roles among them)
+	// has run.
 	if err := c.waitFor(ctx, "kube-apiserver", 90*time.Second, func() error {
-		var ns struct{}
-		return c.Get(ctx, "/api/v1/namespaces/default", &ns)
+		return c.Get(ctx, "/readyz", nil)
 	}); err != nil {
 		return err
 	}
 	c.Timings["apiserver"] = time.Since(t)
+
+	// The scheduler, the controller manager and the default StorageClass.
+	t = time.Now()
+	if err := c.startControlPlane(bins, p, schedPort, cmPort); err != nil {
+		return err
+	}
+	if err := c.createStorageClass(ctx); err != nil {
+		return fmt.Errorf("kcluster: storage class: %w", err)
+	}
 	if err := <-pauseErr; err != nil {
 		return fmt.Errorf("kcluster: pause image: %w", err)
 	}
 
-	// The kubelet.
-	t = time.Now()
+	// The kubelet, as the node (system:node:NAME in system:nodes: the
+	// Node authorizer and NodeRestriction confine it to its own node and
+	// pods).
+	tk := time.Now()
+	kubeletKC, err := c.componentKubeconfig("kubelet", "system:node:"+c.NodeName, "system:nodes")
+	if err != nil {
+		return err
+	}
 	if err := makeCgroupRoot(c.cgroupRoot); err != nil {
 		return err
 	}
@@ -539,7 +583,7 @@ state = %[2]q
 	}
 	if err := c.spawn("kubelet", filepath.Join(bins, "kubelet"),
 		"--config", kcfgFile,
-		"--kubeconfig", c.Kubeconfig,
+		"--kubeconfig", kubeletKC,
 		"--root-dir", filepath.Join(dir, "kubelet"),
 		"--cert-dir", filepath.Join(dir, "kubelet", "pki"),
 		"--volume-plugin-dir", filepath.Join(dir, "volume-plugins"),
@@ -552,10 +596,28 @@ state = %[2]q
 	if timeout == 0 {
 		timeout = 3 * time.Minute
 	}
+	if err := c.waitHealthy(ctx, "kube-scheduler", schedPort); err != nil {
+		return err
+	}
+	if err := c.waitHealthy(ctx, "kube-controller-manager", cmPort); err != nil {
+		return err
+	}
+	c.Timings["control-plane"] = time.Since(t)
 	if err := c.waitFor(ctx, "kubelet (node Ready)", timeout, c.nodeReady); err != nil {
 		return err
 	}
-	c.Timings["kubelet"] = time.Since(t)
+	c.Timings["kubelet"] = time.Since(tk)
+	// Ready for a Pod with no nodeName in namespace default: the node
+	// lifecycle controller has lifted the not-ready taint and the
+	// service-account controller has made default's ServiceAccount.
+	t = time.Now()
+	if err := c.waitFor(ctx, "kube-controller-manager (node schedulable)", timeout, c.nodeSchedulable); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "kube-controller-manager (default ServiceAccount)", timeout, c.defaultServiceAccount); err != nil {
+		return err
+	}
+	c.Timings["schedulable"] = time.Since(t)
 	return nil
 }
 
@@ -581,7 +643,9 @@ func (c *Cluster) nodeReady() error {
 	return errors.New("node has no Ready condition yet")
 }
 
-func (c *Cluster) writeKubeconfig(path string) error {
+// writeKubeconfig writes a kubeconfig of the cluster for the user userName
+// whose credentials are user (a token, or certificate and key data).
+func (c *Cluster) writeKubeconfig(path, userName string, user map[string]any) error {
 	b, err := json.MarshalIndent(map[string]any{
 		"apiVersion":      "v1",
 		"kind":            "Config",
@@ -589,9 +653,9 @@ func (c *Cluster) writeKubeconfig(path string) error {
 		"clusters": []any{map[string]any{"name": "oac-kcluster", "cluster": map[string]any{
 			"server": c.URL, "certificate-authority-data": base64.StdEncoding.EncodeToString(c.CA),
 		}}},
-		"users": []any{map[string]any{"name": "oac-admin", "user": map[string]any{"token": c.Token}}},
+		"users": []any{map[string]any{"name": userName, "user": user}},
 		"contexts": []any{map[string]any{"name": "oac-kcluster", "context": map[string]any{
-			"cluster": "oac-kcluster", "user": "oac-admin",
+			"cluster": "oac-kcluster", "user": userName,
 		}}},
 	}, "", "  ")
 	if err != nil {
@@ -632,7 +696,7 @@ func (c *Cluster) proc(name string) *proc {
 }
 
 // LogTail is the end of a daemon's log (etcd, containerd, kube-apiserver,
-// kubelet), for test failures.
+// kube-scheduler, kube-controller-manager, kubelet), for test failures.
 func (c *Cluster) LogTail(name string, n int) string {
 	b, _ := os.ReadFile(filepath.Join(c.Dir, "logs", name+".log"))
 	if len(b) > n {
@@ -724,6 +788,12 @@ func (c *Cluster) ImportImage(ctx context.Context, tarball string) error {
 // nil) is sent as JSON and a 2xx answer decoded into out (when not nil).
 // Another status is an *APIError.
 func (c *Cluster) Do(ctx context.Context, method, path string, body, out any) error {
+	return do(ctx, c.client, c.URL, c.Token, method, path, body, out)
+}
+
+// do sends a request to the API at url with client (and token, when not
+// empty).
+func do(ctx context.Context, client *http.Client, url, token, method, path string, body, out any) error {
 	var r io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -732,16 +802,18 @@ func (c *Cluster) Do(ctx context.Context, method, path string, body, out any) er
 		}
 		r = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.URL+path, r)
+	req, err := http.NewRequestWithContext(ctx, method, url+path, r)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.Token)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}
@@ -795,8 +867,16 @@ func (c *Cluster) stop() error {
 	}
 	var errs []error
 	ctx := context.Background()
-	// Pods first, through the kubelet, so that CNI tears their networks
-	// down.
+	// The controllers and the scheduler first, so that nothing makes
+	// pods again; then the pods, through the kubelet, so that CNI tears
+	// their networks down.
+	for _, name := range []string{"kube-controller-manager", "kube-scheduler"} {
+		if p := c.proc(name); p != nil {
+			if err := p.stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	if k := c.proc("kubelet"); k != nil && c.proc("kube-apiserver") != nil && !exited(k) {
 		c.deletePods(ctx, 60*time.Second)
 	}
@@ -857,8 +937,18 @@ func (c *Cluster) stop() error {
 	if c.cgroupRoot != "" {
 		removeCgroupTree(c.cgroupRoot)
 	}
+	if err := c.removeHostPathPVs(); err != nil {
+		errs = append(errs, err)
+	}
+	// The kubelet's links to its containers' logs: it removes a link
+	// with its container, which Stop may have done instead.
+	for _, l := range logLinks(c.Dir) {
+		if err := os.Remove(l); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if !c.logsPre {
-		_ = os.Remove("/var/log/containers") // only if empty
+		_ = os.Remove(containerLogs) // only if empty
 	}
 	// libcni's result cache (containerd 1.6 cannot move it): this
 	// network's entries, and the directories when Start made them.
@@ -980,6 +1070,26 @@ func killShims(dir string) {
 	}
 }
 
+// containerLogs is where the kubelet links its containers' logs, whatever
+// its configuration says.
+const containerLogs = "/var/log/containers"
+
+// logLinks lists the links in containerLogs to files below dir.
+func logLinks(dir string) []string {
+	if dir == "" {
+		return nil
+	}
+	ents, _ := os.ReadDir(containerLogs)
+	var out []string
+	for _, e := range ents {
+		p := filepath.Join(containerLogs, e.Name())
+		if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, dir+"/") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func netnsList() []string {
 	ents, _ := os.ReadDir("/var/run/netns")
 	var out []string
@@ -1058,7 +1168,8 @@ func removeCgroupTree(root string) {
 }
 
 // Leftovers lists what a stopped cluster left behind (processes, mounts,
-// interfaces, the directory, cgroups), for tests.
+// interfaces, network namespaces, iptables chains, the directory, host
+// paths, hostPath volumes, cgroups), for tests.
 func (c *Cluster) Leftovers() []string {
 	var out []string
 	for _, p := range c.procs {
@@ -1091,9 +1202,33 @@ func (c *Cluster) Leftovers() []string {
 			out = append(out, "netns "+ns)
 		}
 	}
+	if c.Dir != "" { // Start recorded the chains right after making Dir
+		for _, ch := range hostclean.Chains(iptablesTables...) {
+			_, chain, _ := strings.Cut(ch, " ")
+			if !slices.Contains(c.chainsPre, ch) && (strings.HasPrefix(chain, "KUBE-") || strings.HasPrefix(chain, "CNI-")) {
+				out = append(out, "iptables chain "+ch)
+			}
+		}
+	}
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil && c.hostPre != nil && !c.hostPre[p] {
 			out = append(out, "host path "+p)
+		}
+	}
+	for _, l := range logLinks(c.Dir) {
+		out = append(out, "log link "+l)
+	}
+	if _, err := os.Stat(containerLogs); err == nil && c.Dir != "" && !c.logsPre {
+		out = append(out, "directory "+containerLogs)
+	}
+	if c.hostPathPre != nil {
+		for _, name := range hostPathPVs() {
+			if !slices.Contains(c.hostPathPre, name) {
+				out = append(out, "hostPath volume "+filepath.Join(HostPathPVDir, name))
+			}
+		}
+		if _, err := os.Stat(HostPathPVDir); err == nil && !c.hostPathDirPre {
+			out = append(out, "directory "+HostPathPVDir)
 		}
 	}
 	for _, h := range cgroupHierarchies() {

@@ -1,6 +1,6 @@
-// Module k8s builds kube-apiserver and kubelet from k8s.io/kubernetes for
-// internal/kcluster. It is a separate module so that the main module never
-// depends on k8s.io/kubernetes.
+// Module k8s builds kube-apiserver, kube-scheduler, kube-controller-manager
+// and kubelet from k8s.io/kubernetes for internal/kcluster. It is a separate
+// module so that the main module never depends on k8s.io/kubernetes.
 module github.com/oac/sandbox-agent/tools/k8s
 
 go 1.26.0
