@@ -22,6 +22,7 @@ import (
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
 	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/internal/kcluster"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -116,6 +117,9 @@ type confEnv struct {
 	// carrier is what carries the row's egress connections beside the
 	// session (carrierFD, carrierDial), or carrierSession.
 	carrier string
+	// cluster: the row runs on the test cluster, whose bridge and Pod
+	// veths are its to check; other rows running beside it ignore them.
+	cluster bool
 }
 
 // confPeer is a server on a network the guest's namespace has.
@@ -315,7 +319,7 @@ func (c *confCase) nothingLeft(t *testing.T, name string, procs []procID) {
 			}
 		}
 		for _, i := range hostInterfaces() {
-			if !contains(c.ifaces, i) {
+			if !contains(c.ifaces, i) && (c.env.cluster || !clusterInterface(i)) {
 				left = append(left, "network interface "+i)
 			}
 		}
@@ -332,7 +336,7 @@ func (c *confCase) nothingLeft(t *testing.T, name string, procs []procID) {
 }
 
 func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) {
-	c := &confCase{row: row, fix: fix, rowT: t, ifaces: hostInterfaces()}
+	c := &confCase{row: row, fix: fix, rowT: t}
 	setupOK := false
 	t.Cleanup(func() {
 		if !setupOK {
@@ -345,6 +349,9 @@ func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) 
 		}
 	})
 	c.env = row.setup(t, fix)
+	// After the setup: the row's own environment (a test cluster's
+	// bridge) is not what a sandbox left.
+	c.ifaces = hostInterfaces()
 	if c.env.bootTimeout == 0 {
 		c.env.bootTimeout = bootTimeout
 	}
@@ -605,6 +612,16 @@ func allPids() []int {
 		}
 	}
 	return out
+}
+
+// clusterInterface reports whether a host interface is the test
+// cluster's: its CNI bridge or a Pod's veth on it.
+func clusterInterface(name string) bool {
+	if strings.HasPrefix(name, kcluster.BridgePrefix) {
+		return true
+	}
+	master, err := os.Readlink(filepath.Join("/sys/class/net", name, "master"))
+	return err == nil && strings.HasPrefix(filepath.Base(master), kcluster.BridgePrefix)
 }
 
 func hostInterfaces() []string {

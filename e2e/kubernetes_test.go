@@ -192,6 +192,7 @@ func rowKubernetes(t *testing.T, f *confFixtures) confEnv {
 		bootTimeout: 2 * time.Minute,
 		stateDir:    runDir,
 		carrier:     carrierSession,
+		cluster:     true,
 		leftovers:   func(name string) []string { return kubeLeftovers(c, name) },
 	}
 }

@@ -32,6 +32,10 @@ import (
 // Version is the Kubernetes version tools/k8s builds.
 const Version = "v1.37.2"
 
+// BridgePrefix begins the name of a cluster's CNI bridge; its Pods' host
+// veths have it as their master.
+const BridgePrefix = "oackc"
+
 // PodSubnet is the CNI bridge's subnet (a benchmarking range nothing else
 // here uses); ServiceSubnet is the apiserver's service range (never
 // routed).
@@ -333,7 +337,7 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 	}
 	c.Dir = dir
 	id := strings.TrimPrefix(filepath.Base(dir), "oac-kcluster-")
-	c.bridge = "oackc" + randHex(4)
+	c.bridge = BridgePrefix + randHex(4)
 	c.cgroupRoot = "/oac-kcluster-" + id
 	c.NodeName = "oac-kcluster-" + strings.ToLower(id)
 	c.ifacesPre = hostclean.Interfaces()
@@ -429,6 +433,12 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 		c.bridge, PodSubnet, filepath.Join(dir, "cni", "ipam"))
 	if err := os.WriteFile(filepath.Join(dir, "cni", "net.d", "10-oac-kcluster.conflist"), []byte(cni+"\n"), 0o644); err != nil {
 		return err
+	}
+	// The bridge exists from the start, not from the first Pod: what a
+	// Pod leaves on the host is then told apart from the cluster itself
+	// (the bridge plugin takes a bridge that exists).
+	if out, err := exec.Command("ip", "link", "add", "name", c.bridge, "type", "bridge").CombinedOutput(); err != nil {
+		return fmt.Errorf("kcluster: make the CNI bridge %s: %v: %s", c.bridge, err, out)
 	}
 	cfg := fmt.Sprintf(`version = 2
 root = %[1]q
