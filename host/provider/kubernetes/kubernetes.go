@@ -112,6 +112,9 @@ func (p *Provider) check(ctx context.Context) (found, error) {
 		return f, fmt.Errorf("%w: kubernetes: the API server at %s does not answer: %v", provider.ErrUnavailable, c.server, err)
 	}
 	f.version = v.GitVersion
+	if err := checkPermissions(ctx, c, false); err != nil {
+		return f, err
+	}
 	if _, err := c.cs.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector(""), Limit: 1}); err != nil {
 		return f, fmt.Errorf("%w: kubernetes: cannot list Pods in namespace %s at %s: %v (grant the Role in docs/kubernetes.md)", provider.ErrUnavailable, c.namespace, c.server, err)
 	}
@@ -282,6 +285,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	cfg, err := p.config(f, spec)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", provider.ErrInvalidSpec, err)
+	}
+	if spec.Keep != nil {
+		if err := checkPermissions(ctx, f.c, true); err != nil {
+			return nil, err
+		}
 	}
 	in := &Instance{
 		Process: provider.NewProcess(provider.Exits("the Pod's agent exited", "the sandbox's Pod ended"), errors.New("the sandbox's Pod was not gone within 10s of its deletion")),
@@ -501,6 +509,9 @@ func (in *Instance) followLog(ctx context.Context) {
 	}
 	rc, err := in.c.cs.CoreV1().Pods(in.c.namespace).GetLogs(ObjectName(in.spec.Name), &corev1.PodLogOptions{Container: ContainerName, Follow: true}).Stream(ctx)
 	if err != nil {
+		if ctx.Err() == nil {
+			in.logf("kubernetes: the agent's log cannot be read (%s): grant get on pods/log (docs/kubernetes.md) to see it here", shortErr(err))
+		}
 		return
 	}
 	defer rc.Close()
