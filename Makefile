@@ -20,7 +20,7 @@ GUEST_BIN = $(if $(filter $(HOST_ARCH),$(ARCH)),$(BIN)/oac-guest,$(BIN)/linux-$(
 # disk, erofs, overlay, virtio-fs, nftables).
 VM_MODULES ?=
 
-.PHONY: all build guest fixtures deps test fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image k8s-cluster-test
+.PHONY: all build guest fixtures deps test k8s-bins fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image k8s-cluster-test
 
 all: build
 
@@ -81,14 +81,21 @@ image: guest kernel
 deps:
 	@scripts/deps.sh $(APT_PKGS)
 
-test: deps fmt-check vet cross unit fuzz-short e2e ts-test
+test: deps fmt-check vet cross unit fuzz-short k8s-bins e2e ts-test
+
+# The test cluster's kube-apiserver, kubelet, kube-scheduler and
+# kube-controller-manager, built by tools/k8s into the user cache once
+# (minutes on a cold cache; a no-op after): before e2e, so that their build
+# is not paid inside the e2e tests' time limit.
+k8s-bins:
+	$(GO) run ./internal/kcluster/kbins
 
 # A real single-node Kubernetes cluster (internal/kcluster: etcd, a private
 # containerd, kube-apiserver, kube-scheduler, kube-controller-manager and
 # kubelet built by tools/k8s into the user cache once, minutes on a cold
 # cache) schedules and runs Pods, binds claims, collects garbage, enforces
-# RBAC, and is stopped leaving nothing. Not part of test until a Kubernetes
-# provider exists.
+# RBAC, and is stopped leaving nothing. The e2e tests start the same cluster
+# for the kubernetes provider's rows; this target proves the cluster alone.
 k8s-cluster-test: deps
 	$(GO) test -tags k8s -count=1 -timeout 30m -v -run TestCluster ./internal/kcluster/
 

@@ -179,6 +179,18 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 // Binaries are the programs tools/k8s builds.
 var Binaries = []string{"kube-apiserver", "kubelet", "kube-scheduler", "kube-controller-manager"}
 
+// EnsureBinaries builds the cluster's binaries into the cache directory
+// o names unless they are there, and returns that directory: `make test`
+// runs it before the e2e tests, so a cold build is not paid inside their
+// time limit.
+func EnsureBinaries(ctx context.Context, o Options) (string, error) {
+	logf := o.Log
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	return binaries(ctx, o, logf)
+}
+
 // binaries returns the directory holding Binaries, building them when
 // needed.
 func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string, error) {

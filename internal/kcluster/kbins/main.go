@@ -1,0 +1,26 @@
+//go:build linux
+
+// Command kbins builds the test cluster's binaries into their cache once
+// (internal/kcluster.EnsureBinaries); `make k8s-bins` runs it.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/oac/sandbox-agent/internal/kcluster"
+)
+
+func main() {
+	t0 := time.Now()
+	dir, err := kcluster.EnsureBinaries(context.Background(), kcluster.Options{
+		Log: func(format string, a ...any) { fmt.Fprintf(os.Stderr, "kbins: "+format+"\n", a...) },
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kbins:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "kbins: %s %v in %s (%s)\n", kcluster.Version, kcluster.Binaries, dir, time.Since(t0).Round(time.Second))
+}
