@@ -8,16 +8,20 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/internal/kcluster"
 )
 
@@ -195,4 +199,48 @@ func rowKubernetes(t *testing.T, f *confFixtures) confEnv {
 		cluster:     true,
 		leftovers:   func(name string) []string { return kubeLeftovers(c, name) },
 	}
+}
+
+// TestKubernetesWhatAKilledShimLeftIsFoundByItsLabels kills a shim with
+// SIGKILL and runs another sandbox: its create finds the dead sandbox's
+// Pod and policy by their labels and removes them. A Pod of the name that
+// another host's shim holds is refused and left alone.
+func TestKubernetesWhatAKilledShimLeftIsFoundByItsLabels(t *testing.T) {
+	c := needKubernetes(t)
+	image := kubeImage(t, c)
+	args := []string{"--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never"}
+
+	dead := startShim(t, sandboxSpec{provider: "kubernetes", name: uniqueName("killed"), bootstrap: serveBootstrap("killed"), args: args})
+	dead.waitState(api.StateReady, 2*time.Minute)
+	dead.signal(syscall.SIGKILL)
+	dead.exit(30 * time.Second)
+	require.NotEmpty(t, kubeLeftovers(c, dead.name), "the killed shim left its Pod and policy")
+
+	next := startShim(t, sandboxSpec{provider: "kubernetes", name: uniqueName("next"), bootstrap: serveBootstrap("next"), args: args})
+	next.waitState(api.StateReady, 2*time.Minute)
+	require.Eventually(t, func() bool { return len(kubeLeftovers(c, dead.name)) == 0 }, time.Minute, 200*time.Millisecond,
+		"the next create removed what the killed shim left: %v", kubeLeftovers(c, dead.name))
+	next.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, next.exit(time.Minute))
+	assert.Empty(t, kubeLeftovers(c, next.name))
+
+	name := uniqueName("elsewhere")
+	ctx := context.Background()
+	pod := map[string]any{
+		"metadata": map[string]any{
+			"name":        "oac-" + name,
+			"labels":      map[string]any{"app.kubernetes.io/managed-by": "oac-shim", "oac.dev/sandbox": name, "oac.dev/kept": "false"},
+			"annotations": map[string]any{"oac.dev/holder": "another-host"},
+		},
+		"spec": map[string]any{
+			"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 0,
+			"containers": []any{map[string]any{"name": "pause", "image": kcluster.PauseImage, "imagePullPolicy": "Never"}},
+		},
+	}
+	require.NoError(t, c.Do(ctx, http.MethodPost, "/api/v1/namespaces/default/pods", pod, nil))
+	t.Cleanup(func() { _ = c.Do(context.Background(), http.MethodDelete, "/api/v1/namespaces/default/pods/oac-"+name, nil, nil) })
+	s := startShim(t, sandboxSpec{provider: "kubernetes", name: name, bootstrap: serveBootstrap(name), args: args})
+	failed := s.exitFailed("invalid_config", time.Minute)
+	assert.Contains(t, failed.Message, "runs in namespace default from host another-host")
+	require.NoError(t, c.Get(ctx, "/api/v1/namespaces/default/pods/oac-"+name, nil), "another host's Pod is left alone")
 }
