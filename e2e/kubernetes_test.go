@@ -238,7 +238,9 @@ func TestKubernetesWhatAKilledShimLeftIsFoundByItsLabels(t *testing.T) {
 		},
 	}
 	require.NoError(t, c.Do(ctx, http.MethodPost, "/api/v1/namespaces/default/pods", pod, nil))
-	t.Cleanup(func() { _ = c.Do(context.Background(), http.MethodDelete, "/api/v1/namespaces/default/pods/oac-"+name, nil, nil) })
+	t.Cleanup(func() {
+		_ = c.Do(context.Background(), http.MethodDelete, "/api/v1/namespaces/default/pods/oac-"+name, nil, nil)
+	})
 	s := startShim(t, sandboxSpec{provider: "kubernetes", name: name, bootstrap: serveBootstrap(name), args: args})
 	failed := s.exitFailed("invalid_config", time.Minute)
 	assert.Contains(t, failed.Message, "runs in namespace default from host another-host")
