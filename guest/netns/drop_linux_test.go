@@ -23,7 +23,17 @@ func TestDropOthersLeavesOnlyLo(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		runtime.LockOSThread() // the thread ends with its namespace
+		runtime.LockOSThread()
+		// Back to the process's namespace before the thread is reused (it
+		// may be the main thread, which the runtime never ends).
+		orig, err := os.Open(threadNS)
+		require.NoError(t, err)
+		defer orig.Close()
+		defer func() {
+			if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+				runtime.UnlockOSThread()
+			}
+		}()
 		require.NoError(t, unix.Unshare(unix.CLONE_NEWNET))
 		for _, args := range [][]string{
 			{"link", "add", "eth0", "type", "veth", "peer", "name", "eth1"},

@@ -43,7 +43,7 @@ func TestCheckJSONReportsPolicyAndEveryProvider(t *testing.T) {
 		assert.Contains(t, p.Workload, "seccomp filter", p.Name)
 		assert.Contains(t, p.Workload, "limits: ", p.Name)
 	}
-	assert.Equal(t, []string{"bwrap", "docker", "oci", "qemu", "vz", "wsl"}, names)
+	assert.Equal(t, []string{"bwrap", "docker", "kubernetes", "oci", "qemu", "vz", "wsl"}, names)
 	// What run refuses, before anything is created, is in the report,
 	// for every provider (an empty list when it honours none).
 	assert.Equal(t, len(r.Providers), strings.Count(out.String(), `"honours": [`))
@@ -77,5 +77,5 @@ func TestCheckTextAndABlockedOS(t *testing.T) {
 func TestUnknownProviderIsAUsageError(t *testing.T) {
 	var out, errOut bytes.Buffer
 	assert.Equal(t, 2, Main([]string{"run", "--provider", "nope", "--name", "x"}, nil, &out, &errOut))
-	assert.Contains(t, errOut.String(), "have bwrap, docker, oci, qemu, vz, wsl")
+	assert.Contains(t, errOut.String(), "have bwrap, docker, kubernetes, oci, qemu, vz, wsl")
 }
