@@ -246,3 +246,17 @@ func TestKubernetesWhatAKilledShimLeftIsFoundByItsLabels(t *testing.T) {
 	assert.Contains(t, failed.Message, "runs in namespace default from host another-host")
 	require.NoError(t, c.Get(ctx, "/api/v1/namespaces/default/pods/oac-"+name, nil), "another host's Pod is left alone")
 }
+
+// TestKubernetesRequiredUserNamespacesAreRefusedWhereNoNodeHasThem: the
+// test cluster's containerd 1.6 reports no user namespace support, so a
+// run that requires them is refused before anything is made, and says
+// which node lacks them.
+func TestKubernetesRequiredUserNamespacesAreRefusedWhereNoNodeHasThem(t *testing.T) {
+	c := needKubernetes(t)
+	image := kubeImage(t, c)
+	s := startShim(t, sandboxSpec{provider: "kubernetes", name: uniqueName("userns"), bootstrap: serveBootstrap("userns"),
+		args: []string{"--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never", "--k8s-user-namespaces", "require"}})
+	failed := s.exitFailed("provider_unavailable", time.Minute)
+	assert.Contains(t, failed.Message, "user namespaces are required (--k8s-user-namespaces require) but node "+c.NodeName+"'s runtime does not support them")
+	assert.Empty(t, kubeLeftovers(c, s.name))
+}

@@ -70,6 +70,16 @@ func labels(name string, kept bool) map[string]string {
 	return map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: name, LabelKept: fmt.Sprint(kept)}
 }
 
+// objectMeta names an object of sandbox's and carries what finds it
+// again: its labels and its holder.
+func objectMeta(object, namespace, sandbox, holder string, kept bool) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name: object, Namespace: namespace,
+		Labels:      labels(sandbox, kept),
+		Annotations: map[string]string{AnnotationHolder: holder},
+	}
+}
+
 // selector selects every object of this provider, or of one sandbox.
 func selector(name string) string {
 	s := LabelManagedBy + "=" + ManagedBy
@@ -142,11 +152,7 @@ func podSpec(c podConfig) *corev1.Pod {
 	}
 	p := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name: ObjectName(c.Name), Namespace: c.Namespace,
-			Labels:      labels(c.Name, c.Kept),
-			Annotations: map[string]string{AnnotationHolder: c.Holder},
-		},
+		ObjectMeta: objectMeta(ObjectName(c.Name), c.Namespace, c.Name, c.Holder, c.Kept),
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  &no,
@@ -190,11 +196,7 @@ func podSpec(c podConfig) *corev1.Pod {
 func networkPolicy(c podConfig) *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{
 		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name: ObjectName(c.Name), Namespace: c.Namespace,
-			Labels:      labels(c.Name, c.Kept),
-			Annotations: map[string]string{AnnotationHolder: c.Holder},
-		},
+		ObjectMeta: objectMeta(ObjectName(c.Name), c.Namespace, c.Name, c.Holder, c.Kept),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: c.Name}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
@@ -206,11 +208,7 @@ func networkPolicy(c podConfig) *networkingv1.NetworkPolicy {
 func claim(name, namespace, holder, storageClass string, size resource.Quantity) *corev1.PersistentVolumeClaim {
 	pvc := &corev1.PersistentVolumeClaim{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name: ClaimName(name), Namespace: namespace,
-			Labels:      labels(name, true),
-			Annotations: map[string]string{AnnotationHolder: holder},
-		},
+		ObjectMeta: objectMeta(ClaimName(name), namespace, name, holder, true),
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
