@@ -151,7 +151,7 @@ func podSpec(c podConfig) *corev1.Pod {
 		}
 	}
 	p := &corev1.Pod{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: objectMeta(ObjectName(c.Name), c.Namespace, c.Name, c.Holder, c.Kept),
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
@@ -195,7 +195,7 @@ func podSpec(c podConfig) *corev1.Pod {
 // only lo (the guest's own network namespace).
 func networkPolicy(c podConfig) *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{
-		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: objectMeta(ObjectName(c.Name), c.Namespace, c.Name, c.Holder, c.Kept),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy, LabelSandbox: c.Name}},
@@ -207,7 +207,7 @@ func networkPolicy(c podConfig) *networkingv1.NetworkPolicy {
 // claim is a kept sandbox's volume.
 func claim(name, namespace, holder, storageClass string, size resource.Quantity) *corev1.PersistentVolumeClaim {
 	pvc := &corev1.PersistentVolumeClaim{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
 		ObjectMeta: objectMeta(ClaimName(name), namespace, name, holder, true),
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
