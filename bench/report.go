@@ -23,6 +23,9 @@ type Result struct {
 	Goal  string  `json:"goal,omitempty"`
 	Holds *bool   `json:"holds,omitempty"`
 	Note  string  `json:"note,omitempty"`
+	// Group is the group (oac-bench -only) that measured it, where the
+	// group tags its rows (those oac-bench -merge can replace).
+	Group string `json:"group,omitempty"`
 }
 
 // NewResult builds a Result and computes its ratio.
@@ -55,6 +58,19 @@ type Report struct {
 	LoadEnd   string   `json:"load_end,omitempty"`
 	Results   []Result `json:"results"`
 	Skipped   []string `json:"skipped,omitempty"`
+	// Merged are the runs of some groups alone whose rows replaced
+	// theirs in this report (oac-bench -only GROUPS -merge).
+	Merged []MergedRun `json:"merged,omitempty"`
+
+	group string // tags the rows Add records
+}
+
+// MergedRun is a run of some groups alone, merged into a report.
+type MergedRun struct {
+	Groups    []string  `json:"groups"`
+	When      time.Time `json:"when"`
+	LoadStart string    `json:"load_start,omitempty"`
+	LoadEnd   string    `json:"load_end,omitempty"`
 }
 
 // NewReport starts a report describing this machine.
@@ -86,6 +102,9 @@ func loadAvg() string {
 
 // Add appends a result and prints it.
 func (r *Report) Add(res Result) {
+	if res.Group == "" {
+		res.Group = r.group
+	}
 	r.Results = append(r.Results, res)
 	fmt.Println(res.line())
 }
@@ -120,10 +139,65 @@ func verdict(ok bool) string {
 
 // Write writes results.md and results.json into dir.
 func (r *Report) Write(dir string) error {
+	r.LoadEnd = loadAvg()
+	return r.write(dir)
+}
+
+// Merge replaces, in the report in dir (results.json, and results.md
+// written again from it), the rows of groups with this run's and records
+// the run; the other rows stay as they were measured. It works for groups
+// whose rows carry their group (Result.Group); a skipped figure belongs to
+// a group when its text begins with the group's name.
+func (r *Report) Merge(dir string, groups []string) error {
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		return err
+	}
+	var old Report
+	if err := json.Unmarshal(b, &old); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, "results.json"), err)
+	}
+	in := func(g string) bool {
+		for _, x := range groups {
+			if strings.TrimSpace(x) == g {
+				return true
+			}
+		}
+		return false
+	}
+	var results []Result
+	for _, res := range old.Results {
+		if res.Group == "" || !in(res.Group) {
+			results = append(results, res)
+		}
+	}
+	old.Results = append(results, r.Results...)
+	var skipped []string
+	for _, s := range old.Skipped {
+		g, _, _ := strings.Cut(s, ":")
+		if f := strings.Fields(g); len(f) == 0 || !in(f[0]) {
+			skipped = append(skipped, s)
+		}
+	}
+	old.Skipped = append(skipped, r.Skipped...)
+	var merged []MergedRun
+	for _, m := range old.Merged {
+		keep := false
+		for _, g := range m.Groups {
+			keep = keep || !in(g)
+		}
+		if keep {
+			merged = append(merged, m)
+		}
+	}
+	old.Merged = append(merged, MergedRun{Groups: groups, When: r.When, LoadStart: r.LoadStart, LoadEnd: loadAvg()})
+	return old.write(dir)
+}
+
+func (r *Report) write(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	r.LoadEnd = loadAvg()
 	js, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err
@@ -136,6 +210,14 @@ func (r *Report) Write(dir string) error {
 	b.WriteString("repeated runs with (min..max), measured alternately with its baseline in the same run.")
 	if r.LoadStart != "" {
 		fmt.Fprintf(&b, " Load average (1 min) %s at the start, %s at the end.", r.LoadStart, r.LoadEnd)
+	}
+	for _, m := range r.Merged {
+		g := strings.Join(m.Groups, ",")
+		fmt.Fprintf(&b, "\n\nThe rows of `%s` are from a run of that group alone (`oac-bench -only %s -merge`), %s", g, g, m.When.Format(time.RFC3339))
+		if m.LoadStart != "" {
+			fmt.Fprintf(&b, ", load average (1 min) %s at its start and %s at its end", m.LoadStart, m.LoadEnd)
+		}
+		b.WriteString("; they replaced that group's rows and the rest is the full run's.")
 	}
 	b.WriteString("\n\n")
 	b.WriteString("| figure | measured | unit | baseline | baseline measured | ratio | goal | holds |\n|---|---|---|---|---|---|---|---|\n")

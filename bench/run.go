@@ -14,9 +14,12 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept); results are then
-	// printed but not written.
+	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes); results
+	// are then printed but not written, unless Merge.
 	Only []string
+	// Merge, with Only, replaces those groups' rows in the report in Out
+	// and keeps the others (groups that tag their rows only: kubernetes).
+	Merge bool
 }
 
 func (o Options) want(group string) bool {
@@ -34,6 +37,16 @@ func (o Options) want(group string) bool {
 // Run measures every figure this host can and writes the report. A figure
 // that needs something this host lacks is listed as not measured, with why.
 func Run(o Options) error {
+	if o.Merge {
+		for _, g := range o.Only {
+			if strings.TrimSpace(g) != KubeGroup {
+				return fmt.Errorf("-merge: group %q does not tag its rows (only %s does)", g, KubeGroup)
+			}
+		}
+		if len(o.Only) == 0 {
+			return fmt.Errorf("-merge needs -only")
+		}
+	}
 	r := NewReport()
 	root := os.Geteuid() == 0
 	if o.want("mux") {
@@ -127,7 +140,23 @@ func Run(o Options) error {
 			return err
 		}
 	}
+	if o.want(KubeGroup) {
+		r.group = KubeGroup
+		if !root {
+			r.Skip("kubernetes figures", "need root (the test cluster runs containerd and a kubelet)")
+		} else if err := KubernetesFigures(r, b, min(o.Runs, 11)); err != nil {
+			return err
+		}
+		r.group = ""
+	}
 	if len(o.Only) > 0 {
+		if !o.Merge {
+			return nil
+		}
+		if err := r.Merge(o.Out, o.Only); err != nil {
+			return fmt.Errorf("merge results: %w", err)
+		}
+		fmt.Printf("merged into %s/results.md and %s/results.json\n", o.Out, o.Out)
 		return nil
 	}
 	if err := r.Write(o.Out); err != nil {
