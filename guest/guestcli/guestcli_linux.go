@@ -206,6 +206,9 @@ const SeedKeptArg = "seed-kept"
 // relays its stdin and stdout to the agent's unix+listen socket.
 const BridgeArg = "bridge"
 
+// bridgeWait bounds the bridge's wait for the agent's socket.
+const bridgeWait = 30 * time.Second
+
 // bridge connects to the agent's socket (unix:///PATH) and relays in and
 // out to it until either ends.
 func bridge(args []string, in io.Reader, out io.Writer, stderr io.Writer) int {
@@ -221,8 +224,10 @@ func bridge(args []string, in io.Reader, out io.Writer, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "oac-guest bridge:", err)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	c, err := ep.Dial(ctx)
+	// The host execs the bridge once the container runs, which may be
+	// before the agent listens (a busy node): retry until it does.
+	ctx, cancel := context.WithTimeout(context.Background(), bridgeWait)
+	c, err := transport.DialRetry(ctx, ep)
 	cancel()
 	if err != nil {
 		fmt.Fprintln(stderr, "oac-guest bridge:", err, "(is the agent waiting on --transport unix+listen:// with this path?)")

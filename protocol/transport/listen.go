@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // listenOnce listens on path, in a directory only its owner can enter,
@@ -43,6 +44,24 @@ func listenOnce(ctx context.Context, path string) (net.Conn, error) {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// DialRetry dials e until it answers or ctx ends, backing off from 5 ms
+// to 200 ms: a peer that has not begun to listen yet is waited for.
+func DialRetry(ctx context.Context, e Endpoint) (net.Conn, error) {
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := e.Dial(ctx)
+		if err == nil {
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
 }
 
 // Relay joins a connection to a reader and a writer (a bridge's stdin

@@ -98,3 +98,27 @@ func TestRelayEndsWhenTheAgentCloses(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.Equal(t, "from the agent", out.String())
 }
+
+func TestABridgeWaitsForAnAgentThatIsNotListeningYet(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "oac", "session.sock")
+	got := make(chan net.Conn, 1)
+	go func() {
+		c, err := DialRetry(context.Background(), Endpoint{Scheme: SchemeUnix, Path: sock})
+		assert.NoError(t, err)
+		got <- c
+	}()
+	// The bridge is already dialing (and failing) when the agent listens.
+	guest, err := Endpoint{Scheme: SchemeUnixListen, Path: sock}.Dial(context.Background())
+	require.NoError(t, err)
+	defer guest.Close()
+	bridge := <-got
+	require.NotNil(t, bridge)
+	bridge.Close()
+}
+
+func TestABridgeGivesUpWhenItsWaitEnds(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := DialRetry(ctx, Endpoint{Scheme: SchemeUnix, Path: filepath.Join(t.TempDir(), "absent.sock")})
+	assert.Error(t, err)
+}
