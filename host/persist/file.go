@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -72,7 +73,14 @@ func (s *FileStore) Lock(name string) (Unlocker, error) {
 			}
 			return nil, fmt.Errorf("open %s: %w", path, err)
 		}
-		if err := tryLock(f); err != nil {
+		err = tryLock(f)
+		if err != nil && wouldBlock(err) {
+			// Held: by a command of that name, or, for a moment, by another
+			// command's sweep of directories without a record, which this
+			// one is about to make. Wait out a moment's hold.
+			err = s.waitLock(f, name)
+		}
+		if err != nil {
 			f.Close()
 			if wouldBlock(err) {
 				return nil, fmt.Errorf("%w: %s (lock %s)", ErrLocked, name, path)
@@ -90,6 +98,32 @@ func (s *FileStore) Lock(name string) (Unlocker, error) {
 		return &fileLock{f: f}, nil
 	}
 	return nil, fmt.Errorf("lock kept sandbox %s: it kept changing under us; retry", name)
+}
+
+// sweepHold bounds the wait for a lock held by a sweep: a sweep holds a
+// name's lock only to see that it has no record and remove it.
+const sweepHold = time.Second
+
+// lockContended, when set (tests), is called each time Lock finds the
+// name's lock held, before it waits.
+var lockContended func(name string)
+
+// waitLock retries the lock of f while it is held, for at most sweepHold,
+// backing off from 2 ms to 100 ms; it returns the last error.
+func (s *FileStore) waitLock(f *os.File, name string) error {
+	deadline := time.Now().Add(sweepHold)
+	backoff := 2 * time.Millisecond
+	for {
+		if lockContended != nil {
+			lockContended(name)
+		}
+		err := tryLock(f)
+		if err == nil || !wouldBlock(err) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
 }
 
 func sameFile(f *os.File, path string) bool {

@@ -255,3 +255,39 @@ func TestDigest(t *testing.T) {
 	assert.Empty(t, d)
 	assert.False(t, errors.Is(err, ErrCorrupt))
 }
+
+// TestALockHeldForAMomentIsWaitedOut: another command's sweep holds a
+// name's lock only to see it has no record; a command taking the name
+// then waits instead of refusing it as in use. The holder lets go at the
+// first contention the lock sees, never after a sleep.
+func TestALockHeldForAMomentIsWaitedOut(t *testing.T) {
+	s := NewFileStore(t.TempDir())
+	sweep, err := s.Lock("a")
+	require.NoError(t, err)
+	contended := 0
+	lockContended = func(name string) {
+		contended++
+		if contended == 1 {
+			assert.Equal(t, "a", name)
+			sweep.Unlock()
+		}
+	}
+	t.Cleanup(func() { lockContended = nil })
+	l, err := s.Lock("a")
+	require.NoError(t, err, "the sweep's moment is waited out")
+	l.Unlock()
+	assert.Equal(t, 1, contended)
+}
+
+// TestALockHeldLongerThanASweepIsRefused: a command that holds the name
+// (a running sandbox) still refuses the next one, after sweepHold.
+func TestALockHeldLongerThanASweepIsRefused(t *testing.T) {
+	s := NewFileStore(t.TempDir())
+	running, err := s.Lock("a")
+	require.NoError(t, err)
+	defer running.Unlock()
+	t0 := time.Now()
+	_, err = s.Lock("a")
+	require.ErrorIs(t, err, ErrLocked)
+	assert.GreaterOrEqual(t, time.Since(t0), sweepHold, "refused once a sweep's hold would have ended")
+}
