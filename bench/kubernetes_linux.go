@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -155,7 +154,7 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 		}
 	}()
 
-	archive, err := kubeGuestImage(k.b, dir)
+	layout, err := kubeGuestImage(k.b, dir)
 	if err != nil {
 		return fmt.Errorf("kubernetes: guest image: %w", err)
 	}
@@ -196,11 +195,15 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 	}
 	k.r.Add(res)
 
-	if err := installSeccomp(c, profile); err != nil {
+	pb, err := os.ReadFile(profile)
+	if err == nil {
+		err = c.InstallSeccompProfile("oac-seccomp.json", pb)
+	}
+	if err != nil {
 		return fmt.Errorf("kubernetes: seccomp profile: %w", err)
 	}
 	ictx, icancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = c.ImportImage(ictx, archive)
+	err = c.ImportLayout(ictx, layout)
 	icancel()
 	if err != nil {
 		return fmt.Errorf("kubernetes: import the guest image: %w", err)
@@ -680,7 +683,7 @@ func (k *kubeRun) sandboxPods(ctx context.Context) ([]kubePod, error) {
 
 // kubeGuestImage builds the guest image (the docker rows' base, the
 // agent, the sandbox_io stand-in and the daemon stand-in) as an OCI
-// layout and archives it for ImportImage.
+// layout (Cluster.ImportLayout imports it).
 func kubeGuestImage(b Bins, dir string) (string, error) {
 	base := filepath.Join(dir, "base")
 	if err := trueBase(base); err != nil {
@@ -692,71 +695,7 @@ func kubeGuestImage(b Bins, dir string) (string, error) {
 		Outputs:   []string{imagebuild.OutOCI}, Out: out, Epoch: 1, Ref: kubeImageRef}); err != nil {
 		return "", err
 	}
-	archive := filepath.Join(dir, "guest.oci.tar")
-	return archive, tarTree(filepath.Join(out, "oci"), archive)
-}
-
-// tarTree writes dir's files into an uncompressed tar at out (an OCI
-// layout archive, as ctr images import reads).
-func tarTree(dir, out string) error {
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(info, "")
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		hdr.Name = filepath.ToSlash(rel)
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		src, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer src.Close()
-		_, err = io.Copy(tw, src)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return f.Close()
-}
-
-// installSeccomp puts the agent's profile in the kubelet's seccomp
-// directory, as docs/kubernetes.md asks of an operator.
-func installSeccomp(c *kcluster.Cluster, profile string) error {
-	b, err := os.ReadFile(profile)
-	if err != nil {
-		return err
-	}
-	dir := filepath.Join(c.Dir, "kubelet", "seccomp")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "oac-seccomp.json"), b, 0o644)
+	return filepath.Join(out, "oci"), nil
 }
 
 // findUp finds rel in the working directory or a parent ("" if none).

@@ -3,11 +3,8 @@
 package e2e
 
 import (
-	"archive/tar"
 	"context"
 	"fmt"
-	"io"
-	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -72,11 +69,7 @@ func installSeccompProfile(c *kcluster.Cluster) error {
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(c.Dir, "kubelet", "seccomp")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "oac-seccomp.json"), b, 0o644)
+	return c.InstallSeccompProfile("oac-seccomp.json", b)
 }
 
 // kubeImage builds the run's guest image as an OCI image (the stand-ins
@@ -95,66 +88,13 @@ func kubeImage(t *testing.T, c *kcluster.Cluster) string {
 			kube.imgErr = fmt.Errorf("oac-image build: %w: %s", err, out)
 			return
 		}
-		tarball := dir + ".tar"
-		if kube.imgErr = tarDir(filepath.Join(dir, "oci"), tarball); kube.imgErr != nil {
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		kube.imgErr = c.ImportImage(ctx, tarball)
+		kube.imgErr = c.ImportLayout(ctx, filepath.Join(dir, "oci"))
 		kube.image = kubeImageRef
 	})
 	require.NoError(t, kube.imgErr, "import the guest image into the cluster")
 	return kube.image
-}
-
-// tarDir writes dir's files into an uncompressed tar at out (an OCI
-// layout archive, as ctr images import reads).
-func tarDir(dir, out string) error {
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(info, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if d.Type().IsRegular() {
-			src, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer src.Close()
-			_, err = io.Copy(tw, src)
-			return err
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return f.Close()
 }
 
 // kubeLeftovers lists the cluster's objects of sandbox name: Pods,
