@@ -91,11 +91,12 @@ type found struct {
 	userWhy string // why not, or why
 }
 
-// check finds a reachable API server that lets us list Pods in the
+// check finds a reachable API server where the caller holds every
+// permission a run needs (kept: a kept sandbox's too) and may list Pods in the
 // namespace, an image, valid settings, and whether Pods get user
 // namespaces. Errors wrap ErrUnavailable (or ErrInvalidSpec for a bad
 // flag) and say what to do.
-func (p *Provider) check(ctx context.Context) (found, error) {
+func (p *Provider) check(ctx context.Context, kept bool) (found, error) {
 	var f found
 	if err := p.checkFlags(); err != nil {
 		return f, err
@@ -112,7 +113,7 @@ func (p *Provider) check(ctx context.Context) (found, error) {
 		return f, fmt.Errorf("%w: kubernetes: the API server at %s does not answer: %v", provider.ErrUnavailable, c.server, err)
 	}
 	f.version = v.GitVersion
-	if err := checkPermissions(ctx, c, false); err != nil {
+	if err := checkPermissions(ctx, c, kept); err != nil {
 		return f, err
 	}
 	if _, err := c.cs.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector(""), Limit: 1}); err != nil {
@@ -203,13 +204,13 @@ func shortErr(err error) string {
 
 // Check implements provider.Provider.
 func (p *Provider) Check(ctx context.Context) error {
-	_, err := p.check(ctx)
+	_, err := p.check(ctx, false)
 	return err
 }
 
 // Detail implements provider.Detailer.
 func (p *Provider) Detail(ctx context.Context) string {
-	f, err := p.check(ctx)
+	f, err := p.check(ctx, false)
 	if err != nil {
 		return ""
 	}
@@ -278,18 +279,13 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if spec.Rootfs != "" {
 		return nil, fmt.Errorf("%w: kubernetes runs an image (--k8s-image), not a --rootfs directory", provider.ErrInvalidSpec)
 	}
-	f, err := p.check(ctx)
+	f, err := p.check(ctx, spec.Keep != nil)
 	if err != nil {
 		return nil, err
 	}
 	cfg, err := p.config(f, spec)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", provider.ErrInvalidSpec, err)
-	}
-	if spec.Keep != nil {
-		if err := checkPermissions(ctx, f.c, true); err != nil {
-			return nil, err
-		}
 	}
 	in := &Instance{
 		Process: provider.NewProcess(provider.Exits("the Pod's agent exited", "the sandbox's Pod ended"), errors.New("the sandbox's Pod was not gone within 10s of its deletion")),
