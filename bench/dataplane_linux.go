@@ -15,7 +15,7 @@ import (
 	guestdp "github.com/oac/sandbox-agent/guest/dataplane"
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/host/dataplane"
-	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )

@@ -20,7 +20,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
-	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/protocol"
@@ -151,7 +151,7 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	assert.Equal(t, values(goConsts(t, "../protocol", "Via")), enum(t, d.def(schema.Event, "Via")))
 	assert.Equal(t, []string{protocol.EffectNone, protocol.EffectPossible}, enum(t, d.def(schema.Event, "Effect")))
 	decision := d.def(schema.Event, "EgressEvent").n["properties"].(node)["decision"].(node)
-	assert.Equal(t, values(goConsts(t, "../host/egress", "Decision")), enum(t, at{schema.Event, decision}))
+	assert.Equal(t, values(goConsts(t, "../egress", "Decision")), enum(t, at{schema.Event, decision}))
 
 	names := append([]string(nil), api.Commands()...)
 	sort.Strings(names)

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/host/api"
-	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

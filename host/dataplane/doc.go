@@ -18,7 +18,7 @@
 //     connection and names its target; the connection then carries the
 //     bytes.
 //
-// Both ask the egress broker (package host/egress) through the same
+// Both ask the egress broker (package egress) through the same
 // Attempt as an egress stream: one code path decides, limits and emits
 // events. It bounds what a hostile guest can make it hold: frames of at
 // most protocol.MaxHeaderFrame, requests paced to MaxRequestRate, writes

@@ -13,7 +13,7 @@ import (
 // Fuzz targets for the host's decoders of guest bytes that live in this
 // package: log streams (readLines), the runtime's stderr (diagWriter) and
 // guest text copied into events (guestText). The frame, message and header
-// decoders are fuzzed in package protocol, egress targets in host/egress.
+// decoders are fuzzed in package protocol, egress targets in package egress.
 
 func FuzzReadLines(f *testing.F) {
 	f.Add([]byte("hello\nworld\n"))

@@ -5,7 +5,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/egress"
 )
 
 // TestMain fails the suite if a test leaves a goroutine running.

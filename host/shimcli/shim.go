@@ -11,7 +11,7 @@ import (
 
 	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
-	"github.com/oac/sandbox-agent/host/egress"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/kept"

@@ -1,5 +1,8 @@
-// Package egress is the host side of the guest's only way out: the broker
-// that answers every egress stream the guest opens.
+// Package egress is the broker of the sandbox's only way out: it answers
+// every egress stream the guest opens. Both sides import it: oac-shim runs
+// it on the host, and oac-guest's helper mode (a hosted sandbox with no
+// shim beside it) runs it inside the guest, outside the workload's network
+// namespace, with the same policy, checks and events.
 //
 // It owns the policy (exact hosts, *.suffix names and CIDR prefixes, each
 // with a port or port range; named upstreams NAME:PORT=ADDR; at most 256

@@ -122,7 +122,7 @@ func (w *watchedAddrs) Owner(a netip.Addr) (string, bool) { return w.cur.Load().
 // WatcherFunction is the function of the goroutine that keeps
 // SystemHostAddrs current; it runs for the life of the process (for
 // goleak.IgnoreAnyFunction in tests).
-const WatcherFunction = "github.com/oac/sandbox-agent/host/egress.(*watchedAddrs).follow"
+const WatcherFunction = "github.com/oac/sandbox-agent/egress.(*watchedAddrs).follow"
 
 var system struct {
 	once sync.Once
