@@ -63,6 +63,10 @@ type Broker struct {
 	cfg    Config
 	own    HostAddrs
 	policy atomic.Pointer[Policy]
+	// mu orders policy replacements with the Link's rule, which every
+	// policy keeps (AllowLink).
+	mu   sync.Mutex
+	link *Rule
 	sem    chan struct{}
 	nextID atomic.Uint64
 	// dialHook, when set (tests), replaces the Control hook's final check.
@@ -100,11 +104,40 @@ func New(cfg Config) *Broker {
 
 // SetPolicy replaces the policy atomically: connected streams keep
 // running, every decision after the call uses p. nil denies everything.
+// The Link's rule (AllowLink) stays.
 func (b *Broker) SetPolicy(p *Policy) {
 	if p == nil {
 		p = &Policy{}
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.link != nil {
+		p = p.WithLink(*b.link)
+	}
 	b.policy.Store(p)
+}
+
+// AllowLink allows exactly the host and port of the bootstrap's Link URL,
+// the one destination oac-sandbox-io must reach, under every policy from
+// now on (replacing an earlier Link), and returns the rule as the policy
+// describes it. It refuses (ErrLinkNotAllowed, saying why) an address
+// literal no name rule could allow: a refused class, or an address of
+// this host.
+func (b *Broker) AllowLink(linkURL string) (string, error) {
+	r, err := LinkRule(linkURL)
+	if err != nil {
+		return "", err
+	}
+	if r.kind == ruleCIDR {
+		if iface, own := b.own.Owner(r.prefix.Addr()); own {
+			return "", fmt.Errorf("%w: %s is an address of this host (%s); a CIDR rule naming exactly it allows it", ErrLinkNotAllowed, r.prefix.Addr(), iface)
+		}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.link = &r
+	b.policy.Store(b.policy.Load().WithLink(r))
+	return r.String(), nil
 }
 
 // PolicyEvent describes the current policy as an egress_policy event.

@@ -74,9 +74,17 @@ func (p *Policy) plan(rawHost string, port int, own HostAddrs) (plan, *Failure) 
 		r := &p.rules[i]
 		if r.hasPort(port) {
 			anyPort = true
-			if r.kind == ruleCIDR {
+			if r.kind == ruleCIDR && !r.link {
 				cidrPort = true
 			}
+		}
+		if h.IsIP() && r.link && r.prefix.Contains(h.IP) && r.hasPort(port) {
+			// The Link's address: allowed as its name would be, after
+			// the same class checks.
+			if pl.nameRule == nil {
+				pl.nameRule = r
+			}
+			continue
 		}
 		if !h.IsIP() && r.matchesName(h.Name) {
 			if r.hasPort(port) {
@@ -155,7 +163,7 @@ func (pl plan) owner(a netip.Addr) (string, bool) {
 func (p *Policy) cidrAllows(a netip.Addr, port int, own bool) *Rule {
 	for i := range p.rules {
 		r := &p.rules[i]
-		if r.kind == ruleCIDR && (port == 0 || r.hasPort(port)) && r.prefix.Contains(a) && (!own || r.prefix.IsSingleIP()) {
+		if r.kind == ruleCIDR && !r.link && (port == 0 || r.hasPort(port)) && r.prefix.Contains(a) && (!own || r.prefix.IsSingleIP()) {
 			return r
 		}
 	}

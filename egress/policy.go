@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"net"
 	"net/netip"
 	"os"
@@ -49,6 +50,9 @@ type Rule struct {
 	name   string // exact name, or the suffix without "*."
 	prefix netip.Prefix
 	lo, hi uint16
+	// link marks the rule the bootstrap's Link URL makes (LinkRule): an
+	// address it names never lifts a refused class, as a name would not.
+	link bool
 }
 
 // String returns the rule in the syntax ParseRule accepts, normalized.
@@ -61,9 +65,15 @@ func (r Rule) String() string {
 		h = "*." + r.name
 	case ruleCIDR:
 		h = r.prefix.String()
+		if r.link {
+			h = r.prefix.Addr().String()
+		}
 		if r.prefix.Addr().Is6() {
 			h = "[" + h + "]"
 		}
+	}
+	if r.link {
+		return "link " + h + ":" + portText(r.lo, r.hi)
 	}
 	return h + ":" + portText(r.lo, r.hi)
 }
@@ -308,18 +318,24 @@ func ParsePolicy(rules, upstreams []string) (*Policy, error) {
 	return NewPolicy(rs, us)
 }
 
-// Rules returns the rules as strings.
+// Rules returns the operator's rules as strings (not the Link's).
 func (p *Policy) Rules() []string {
 	var out []string
 	for _, r := range p.rules {
-		out = append(out, r.String())
+		if !r.link {
+			out = append(out, r.String())
+		}
 	}
 	return out
 }
 
-// Describe returns the rules and then the upstreams ("upstream N:P=A").
+// Describe returns the rules, the Link's ("link H:P"), and then the
+// upstreams ("upstream N:P=A").
 func (p *Policy) Describe() []string {
 	out := p.Rules()
+	if r := p.linkRule(); r != nil {
+		out = append(out, r.String())
+	}
 	keys := make([]string, 0, len(p.upstreams))
 	for _, u := range p.upstreams {
 		keys = append(keys, "upstream "+u.String())
@@ -328,8 +344,75 @@ func (p *Policy) Describe() []string {
 	return append(out, keys...)
 }
 
-// Len returns the number of rules and upstreams.
-func (p *Policy) Len() (rules, upstreams int) { return len(p.rules), len(p.upstreams) }
+// Len returns the number of the operator's rules and upstreams.
+func (p *Policy) Len() (rules, upstreams int) {
+	n := len(p.rules)
+	if p.linkRule() != nil {
+		n--
+	}
+	return n, len(p.upstreams)
+}
+
+func (p *Policy) linkRule() *Rule {
+	if n := len(p.rules); n > 0 && p.rules[n-1].link {
+		return &p.rules[n-1]
+	}
+	return nil
+}
+
+// ErrLinkNotAllowed is returned by LinkRule for a Link the default cannot
+// allow; the message says why and which rule would.
+var ErrLinkNotAllowed = errors.New("the Link is not allowed by default")
+
+// LinkRule returns the rule that allows exactly the host and port of a
+// Link URL (ws:// port 80, wss:// port 443 unless the URL names one).
+// A name's addresses meet the same checks as any name rule's when it is
+// resolved; an address literal in a refused class, or always refused, is
+// not allowed by default (ErrLinkNotAllowed): only an operator's CIDR rule
+// opens such an address.
+func LinkRule(linkURL string) (Rule, error) {
+	u, err := url.Parse(linkURL)
+	if err != nil || u.Hostname() == "" {
+		return Rule{}, fmt.Errorf("%w: the link_url has no host", ErrLinkNotAllowed)
+	}
+	port := 443
+	if u.Scheme == "ws" {
+		port = 80
+	}
+	if ps := u.Port(); ps != "" {
+		n, err := parsePort(ps)
+		if err != nil {
+			return Rule{}, fmt.Errorf("%w: the link_url's port is not within 1..65535", ErrLinkNotAllowed)
+		}
+		port = int(n)
+	}
+	h, err := ParseHost(u.Hostname())
+	if err != nil {
+		return Rule{}, fmt.Errorf("%w: the link_url's host is not a valid host name or address", ErrLinkNotAllowed)
+	}
+	r := Rule{kind: ruleHost, name: h.Name, lo: uint16(port), hi: uint16(port), link: true}
+	if h.IsIP() {
+		if why, bad := alwaysRefused(h.IP); bad {
+			return Rule{}, fmt.Errorf("%w: %s is %s", ErrLinkNotAllowed, h.IP, why)
+		}
+		if cls, bad := refusedClass(h.IP); bad {
+			return Rule{}, fmt.Errorf("%w: %s is %s; a CIDR rule naming it allows it", ErrLinkNotAllowed, h.IP, cls)
+		}
+		r.kind, r.name, r.prefix = ruleCIDR, "", netip.PrefixFrom(h.IP, h.IP.BitLen())
+	}
+	return r, nil
+}
+
+// WithLink returns a copy of p that also allows the Link's rule (from
+// LinkRule), replacing the Link rule p had.
+func (p *Policy) WithLink(r Rule) *Policy {
+	rules := p.rules
+	if p.linkRule() != nil {
+		rules = rules[:len(rules)-1]
+	}
+	r.link = true
+	return &Policy{rules: append(slices.Clone(rules), r), upstreams: p.upstreams}
+}
 
 // File is the policy file format (version 1), decoded strictly.
 //

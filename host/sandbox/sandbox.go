@@ -299,6 +299,22 @@ func (s *run) emitFinal() {
 
 // guardErr returns the guard's violation, made the sandbox's failure
 // reason, or nil.
+// allowLink allows the Link's host and port, the one destination
+// oac-sandbox-io must reach, without a rule of the operator's, and says
+// so: a sandbox whose operator forgot the Link would be ready and never
+// serve.
+func (s *run) allowLink(b *bootstrap.Bootstrap) {
+	if s.cfg.Egress == nil || b.SandboxIO == nil || b.SandboxIO.Bootstrap == nil {
+		return
+	}
+	rule, err := s.cfg.Egress.AllowLink(b.SandboxIO.Bootstrap.LinkURL)
+	if err != nil {
+		s.setState(api.StateStarting, "egress: "+err.Error()+"; oac-sandbox-io reaches its Link only through a rule of yours")
+		return
+	}
+	s.setState(api.StateStarting, "egress: the Link is allowed by default ("+rule+"): the one destination oac-sandbox-io must reach; every other destination needs a rule")
+}
+
 func (s *run) guardErr() error {
 	if s.guard == nil {
 		return nil
@@ -357,6 +373,7 @@ func (s *run) run(ctx context.Context) error {
 		}
 	}
 	s.setState(api.StateStarting, "creating sandbox")
+	s.allowLink(b)
 	s.phases.mark("")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
 	s.phases.mark("create")

@@ -378,3 +378,41 @@ func TestAGuestThatSpeaksLongAfterItsConnectionGetsItsSession(t *testing.T) {
 	g.exit()
 	assert.Error(t, wait(t, done))
 }
+
+func TestTheLinkIsAllowedWithoutARuleAndTheStartingEventSaysSo(t *testing.T) {
+	const (
+		tenant = "11111111-1111-4111-8111-111111111111"
+		env    = "22222222-2222-4222-8222-222222222222"
+		alloc  = "33333333-3333-4333-8333-333333333333"
+	)
+	p, rec := newFakeProvider(), newRecorder()
+	broker := egress.New(egress.Config{HostAddrs: egress.NewAddrSet()})
+	b := &bootstrap.Bootstrap{
+		Version: 1,
+		Sandbox: &bootstrap.Identity{TenantID: tenant, EnvironmentID: env, AllocationID: alloc},
+		SandboxIO: &bootstrap.SandboxIOSpec{Bootstrap: &bootstrap.SandboxIO{
+			Version: 1, LinkURL: "wss://link.example.com/api/v1/sandbox-link", Credential: "link-credential",
+			Resource: bootstrap.Resource{TenantID: tenant, EnvironmentID: env, Kind: "allocation", ID: alloc, Generation: 1},
+		}},
+	}
+	require.NoError(t, b.Validate())
+	cancel, done := runSandbox(t, Config{Provider: p, Events: rec, Bootstrap: b, Egress: broker})
+	g := connectGuest(t, p)
+	assert.Equal(t, []string{"link link.example.com:443"}, broker.Policy().Describe(), "no rule of the operator's, the Link's own")
+	cancel(errors.New("done"))
+	_ = g.ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateStopped})
+	g.exit()
+	require.NoError(t, wait(t, done))
+	var said []string
+	for _, e := range rec.ev {
+		if e.Event == api.KindState && e.State == api.StateStarting {
+			said = append(said, e.Message)
+		}
+	}
+	require.GreaterOrEqual(t, len(said), 2)
+	assert.Equal(t, "creating sandbox", said[0])
+	assert.Contains(t, said[1], "the Link is allowed by default (link link.example.com:443)")
+	for _, e := range rec.ev {
+		assert.NotContains(t, e.Message, "link-credential", "the Link's credential is in no event")
+	}
+}
