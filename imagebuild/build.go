@@ -26,6 +26,7 @@ const (
 	OutExt4  = "ext4"  // disk.ext4: raw ext4 disk image
 	OutErofs = "erofs" // disk.erofs: raw erofs disk image (lz4hc)
 	OutOCI   = "oci"   // oci/: an OCI image layout
+	OutE2B   = "e2b"   // e2b/: an E2B template build context
 	OutVM    = "vm"    // vmlinuz and initramfs.img for qemu and macOS
 	// OutWSLInstaller is the copied WSL installer (Spec.WSLInstaller); it
 	// is not a kind of image and not in AllOutputs.
@@ -33,7 +34,7 @@ const (
 )
 
 // AllOutputs lists every output kind in build order.
-var AllOutputs = []string{OutDir, OutTar, OutOCI, OutExt4, OutErofs, OutVM}
+var AllOutputs = []string{OutDir, OutTar, OutOCI, OutE2B, OutExt4, OutErofs, OutVM}
 
 // File names in the output directory.
 const (
@@ -42,10 +43,14 @@ const (
 	Ext4Name      = "disk.ext4"
 	ErofsName     = "disk.erofs"
 	OCIName       = "oci"
+	E2BName       = "e2b"
 	KernelName    = "vmlinuz"
 	InitramfsName = "initramfs.img"
 	SumsName      = "SHA256SUMS"
 	ManifestName  = "manifest.json"
+
+	// E2BDockerfileName is the Dockerfile in E2BName, beside a TarName.
+	E2BDockerfileName = "e2b.Dockerfile"
 )
 
 // Spec is one build.
@@ -150,6 +155,10 @@ func Build(spec Spec) (res *Result, err error) {
 	}
 	if spec.BaseURL != "" && spec.Release == "" {
 		return nil, errors.New("a manifest (base URL given) needs a release name")
+	}
+	// Said before building: a manifest of no artifacts is invalid.
+	if spec.BaseURL != "" && !want[OutTar] && !want[OutExt4] && !want[OutErofs] && !want[OutVM] && spec.WSLInstaller == "" {
+		return nil, errors.New("a manifest (base URL given) pins tar, ext4, erofs, vm or the WSL installer, and none is built (oci and e2b are not pinned)")
 	}
 	if w := spec.WSLInstaller; w != "" {
 		if st, err := os.Stat(w); err != nil || !st.Mode().IsRegular() {
@@ -265,6 +274,22 @@ func Build(spec Spec) (res *Result, err error) {
 			return nil, err
 		}
 	}
+	if want[OutE2B] {
+		start := time.Now()
+		p := filepath.Join(spec.Out, E2BName)
+		made = append(made, p)
+		// The tar output's file when there is one: its bytes, written once.
+		src := layer.path
+		if want[OutTar] {
+			src = filepath.Join(spec.Out, TarName)
+		}
+		if err := writeE2B(p, src, epoch); err != nil {
+			return nil, fmt.Errorf("e2b template: %w", err)
+		}
+		if err := add(OutE2B, p, start); err != nil {
+			return nil, err
+		}
+	}
 	if want[OutExt4] {
 		start := time.Now()
 		p := filepath.Join(spec.Out, Ext4Name)
@@ -373,7 +398,7 @@ func checkArch(spec Spec, vm bool) error {
 var safeName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
 // reservedNames are the output directory's own names.
-var reservedNames = []string{DirName, TarName, Ext4Name, ErofsName, OCIName, KernelName, InitramfsName, SumsName, ManifestName, ".", ".."}
+var reservedNames = []string{DirName, TarName, Ext4Name, ErofsName, OCIName, E2BName, KernelName, InitramfsName, SumsName, ManifestName, ".", ".."}
 
 func contains(list []string, s string) bool {
 	for _, v := range list {
@@ -510,9 +535,9 @@ func dirSize(dir string) int64 {
 
 // writeSums writes "HEX  NAME" lines, sorted by name, that `sha256sum -c`
 // checks in the output directory: every file output and every file of the
-// OCI layout. The rootfs/ directory is left out (its tree is
-// rootfs.tar.gz's, whose line is there; its DirDigest is in the build's
-// log).
+// OCI layout and the E2B context. The rootfs/ directory is left out (its
+// tree is rootfs.tar.gz's, whose line is there; its DirDigest is in the
+// build's log).
 func writeSums(p, out string, outs []Output) error {
 	var lines []string
 	for _, o := range outs {
@@ -524,7 +549,7 @@ func writeSums(p, out string, outs []Output) error {
 			lines = append(lines, o.SHA256+"  "+rel(out, o.Path))
 			continue
 		}
-		if o.Kind != OutOCI {
+		if o.Kind != OutOCI && o.Kind != OutE2B {
 			continue
 		}
 		err = filepath.Walk(o.Path, func(p string, fi os.FileInfo, err error) error {
@@ -548,7 +573,9 @@ func writeSums(p, out string, outs []Output) error {
 
 // writeManifest pins the build's file outputs: the rootfs tar for
 // Windows (wsl --import), the disks, kernel and initramfs for macOS and
-// Linux (qemu).
+// Linux (qemu). The oci and e2b directories are not pinned: no host
+// stages them (E2B builds its template from e2b/), and e2b's tarball is
+// the pinned rootfs tar's bytes.
 func writeManifest(p string, spec Spec, outs []Output) error {
 	base := strings.TrimSuffix(spec.BaseURL, "/") + "/"
 	m := &manifest.Manifest{Schema: manifest.SchemaVersion, Release: spec.Release}

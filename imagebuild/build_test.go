@@ -2,6 +2,7 @@ package imagebuild
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"io"
 	"io/fs"
@@ -285,4 +286,67 @@ func TestBuildRefusesBinariesAndKernelsOfAnotherArchitecture(t *testing.T) {
 	_, err = Build(Spec{Injection: testInjection(t), Arch: "arm64", Outputs: []string{OutVM}, Kernel: kernel, ModulesDir: t.TempDir(),
 		Out: filepath.Join(t.TempDir(), "o")})
 	assert.ErrorContains(t, err, "is for amd64 but the image is for arm64 (make kernel ARCH=arm64 fetches Debian's)")
+}
+
+func TestE2BOutputIsTheTarOutputAndAFixedDockerfile(t *testing.T) {
+	base := testBase(t)
+	inj := testInjection(t)
+	a := build(t, base, inj, OutTar, OutE2B)
+	out := filepath.Dir(a.Outputs[0].Path)
+	require.Len(t, a.Outputs, 2)
+	assert.Equal(t, OutE2B, a.Outputs[1].Kind)
+	assert.Equal(t, filepath.Join(out, E2BName), a.Outputs[1].Path)
+	tarGz, err := os.ReadFile(filepath.Join(out, TarName))
+	require.NoError(t, err)
+	e2bTarGz, err := os.ReadFile(filepath.Join(out, E2BName, TarName))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(tarGz, e2bTarGz), "e2b/rootfs.tar.gz is the tar output's bytes")
+
+	df, err := os.ReadFile(filepath.Join(out, E2BName, E2BDockerfileName))
+	require.NoError(t, err)
+	assert.Equal(t, E2BDockerfile, string(df))
+	var instructions []string
+	for _, line := range strings.Split(string(df), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+			instructions = append(instructions, strings.ToUpper(f[0]))
+		}
+	}
+	assert.Equal(t, []string{"FROM", "ADD", "USER", "WORKDIR"}, instructions, "no CMD or ENTRYPOINT: Core starts the helper through envd")
+	assert.Contains(t, string(df), "\nADD rootfs.tar.gz /\n")
+	assert.Contains(t, string(df), "--file SRC:/etc/oac/egress-policy.json:0644", "it says where the egress policy goes")
+	assert.Contains(t, string(df), "/usr/sbin/oac-guest", "it says where a merged-/usr base puts the agent")
+
+	sums, err := os.ReadFile(filepath.Join(out, SumsName))
+	require.NoError(t, err)
+	for _, name := range []string{TarName, E2BName + "/" + E2BDockerfileName, E2BName + "/" + TarName} {
+		sum, err := fileDigest(filepath.Join(out, name))
+		require.NoError(t, err)
+		assert.Contains(t, string(sums), sum+"  "+name+"\n")
+	}
+
+	mf, err := os.Open(filepath.Join(out, ManifestName))
+	require.NoError(t, err)
+	defer mf.Close()
+	m, err := manifest.Decode(mf)
+	require.NoError(t, err)
+	require.Len(t, m.Artifacts, 1, "the e2b files are not pinned: only the rootfs tar is")
+	assert.Equal(t, manifest.KindRootfsTar, m.Artifacts[0].Kind)
+
+	// Another build of the same inputs, and one without the tar output,
+	// give the same bytes.
+	b := build(t, base, inj, OutTar, OutE2B)
+	assert.Equal(t, digests(a), digests(b))
+	sumsB, err := os.ReadFile(filepath.Join(filepath.Dir(b.Outputs[0].Path), SumsName))
+	require.NoError(t, err)
+	assert.Equal(t, string(sums), string(sumsB))
+	_, err = Build(Spec{Base: base, Injection: inj, Outputs: []string{OutE2B}, Out: filepath.Join(t.TempDir(), "o"),
+		BaseURL: "https://images.example.com/oac/1", Release: "test-1"})
+	assert.ErrorContains(t, err, "none is built (oci and e2b are not pinned)")
+	c, err := Build(Spec{Base: base, Injection: inj, Epoch: 1700000000, Arch: "amd64", Outputs: []string{OutE2B}, Out: filepath.Join(t.TempDir(), "out")})
+	require.NoError(t, err)
+	require.Len(t, c.Outputs, 1)
+	assert.Equal(t, digests(a)[OutE2B], c.Outputs[0].SHA256, "the e2b directory is the same without the tar output")
+	alone, err := os.ReadFile(filepath.Join(c.Outputs[0].Path, TarName))
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(tarGz, alone))
 }

@@ -1,8 +1,9 @@
 // Package imagebuild builds guest images from a base rootfs (a directory,
 // or a tar or tar.gz) for every platform: a directory for bwrap
 // (--rootfs), a rootfs tar.gz for `wsl --import`, an OCI image layout for
-// containers, ext4 and erofs disk images plus a kernel and an initramfs
-// for qemu and macOS.
+// containers, an E2B template build context (a Dockerfile and that tar.gz),
+// ext4 and erofs disk images plus a kernel and an initramfs for qemu and
+// macOS.
 //
 // Every image gets the same fixed parts (Inject): oac-guest at
 // /sbin/oac-guest, oac-sandbox-io at /usr/local/bin/oac-sandbox-io, the CA

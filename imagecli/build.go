@@ -17,11 +17,14 @@ const buildHelp = `usage: oac-image build --agent PATH --sandbox-io PATH -o DIR 
 
 Builds a guest image from a base rootfs and writes every requested output
 into DIR (which must be new or empty), then DIR/SHA256SUMS (every file output and
-every file of the OCI layout, for sha256sum -c):
+every file of the OCI layout and of e2b/, for sha256sum -c):
 
   dir    DIR/rootfs/        a directory: oac-shim run --provider bwrap --rootfs DIR/rootfs
   tar    DIR/rootfs.tar.gz  for Windows: wsl --import NAME PATH DIR/rootfs.tar.gz
   oci    DIR/oci/           an OCI image layout (one gzip layer; tag from --ref)
+  e2b    DIR/e2b/           an E2B template build context: e2b.Dockerfile and rootfs.tar.gz
+         (the tar output's bytes); build it in DIR/e2b with e2b template build or
+         docker build -f e2b.Dockerfile . (docs/hosted.md); not in the manifest
   ext4   DIR/disk.ext4      a raw ext4 disk (qemu, macOS); needs mkfs.ext4 and debugfs (e2fsprogs)
   erofs  DIR/disk.erofs     a raw erofs disk, lz4hc; needs mkfs.erofs (erofs-utils)
   vm     DIR/vmlinuz, DIR/initramfs.img   the kernel and an initramfs with oac-guest as
@@ -73,7 +76,7 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	var irdFiles fileFlag
 	fs.Var(&irdFiles, "initramfs-file", "vm: extra file SRC:DST[:MODE] for the initramfs (repeatable)")
 	ref := fs.String("ref", "latest", "oci: the image's tag (org.opencontainers.image.ref.name)")
-	baseURL := fs.String("base-url", "", "write DIR/manifest.json pinning the file outputs at URL/NAME (https)")
+	baseURL := fs.String("base-url", "", "write DIR/manifest.json pinning the file outputs (not oci/ or e2b/) at URL/NAME (https)")
 	release := fs.String("release", "", "the manifest's release name (required with --base-url)")
 	wslInstaller := fs.String("wsl-installer", "", "the mirrored WSL installer (MSI): copied into DIR, listed in SHA256SUMS and pinned in the manifest (kind wsl-installer) for the WSL provider")
 	out := fs.String("o", "", "output directory, new or empty (required)")

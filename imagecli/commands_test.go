@@ -84,3 +84,38 @@ func TestBuildVerifyAndStageThroughTheCLI(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr.String(), "no artifact in the manifest matches")
 }
+
+func TestBuildWritesTheE2BContextThroughTheCLI(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, Main([]string{"build", "--help"}, &stdout, &stderr))
+	assert.Contains(t, stdout.String(), "  e2b    DIR/e2b/ ")
+	assert.Contains(t, stdout.String(), "dir,tar,oci,e2b,ext4,erofs,vm", "--output lists it")
+
+	dir := t.TempDir()
+	for _, n := range []string{"agent", "sio", "ca"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755))
+	}
+	sums := map[string]string{}
+	for _, o := range []string{"a", "b"} {
+		out := filepath.Join(dir, o)
+		stdout.Reset()
+		code := Main([]string{"build", "--agent", filepath.Join(dir, "agent"), "--sandbox-io", filepath.Join(dir, "sio"),
+			"--ca-bundle", filepath.Join(dir, "ca"), "--output", "e2b,tar", "--epoch", "1", "-o", out}, &stdout, &stderr)
+		require.Equal(t, 0, code, stderr.String())
+		assert.Contains(t, stdout.String(), "  "+filepath.Join(out, "e2b")+"\n")
+		tarGz, err := os.ReadFile(filepath.Join(out, "rootfs.tar.gz"))
+		require.NoError(t, err)
+		e2bTarGz, err := os.ReadFile(filepath.Join(out, "e2b", "rootfs.tar.gz"))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(tarGz, e2bTarGz))
+		df, err := os.ReadFile(filepath.Join(out, "e2b", "e2b.Dockerfile"))
+		require.NoError(t, err)
+		assert.Contains(t, string(df), "FROM scratch\nADD rootfs.tar.gz /\n")
+		b, err := os.ReadFile(filepath.Join(out, "SHA256SUMS"))
+		require.NoError(t, err)
+		assert.Contains(t, string(b), "  e2b/e2b.Dockerfile\n")
+		assert.Contains(t, string(b), "  e2b/rootfs.tar.gz\n")
+		sums[o] = string(b)
+	}
+	assert.Equal(t, sums["a"], sums["b"], "two builds give the same bytes")
+}

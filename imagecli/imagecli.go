@@ -16,7 +16,7 @@ import (
 
 const usage = `usage:
   oac-image build --agent PATH --sandbox-io PATH [--base DIR|TAR] [--output KIND...] -o DIR
-                      guest images: dir, tar (WSL), oci, ext4, erofs, vm (kernel+initramfs)
+                      guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (kernel+initramfs)
   oac-image initramfs --agent PATH [--kernel-modules DIR --module NAME...]
                       [--file SRC:DST[:MODE]...] -o FILE
   oac-image list FILE

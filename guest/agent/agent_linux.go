@@ -40,7 +40,10 @@ const ListenTimeout = 2 * time.Minute
 
 // Config configures one agent run.
 type Config struct {
-	Endpoint     transport.Endpoint
+	Endpoint transport.Endpoint
+	// Conn, when set, is the transport already connected (oac-guest
+	// helper: the host side runs in this process); Endpoint is then unused.
+	Conn         net.Conn
 	AgentVersion string
 	// MinVersion and MaxVersion default to the protocol package's range.
 	MinVersion, MaxVersion int
@@ -85,9 +88,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Confinement == nil {
 		cfg.Confinement = workload.Prepare(cfg.Log)
 	}
-	conn, err := dialWithRetry(ctx, cfg.Endpoint, cfg.DialTimeout)
-	if err != nil {
-		return err
+	conn := cfg.Conn
+	if conn == nil {
+		var err error
+		if conn, err = dialWithRetry(ctx, cfg.Endpoint, cfg.DialTimeout); err != nil {
+			return err
+		}
 	}
 	sess, err := yamux.Client(conn, protocol.MuxConfig(nil))
 	if err != nil {
@@ -109,7 +115,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	cfg.Log.Info("connected", "endpoint", cfg.Endpoint.String(), "protocol", welcome.Version, "host", welcome.HostVersion)
+	where := cfg.Endpoint.String()
+	if cfg.Conn != nil {
+		where = "in-process"
+	}
+	cfg.Log.Info("connected", "endpoint", where, "protocol", welcome.Version, "host", welcome.HostVersion)
 	if cfg.OnWelcome != nil {
 		cfg.OnWelcome(welcome)
 	}

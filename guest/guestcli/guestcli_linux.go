@@ -9,10 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/oac/sandbox-agent/guest/agent"
+	"github.com/oac/sandbox-agent/helper"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/guest/reaper"
@@ -34,6 +37,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == BridgeArg {
 		return bridge(args[1:], os.Stdin, os.Stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == HelperArg {
+		return runHelper(args, stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == SeedKeptArg {
 		if len(args) != 2 {
@@ -238,4 +244,65 @@ func bridge(args []string, in io.Reader, out io.Writer, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// HelperArg runs oac-guest as the helper of a hosted sandbox with no shim
+// beside it (package helper): the payload on stdin, events on stdout.
+const HelperArg = "helper"
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// runHelper parses the helper's flags and runs it in a mount namespace of
+// its own, as the subreaper of what it starts.
+func runHelper(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("oac-guest helper", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("name", helper.DefaultName, "the sandbox's name in the events")
+	policy := fs.String("policy", "", "egress policy file (default: "+helper.DefaultPolicyFile+" when the image has it)")
+	var allow, upstreams listFlag
+	fs.Var(&allow, "allow", "allow egress to HOST:PORT, *.SUFFIX:PORT or CIDR:PORT (repeatable; as oac-shim's)")
+	fs.Var(&upstreams, "upstream", "named upstream NAME:PORT=ADDR (repeatable; as oac-shim's)")
+	tenant := fs.String("tenant", "", "the sandbox's tenant UUID (default: the payload's resource)")
+	environment := fs.String("environment", "", "the sandbox's environment UUID")
+	allocation := fs.String("allocation", "", "the sandbox's allocation UUID")
+	debug := fs.Bool("debug", false, "log debug messages")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "oac-guest helper: unexpected arguments; the payload comes on stdin (see oac-guest helper -h)")
+		return 2
+	}
+	var id *bootstrap.Identity
+	if *tenant != "" || *environment != "" || *allocation != "" {
+		if *tenant == "" || *environment == "" || *allocation == "" {
+			fmt.Fprintln(stderr, "oac-guest helper: --tenant, --environment and --allocation go together")
+			return 2
+		}
+		id = &bootstrap.Identity{TenantID: *tenant, EnvironmentID: *environment, AllocationID: *allocation}
+	}
+	level := slog.LevelInfo
+	if *debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("component", "oac-guest", "mode", "helper")
+	if code, ok := helper.InPrivateMounts(args, log); ok {
+		return code
+	}
+	if os.Getpid() != 1 {
+		if err := reaper.BecomeSubreaper(); err != nil {
+			log.Warn("cannot become a subreaper: orphans of the workload are not reaped here", "err", err)
+		}
+	}
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return helper.Run(ctx, helper.Config{
+		Name: *name, Stdin: os.Stdin, Events: stdout, Diag: stderr, Log: log,
+		Reaper: reaper.New(), AgentVersion: buildinfo.Version,
+		PolicyFile: *policy, Allow: allow, Upstreams: upstreams, Identity: id,
+	})
 }

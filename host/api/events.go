@@ -55,11 +55,14 @@ const (
 	StateStopped  State = protocol.StateStopped
 )
 
+// ModeHelper is Event.Mode on the events of oac-guest helper.
+const ModeHelper = "helper"
+
 // SchemaVersion is the version of the published schema (schema/*.json)
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // Event is one line of oac-shim output.
 type Event struct {
@@ -67,19 +70,23 @@ type Event struct {
 	Sandbox string    `json:"sandbox"`
 	Event   string    `json:"event"`
 	// SchemaVersion is set by the sink (JSONLines) when zero.
-	SchemaVersion int    `json:"schema_version"`
-	State         State  `json:"state,omitempty"`
-	Message       string `json:"message,omitempty"`
-	Process       string `json:"process,omitempty"`
-	PID           int    `json:"pid,omitempty"`
-	Running       *bool  `json:"running,omitempty"`
-	ExitCode      *int   `json:"exit_code,omitempty"`
-	Signal        string `json:"signal,omitempty"`
-	Protocol      int    `json:"protocol,omitempty"`
-	AgentVersion  string `json:"agent_version,omitempty"`
-	Stream        string `json:"stream,omitempty"`
-	Line          string `json:"line,omitempty"`
-	Dropped       int64  `json:"dropped,omitempty"`
+	SchemaVersion int `json:"schema_version"`
+	// Mode is ModeHelper on the events oac-guest helper writes (a hosted
+	// sandbox with no shim beside it, docs/hosted.md); absent on
+	// oac-shim's.
+	Mode         string `json:"mode,omitempty"`
+	State        State  `json:"state,omitempty"`
+	Message      string `json:"message,omitempty"`
+	Process      string `json:"process,omitempty"`
+	PID          int    `json:"pid,omitempty"`
+	Running      *bool  `json:"running,omitempty"`
+	ExitCode     *int   `json:"exit_code,omitempty"`
+	Signal       string `json:"signal,omitempty"`
+	Protocol     int    `json:"protocol,omitempty"`
+	AgentVersion string `json:"agent_version,omitempty"`
+	Stream       string `json:"stream,omitempty"`
+	Line         string `json:"line,omitempty"`
+	Dropped      int64  `json:"dropped,omitempty"`
 	// Egress fields (egress, egress_closed). Conn links the two events of
 	// one connection; bytes_out went from the guest to the upstream.
 	Conn     uint64 `json:"conn,omitempty"`

@@ -1,0 +1,44 @@
+package helper
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync/atomic"
+)
+
+// pinnedResolver resolves with the nameservers resolvConf lists now. The
+// agent then points /etc/resolv.conf at its own resolver, which serves in
+// the workload's network namespace, not the broker's: the broker keeps
+// the guest's own. nil (the default resolver) when there are none.
+func pinnedResolver(resolvConf string) (*net.Resolver, []string) {
+	data, err := os.ReadFile(resolvConf)
+	if err != nil {
+		return nil, nil
+	}
+	var servers []string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil {
+				servers = append(servers, netip.AddrPortFrom(a.WithZone(""), 53).String())
+			}
+		}
+	}
+	if len(servers) == 0 {
+		return nil, nil
+	}
+	var next atomic.Uint32
+	return &net.Resolver{
+		PreferGo: true,
+		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, network, servers[int(next.Add(1)-1)%len(servers)])
+		},
+	}, servers
+}
