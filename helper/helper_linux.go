@@ -113,13 +113,13 @@ func Run(ctx context.Context, cfg Config) int {
 		cancel(errors.New("stdin closed"))
 	}()
 	err = sandbox.Run(ctx, sandbox.Config{
-		Name:      cfg.Name,
-		Provider:  &inproc{agent: agent.Config{AgentVersion: cfg.AgentVersion, Reaper: cfg.Reaper, Log: cfg.Log}},
-		AgentPath: exe,
-		Bootstrap: boot,
-		Events:    sink,
-		Log:       cfg.Log,
-		Diag:      cfg.Diag,
+		Name:        cfg.Name,
+		Provider:    &inproc{agent: agent.Config{AgentVersion: cfg.AgentVersion, Reaper: cfg.Reaper, Log: cfg.Log}},
+		AgentPath:   exe,
+		Bootstrap:   boot,
+		Events:      sink,
+		Log:         cfg.Log,
+		Diag:        cfg.Diag,
 		Egress:      broker,
 		BootTimeout: cfg.BootTimeout,
 	})

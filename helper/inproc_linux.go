@@ -28,7 +28,7 @@ type inproc struct {
 
 func (p *inproc) Name() string                        { return "helper" }
 func (p *inproc) Capabilities() provider.Capabilities { return provider.Capabilities{} }
-func (p *inproc) Check(context.Context) error          { return nil }
+func (p *inproc) Check(context.Context) error         { return nil }
 
 func (p *inproc) Create(_ context.Context, _ provider.Spec) (provider.Instance, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

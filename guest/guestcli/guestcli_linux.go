@@ -14,16 +14,16 @@ import (
 	"time"
 
 	"github.com/oac/sandbox-agent/guest/agent"
-	"github.com/oac/sandbox-agent/helper"
-	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/guest/reaper"
 	"github.com/oac/sandbox-agent/guest/vminit"
 	"github.com/oac/sandbox-agent/guest/workload"
+	"github.com/oac/sandbox-agent/helper"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
 
