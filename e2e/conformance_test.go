@@ -146,7 +146,9 @@ type privateBins struct{ shim, guest, sandboxIO, daemon, crashShim string }
 
 func newConfFixtures(t *testing.T) *confFixtures {
 	testCA(t)
-	relay, relaySrv := runRelay(t)
+	// The Link is on a public address with no rule for it: the broker
+	// resolves relay.test there (hosts) and the default lets it through.
+	relay, _ := publicLink(t)
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "conformance web: %s", r.URL.Path)
 	}))
@@ -156,7 +158,6 @@ func newConfFixtures(t *testing.T) *confFixtures {
 	return &confFixtures{
 		relay: relay,
 		upstream: []string{
-			"--upstream", "relay.test:443=" + relaySrv.Listener.Addr().String(),
 			"--upstream", "web.test:80=" + web.Listener.Addr().String(),
 			"--upstream", "echo.test:7=" + rawEcho(t),
 		},
@@ -282,6 +283,7 @@ func (c *confCase) start(t *testing.T, name string) *shim {
 	spec := c.env.spec
 	spec.name = name
 	spec.bootstrap = confBootstrap(name, c.env.peer)
+	spec.hosts = publicHosts
 	s := startShim(c.rowT, spec)
 	s.t = t
 	return s
@@ -393,8 +395,12 @@ func promiseHostedReady(t *testing.T, c *confCase) {
 	assert.Equal(t, "0", s.waitLog("sandbox-io: env=", bootTimeout), "oac-sandbox-io has an empty environment")
 	assert.Contains(t, s.waitLog("sandbox-io: link=connected ", 30*time.Second), "status=101")
 	assert.NotEmpty(t, s.find(func(e api.Event) bool {
-		return e.Event == api.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed"
-	}), "the Link connection went out through the broker")
+		return e.Event == api.KindEgress && e.Via == "transparent" && e.Target == "relay.test:443" && e.Decision == "allowed" &&
+			e.Rule == "link relay.test:443" && e.Address == publicAddr+":443"
+	}), "the Link connection went out through the broker, allowed with no rule of the operator's")
+	assert.NotEmpty(t, s.find(func(e api.Event) bool {
+		return e.State == api.StateStarting && strings.Contains(e.Message, "the Link is allowed by default (link relay.test:443)")
+	}), "the starting event says the Link is allowed")
 	_, raw := s.allEvents()
 	for _, line := range append(raw, s.stderr.String()) {
 		assert.NotContains(t, line, linkCredential, "the credential never leaves the guest")

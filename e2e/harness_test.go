@@ -123,6 +123,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	stopPublic()
 	if err := stopKube(); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: stop the Kubernetes cluster the tests started:", err)
 		if code == 0 {
@@ -246,6 +247,10 @@ type sandboxSpec struct {
 	// command is the shim's command: "run" (the default) or "start" (a
 	// kept sandbox: no --provider, args are start's).
 	command string
+	// argv, when set, is run instead of oac-shim (oac-guest helper, which
+	// writes the same events): the other fields but stdin, env and files
+	// are unused.
+	argv []string
 }
 
 // startShim starts `oac-shim run` for a sandbox and collects its events.
@@ -290,6 +295,9 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 		shimBin = bins.shim
 	}
 	argv := append([]string{shimBin}, args...)
+	if spec.argv != nil {
+		argv = spec.argv
+	}
 	if spec.user != "" {
 		// setpriv execs the shim itself, so signals reach it directly.
 		argv = asUser(spec.user, spec.env, argv)

@@ -298,7 +298,9 @@ func runHelper(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP too (the parent forwards it): a hangup stops in order, never
+	// kills the helper with its workload left running.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 	return helper.Run(ctx, helper.Config{
 		Name: *name, Stdin: os.Stdin, Events: stdout, Diag: stderr, Log: log,

@@ -100,6 +100,11 @@ func FromCore(c *Core) (*Bootstrap, error) {
 		}
 		b.Health = &Health{Port: r.Port, Path: r.HealthPath}
 	}
+	if r.StopGraceMS < 0 || r.StopGraceMS > int64(MaxStopGrace/time.Millisecond) {
+		// Before the conversion, which would wrap a huge value into a
+		// short grace that validates.
+		return nil, ErrStopGrace
+	}
 	if r.StopGraceMS != 0 {
 		d := Duration(time.Duration(r.StopGraceMS) * time.Millisecond)
 		b.StopGrace = &d

@@ -118,3 +118,13 @@ func errText(err error) string {
 	}
 	return err.Error()
 }
+
+func TestAStopGraceOutOfRangeIsRefusedNotWrappedIntoAShortOne(t *testing.T) {
+	for _, ms := range []string{"18446744073710", "-1", "60001"} {
+		_, err := DecodeCore(strings.NewReader(`{"runtime":{"command":["/bin/true"],"stop_grace_ms":` + ms + `}}`))
+		assert.ErrorIs(t, err, ErrStopGrace, ms)
+	}
+	b, err := DecodeCore(strings.NewReader(`{"runtime":{"command":["/bin/true"],"stop_grace_ms":60000}}`))
+	require.NoError(t, err)
+	assert.Equal(t, Duration(time.Minute), *b.StopGrace)
+}

@@ -10,7 +10,8 @@
 //
 // It reads nothing but the file, like the real one. Its behaviour is chosen
 // by the link URL's host, a test knob: "crash-loop.*" exits 1 at once (a
-// startup failure), "usage.*" exits 2, "relay.*" connects to the Link
+// startup failure), "usage.*" exits 2, "relay.*" or an address literal
+// connects to the Link
 // like the real one (system resolver, system TLS roots, no proxy: its
 // environment is empty) and upgrades to a websocket presenting the
 // credential as a bearer token, retrying with backoff until the relay
@@ -26,6 +27,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -94,7 +96,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: oac-sandbox-io --bootstrap-file "+file+" (test knob: usage)")
 		os.Exit(2)
 	}
-	if strings.HasPrefix(u.Hostname(), "relay.") {
+	if _, err := netip.ParseAddr(u.Hostname()); err == nil || strings.HasPrefix(u.Hostname(), "relay.") {
 		go link(doc.LinkURL, doc.Credential)
 	} else {
 		say("serving (stand-in: no Link connection)")
