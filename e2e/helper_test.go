@@ -74,52 +74,118 @@ func startHelper(t *testing.T, name string, argv, env []string) *helperRun {
 	return h
 }
 
-// keepsTheContract checks what a ready helper sandbox promises.
-func (h *helperRun) keepsTheContract(t *testing.T) {
-	t.Helper()
-	ready := h.waitState(api.StateReady, bootTimeout)
-	assert.Equal(t, fmt.Sprintf("http://127.0.0.1:%d", daemonPort), ready.URL)
-	assert.Equal(t, "runtime", ready.Username)
-	all, _ := h.allEvents()
-	for _, e := range all {
-		assert.Equal(t, api.ModeHelper, e.Mode, "every event says helper: %+v", e)
-	}
-	assert.NotEmpty(t, h.find(func(e api.Event) bool {
-		return e.State == api.StateStarting && strings.Contains(e.Message, "the Link is allowed by default (link "+publicAddr+":443)")
-	}), "the starting event says the Link is allowed")
-	policy := h.waitFor(func(e api.Event) bool { return e.Event == api.KindEgressPolicy }, bootTimeout, "egress_policy")
-	assert.Equal(t, []string{publicAddr + "/32:80", "link " + publicAddr + ":443"}, policy.Rules, "the operator's rule and the Link's")
+// helperPromises are the columns of the helper's table: what helper mode
+// keeps, each checked on a ready sandbox.
+var helperPromises = []struct {
+	name  string
+	check func(t *testing.T, h *helperRun)
+}{
+	{"ready, url and username", func(t *testing.T, h *helperRun) {
+		ready := h.waitState(api.StateReady, bootTimeout)
+		assert.Equal(t, fmt.Sprintf("http://127.0.0.1:%d", daemonPort), ready.URL)
+		assert.Equal(t, "runtime", ready.Username)
+	}},
+	{"events: schema, mode helper", func(t *testing.T, h *helperRun) {
+		// Each line was validated against the schema as it arrived.
+		all, _ := h.allEvents()
+		for _, e := range all {
+			assert.Equal(t, api.ModeHelper, e.Mode, "every event says helper: %+v", e)
+		}
+	}},
+	{"private file 0600 1000:1000 in 0700", func(t *testing.T, h *helperRun) {
+		assert.Equal(t, "mode=0600 type=regular uid=1000 gid=1000", h.waitLog("sandbox-io: file=", bootTimeout), "the private file")
+		assert.Equal(t, "mode=0700 uid=1000 gid=1000", h.waitLog("sandbox-io: dir=", bootTimeout))
+		assert.Equal(t, bootstrap.CredentialDigest(linkCredential), h.waitLog("sandbox-io: credential-sha256=", bootTimeout))
+	}},
+	{"1000:1000, no caps, nnp", func(t *testing.T, h *helperRun) {
+		for _, who := range []string{"daemon", "sandbox-io"} {
+			assert.Equal(t, "uid=1000 gid=1000 groups=[]", h.waitLog(who+": ids=", bootTimeout), who)
+			assert.Equal(t, "1", h.waitLog(who+": nnp=", bootTimeout), who)
+			assert.Equal(t, "inh=0000000000000000 prm=0000000000000000 eff=0000000000000000 amb=0000000000000000", h.waitLog(who+": caps=", bootTimeout), who)
+		}
+	}},
+	{"daemon cannot read the file", func(t *testing.T, h *helperRun) {
+		assert.NotEqual(t, "ok", h.waitLog("daemon: read-private-file=", bootTimeout))
+	}},
+	{"workload sees only lo", func(t *testing.T, h *helperRun) {
+		assert.Equal(t, "lo", h.waitLog("daemon: interfaces=", bootTimeout))
+		assert.Equal(t, "lo", h.waitLog("sandbox-io: interfaces=", bootTimeout))
+	}},
+	{"egress allowed and denied, with events", func(t *testing.T, h *helperRun) {
+		assert.True(t, strings.HasPrefix(h.waitLog("daemon: probe proxy-allowed=", bootTimeout), "ok 200 public web: /proxy"))
+		assert.True(t, strings.HasPrefix(h.waitLog("daemon: probe direct-allowed=", bootTimeout), "ok 200 public web: /direct"))
+		assert.Contains(t, h.waitLog("daemon: probe proxy-denied=", bootTimeout), "403")
+		assert.NotContains(t, h.waitLog("daemon: probe direct-denied=", bootTimeout), "ok 200")
+		policy := h.waitFor(func(e api.Event) bool { return e.Event == api.KindEgressPolicy }, bootTimeout, "egress_policy")
+		assert.Equal(t, []string{publicAddr + "/32:80", "link " + publicAddr + ":443"}, policy.Rules, "the operator's rule and the Link's")
+		assert.Equal(t, publicAddr+"/32:80", h.egressEvent(publicAddr+":80", "allowed").Rule)
+		assert.Equal(t, "Denied", h.egressEvent("denied.test:8081", "denied").Code)
+		assert.Equal(t, "Denied", h.egressEvent(publicAddr+":8080", "denied").Code)
+	}},
+	{"the Link with no rule", func(t *testing.T, h *helperRun) {
+		assert.NotEmpty(t, h.find(func(e api.Event) bool {
+			return e.State == api.StateStarting && strings.Contains(e.Message, "the Link is allowed by default (link "+publicAddr+":443)")
+		}), "the starting event says the Link is allowed")
+		assert.True(t, strings.HasPrefix(h.waitLog("sandbox-io: link=", bootTimeout), "connected status=101"), "oac-sandbox-io reached its Link")
+		assert.Equal(t, "link "+publicAddr+":443", h.egressEvent(publicAddr+":443", "allowed").Rule)
+	}},
+}
 
-	// The contract, as the stand-ins see it.
-	for prefix, want := range map[string]string{
-		"daemon: ids=":                   "uid=1000 gid=1000 groups=[]",
-		"daemon: nnp=":                   "1",
-		"daemon: caps=":                  "inh=0000000000000000 prm=0000000000000000 eff=0000000000000000 amb=0000000000000000",
-		"daemon: interfaces=":            "lo",
-		"sandbox-io: credential-sha256=": bootstrap.CredentialDigest(linkCredential),
-	} {
-		assert.Equal(t, want, h.waitLog(prefix, bootTimeout), prefix)
-	}
-	assert.NotEqual(t, "ok", h.waitLog("daemon: read-private-file=", bootTimeout), "the daemon cannot read oac-sandbox-io's private file")
-	assert.Equal(t, "mode=0600 type=regular uid=1000 gid=1000", h.waitLog("sandbox-io: file=", bootTimeout), "the private file")
-	assert.Equal(t, "mode=0700 uid=1000 gid=1000", h.waitLog("sandbox-io: dir=", bootTimeout))
-	assert.True(t, strings.HasPrefix(h.waitLog("sandbox-io: link=", bootTimeout), "connected status=101"), "oac-sandbox-io reached its Link")
+func (h *helperRun) egressEvent(target, decision string) api.Event {
+	return h.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindEgress && e.Target == target && e.Decision == decision
+	}, bootTimeout, "egress "+decision+" "+target)
+}
 
-	// Egress: allowed and denied, each with its event, through the
-	// proxies and direct (the capture); the Link with no rule.
-	assert.True(t, strings.HasPrefix(h.waitLog("daemon: probe proxy-allowed=", bootTimeout), "ok 200 public web: /proxy"))
-	assert.True(t, strings.HasPrefix(h.waitLog("daemon: probe direct-allowed=", bootTimeout), "ok 200 public web: /direct"))
-	assert.Contains(t, h.waitLog("daemon: probe proxy-denied=", bootTimeout), "403")
-	assert.NotContains(t, h.waitLog("daemon: probe direct-denied=", bootTimeout), "ok 200")
-	egressEvent := func(target, decision string) api.Event {
-		return h.waitFor(func(e api.Event) bool {
-			return e.Event == api.KindEgress && e.Target == target && e.Decision == decision
-		}, bootTimeout, "egress "+decision+" "+target)
+// helperTable is the table of what helper mode keeps: row (where, how it
+// stopped) x promise.
+type helperTable struct {
+	rows  []string
+	cells map[string]map[string]string
+}
+
+func (tb *helperTable) check(t *testing.T, row string, h *helperRun) {
+	tb.rows = append(tb.rows, row)
+	if tb.cells == nil {
+		tb.cells = map[string]map[string]string{}
 	}
-	assert.Equal(t, publicAddr+"/32:80", egressEvent(publicAddr+":80", "allowed").Rule)
-	assert.Equal(t, "Denied", egressEvent("denied.test:8081", "denied").Code)
-	assert.Equal(t, "Denied", egressEvent(publicAddr+":8080", "denied").Code)
-	assert.Equal(t, "link "+publicAddr+":443", egressEvent(publicAddr+":443", "allowed").Rule, "the Link, reached with no rule")
+	tb.cells[row] = map[string]string{}
+	for _, p := range helperPromises {
+		ok := t.Run(p.name, func(t *testing.T) { p.check(t, h) })
+		tb.cells[row][p.name] = map[bool]string{true: "ok", false: "FAIL"}[ok]
+	}
+}
+
+func (tb *helperTable) stopped(t *testing.T, row string, h *helperRun, reason string) {
+	ok := t.Run("stop in order, nothing left", func(t *testing.T) { h.stopsLeavingNothing(t, reason) })
+	tb.cells[row]["stop in order, nothing left"] = map[bool]string{true: "ok", false: "FAIL"}[ok]
+}
+
+// print renders the table as the conformance suite does its own.
+func (tb *helperTable) print(title string) {
+	var b strings.Builder
+	cols := []string{}
+	for _, p := range helperPromises {
+		cols = append(cols, p.name)
+	}
+	cols = append(cols, "stop in order, nothing left")
+	b.WriteString("| helper |")
+	for _, c := range cols {
+		b.WriteString(" " + c + " |")
+	}
+	b.WriteString("\n|---|" + strings.Repeat("---|", len(cols)) + "\n")
+	for _, r := range tb.rows {
+		b.WriteString("| " + r + " |")
+		for _, c := range cols {
+			cell := tb.cells[r][c]
+			if cell == "" {
+				cell = "not run"
+			}
+			b.WriteString(" " + cell + " |")
+		}
+		b.WriteString("\n")
+	}
+	fmt.Printf("\nhelper mode, %s (%s):\n%s\n", title, time.Now().UTC().Format("2006-01-02"), b.String())
 }
 
 // stopsLeavingNothing waits for the helper's exit after a stop and
@@ -167,11 +233,14 @@ func bwrapHelperArgv(t *testing.T, name string) []string {
 func TestHelperInBwrapKeepsTheContract(t *testing.T) {
 	needBwrap(t)
 	needImageBuild(t)
+	var tb helperTable
+	defer tb.print("bwrap, no shim")
 	for _, stop := range []string{"stdin closed", "terminated signal received"} {
 		t.Run(strings.ReplaceAll(stop, " ", "-"), func(t *testing.T) {
 			name := uniqueName("helper-bwrap")
 			h := startHelper(t, name, bwrapHelperArgv(t, name), nil)
-			h.keepsTheContract(t)
+			row := "bwrap, stopped by " + map[string]string{"stdin closed": "stdin EOF", "terminated signal received": "SIGTERM"}[stop]
+			tb.check(t, row, h)
 			if stop == "stdin closed" {
 				require.NoError(t, h.stdin.Close())
 			} else {
@@ -179,7 +248,7 @@ func TestHelperInBwrapKeepsTheContract(t *testing.T) {
 				require.NotEmpty(t, pids, "the helper's process")
 				require.NoError(t, syscall.Kill(pids[0], syscall.SIGTERM))
 			}
-			h.stopsLeavingNothing(t, stop)
+			tb.stopped(t, row, h, stop)
 		})
 	}
 }
@@ -259,6 +328,8 @@ func TestHelperInADockerContainerFromTheE2BTemplate(t *testing.T) {
 	require.NoError(t, err, "docker build of the E2B template (offline: FROM scratch)")
 	t.Cleanup(func() { _, _ = e.Docker(t.Context(), "rmi", "-f", ref) })
 
+	var tb helperTable
+	defer tb.print("a Docker container from the E2B template, as envd runs it")
 	for _, stop := range []string{"stdin closed", "terminated signal received"} {
 		t.Run(strings.ReplaceAll(stop, " ", "-"), func(t *testing.T) {
 			name := uniqueName("helper-e2b")
@@ -278,7 +349,8 @@ func TestHelperInADockerContainerFromTheE2BTemplate(t *testing.T) {
 			argv := append([]string{e.Client}, "exec", "-i", name, "/bin/sh", "-c",
 				"exec /sbin/oac-guest helper --name "+name+" --allow "+publicAddr+":80")
 			h := startHelper(t, name, argv, e.Env())
-			h.keepsTheContract(t)
+			row := "docker, E2B template, stopped by " + map[string]string{"stdin closed": "stdin EOF", "terminated signal received": "SIGTERM"}[stop]
+			tb.check(t, row, h)
 			pids := helperPIDs(name)
 			require.NotEmpty(t, pids, "the helper's process")
 			assert.NotEqual(t, "1", procStatus(t, pids[0], "NSpid")[len(procStatus(t, pids[0], "NSpid"))-1], "the helper is not the container's PID 1")
@@ -287,7 +359,7 @@ func TestHelperInADockerContainerFromTheE2BTemplate(t *testing.T) {
 			} else {
 				require.NoError(t, syscall.Kill(pids[0], syscall.SIGTERM))
 			}
-			h.stopsLeavingNothing(t, stop)
+			tb.stopped(t, row, h, stop)
 		})
 	}
 }
