@@ -12,10 +12,10 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/oac/sandbox-agent/egress"
 	guestdp "github.com/oac/sandbox-agent/guest/dataplane"
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/host/dataplane"
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )

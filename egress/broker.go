@@ -65,8 +65,8 @@ type Broker struct {
 	policy atomic.Pointer[Policy]
 	// mu orders policy replacements with the Link's rule, which every
 	// policy keeps (AllowLink).
-	mu   sync.Mutex
-	link *Rule
+	mu     sync.Mutex
+	link   *Rule
 	sem    chan struct{}
 	nextID atomic.Uint64
 	// dialHook, when set (tests), replaces the Control hook's final check.

@@ -8,8 +8,8 @@ import (
 	"net"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/egress"
+	"github.com/oac/sandbox-agent/host/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
