@@ -14,6 +14,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"math/big"
+	"net"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -73,15 +74,16 @@ func testCA(t *testing.T) {
 	require.NoError(t, runCA.err)
 }
 
-// runCert is a certificate for name signed by the run's CA.
-func runCert(t *testing.T, name string) tls.Certificate {
+// runCert is a certificate for name (and the addresses ips) signed by the
+// run's CA.
+func runCert(t *testing.T, name string, ips ...net.IP) tls.Certificate {
 	t.Helper()
 	testCA(t)
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
 	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	leaf := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+		SerialNumber: serial, Subject: pkix.Name{CommonName: name}, DNSNames: []string{name}, IPAddresses: ips,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}

@@ -3,14 +3,8 @@
 package e2e
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -68,7 +62,7 @@ func publicLink(t *testing.T) (*linkrelay.Relay, string) {
 	_, err := exec.LookPath("ip")
 	need(t, err == nil, "iproute2 is not installed: apt-get install iproute2")
 	testCA(t)
-	cert := runCertIP(t, publicAddr)
+	cert := runCert(t, "relay.test", netip.MustParseAddr(publicAddr).AsSlice())
 	public.once.Do(func() { public.started = true; public.err = startPublic(cert) })
 	require.NoError(t, public.err, "the public Link's namespace")
 	return public.relay, "wss://" + publicAddr + linkrelay.Path
@@ -167,22 +161,4 @@ func listenInNetns(path, addr string) (net.Listener, error) {
 	}
 	runtime.UnlockOSThread()
 	return l, lerr
-}
-
-// runCertIP is a certificate for an address (and relay.test) signed by
-// the run's CA.
-func runCertIP(t *testing.T, addr string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	leaf := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: addr}, IPAddresses: []net.IP{netip.MustParseAddr(addr).AsSlice()},
-		DNSNames:  []string{"relay.test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, runCA.cert, &key.PublicKey, runCA.key)
-	require.NoError(t, err)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
