@@ -97,9 +97,14 @@ func Run(ctx context.Context, cfg Config) int {
 		return failed(fmt.Errorf("find oac-guest: %w", err))
 	}
 	bcfg := egress.Config{Policy: pol, Log: cfg.Log.With("part", "egress")}
-	if r, servers := pinnedResolver(cfg.ResolvConf); r != nil {
+	r, servers, rerr := pinnedResolver(cfg.ResolvConf)
+	if r != nil {
 		bcfg.Resolver = r
 		cfg.Log.Info("egress resolves with the guest's nameservers", "servers", servers)
+	}
+	if rerr != nil {
+		cfg.Log.Warn("egress", "err", rerr)
+		sink.Emit(api.Event{Time: time.Now().UTC(), Sandbox: cfg.Name, Event: api.KindState, State: api.StateStarting, Message: "egress: " + rerr.Error()})
 	}
 	broker := egress.New(bcfg)
 

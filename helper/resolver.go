@@ -4,21 +4,34 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
+
+	"github.com/oac/sandbox-agent/guest/initsys"
 )
+
+// ErrOwnResolvConf says the guest's resolver configuration is the agent's
+// own: it names the workload's resolver, which is the broker's client, not
+// a nameserver the broker can ask.
+var ErrOwnResolvConf = errors.New("/etc/resolv.conf is the agent's own (an oac image's, naming the workload's resolver), not the platform's: " +
+	"egress to names cannot be resolved until the platform writes its nameservers there (rules by address still work)")
 
 // pinnedResolver resolves with the nameservers resolvConf lists now. The
 // agent then points /etc/resolv.conf at its own resolver, which serves in
 // the workload's network namespace, not the broker's: the broker keeps
-// the guest's own. nil (the default resolver) when there are none.
-func pinnedResolver(resolvConf string) (*net.Resolver, []string) {
+// the guest's own. nil (the default resolver) when there are none, and
+// ErrOwnResolvConf when the file is already the agent's.
+func pinnedResolver(resolvConf string) (*net.Resolver, []string, error) {
 	data, err := os.ReadFile(resolvConf)
 	if err != nil {
-		return nil, nil
+		return nil, nil, nil
+	}
+	if string(data) == initsys.ResolvConf {
+		return nil, nil, ErrOwnResolvConf
 	}
 	var servers []string
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -31,7 +44,7 @@ func pinnedResolver(resolvConf string) (*net.Resolver, []string) {
 		}
 	}
 	if len(servers) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var next atomic.Uint32
 	return &net.Resolver{
@@ -40,5 +53,5 @@ func pinnedResolver(resolvConf string) (*net.Resolver, []string) {
 			var d net.Dialer
 			return d.DialContext(ctx, network, servers[int(next.Add(1)-1)%len(servers)])
 		},
-	}, servers
+	}, servers, nil
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/guest/initsys"
 )
 
 func resolvConf(t *testing.T, content string) string {
@@ -19,7 +21,7 @@ func resolvConf(t *testing.T, content string) string {
 
 func TestThePinnedResolverUsesTheNameserversResolvConfListsNow(t *testing.T) {
 	path := resolvConf(t, "nameserver 10.0.0.2\nnameserver fd00::53\noptions ndots:1\n# comment\nnameserver bogus\n")
-	r, servers := pinnedResolver(path)
+	r, servers, _ := pinnedResolver(path)
 	require.NotNil(t, r)
 	assert.Equal(t, []string{"10.0.0.2:53", "[fd00::53]:53"}, servers, "in order, port 53, the bogus one left out")
 	assert.True(t, r.PreferGo, "the Go resolver, which dials the pinned servers")
@@ -27,7 +29,7 @@ func TestThePinnedResolverUsesTheNameserversResolvConfListsNow(t *testing.T) {
 
 func TestThePinnedResolverDialsItsServersInTurnWhateverResolvConfSaysLater(t *testing.T) {
 	path := resolvConf(t, "nameserver 127.0.0.1\nnameserver 127.0.0.2\n")
-	r, servers := pinnedResolver(path)
+	r, servers, _ := pinnedResolver(path)
 	require.NotNil(t, r)
 	require.Equal(t, []string{"127.0.0.1:53", "127.0.0.2:53"}, servers)
 
@@ -45,7 +47,7 @@ func TestThePinnedResolverDialsItsServersInTurnWhateverResolvConfSaysLater(t *te
 }
 
 func TestAZonedNameserverIsPinnedWithoutItsZone(t *testing.T) {
-	_, servers := pinnedResolver(resolvConf(t, "nameserver fe80::1%eth0\n"))
+	_, servers, _ := pinnedResolver(resolvConf(t, "nameserver fe80::1%eth0\n"))
 	assert.Equal(t, []string{"[fe80::1]:53"}, servers)
 }
 
@@ -57,8 +59,15 @@ func TestWithoutNameserversThePinnedResolverIsTheDefault(t *testing.T) {
 		"only bogus ones":    resolvConf(t, "nameserver bogus\nnameserver\nnameserver 10.0.0.256\n"),
 		"a directory":        t.TempDir(),
 	} {
-		r, servers := pinnedResolver(path)
+		r, servers, _ := pinnedResolver(path)
 		assert.Nil(t, r, name)
 		assert.Nil(t, servers, name)
 	}
+}
+
+func TestTheAgentsOwnResolvConfIsNeverPinned(t *testing.T) {
+	r, servers, err := pinnedResolver(resolvConf(t, initsys.ResolvConf))
+	assert.Nil(t, r)
+	assert.Empty(t, servers)
+	assert.ErrorIs(t, err, ErrOwnResolvConf, "the broker would ask the workload's resolver, its own client")
 }
