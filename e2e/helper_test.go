@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -362,4 +363,24 @@ func TestHelperInADockerContainerFromTheE2BTemplate(t *testing.T) {
 			tb.stopped(t, row, h, stop)
 		})
 	}
+}
+
+func TestHelperGivesTheWorkloadANamespaceOfItsOwnWhenTheGuestHasOnlyLo(t *testing.T) {
+	needBwrap(t)
+	needImageBuild(t)
+	// A platform may carry sockets out with no interface at all (libkrun's
+	// socket impersonation): the workload's namespace is its own anyway.
+	name := uniqueName("helper-lo")
+	argv := bwrapHelperArgv(t, name)
+	sep := slices.Index(argv, "--")
+	argv = slices.Insert(argv, sep, "--unshare-net")
+	h := startHelper(t, name, argv, nil)
+	h.waitState(api.StateReady, bootTimeout)
+	assert.NotEmpty(t, h.find(func(e api.Event) bool {
+		return e.State == api.StateStarting && strings.Contains(e.Message, "workload network: a namespace of its own with only lo (always, in helper mode)")
+	}))
+	assert.Equal(t, "lo", h.waitLog("daemon: interfaces=", bootTimeout))
+	require.NoError(t, h.stdin.Close())
+	assert.Equal(t, 0, h.exit(30*time.Second))
+	assert.Equal(t, "stopped: stdin closed", h.lastEvent().Message)
 }

@@ -119,7 +119,7 @@ func Run(ctx context.Context, cfg Config) int {
 	}()
 	err = sandbox.Run(ctx, sandbox.Config{
 		Name:        cfg.Name,
-		Provider:    &inproc{agent: agent.Config{AgentVersion: cfg.AgentVersion, Reaper: cfg.Reaper, Log: cfg.Log}},
+		Provider:    &inproc{agent: agent.Config{AgentVersion: cfg.AgentVersion, Reaper: cfg.Reaper, Log: cfg.Log, OwnNetNS: true}},
 		AgentPath:   exe,
 		Bootstrap:   boot,
 		Events:      sink,

@@ -69,6 +69,11 @@ type Config struct {
 	// Shares are the contract's share mount points (a VM's virtio-fs
 	// shares): never platform doors.
 	Shares []string
+	// OwnNetNS gives the workload a network namespace of its own with
+	// only lo even when the guest's has nothing else (oac-guest helper:
+	// a platform may carry sockets out with no interface, as libkrun's
+	// socket impersonation does).
+	OwnNetNS bool
 }
 
 // Run runs the agent until the host asks it to stop (returns nil), ctx is
@@ -145,7 +150,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Egress comes up beside the bootstrap, unless the workload may need
 	// a network namespace of its own (the guest's has another interface):
 	// then it waits for serve to decide, and serves in that namespace.
-	if others, err := netns.Others(); err == nil && len(others) == 0 {
+	if others, err := netns.Others(); err == nil && len(others) == 0 && !cfg.OwnNetNS {
 		a.prepareEgress()
 	} else {
 		a.egressLate = true

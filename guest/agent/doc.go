@@ -1,5 +1,6 @@
 // Package agent is oac-guest's main loop: it connects to the host over the
-// transport, negotiates the protocol, receives and re-validates the
+// transport (or takes a connection made for it: oac-guest helper, whose
+// host side runs in the same process), negotiates the protocol, receives and re-validates the
 // Bootstrap, and applies the boot contract in order:
 //
 //  1. /home/runtime and /environment/workspace exist (created 0700,
@@ -19,7 +20,7 @@
 // session, with no-new-privileges, started through package workload's
 // launcher (seccomp filter, no capabilities, limits; the daemon in a mount
 // namespace without the private file; oac-sandbox-io never dumpable), in
-// the workload's network namespace: the guest's own when it has only lo, else one of its own with
+// the workload's network namespace: the guest's own when it has only lo (OwnNetNS unset), else one of its own with
 // only lo (package netns; the egress proxies, the resolver and the capture
 // serve there, the health check and forwards dial there; without the
 // privilege to make it the bootstrap fails); its stdout and stderr go to the host as

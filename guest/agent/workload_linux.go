@@ -40,16 +40,19 @@ func (a *agent) isolate() error {
 	if err != nil {
 		return err
 	}
-	if len(others) == 0 {
+	if len(others) == 0 && !a.cfg.OwnNetNS {
 		return nil
+	}
+	why := "the guest's has " + strings.Join(others, ", ")
+	if len(others) == 0 {
+		why = "always, in helper mode"
 	}
 	ns, err := netns.New()
 	if err != nil {
-		return fmt.Errorf("the guest's network has %s besides lo; the workload must see only lo, and cannot get a network namespace of its own: %w",
-			strings.Join(others, ", "), err)
+		return fmt.Errorf("the workload must see only lo in a network namespace of its own (%s), and cannot get one: %w", why, err)
 	}
 	a.wl.ns.Store(ns)
-	msg := "workload network: a namespace of its own with only lo (the guest's has " + strings.Join(others, ", ") + ")"
+	msg := "workload network: a namespace of its own with only lo (" + why + ")"
 	a.cfg.Log.Info(msg)
 	return a.state(protocol.State{State: protocol.StateStarting, Message: msg})
 }
