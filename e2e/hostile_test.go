@@ -194,6 +194,13 @@ func procStatusKB(pid int, field string) int64 {
 // the ceiling.
 func (w *watched) check(t *testing.T, since time.Time, stopBound time.Duration) {
 	t.Helper()
+	select {
+	case <-w.s.done:
+	case <-time.After(time.Until(since.Add(stopBound))):
+		// Late: the Go runtime's dump of every goroutine (SIGQUIT) says
+		// where the stop waits; the stderr is logged with the failure.
+		_ = w.s.cmd.Process.Signal(syscall.SIGQUIT)
+	}
 	w.s.exit(stopBound + 10*time.Second)
 	took := time.Since(since)
 	close(w.stop)

@@ -100,16 +100,41 @@ func (p *Process) StartPiped(cmd *exec.Cmd, w io.Writer) error {
 	}
 	defer pw.Close()
 	cmd.Stdout, cmd.Stderr = pw, pw
-	out := Output(w)
-	go func() {
-		defer pr.Close()
-		_, _ = io.Copy(out, pr)
-	}()
-	if err := p.Start(cmd); err != nil {
+	if err := cmd.Start(); err != nil {
 		pr.Close()
 		return err
 	}
+	out := Output(w)
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		defer pr.Close()
+		_, _ = io.Copy(out, pr)
+	}()
+	p.Watch(pipedWaiter{cmdWaiter{cmd}, copied})
 	return nil
+}
+
+// OutputWait bounds the wait for a piped runtime's last output after it
+// exited: what it ran may hold the pipe while it dies (a sandbox's
+// processes), which must not hold the exit back; output that comes at
+// once (the runtime's own last words) is in Spec.Stderr when Done closes.
+const OutputWait = 250 * time.Millisecond
+
+type pipedWaiter struct {
+	cmdWaiter
+	copied <-chan struct{}
+}
+
+func (w pipedWaiter) Wait() error {
+	err := w.cmd.Wait()
+	t := time.NewTimer(OutputWait)
+	defer t.Stop()
+	select {
+	case <-w.copied:
+	case <-t.C:
+	}
+	return err
 }
 
 // Output is w, or io.Discard when w is nil (Spec.Stderr is optional).

@@ -470,8 +470,6 @@ func (in *Instance) start(ctx context.Context) error {
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Dir = "/"
 	cmd.ExtraFiles = extra
-	stderr := provider.Output(in.spec.Stderr)
-	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if in.mode == ModeRoot {
 		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER
@@ -481,7 +479,9 @@ func (in *Instance) start(ctx context.Context) error {
 		// Root of the new namespace keeps its capabilities across exec.
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	}
-	if err := in.Process.Start(cmd); err != nil {
+	// A pipe of the Process's own: bwrap's exit is seen when it exits,
+	// not when the last process of a dying sandbox closes its output.
+	if err := in.Process.StartPiped(cmd, in.spec.Stderr); err != nil {
 		return fmt.Errorf("start bwrap: %w", err)
 	}
 	// bwrap has its own copies of the pipe ends it uses.
