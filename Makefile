@@ -6,6 +6,9 @@ LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VE
 # Debian packages the build, the demo and the tests use (qemu-system-arm and
 # qemu-efi-aarch64 boot the arm64 image; qemu-system-x86 brings virtiofsd).
 APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun docker.io iproute2 etcd-server containerd containernetworking-plugins iptables
+# The bench's peer, sandbox-runtime from the npm registry, runs on Node.js
+# with socat and ripgrep.
+BENCH_PKGS := socat ripgrep
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v /e2e)
 
 # The guest architecture of the VM targets (kernel, initramfs, image):
@@ -169,6 +172,7 @@ distclean: clean
 BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
 bench: deps build fixtures kernels
+	@scripts/deps.sh $(BENCH_PKGS)
 	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
 	  $(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
 	$(MAKE) bench-load

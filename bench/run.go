@@ -39,8 +39,8 @@ func (o Options) want(group string) bool {
 func Run(o Options) error {
 	if o.Merge {
 		for _, g := range o.Only {
-			if strings.TrimSpace(g) != KubeGroup {
-				return fmt.Errorf("-merge: group %q does not tag its rows (only %s does)", g, KubeGroup)
+			if g := strings.TrimSpace(g); g != KubeGroup && g != PeerGroup {
+				return fmt.Errorf("-merge: group %q does not tag its rows (only %s and %s do)", g, KubeGroup, PeerGroup)
 			}
 		}
 		if len(o.Only) == 0 {
@@ -103,6 +103,20 @@ func Run(o Options) error {
 				return err
 			}
 		}
+	}
+	if o.want(PeerGroup) {
+		r.group = PeerGroup
+		switch {
+		case !root:
+			r.Skip(PeerGroup+": sandbox-runtime "+SRTVersion, "need root (oac's bwrap guest with an id range)")
+		case errB != nil:
+			r.Skip(PeerGroup+": sandbox-runtime "+SRTVersion, "need bubblewrap")
+		default:
+			if err := PeerFigures(r, b, o.Runs, 256<<20, envOr("OAC_BENCH_CACHE", ".cache")); err != nil {
+				return err
+			}
+		}
+		r.group = ""
 	}
 	if o.want("oci") {
 		if !root {
