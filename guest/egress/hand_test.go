@@ -3,9 +3,11 @@ package egress
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -140,4 +142,137 @@ func TestAHandedSOCKSConnectionCarriesBytes(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "ping", string(buf))
 	assert.Equal(t, int32(1), handed.Load())
+}
+
+// headServer answers one request per connection with what it received
+// before the body: the head, and the body's bytes after it.
+func headServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				var head strings.Builder
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						return
+					}
+					head.WriteString(line)
+					if line == "\r\n" {
+						break
+					}
+				}
+				req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(head.String())))
+				if err != nil {
+					return
+				}
+				body := make([]byte, req.ContentLength)
+				_, _ = io.ReadFull(br, body)
+				answer := head.String() + "|" + string(body)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(answer), answer)
+			}()
+		}
+	}()
+	return l.Addr().String()
+}
+
+func TestAPlainHTTPRequestIsHandedWithItsHeadInOriginFormAndConnectionClose(t *testing.T) {
+	p, fh, handed := startHandingProxies(t, map[string]string{"web.test:80": headServer(t)})
+	c, err := net.Dial("tcp", p.HTTPAddr)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "POST http://web.test/upload?x=1 HTTP/1.1\r\nHost: web.test\r\nProxy-Authorization: Basic c2VjcmV0\r\n"+
+		"Proxy-Connection: keep-alive\r\nContent-Length: 5\r\nX-Mine: yes\r\n\r\nhello")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	head, body, _ := strings.Cut(string(got), "|")
+	assert.Equal(t, "hello", body, "the body follows the head unchanged")
+	assert.True(t, strings.HasPrefix(head, "POST /upload?x=1 HTTP/1.1\r\nHost: web.test\r\n"), "origin form: %q", head)
+	assert.Contains(t, head, "Connection: close\r\n", "the connection carries this request only")
+	assert.Contains(t, head, "Content-Length: 5\r\n")
+	assert.Contains(t, head, "X-Mine: yes\r\n")
+	assert.NotContains(t, head, "Proxy-", "the proxy's own headers never reach the upstream")
+	assert.Equal(t, int32(1), handed.Load())
+	assert.Equal(t, []string{"http web.test:80"}, fh.callList())
+}
+
+func TestAHandedPlainHTTPRefusalIsAnsweredByTheProxy(t *testing.T) {
+	p, _, handed := startHandingProxies(t, nil)
+	c, err := net.Dial("tcp", p.HTTPAddr)
+	require.NoError(t, err)
+	defer c.Close()
+	_, err = io.WriteString(c, "GET http://blocked.test/ HTTP/1.1\r\nHost: blocked.test\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	assert.Equal(t, 403, resp.StatusCode)
+	assert.Equal(t, "denied", resp.Header.Get("X-Sandbox-Egress"))
+	assert.Equal(t, int32(0), handed.Load())
+}
+
+func TestAChunkedRequestIsHandedWithItsFramingAndAnUpgradeKeepsItsHeaders(t *testing.T) {
+	var got []string
+	var mu sync.Mutex
+	p, err := StartWith(net.Listen, func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
+		return nil, LocalFailure(protocol.EgressIO, "no")
+	}, "127.0.0.1:0", "127.0.0.1:0", nil, WithHand(func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
+		mu.Lock()
+		got = append(got, via+" "+string(reply)+"|"+string(early))
+		mu.Unlock()
+		return LocalFailure(protocol.EgressDenied, "recorded"), true
+	}))
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	for _, req := range []string{
+		"POST http://web.test/c HTTP/1.1\r\nHost: web.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		"GET http://web.test/ws HTTP/1.1\r\nHost: web.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+	} {
+		c, err := net.Dial("tcp", p.HTTPAddr)
+		require.NoError(t, err)
+		_, err = io.WriteString(c, req)
+		require.NoError(t, err)
+		_, _ = http.ReadResponse(bufio.NewReader(c), nil)
+		c.Close()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, got, 2)
+	assert.True(t, strings.HasPrefix(got[0], "http |POST /c HTTP/1.1\r\n"), got[0])
+	assert.Contains(t, got[0], "Transfer-Encoding: chunked\r\n")
+	assert.NotContains(t, got[0], "Content-Length")
+	assert.True(t, strings.HasSuffix(got[0], "\r\n\r\n5\r\nhello\r\n0\r\n\r\n"), "the chunks follow the head as the client sent them: %q", got[0])
+	assert.Contains(t, got[1], "Connection: Upgrade\r\n")
+	assert.Contains(t, got[1], "Upgrade: websocket\r\n")
+	assert.NotContains(t, got[1], "close")
+}
+
+func TestARequestTooLargeToHandGoesAsAStream(t *testing.T) {
+	web := headServer(t)
+	fh := &fakeHost{routes: map[string]string{"web.test:80": web}}
+	var handed atomic.Int32
+	p, err := StartWith(net.Listen, fh.open, "127.0.0.1:0", "127.0.0.1:0", nil, WithHand(fh.hander(t, &handed)))
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	c, err := net.Dial("tcp", p.HTTPAddr)
+	require.NoError(t, err)
+	defer c.Close()
+	big := strings.Repeat("v", protocol.MaxHandEarly)
+	_, err = io.WriteString(c, "GET http://web.test/big HTTP/1.1\r\nHost: web.test\r\nX-Big: "+big+"\r\n\r\n")
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	got, _ := io.ReadAll(resp.Body)
+	assert.Contains(t, string(got), "GET /big HTTP/1.1")
+	assert.Equal(t, int32(0), handed.Load(), "over the early-bytes bound: the request went as a stream")
 }

@@ -189,6 +189,14 @@ func (p *Proxies) serveHTTP(c net.Conn) {
 			p.tunnel(c, br, t)
 			return
 		}
+		if first {
+			if r, handed := p.handRequest(c, br, req, t); handed {
+				if !r.OK() {
+					writeRefusal(c, t, r)
+				}
+				return
+			}
+		}
 		var ok bool
 		if up, ok = p.forward(c, br, req, t, up); !ok {
 			return
@@ -224,6 +232,52 @@ func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
 	if _, _, err := joinClient(c, br, st); err != nil {
 		Abort(st)
 	}
+}
+
+// handRequest hands the client's connection to the host with the
+// request's head in origin form (RFC 9112 3.2.1), as tunnel does with a
+// CONNECT: the host connects, writes the head and what the client sent
+// after it, and the body and the response then flow between the workload
+// and the upstream with no relay in the guest. The head says
+// "Connection: close" (unless it upgrades): a client may send its next
+// request on this connection for another target, so the connection
+// carries this one only. handed is false when the host takes no sockets
+// or the head and the buffered body exceed protocol.MaxHandEarly: the
+// request then goes as a stream.
+func (p *Proxies) handRequest(c net.Conn, br *bufio.Reader, req *http.Request, t target) (r protocol.EgressReply, handed bool) {
+	if p.hand == nil {
+		return r, false
+	}
+	h := req.Header.Clone()
+	upgrade := removeHopByHop(h)
+	if upgrade != "" {
+		h.Set("Connection", "Upgrade")
+		h.Set("Upgrade", upgrade)
+	} else {
+		h.Set("Connection", "close")
+	}
+	// The body's framing as the client sent it (the parser moved it out of
+	// the header): its bytes follow the head unchanged.
+	switch {
+	case len(req.TransferEncoding) > 0:
+		h.Set("Transfer-Encoding", strings.Join(req.TransferEncoding, ", "))
+		h.Del("Content-Length")
+	case req.ContentLength > 0:
+		h.Set("Content-Length", strconv.FormatInt(req.ContentLength, 10))
+	default:
+		h.Del("Content-Length")
+	}
+	h.Del("Host")
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", req.Method, req.URL.RequestURI(), req.URL.Host)
+	_ = h.Write(&b)
+	b.WriteString("\r\n")
+	early := []byte(b.String())
+	if n := br.Buffered(); n > 0 {
+		body, _ := br.Peek(n)
+		early = append(early, body...)
+	}
+	return p.handOff(c, t, protocol.ViaHTTP, nil, early)
 }
 
 // hopByHop are headers that describe one connection, not the message.
