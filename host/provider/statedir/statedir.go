@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -75,7 +76,7 @@ func Claim(root, name string) (*Dir, error) {
 			}
 			return nil, fmt.Errorf("open lock in %s: %w", dir, err)
 		}
-		if err := tryLock(lock); err != nil {
+		if err := lockWithin(lock, heldWait); err != nil {
 			lock.Close()
 			return nil, fmt.Errorf("%w: %q is held by another oac-shim (lock %s)", provider.ErrExists, name, lock.Name())
 		}
@@ -88,6 +89,28 @@ func Claim(root, name string) (*Dir, error) {
 		return d, nil
 	}
 	return nil, fmt.Errorf("claim state directory %s: it kept changing under us; retry", dir)
+}
+
+// heldWait bounds the wait for a lock another process holds. A shim
+// killed just after it forked a child leaves its descriptors, the lock's
+// too, with that child until the child execs; on a loaded machine that
+// outlives the shim's exit by milliseconds. The shim of a running sandbox
+// holds the lock for good: the claim then fails after heldWait.
+const heldWait = time.Second
+
+// lockWithin retries the lock of f for at most d, backing off from 2 ms
+// to 100 ms; it returns the last error.
+func lockWithin(f *os.File, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	backoff := 2 * time.Millisecond
+	for {
+		err := tryLock(f)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
 }
 
 // claimPrefix names directories a Claim is still building.

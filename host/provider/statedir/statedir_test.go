@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,4 +72,23 @@ func TestSweepRemovesLeftoversOfKilledShimsButNotRunningOnes(t *testing.T) {
 	defer next.Release()
 	assert.NoDirExists(t, stale, "the killed shim's directory is removed")
 	assert.FileExists(t, filepath.Join(running.Path, "agent.sock"), "a running sandbox's directory is untouched")
+}
+
+func TestALockLeftAMomentByAKilledShimsChildIsWaitedOut(t *testing.T) {
+	root := t.TempDir()
+	held, err := Claim(root, "b")
+	require.NoError(t, err)
+	// Another open file description of the same lock stands in for the
+	// child a killed shim forked: it lets go 100 ms later.
+	other, err := os.OpenFile(filepath.Join(held.Path, "lock"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	held.lock.Close()
+	require.NoError(t, tryLock(other))
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		other.Close()
+	}()
+	d, err := Claim(root, "b")
+	require.NoError(t, err, "the lock was let go within heldWait")
+	d.Release()
 }
