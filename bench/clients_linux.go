@@ -82,6 +82,32 @@ func startClientServers() (clientServers, func(), error) {
 	return clientServers{web: wl.Addr().String(), echo: el.Addr().String()}, func() { srv.Close(); el.Close() }, nil
 }
 
+// clientSetup makes a directory others can read (a guest's root is not
+// the host's), builds the guest's probe there and starts the host's
+// servers; stop undoes all of it.
+func clientSetup(prefix string) (dir, probeBin string, srv clientServers, stop func(), err error) {
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", "", srv, nil, err
+	}
+	fail := func(err error) (string, string, clientServers, func(), error) {
+		os.RemoveAll(dir)
+		return "", "", clientServers{}, nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return fail(err)
+	}
+	probeBin = filepath.Join(dir, "netprobe")
+	if err := crossBuild("./bench/internal/netprobe", probeBin, "amd64"); err != nil {
+		return fail(err)
+	}
+	srv, stopServers, err := startClientServers()
+	if err != nil {
+		return fail(err)
+	}
+	return dir, probeBin, srv, func() { stopServers(); os.RemoveAll(dir) }, nil
+}
+
 // guestTarget is one sandbox the clients run in.
 type guestTarget struct {
 	label string
@@ -98,19 +124,7 @@ type guestTarget struct {
 // data plane and, for bwrap, without it) and in a qemu guest, each beside
 // the same client on the host.
 func ClientFigures(r *Report, b Bins, runs int, size int64, kernelCache string) error {
-	dir, err := os.MkdirTemp("", "oac-bench-clients-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
-	probeBin := filepath.Join(dir, "netprobe")
-	if err := crossBuild("./bench/internal/netprobe", probeBin, "amd64"); err != nil {
-		return err
-	}
-	srv, stop, err := startClientServers()
+	dir, probeBin, srv, stop, err := clientSetup("oac-bench-clients-")
 	if err != nil {
 		return err
 	}

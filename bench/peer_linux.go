@@ -113,19 +113,7 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		r.Skip(PeerGroup+": sandbox-runtime "+SRTVersion, why)
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "oac-bench-peer-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
-	probeBin := filepath.Join(dir, "netprobe")
-	if err := crossBuild("./bench/internal/netprobe", probeBin, "amd64"); err != nil {
-		return err
-	}
-	srv, stop, err := startClientServers()
+	_, probeBin, srv, stop, err := clientSetup("oac-bench-peer-")
 	if err != nil {
 		return err
 	}
