@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // ErrOwnResolvConf says the guest's resolver configuration is the agent's
@@ -30,7 +30,7 @@ func pinnedResolver(resolvConf string) (*net.Resolver, []string, error) {
 	if err != nil {
 		return nil, nil, nil
 	}
-	if string(data) == initsys.ResolvConf {
+	if string(data) == protocol.ResolvConf {
 		return nil, nil, ErrOwnResolvConf
 	}
 	var servers []string

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/guest/initsys"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 func resolvConf(t *testing.T, content string) string {
@@ -66,7 +66,7 @@ func TestWithoutNameserversThePinnedResolverIsTheDefault(t *testing.T) {
 }
 
 func TestTheAgentsOwnResolvConfIsNeverPinned(t *testing.T) {
-	r, servers, err := pinnedResolver(resolvConf(t, initsys.ResolvConf))
+	r, servers, err := pinnedResolver(resolvConf(t, protocol.ResolvConf))
 	assert.Nil(t, r)
 	assert.Empty(t, servers)
 	assert.ErrorIs(t, err, ErrOwnResolvConf, "the broker would ask the workload's resolver, its own client")

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/oac/sandbox-agent/initramfs"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Paths and identities every guest image has. They are contract: oac-shim,
@@ -143,7 +143,7 @@ func Inject(t *Tree, in Injection) error {
 	}
 	// A VM's root is read-only: the agent can bind its resolver's
 	// resolv.conf over an existing file but not create one.
-	for _, f := range []struct{ path, content string }{{"etc/hosts", defaultHosts}, {"etc/resolv.conf", initramfs.ResolvConf}} {
+	for _, f := range []struct{ path, content string }{{"etc/hosts", defaultHosts}, {"etc/resolv.conf", protocol.ResolvConf}} {
 		r, err := t.Resolve(f.path, true)
 		if err != nil {
 			return err

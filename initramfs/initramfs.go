@@ -9,6 +9,8 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // Paths inside the image that oac-guest relies on.
@@ -37,12 +39,6 @@ var DefaultModules = []string{
 	"virtio_blk", "erofs", "overlay", "virtiofs",
 	"nf_tables", "nft_chain_nat", "nft_redir", "nft_ct", "nft_objref",
 }
-
-// ResolvConf is every image's /etc/resolv.conf: the agent's resolver on
-// loopback (package guest/transparent), which the host's egress policy
-// answers. guest/initsys.ResolvConf must stay equal.
-const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
-	"nameserver 127.0.0.1\noptions edns0\n"
 
 // File is an extra file copied into the image.
 type File struct {
@@ -128,7 +124,7 @@ func Entries(spec Spec) ([]Entry, Summary, error) {
 			"nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
 		"etc/group":       fmt.Sprintf("root:x:0:\nruntime:x:%d:\nnogroup:x:65534:\n", RuntimeGID),
 		"etc/hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n",
-		"etc/resolv.conf": ResolvConf,
+		"etc/resolv.conf": protocol.ResolvConf,
 	} {
 		t.m[name] = Entry{Name: name, Mode: 0o644, Data: []byte(content)}
 	}

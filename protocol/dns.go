@@ -10,6 +10,14 @@ import (
 	"unicode/utf8"
 )
 
+// ResolvConf is the guest's /etc/resolv.conf, in every image and every
+// default root: the agent's resolver on loopback (package
+// guest/transparent), nothing else; the host's egress policy decides every
+// name. One text: the image builder writes it, the providers bind it, the
+// agent places it and the helper knows it as the agent's own.
+const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
+	"nameserver 127.0.0.1\noptions edns0\n"
+
 // CapDNS is the capability a host lists in Welcome when it answers dns
 // streams: the guest then runs its resolver and transparent capture (see
 // package guest/transparent). A host that lists it also lists CapEgress.

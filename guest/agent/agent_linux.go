@@ -472,7 +472,7 @@ func (a *agent) startTransparent() string {
 	}
 	a.transparent = t
 	msg := "transparent egress: resolver on " + t.DNS.Addr + ", outgoing TCP captured"
-	if how, err := initsys.PlaceResolvConf("/etc/resolv.conf", initsys.ResolvConf, "/run/oac"); err != nil {
+	if how, err := initsys.PlaceResolvConf("/etc/resolv.conf", protocol.ResolvConf, "/run/oac"); err != nil {
 		a.cfg.Log.Warn("resolv.conf not placed", "err", err)
 		msg += "; /etc/resolv.conf not placed (" + err.Error() + ")"
 	} else {

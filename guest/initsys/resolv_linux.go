@@ -10,11 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ResolvConf is the guest's /etc/resolv.conf: the agent's resolver on
-// loopback, nothing else (names are decided by the host's egress policy).
-const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
-	"nameserver 127.0.0.1\noptions edns0\n"
-
 // PlaceResolvConf makes path (normally /etc/resolv.conf) read content
 // without writing the image: nothing to do when it already does; else a
 // bind mount of a copy in spare (a tmpfs directory such as /run/oac) over

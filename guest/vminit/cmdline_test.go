@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/initramfs"
 	"github.com/oac/sandbox-agent/protocol/transport"
 	"github.com/oac/sandbox-agent/protocol/vmparams"
@@ -60,10 +59,6 @@ func TestParseParams(t *testing.T) {
 
 func TestModuleListPathMatchesTheImageBuilder(t *testing.T) {
 	assert.Equal(t, initramfs.ModuleListPath, ModuleListPath)
-}
-
-func TestResolvConfMatchesTheImageBuilder(t *testing.T) {
-	assert.Equal(t, initramfs.ResolvConf, initsys.ResolvConf)
 }
 
 // FuzzParseParams: the kernel command line is input the guest did not

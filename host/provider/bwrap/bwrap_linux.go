@@ -275,7 +275,7 @@ func (in *Instance) prepare() error {
 	if in.spec.Rootfs == "" {
 		// One prepared /etc, shared by the sandboxes of this state root,
 		// and the sandbox's own hosts over it when it has a hostname.
-		etcDir, err := kit.PreparedEtc(filepath.Join(in.stateRoot, "etc"), map[string]string{"resolv.conf": kit.ResolvConf})
+		etcDir, err := kit.PreparedEtc(filepath.Join(in.stateRoot, "etc"), map[string]string{"resolv.conf": protocol.ResolvConf})
 		if err != nil {
 			return err
 		}

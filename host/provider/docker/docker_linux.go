@@ -163,7 +163,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	in.cfg = cfg
 	in.cfg.Kept = spec.Keep != nil
 	in.cfg.ResolvConf = filepath.Join(state.Path, "resolv.conf")
-	if err := os.WriteFile(in.cfg.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
+	if err := os.WriteFile(in.cfg.ResolvConf, []byte(protocol.ResolvConf), 0o644); err != nil {
 		return nil, fmt.Errorf("write %s: %w", in.cfg.ResolvConf, err)
 	}
 	profile, err := kit.ContainerSeccompProfile()

@@ -44,15 +44,6 @@ var hostEtcFiles = []string{
 	"localtime", "timezone", "os-release", "protocols", "services", "mime.types",
 }
 
-// ResolvConf points the guest at the agent's resolver on loopback
-// (package guest/transparent); the same text as initsys.ResolvConf, which
-// the agent checks before placing its own (and finds present: it could
-// not bind its own without CAP_SYS_ADMIN). The default roots of the bwrap
-// and oci providers bind it; docker, and oci over a --rootfs that has one,
-// bind it over the image's.
-const ResolvConf = "# oac-guest: the guest's resolver; the host's egress policy decides every name\n" +
-	"nameserver 127.0.0.1\noptions edns0\n"
-
 // Passwd and Group list the identities every guest has.
 func Passwd() string {
 	return "root:x:0:0:root:/root:/bin/sh\n" +

@@ -328,7 +328,7 @@ func (in *Instance) contract(c *bundleConfig, hp kit.HostPaths, dir string) erro
 	}
 	if in.spec.Rootfs != "" && has("etc/resolv.conf", false) {
 		c.ResolvConf = filepath.Join(dir, "resolv.conf")
-		if err := os.WriteFile(c.ResolvConf, []byte(kit.ResolvConf), 0o644); err != nil {
+		if err := os.WriteFile(c.ResolvConf, []byte(protocol.ResolvConf), 0o644); err != nil {
 			return fmt.Errorf("write %s: %w", c.ResolvConf, err)
 		}
 	}
@@ -363,7 +363,7 @@ func (in *Instance) skeleton(dir string) (string, []kit.HostEntry, [][2]string, 
 			return "", nil, nil, err
 		}
 	}
-	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, map[string]string{"resolv.conf": kit.ResolvConf})
+	etc, err := kit.EtcFiles(filepath.Join(dir, "etc"), in.spec.Hostname, map[string]string{"resolv.conf": protocol.ResolvConf})
 	if err != nil {
 		return "", nil, nil, err
 	}
