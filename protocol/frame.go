@@ -38,6 +38,9 @@ const (
 	TypeConnect   Type = 0x000E
 	TypeConnected Type = 0x000F
 	TypeForward   Type = 0x0010
+	// TypeClock reads and steps a VM guest's clock (see Clock): sent only
+	// to a peer that listed CapClock.
+	TypeClock Type = 0x0011
 )
 
 var typeNames = map[Type]string{
@@ -57,6 +60,7 @@ var typeNames = map[Type]string{
 	TypeConnect:      "Connect",
 	TypeConnected:    "Connected",
 	TypeForward:      "Forward",
+	TypeClock:        "Clock",
 }
 
 func (t Type) String() string {
