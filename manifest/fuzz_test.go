@@ -2,18 +2,21 @@ package manifest
 
 import (
 	"bytes"
+	"reflect"
 	"strings"
 	"testing"
 )
 
 // FuzzDecode: arbitrary bytes never panic; whatever decodes is valid,
-// re-encodes, and decodes to the same manifest.
+// re-encodes, and decodes to the same manifest (mirrors and install
+// included).
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte(valid()))
 	f.Add([]byte(`{"schema":1,"release":"r","artifacts":[]}`))
 	f.Add([]byte(`{"schema":1,"schema":1}`))
 	f.Add([]byte(`{"Schema":1}`))
 	f.Add([]byte(valid() + "{}"))
+	f.Add([]byte(withMirrorsAndInstall()))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Decode(bytes.NewReader(b))
 		if err != nil {
@@ -33,7 +36,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded manifest does not decode: %v", err)
 		}
-		if len(again.Artifacts) != len(m.Artifacts) || again.Release != m.Release {
+		if !reflect.DeepEqual(again, m) {
 			t.Fatal("round trip changed the manifest")
 		}
 	})

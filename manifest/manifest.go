@@ -27,6 +27,12 @@ const MaxSize = 1 << 20
 const (
 	MaxArtifacts    = 256
 	MaxArtifactSize = 64 << 30
+	// MaxMirrors bounds an artifact's mirrors: with its url, at most 8
+	// places one file is fetched from.
+	MaxMirrors = 7
+	// MaxInstallArgs and MaxInstallArgLen bound the installer's arguments.
+	MaxInstallArgs   = 16
+	MaxInstallArgLen = 128
 )
 
 // Kinds of artifacts.
@@ -72,19 +78,71 @@ type Artifact struct {
 	// Platform and Arch say which hosts use it.
 	Platform string `json:"platform"`
 	Arch     string `json:"arch"`
-	// URL is where it is downloaded from: https (plain http only for a
-	// loopback host), no user info, query or fragment.
+	// URL is where it is downloaded from first: https (plain http only
+	// for a loopback host), no user info, query or fragment. Its last
+	// path element is the file's name.
 	URL string `json:"url"`
+	// Mirrors are more places that serve the same bytes, tried in order
+	// after URL (optional: 1 to MaxMirrors, each under URL's rule, no
+	// two alike). Bytes are accepted from any of them only by SHA256.
+	Mirrors []string `json:"mirrors,omitempty"`
 	// Size is its exact size in bytes.
 	Size int64 `json:"size"`
 	// SHA256 is its digest, 64 lowercase hex digits.
 	SHA256 string `json:"sha256"`
+	// Install says how to run a wsl-installer (optional, that kind
+	// only; see InstallPlan for the default).
+	Install *Install `json:"install,omitempty"`
+}
+
+// Install is how the WSL installer (an MSI) is run: msiexec.exe /i FILE
+// followed by Args, and whether Windows must restart before WSL works.
+type Install struct {
+	// Args follow "msiexec.exe /i FILE": 0 to MaxInstallArgs, each 1 to
+	// MaxInstallArgLen of A-Z, a-z, 0-9, '/', '_', '.', '=', ':', ',',
+	// '+', '-' (no spaces or quotes: the line is shown to be typed and
+	// run as it is).
+	Args []string `json:"args"`
+	// Restart: Windows must restart after installing, before WSL runs.
+	Restart bool `json:"restart"`
+}
+
+// MarshalJSON writes no args as [] (the schema has no null).
+func (i Install) MarshalJSON() ([]byte, error) {
+	type plain Install
+	p := plain(i)
+	if p.Args == nil {
+		p.Args = []string{}
+	}
+	return json.Marshal(p)
+}
+
+// DefaultInstall is the plan of a wsl-installer pinned without one: the
+// MSI's own dialog, and a restart (the safe guess: a restart that was not
+// needed costs a minute, a missing one leaves WSL unusable).
+var DefaultInstall = Install{Args: []string{}, Restart: true}
+
+// InstallPlan is a's Install, or DefaultInstall when the manifest gives
+// none.
+func (a Artifact) InstallPlan() Install {
+	if a.Install == nil {
+		return DefaultInstall
+	}
+	return *a.Install
+}
+
+// URLs are a's places in the order they are tried: URL, then Mirrors.
+func (a Artifact) URLs() []string {
+	return append([]string{a.URL}, a.Mirrors...)
 }
 
 // The patterns are compiled on first use, not when oac-shim starts.
 var (
 	topKeys      = []string{"artifacts", "release", "schema"}
 	artifactKeys = []string{"arch", "kind", "name", "platform", "sha256", "size", "url"}
+	optionalKeys = []string{"install", "mirrors"}
+	installKeys  = []string{"args", "restart"}
+	argRE        = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9/_.=:,+-]+$`) })
 	nameRE       = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`) })
 	releaseRE    = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$`) })
 	hexRE        = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[0-9a-f]{64}$`) })
@@ -135,17 +193,28 @@ func jsonErr(err error) string {
 }
 
 // shape is the manifest's shape: an object with exactly topKeys,
-// "artifacts" an array of at most MaxArtifacts objects with exactly
-// artifactKeys; the values' types are encoding/json's to check.
-var shape = &strictjson.Schema{Kind: strictjson.Object, RequireAll: true, Fields: fields(topKeys, map[string]*strictjson.Schema{
+// "artifacts" an array of at most MaxArtifacts objects with every one of
+// artifactKeys and maybe optionalKeys ("mirrors" an array of at most
+// MaxMirrors, "install" an object with exactly installKeys, its "args" at
+// most MaxInstallArgs); the values' types are encoding/json's to check.
+var shape = &strictjson.Schema{Kind: strictjson.Object, RequireAll: true, Fields: fields(topKeys, nil, map[string]*strictjson.Schema{
 	"artifacts": {Kind: strictjson.Array, MaxItems: MaxArtifacts, Elem: &strictjson.Schema{
-		Kind: strictjson.Object, RequireAll: true, Fields: fields(artifactKeys, nil),
+		Kind: strictjson.Object, Fields: fields(artifactKeys, optionalKeys, map[string]*strictjson.Schema{
+			"mirrors": {Kind: strictjson.Array, MaxItems: MaxMirrors},
+			"install": {Kind: strictjson.Object, RequireAll: true, Fields: fields(installKeys, nil, map[string]*strictjson.Schema{
+				"args": {Kind: strictjson.Array, MaxItems: MaxInstallArgs},
+			})},
+		}),
 	}},
 })}
 
-func fields(keys []string, schemas map[string]*strictjson.Schema) []strictjson.Field {
+// fields lists required then optional keys with their schemas.
+func fields(required, optional []string, schemas map[string]*strictjson.Schema) []strictjson.Field {
 	var fs []strictjson.Field
-	for _, k := range keys {
+	for _, k := range required {
+		fs = append(fs, strictjson.Field{Name: k, Schema: schemas[k], Required: true})
+	}
+	for _, k := range optional {
 		fs = append(fs, strictjson.Field{Name: k, Schema: schemas[k]})
 	}
 	return fs
@@ -159,9 +228,14 @@ func checkShape(b []byte) error {
 	if !errors.As(err, &e) {
 		return err
 	}
+	// Inside an artifact, say which one and which member of it
+	// ("artifact 2: install: ...").
 	where := ""
-	if e.Path != "" {
+	if rest, ok := strings.CutPrefix(e.Path, "artifacts[]"); ok {
 		where = fmt.Sprintf("artifact %d: ", e.Index)
+		if rest = strings.TrimPrefix(rest, "."); rest != "" {
+			where += strings.ReplaceAll(rest, ".", ": ") + ": "
+		}
 	}
 	switch {
 	case errors.Is(err, strictjson.ErrDuplicate):
@@ -177,8 +251,16 @@ func checkShape(b []byte) error {
 		return invalid("the top level must be an object")
 	case errors.Is(err, strictjson.ErrType) && e.Key == "artifacts":
 		return invalid("artifacts must be an array")
-	case errors.Is(err, strictjson.ErrType):
+	case errors.Is(err, strictjson.ErrType) && e.Key == "":
 		return invalid("artifact %d must be an object", e.Index)
+	case errors.Is(err, strictjson.ErrType) && (e.Key == "install"):
+		return invalid("%sinstall must be an object", where)
+	case errors.Is(err, strictjson.ErrType):
+		return invalid("%s%s must be an array", where, e.Key)
+	case errors.Is(err, strictjson.ErrTooMany) && strings.HasSuffix(e.Path, ".mirrors"):
+		return invalid("%smore than %d mirrors", strings.TrimSuffix(where, "mirrors: "), MaxMirrors)
+	case errors.Is(err, strictjson.ErrTooMany) && strings.HasSuffix(e.Path, ".args"):
+		return invalid("%smore than %d args", strings.TrimSuffix(where, "args: "), MaxInstallArgs)
 	case errors.Is(err, strictjson.ErrTooMany):
 		return invalid("more than %d artifacts", MaxArtifacts)
 	case errors.Is(err, strictjson.ErrDepth):
@@ -236,11 +318,60 @@ func (m *Manifest) Validate() error {
 		if err := CheckURL(a.URL); err != nil {
 			return invalid("%s: %v", where, err)
 		}
+		if err := checkMirrors(a); err != nil {
+			return invalid("%s: %v", where, err)
+		}
+		if err := checkInstall(a); err != nil {
+			return invalid("%s: %v", where, err)
+		}
 		if a.Size < 1 || a.Size > MaxArtifactSize {
 			return invalid("%s: size must be 1 to %d bytes", where, int64(MaxArtifactSize))
 		}
 		if !hexRE().MatchString(a.SHA256) || a.SHA256 == strings.Repeat("0", 64) {
 			return invalid("%s: sha256 must be 64 lowercase hex digits, not all zero", where)
+		}
+	}
+	return nil
+}
+
+// checkMirrors: absent, or 1 to MaxMirrors URLs under URL's rule, none
+// repeating another or the url. Errors say which by position, never the
+// URL.
+func checkMirrors(a Artifact) error {
+	if a.Mirrors == nil {
+		return nil
+	}
+	if len(a.Mirrors) == 0 || len(a.Mirrors) > MaxMirrors {
+		return fmt.Errorf("mirrors must list 1 to %d URLs (or be left out)", MaxMirrors)
+	}
+	seen := map[string]bool{a.URL: true}
+	for i, m := range a.Mirrors {
+		if err := CheckURL(m); err != nil {
+			return fmt.Errorf("mirror %d: %v", i, err)
+		}
+		if seen[m] {
+			return fmt.Errorf("mirror %d: the same URL is listed twice", i)
+		}
+		seen[m] = true
+	}
+	return nil
+}
+
+// checkInstall: install only on a wsl-installer; its args bounded and
+// plain (no spaces, quotes or shell characters).
+func checkInstall(a Artifact) error {
+	if a.Install == nil {
+		return nil
+	}
+	if a.Kind != KindWSLInstaller {
+		return fmt.Errorf("install is only for kind %s", KindWSLInstaller)
+	}
+	if len(a.Install.Args) > MaxInstallArgs {
+		return fmt.Errorf("install: more than %d args", MaxInstallArgs)
+	}
+	for i, arg := range a.Install.Args {
+		if len(arg) > MaxInstallArgLen || !argRE().MatchString(arg) {
+			return fmt.Errorf("install: arg %d must be 1 to %d of A-Z, a-z, 0-9, '/', '_', '.', '=', ':', ',', '+', '-'", i, MaxInstallArgLen)
 		}
 	}
 	return nil

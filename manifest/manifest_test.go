@@ -113,3 +113,81 @@ func TestCheckURL(t *testing.T) {
 		assert.Error(t, CheckURL(bad), bad)
 	}
 }
+
+// withMirrorsAndInstall is valid() with two mirrors on the rootfs and an
+// install plan on the WSL installer.
+func withMirrorsAndInstall() string {
+	v := strings.Replace(valid(), `"url":"https://images.example.com/oac/rootfs.tar.gz",`,
+		`"url":"https://images.example.com/oac/rootfs.tar.gz","mirrors":["https://mirror-a.example.net/oac/rootfs.tar.gz","http://[::1]:8081/rootfs.tar.gz"],`, 1)
+	return strings.Replace(v, `"url":"http://127.0.0.1:8080/wsl.msi","size":3,"sha256":"`+hexA+`"`,
+		`"url":"http://127.0.0.1:8080/wsl.msi","size":3,"sha256":"`+hexA+`","install":{"args":["/passive","/norestart"],"restart":true}`, 1)
+}
+
+func TestMirrorsAndInstallDecodeAndRoundTrip(t *testing.T) {
+	m, err := Decode(strings.NewReader(withMirrorsAndInstall()))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"https://images.example.com/oac/rootfs.tar.gz", "https://mirror-a.example.net/oac/rootfs.tar.gz", "http://[::1]:8081/rootfs.tar.gz"},
+		m.Artifacts[0].URLs(), "the url first, then the mirrors in order")
+	assert.Equal(t, Install{Args: []string{"/passive", "/norestart"}, Restart: true}, m.Artifacts[1].InstallPlan())
+	var buf bytes.Buffer
+	require.NoError(t, Encode(m, &buf))
+	again, err := Decode(&buf)
+	require.NoError(t, err)
+	assert.Equal(t, m, again)
+}
+
+func TestAManifestWithoutTheOptionalKeysIsUnchanged(t *testing.T) {
+	m, err := Decode(strings.NewReader(valid()))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"http://127.0.0.1:8080/wsl.msi"}, m.Artifacts[1].URLs())
+	assert.Equal(t, DefaultInstall, m.Artifacts[1].InstallPlan(), "no plan: the MSI's own dialog and a restart")
+	assert.True(t, m.Artifacts[1].InstallPlan().Restart)
+	var buf bytes.Buffer
+	require.NoError(t, Encode(m, &buf))
+	assert.NotContains(t, buf.String(), "mirrors", "an old manifest encodes as it was")
+	assert.NotContains(t, buf.String(), `"install"`)
+	m.Artifacts[1].Install = &Install{Restart: false}
+	buf.Reset()
+	require.NoError(t, Encode(m, &buf))
+	assert.Contains(t, buf.String(), `"args": []`, "no args encode as an empty array, which decodes")
+	_, err = Decode(&buf)
+	require.NoError(t, err)
+}
+
+func TestMirrorsAndInstallRefusals(t *testing.T) {
+	v := withMirrorsAndInstall()
+	many := `"mirrors":[` + strings.Repeat(`"https://m.example/x",`, MaxMirrors) + `"https://m.example/y"],`
+	for name, c := range map[string]struct{ doc, want string }{
+		"empty mirrors":       {strings.Replace(v, `"mirrors":["https://mirror-a.example.net/oac/rootfs.tar.gz","http://[::1]:8081/rootfs.tar.gz"]`, `"mirrors":[]`, 1), "artifact \"rootfs-windows-amd64\": mirrors must list 1 to 7 URLs"},
+		"too many mirrors":    {strings.Replace(valid(), `"size":3,`, many+`"size":3,`, 1), "artifact 0: more than 7 mirrors"},
+		"mirrors not array":   {strings.Replace(valid(), `"size":3,`, `"mirrors":"https://m.example/x","size":3,`, 1), "artifact 0: mirrors must be an array"},
+		"mirror not a string": {strings.Replace(valid(), `"size":3,`, `"mirrors":[1],`+`"size":3,`, 1), "wrong type"},
+		"mirror with query":   {strings.Replace(v, "https://mirror-a.example.net/oac/rootfs.tar.gz", "https://mirror-a.example.net/oac/rootfs.tar.gz?token=hunter2", 1), "mirror 0: url must have no user info, query"},
+		"mirror user info":    {strings.Replace(v, "https://mirror-a.example.net/", "https://u:hunter2@mirror-a.example.net/", 1), "mirror 0: url must have no user info"},
+		"mirror plain http":   {strings.Replace(v, "https://mirror-a.example.net/", "http://mirror-a.example.net/", 1), "mirror 0: url must be https"},
+		"mirror is the url":   {strings.Replace(v, "https://mirror-a.example.net/oac/rootfs.tar.gz", "https://images.example.com/oac/rootfs.tar.gz", 1), "mirror 0: the same URL is listed twice"},
+		"mirror twice":        {strings.Replace(v, "http://[::1]:8081/rootfs.tar.gz", "https://mirror-a.example.net/oac/rootfs.tar.gz", 1), "mirror 1: the same URL is listed twice"},
+		"mirror case variant": {strings.Replace(v, `"mirrors"`, `"Mirrors"`, 1), `artifact 0: unknown key "Mirrors"`},
+		"mirrors twice":       {strings.Replace(v, `"mirrors":[`, `"mirrors":["https://x.example/a"],"mirrors":[`, 1), `artifact 0: duplicate key "mirrors"`},
+		"install elsewhere":   {strings.Replace(valid(), `"url":"https://images.example.com/oac/rootfs.tar.gz",`, `"url":"https://images.example.com/oac/rootfs.tar.gz","install":{"args":[],"restart":false},`, 1), "install is only for kind wsl-installer"},
+		"install unknown key": {strings.Replace(v, `"restart":true`, `"restart":true,"program":"cmd.exe"`, 1), `artifact 1: install: unknown key "program"`},
+		"install no restart":  {strings.Replace(v, `,"restart":true`, ``, 1), `artifact 1: install: missing key "restart"`},
+		"install not object":  {strings.Replace(v, `"install":{"args":["/passive","/norestart"],"restart":true}`, `"install":["/passive"]`, 1), "artifact 1: install must be an object"},
+		"args null":           {strings.Replace(v, `"args":["/passive","/norestart"]`, `"args":null`, 1), "artifact 1: install: args must be an array"},
+		"arg with a space":    {strings.Replace(v, `"/passive"`, `"/passive & calc"`, 1), "install: arg 0 must be 1 to 128 of"},
+		"arg with a quote":    {strings.Replace(v, `"/norestart"`, `"/norestart\""`, 1), "install: arg 1 must be"},
+		"empty arg":           {strings.Replace(v, `"/passive"`, `""`, 1), "install: arg 0 must be"},
+		"long arg":            {strings.Replace(v, `"/passive"`, `"/`+strings.Repeat("p", MaxInstallArgLen)+`"`, 1), "install: arg 0 must be"},
+		"too many args":       {strings.Replace(v, `"args":["/passive","/norestart"]`, `"args":[`+strings.Repeat(`"/a",`, MaxInstallArgs)+`"/b"]`, 1), "artifact 1: install: more than 16 args"},
+		"restart as string":   {strings.Replace(v, `"restart":true`, `"restart":"yes"`, 1), "wrong type"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Decode(strings.NewReader(c.doc))
+			require.Error(t, err)
+			assert.ErrorIs(t, err, ErrInvalid)
+			assert.Contains(t, err.Error(), c.want)
+			assert.NotContains(t, err.Error(), "hunter2", "errors never echo a URL")
+			assert.NotContains(t, err.Error(), "example", "errors never echo a URL")
+		})
+	}
+}
