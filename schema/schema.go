@@ -25,10 +25,13 @@ const (
 	// List is oac-shim list --json; Record a kept sandbox's record.
 	List   = "list.schema.json"
 	Record = "record.schema.json"
+	// Running is oac-shim list --running --json; Stop oac-shim stop --json.
+	Running = "running.schema.json"
+	Stop    = "stop.schema.json"
 )
 
 // Names lists the schema files.
-var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record}
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop}
 
 //go:embed *.schema.json
 var files embed.FS

@@ -189,6 +189,42 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "PolicyFile", reflect.TypeFor[egress.File](), at{schema.Policy, d[schema.Policy]}, false)
 	d.agree(t, "ListReport", reflect.TypeFor[api.ListReport](), at{schema.List, d[schema.List]}, true)
 	d.agree(t, "Record", reflect.TypeFor[persist.Record](), at{schema.Record, d[schema.Record]}, true)
+	d.agree(t, "RunningReport", reflect.TypeFor[api.RunningReport](), at{schema.Running, d[schema.Running]}, true)
+	d.agree(t, "StopReport", reflect.TypeFor[api.StopReport](), at{schema.Stop, d[schema.Stop]}, true)
+}
+
+// The running sandboxes a registry lists and a stop report validate, and
+// the outcomes are the Go ones.
+func TestRunningAndStopReportsValidate(t *testing.T) {
+	d := loadDocs(t)
+	var outcomes []string
+	for _, o := range api.StopOutcomes {
+		outcomes = append(outcomes, string(o))
+	}
+	sort.Strings(outcomes)
+	assert.Equal(t, outcomes, enum(t, d.def(schema.Stop, "Outcome")))
+
+	g := kept.OpenRegistry(t.TempDir())
+	a, err := g.Announce(kept.ShimRecord{Name: "r1", Kind: api.RunThrowaway, Provider: "bwrap", PID: 42, ProcStart: 7,
+		ControlSocket: "/run/r1.ctl", Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Version: "dev"})
+	require.NoError(t, err)
+	defer a.Close()
+	live, cleaned, err := g.List()
+	require.NoError(t, err)
+	require.Len(t, live, 1)
+	rep := api.RunningReport{SchemaVersion: api.SchemaVersion, Sandboxes: []api.RunningEntry{live[0].Entry()}, Cleaned: cleaned}
+	out, err := json.Marshal(rep)
+	require.NoError(t, err)
+	assert.NoError(t, schema.Validate(schema.Running, out), "%s", out)
+
+	stop := api.StopReport{SchemaVersion: api.SchemaVersion, GraceMS: 30000, AllStopped: false,
+		Sandboxes: []api.StopEntry{{Name: "r1", Outcome: api.StopStopped, Via: api.StopViaControl, PID: 42, ElapsedMS: 812},
+			{Name: "r2", Outcome: api.StopNotRunning}},
+		Cleaned: []api.CleanedEntry{{Name: "r3", Message: "its shim died"}}}
+	out, err = json.Marshal(stop)
+	require.NoError(t, err)
+	assert.NoError(t, schema.Validate(schema.Stop, out), "%s", out)
+	assert.Error(t, schema.Validate(schema.Stop, []byte(`{"schema_version":4,"grace_ms":1,"sandboxes":[{"name":"r1","outcome":"maybe","elapsed_ms":1}],"cleaned":[],"all_stopped":true}`)))
 }
 
 // The kept sandbox's states, the list and the record the shim writes.

@@ -125,7 +125,7 @@ test('ready with url and username, typed and ordered events, status, the passwor
 
     const all = shim.received;
     for (const e of all) {
-      assert.equal(e.schema_version, 3);
+      assert.equal(e.schema_version, 4);
       assert.equal(e.sandbox, name);
     }
     const kinds = all.map((e) => e.event);
