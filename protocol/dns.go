@@ -39,6 +39,15 @@ const (
 // target only when no name holds it, and the host's refusal says so.
 var GuestAddrPrefix = netip.MustParsePrefix("198.18.0.0/15")
 
+// GuestAddrPrefix6 is the IPv6 range of the guest's made-up addresses: a
+// unique local /96 (RFC 4193, a random 40-bit global ID) whose last 32
+// bits are the made-up IPv4 address of the same name, as NAT64 embeds
+// IPv4 in 64:ff9b::/96. The host refuses it as a destination (fc00::/7
+// is a refused class), so an escaped one can never be dialed, and it
+// collides with no network a guest could have: the workload's namespace
+// has only lo.
+var GuestAddrPrefix6 = netip.MustParsePrefix("fd2c:6ff4:6006::/96")
+
 // DNSReplyTimeout is how long a guest waits for the host's DNSReply.
 const DNSReplyTimeout = 10 * time.Second
 

@@ -93,6 +93,15 @@ type Transparent struct {
 	mu          sync.Mutex
 	conns       map[net.Conn]struct{}
 	installed   bool
+
+	// DNS6 and CaptureAddr6 are their IPv6 twins on [::1] (nil and ""
+	// when IPv6 is not captured).
+	DNS6         *DNSServer
+	CaptureAddr6 string
+	ln6          net.Listener
+	// Families says which families are captured, for the starting event:
+	// "IPv4 and IPv6", or "IPv4 only" and why IPv6 is not.
+	Families string
 }
 
 // Start runs the resolver and the capture listener, then installs the
@@ -119,8 +128,9 @@ func Start(cfg Config) (*Transparent, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &Transparent{pool: cfg.Pool, cfg: cfg, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
-	dns, err := ServeDNSIn(ns, NewResolver(cfg.Ask, cfg.Pool), cfg.DNSAddr, cfg.Log)
+	t := &Transparent{pool: cfg.Pool, cfg: cfg, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}, Families: "IPv4 only"}
+	res := NewResolver(cfg.Ask, cfg.Pool)
+	dns, err := ServeDNSIn(ns, res, cfg.DNSAddr, cfg.Log)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("resolver: listen on %s: %w", cfg.DNSAddr, err)
@@ -144,14 +154,57 @@ func Start(cfg Config) (*Transparent, error) {
 			return nil, err
 		}
 		t.installed = true
+		if err := t.startIPv6(res, rules); err != nil {
+			t.Families = "IPv4 only (IPv6 not captured: " + err.Error() + ")"
+			cfg.Log.Warn("transparent egress: IPv6 not captured; IPv4 is", "err", err)
+		} else {
+			t.Families = "IPv4 and IPv6"
+		}
 		if cfg.OnUDPDropped != nil {
 			t.wg.Add(1)
 			go t.pollUDP()
 		}
 	}
 	t.wg.Add(1)
-	go t.serve()
+	go t.serve(t.ln)
 	return t, nil
+}
+
+// startIPv6 adds the IPv6 capture beside the IPv4 one: a resolver and a
+// capture listener on [::1], the ip6 rules, then AAAA answers. A guest
+// whose kernel has no IPv6 (or no IPv6 netfilter) keeps the IPv4 capture
+// as it was: AAAA questions keep getting empty answers and nothing of
+// IPv6 is left installed.
+func (t *Transparent) startIPv6(res *Resolver, rules Rules) (err error) {
+	ns := t.cfg.NetNS
+	// The IPv4 resolver's port when free (a client naming [::1]:53 finds
+	// it); the redirection reaches it on whatever port it has.
+	_, dp, _ := net.SplitHostPort(t.DNS.Addr)
+	dns, err := ServeDNSIn(ns, res, net.JoinHostPort("::1", dp), t.cfg.Log)
+	if err != nil {
+		if dns, err = ServeDNSIn(ns, res, "[::1]:0", t.cfg.Log); err != nil {
+			return fmt.Errorf("resolver on [::1]: %w", err)
+		}
+	}
+	ln, err := ns.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		dns.Close()
+		return fmt.Errorf("listen on [::1]: %w", err)
+	}
+	_, dp6, _ := net.SplitHostPort(dns.Addr)
+	dnsPort6, _ := strconv.Atoi(dp6)
+	rules.CapturePort6, rules.DNSPort6 = uint16(ln.Addr().(*net.TCPAddr).Port), uint16(dnsPort6)
+	if err := ns.Do(func() error { return Install6(rules) }); err != nil {
+		_ = ns.Do(Uninstall6)
+		ln.Close()
+		dns.Close()
+		return err
+	}
+	t.DNS6, t.ln6, t.CaptureAddr6 = dns, ln, ln.Addr().String()
+	res.SetIPv6(true)
+	t.wg.Add(1)
+	go t.serve(ln)
+	return nil
 }
 
 // Close removes the rules, stops listening and closes every captured
@@ -163,6 +216,10 @@ func (t *Transparent) Close() error {
 	}
 	t.ln.Close()
 	t.DNS.Close()
+	if t.ln6 != nil {
+		t.ln6.Close()
+		t.DNS6.Close()
+	}
 	t.mu.Lock()
 	for c := range t.conns {
 		c.Close()
@@ -182,7 +239,14 @@ func (t *Transparent) pollUDP() {
 			return
 		case <-tk.C:
 			var n uint64
-			err := t.cfg.NetNS.Do(func() (err error) { n, err = UDPDropped(); return err })
+			err := t.cfg.NetNS.Do(func() (err error) {
+				if n, err = UDPDropped(); err == nil && t.ln6 != nil {
+					if n6, err6 := UDPDropped6(); err6 == nil {
+						n += n6
+					}
+				}
+				return err
+			})
 			if err == nil && n > 0 {
 				t.cfg.OnUDPDropped(n)
 			}
@@ -190,11 +254,13 @@ func (t *Transparent) pollUDP() {
 	}
 }
 
-func (t *Transparent) serve() {
+// serve accepts captured connections on ln (the IPv4 or the IPv6
+// listener; each has its own bound).
+func (t *Transparent) serve(ln net.Listener) {
 	defer t.wg.Done()
 	sem := make(chan struct{}, MaxCaptured)
 	for {
-		c, err := t.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -42,19 +43,24 @@ const (
 	edeNetwork   = 23
 	edeNoReach   = 22
 	reverseV4Sfx = ".in-addr.arpa."
+	reverseV6Sfx = ".ip6.arpa."
 )
 
 // Resolver answers DNS in the guest. An A question for a name the host
-// allows gets a fake address from the pool; AAAA and the other types of
-// an allowed name get an empty answer (the guest has no IPv6 egress: the
-// host dials whichever family it reaches, so there is nothing for Happy
-// Eyeballs to stall on); a denied or nonexistent name gets NXDOMAIN at
-// once, with the host's reason as an Extended DNS Error when the client
-// speaks EDNS; a host that cannot answer gives SERVFAIL, never silence.
+// allows gets a fake address from the pool; an AAAA question gets the
+// name's fake IPv6 address once SetIPv6 said the capture carries IPv6,
+// and an empty answer before (the host dials whichever family it reaches
+// behind either address, so a guest without IPv6 capture gives Happy
+// Eyeballs nothing to stall on); the other types of an allowed name get
+// an empty answer; a denied or nonexistent name gets NXDOMAIN at once,
+// with the host's reason as an Extended DNS Error when the client speaks
+// EDNS; a host that cannot answer gives SERVFAIL, never silence.
 type Resolver struct {
 	ask  Asker
 	pool *Pool
 	now  func() time.Time
+	// v6: the capture carries IPv6, so AAAA questions get addresses.
+	v6 atomic.Bool
 
 	sf    singleflight.Group
 	mu    sync.Mutex
@@ -71,6 +77,10 @@ type cached struct {
 func NewResolver(ask Asker, pool *Pool) *Resolver {
 	return &Resolver{ask: ask, pool: pool, now: time.Now, cache: map[string]cached{}}
 }
+
+// SetIPv6 says whether the capture carries IPv6 (AAAA questions get the
+// made-up IPv6 address of an allowed name, localhost's is ::1).
+func (r *Resolver) SetIPv6(on bool) { r.v6.Store(on) }
 
 // decide returns the host's answer for name, remembered for its TTL;
 // concurrent questions for one name ask once.
@@ -172,12 +182,19 @@ func (r *Resolver) answer(ctx context.Context, q dnsmessage.Question) ([]dnsmess
 		if q.Type == dnsmessage.TypeA {
 			return []dnsmessage.Resource{{Header: hdr(dnsmessage.TypeA, time.Hour), Body: &dnsmessage.AResource{A: [4]byte{127, 0, 0, 1}}}}, dnsmessage.RCodeSuccess, nil
 		}
+		if q.Type == dnsmessage.TypeAAAA && r.v6.Load() {
+			return []dnsmessage.Resource{{Header: hdr(dnsmessage.TypeAAAA, time.Hour), Body: &dnsmessage.AAAAResource{AAAA: netip.IPv6Loopback().As16()}}}, dnsmessage.RCodeSuccess, nil
+		}
 		return nil, dnsmessage.RCodeSuccess, nil
 	case strings.HasSuffix(name, ".arpa."):
 		// Reverse lookups never leave the guest: a fake address maps back
 		// to its name, anything else does not exist here.
 		if q.Type == dnsmessage.TypePTR {
-			if a, ok := parseReverseV4(name); ok {
+			a, ok := parseReverseV4(name)
+			if !ok {
+				a, ok = parseReverseV6(name)
+			}
+			if ok {
 				if n, ok := r.pool.Name(a); ok {
 					if pn, err := dnsmessage.NewName(n + "."); err == nil {
 						return []dnsmessage.Resource{{Header: hdr(dnsmessage.TypePTR, AllowedTTL), Body: &dnsmessage.PTRResource{PTR: pn}}}, dnsmessage.RCodeSuccess, nil
@@ -205,11 +222,16 @@ func (r *Resolver) answer(ctx context.Context, q dnsmessage.Question) ([]dnsmess
 	default:
 		return nil, dnsmessage.RCodeServerFailure, edeOption(edeNetwork, rep.Reason)
 	}
-	if q.Type != dnsmessage.TypeA && q.Type != dnsmessage.TypeALL {
-		return nil, dnsmessage.RCodeSuccess, nil
+	var out []dnsmessage.Resource
+	if q.Type == dnsmessage.TypeA || q.Type == dnsmessage.TypeALL {
+		a := r.pool.Addr(host)
+		out = append(out, dnsmessage.Resource{Header: hdr(dnsmessage.TypeA, AllowedTTL), Body: &dnsmessage.AResource{A: a.As4()}})
 	}
-	a := r.pool.Addr(host)
-	return []dnsmessage.Resource{{Header: hdr(dnsmessage.TypeA, AllowedTTL), Body: &dnsmessage.AResource{A: a.As4()}}}, dnsmessage.RCodeSuccess, nil
+	if (q.Type == dnsmessage.TypeAAAA || q.Type == dnsmessage.TypeALL) && r.v6.Load() {
+		a := r.pool.Addr6(host)
+		out = append(out, dnsmessage.Resource{Header: hdr(dnsmessage.TypeAAAA, AllowedTTL), Body: &dnsmessage.AAAAResource{AAAA: a.As16()}})
+	}
+	return out, dnsmessage.RCodeSuccess, nil
 }
 
 func edeOption(code uint16, text string) *dnsmessage.Option {
@@ -278,4 +300,37 @@ func parseReverseV4(name string) (netip.Addr, bool) {
 		b[3-i] = byte(n)
 	}
 	return netip.AddrFrom4(b), true
+}
+
+// parseReverseV6 turns the 32 nibble labels of "b.a.9.8...ip6.arpa."
+// (lowest nibble first) into the address.
+func parseReverseV6(name string) (netip.Addr, bool) {
+	s, ok := strings.CutSuffix(name, reverseV6Sfx)
+	if !ok || len(s) != 63 {
+		return netip.Addr{}, false
+	}
+	var b [16]byte
+	for i := 0; i < 32; i++ {
+		c := s[2*i]
+		if i < 31 && s[2*i+1] != '.' {
+			return netip.Addr{}, false
+		}
+		var v byte
+		switch {
+		case c >= '0' && c <= '9':
+			v = c - '0'
+		case c >= 'a' && c <= 'f':
+			v = c - 'a' + 10
+		default:
+			return netip.Addr{}, false
+		}
+		// Label i is nibble 31-i of the address, from the top.
+		n := 31 - i
+		if n%2 == 0 {
+			b[n/2] |= v << 4
+		} else {
+			b[n/2] |= v
+		}
+	}
+	return netip.AddrFrom16(b), true
 }

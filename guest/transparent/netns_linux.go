@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"unsafe"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -13,7 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TableName is the nftables table (family ip) the agent owns in the guest.
+// TableName is the nftables table the agent owns in the guest: one of
+// family ip, and one of family ip6 when IPv6 is captured too (kept apart
+// so that a kernel without IPv6 netfilter keeps the IPv4 capture whole).
 const TableName = "oac_egress"
 
 // udpCounter is the named counter of UDP datagrams dropped.
@@ -29,6 +32,9 @@ type Rules struct {
 	// DNSPort is the loopback port DNS (UDP and TCP port 53 to any
 	// address) is redirected to.
 	DNSPort uint16
+	// CapturePort6 and DNSPort6 are the same on [::1], for Install6.
+	CapturePort6 uint16
+	DNSPort6     uint16
 }
 
 // OnlyLoopback reports whether the guest's only interface is lo: capture
@@ -75,8 +81,34 @@ func Install(r Rules) error {
 	return nil
 }
 
-// Uninstall removes the nftables table (the address and route stay; they
-// are harmless without it).
+// Install6 is Install for IPv6, after it: the pool's IPv6 range as an
+// address of lo, a default route through lo of type local (every IPv6
+// destination is this host's, so a connection to one goes through the
+// output hook and the redirection, never out; and no kernel turns it into
+// a reject route, as some do a plain unicast route through lo), and the
+// table TableName of family ip6 with the rules of Install, 127.0.0.0/8
+// read ::1 and the ports CapturePort6 and DNSPort6 (a redirection in the
+// output hook goes to ::1). On an error the caller removes what was made
+// with Uninstall6 and keeps the IPv4 capture.
+func Install6(r Rules) error {
+	lo, err := net.InterfaceByName("lo")
+	if err != nil {
+		return fmt.Errorf("capture IPv6: %w", err)
+	}
+	if err := addAddr6(lo.Index, r.Pool.Self6(), r.Pool.Prefix6().Bits()); err != nil {
+		return fmt.Errorf("capture IPv6: add %s/%d to lo: %w", r.Pool.Self6(), r.Pool.Prefix6().Bits(), err)
+	}
+	if err := addLocalDefault6(lo.Index, r.Pool.Self6()); err != nil {
+		return fmt.Errorf("capture IPv6: default route through lo: %w", err)
+	}
+	if err := installTable6(r); err != nil {
+		return fmt.Errorf("capture IPv6: nftables (family ip6): %w", err)
+	}
+	return nil
+}
+
+// Uninstall removes the nftables tables (the addresses and routes stay;
+// they are harmless without them).
 func Uninstall() error {
 	c, err := nftables.New()
 	if err != nil {
@@ -85,16 +117,36 @@ func Uninstall() error {
 	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
 	c.AddTable(t)
 	c.DelTable(t)
+	return errors.Join(c.Flush(), Uninstall6())
+}
+
+// Uninstall6 removes the ip6 table when there is one (a kernel without
+// IPv6 netfilter has none), in a batch of its own.
+func Uninstall6() error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyIPv6); err != nil {
+		return nil
+	}
+	c.DelTable(&nftables.Table{Family: nftables.TableFamilyIPv6, Name: TableName})
 	return c.Flush()
 }
 
-// UDPDropped returns and resets the count of UDP datagrams dropped.
-func UDPDropped() (uint64, error) {
+// UDPDropped returns and resets the count of UDP datagrams dropped
+// (IPv4; UDPDropped6 the IPv6 table's).
+func UDPDropped() (uint64, error) { return udpDropped(nftables.TableFamilyIPv4) }
+
+// UDPDropped6 is UDPDropped for the ip6 table.
+func UDPDropped6() (uint64, error) { return udpDropped(nftables.TableFamilyIPv6) }
+
+func udpDropped(fam nftables.TableFamily) (uint64, error) {
 	c, err := nftables.New()
 	if err != nil {
 		return 0, err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
+	t := &nftables.Table{Family: fam, Name: TableName}
 	o, err := c.ResetObject(&nftables.CounterObj{Table: t, Name: udpCounter})
 	if err != nil {
 		return 0, err
@@ -111,16 +163,37 @@ func UDPDropped() (uint64, error) {
 }
 
 func installTable(r Rules) error {
+	loopback := []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{127, 0, 0, 0}},
+	}
+	return installTableOf(nftables.TableFamilyIPv4, loopback, r.CapturePort, r.DNSPort)
+}
+
+func installTable6(r Rules) error {
+	// ip6 daddr ::1 (the destination is at offset 24 of the IPv6 header).
+	lo := netip.IPv6Loopback().As16()
+	loopback := []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: lo[:]},
+	}
+	return installTableOf(nftables.TableFamilyIPv6, loopback, r.CapturePort6, r.DNSPort6)
+}
+
+// installTableOf installs the table TableName of family fam: loopback
+// matches the family's loopback destinations, which are left alone.
+func installTableOf(fam nftables.TableFamily, loopback []expr.Any, capturePort, dnsPort uint16) error {
 	c, err := nftables.New()
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: TableName}
+	t := &nftables.Table{Family: fam, Name: TableName}
 	// A table left by an earlier session (an agent restarted in the same
 	// namespace) is replaced: add, delete, add. A fresh namespace has
 	// none, and the delete is what costs (the kernel waits for an RCU
 	// grace period, 5-25 ms measured): it is asked for only when needed.
-	if _, err := c.ListTableOfFamily(TableName, nftables.TableFamilyIPv4); err == nil {
+	if _, err := c.ListTableOfFamily(TableName, fam); err == nil {
 		c.AddTable(t)
 		c.DelTable(t)
 	}
@@ -133,11 +206,6 @@ func installTable(r Rules) error {
 	ctr := &nftables.CounterObj{Table: t, Name: udpCounter}
 	c.AddObj(ctr)
 
-	loopback := []expr.Any{
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: []byte{255, 0, 0, 0}, Xor: []byte{0, 0, 0, 0}},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{127, 0, 0, 0}},
-	}
 	l4 := func(proto byte) []expr.Any {
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
@@ -164,9 +232,9 @@ func installTable(r Rules) error {
 		return out
 	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(loopback, []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(l4(unix.IPPROTO_UDP), dport(53), redirect(r.DNSPort))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(l4(unix.IPPROTO_TCP), dport(53), redirect(r.DNSPort))})
-	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(l4(unix.IPPROTO_TCP), redirect(r.CapturePort))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(l4(unix.IPPROTO_UDP), dport(53), redirect(dnsPort))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(l4(unix.IPPROTO_TCP), dport(53), redirect(dnsPort))})
+	c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: cat(l4(unix.IPPROTO_TCP), redirect(capturePort))})
 	c.AddRule(&nftables.Rule{Table: t, Chain: filt, Exprs: cat(loopback, []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}})})
 	// Answers of the guest's own servers to redirected clients (the
 	// resolver's replies go to the client's address in the pool's range).
@@ -213,6 +281,37 @@ func addAddr(ifindex int, a netip.Addr, bits int) error {
 	return rtRequest(unix.RTM_NEWADDR, append(msg, attrs...))
 }
 
+// addAddr6 adds a/bits to lo without a prefix route (the local default
+// route covers the range) and without duplicate address detection.
+func addAddr6(ifindex int, a netip.Addr, bits int) error {
+	b := a.As16()
+	msg := []byte{unix.AF_INET6, byte(bits), unix.IFA_F_NODAD, unix.RT_SCOPE_UNIVERSE}
+	msg = binary.NativeEndian.AppendUint32(msg, uint32(ifindex))
+	ae := netlink.NewAttributeEncoder()
+	ae.Bytes(unix.IFA_LOCAL, b[:])
+	ae.Bytes(unix.IFA_ADDRESS, b[:])
+	ae.Uint32(unix.IFA_FLAGS, unix.IFA_F_NODAD|unix.IFA_F_NOPREFIXROUTE)
+	attrs, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	return rtRequest(unix.RTM_NEWADDR, append(msg, attrs...))
+}
+
+// addLocalDefault6 adds "local ::/0 dev lo src src" to the main table.
+func addLocalDefault6(ifindex int, src netip.Addr) error {
+	b := src.As16()
+	msg := []byte{unix.AF_INET6, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_STATIC, unix.RT_SCOPE_HOST, unix.RTN_LOCAL, 0, 0, 0, 0}
+	ae := netlink.NewAttributeEncoder()
+	ae.Uint32(unix.RTA_OIF, uint32(ifindex))
+	ae.Bytes(unix.RTA_PREFSRC, b[:])
+	attrs, err := ae.Encode()
+	if err != nil {
+		return err
+	}
+	return rtRequest(unix.RTM_NEWROUTE, append(msg, attrs...))
+}
+
 func addDefaultRoute(ifindex int, src netip.Addr) error {
 	b := src.As4()
 	msg := []byte{unix.AF_INET, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_STATIC, unix.RT_SCOPE_LINK, unix.RTN_UNICAST, 0, 0, 0, 0}
@@ -227,8 +326,12 @@ func addDefaultRoute(ifindex int, src netip.Addr) error {
 }
 
 // originalDst returns the destination a redirected connection was made
-// to (SO_ORIGINAL_DST, from conntrack).
+// to (SO_ORIGINAL_DST, from conntrack; IP6T_SO_ORIGINAL_DST for one
+// accepted on an IPv6 socket).
 func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	if la, ok := c.LocalAddr().(*net.TCPAddr); ok && la.IP.To4() == nil {
+		return originalDst6(c)
+	}
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return netip.AddrPort{}, err
@@ -244,6 +347,41 @@ func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 		// A sockaddr_in: family (2 bytes), port (big-endian), address.
 		port := binary.BigEndian.Uint16(m.Multiaddr[2:4])
 		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
+	})
+	if err == nil {
+		err = gerr
+	}
+	return ap, err
+}
+
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/
+// ip6_tables.h; x/sys has only the IPv4 name, SO_ORIGINAL_DST).
+const ip6tSOOriginalDst = 80
+
+// originalDst6 reads IP6T_SO_ORIGINAL_DST: a struct sockaddr_in6.
+func originalDst6(c *net.TCPConn) (netip.AddrPort, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var gerr error
+	err = rc.Control(func(fd uintptr) {
+		// IPv6Mreq is 20 bytes, sockaddr_in6 28: ask for the whole struct.
+		var sa [unix.SizeofSockaddrInet6]byte
+		l := uint32(len(sa))
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, unix.SOL_IPV6, ip6tSOOriginalDst,
+			uintptr(unsafe.Pointer(&sa[0])), uintptr(unsafe.Pointer(&l)), 0)
+		if errno != 0 {
+			gerr = errno
+			return
+		}
+		if l < unix.SizeofSockaddrInet6 || binary.NativeEndian.Uint16(sa[0:2]) != unix.AF_INET6 {
+			gerr = fmt.Errorf("IP6T_SO_ORIGINAL_DST: unexpected answer of %d bytes", l)
+			return
+		}
+		// family (2), port (big-endian, 2), flowinfo (4), address (16).
+		ap = netip.AddrPortFrom(netip.AddrFrom16([16]byte(sa[8:24])), binary.BigEndian.Uint16(sa[2:4]))
 	})
 	if err == nil {
 		err = gerr

@@ -46,8 +46,9 @@ func (p *Pool) Prefix() netip.Prefix { return p.prefix }
 // Self is the guest's own address in the range (the route's source).
 func (p *Pool) Self() netip.Addr { return p.prefix.Addr().Next() }
 
-// Contains reports whether a is in the pool's range.
-func (p *Pool) Contains(a netip.Addr) bool { return p.prefix.Contains(a.Unmap()) }
+// Contains reports whether a is in the pool's range (or is the IPv6
+// form of an address in it).
+func (p *Pool) Contains(a netip.Addr) bool { return p.prefix.Contains(as4(a)) }
 
 // Addr returns the address of name, assigning the next free one when name
 // has none. When the range is used up it starts again from the beginning
@@ -72,11 +73,11 @@ func (p *Pool) Addr(name string) netip.Addr {
 	return a
 }
 
-// Name returns the name an address was handed out for.
+// Name returns the name an address (either family's) was handed out for.
 func (p *Pool) Name(a netip.Addr) (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, ok := p.byIP[a.Unmap()]
+	n, ok := p.byIP[as4(a)]
 	return n, ok
 }
 
