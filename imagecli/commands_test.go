@@ -29,6 +29,7 @@ func TestNewCommandsRefuseBadUsage(t *testing.T) {
 		{"build", "-o", "x"},
 		{"stage", "--store", "s"},
 		{"stage", "--store", "s", "--manifest", "m", "--url", "u"},
+		{"stage", "--store", "s", "--manifest", "m", "--mirror", "https://m.example/x"},
 		{"manifest"},
 		{"manifest", "verify"},
 		{"manifest", "verify", "a", "b"},
@@ -118,4 +119,26 @@ func TestBuildWritesTheE2BContextThroughTheCLI(t *testing.T) {
 		sums[o] = string(b)
 	}
 	assert.Equal(t, sums["a"], sums["b"], "two builds give the same bytes")
+}
+
+func TestStageNamesAFailedMirrorEvenWhenQuiet(t *testing.T) {
+	content := []byte("the pinned bytes")
+	sum := sha256.Sum256(content)
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("other bytes, sam")) // the pinned size, other bytes
+	}))
+	defer bad.Close()
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(content) }))
+	defer good.Close()
+	store := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"stage", "--store", store, "--url", bad.URL + "/f,1.bin", "--mirror", good.URL + "/f,1.bin",
+		"--size", "16", "--sha256", hex.EncodeToString(sum[:]), "--name", "f", "--quiet"}, &stdout, &stderr)
+	require.Equal(t, 0, code, stderr.String())
+	badHost, goodHost := strings.TrimPrefix(bad.URL, "http://"), strings.TrimPrefix(good.URL, "http://")
+	assert.Contains(t, stderr.String(), "oac-image: f: a mirror failed: download corrupted")
+	assert.Contains(t, stderr.String(), "mirror "+badHost+" served other bytes")
+	assert.Contains(t, stderr.String(), "oac-image: f: staged from mirror "+goodHost+"\n")
+	assert.NotContains(t, stderr.String(), "f,1.bin", "a mirror is named by its host only")
+	assert.Equal(t, "f "+filepath.Join(store, "sha256", hex.EncodeToString(sum[:]))+"\n", stdout.String())
 }

@@ -47,7 +47,13 @@ func BarProgress(w io.Writer) func(Event) {
 		case EventRepair:
 			fmt.Fprintf(w, "%s: %s\n", e.Name, e.Error)
 		case EventRetry:
-			fmt.Fprintf(w, "\n%s: the resumed file did not verify; downloading it again from the start\n", e.Name)
+			fmt.Fprintf(w, "\n%s: the resumed file did not verify; downloading it again from the start from %s\n", e.Name, e.Mirror)
+		case EventMirror:
+			resume := ""
+			if e.Bytes > 0 {
+				resume = fmt.Sprintf(", resuming at byte %d", e.Bytes)
+			}
+			fmt.Fprintf(w, "\n%s: %s failed (%s: %s); trying %s%s\n", e.Name, e.Mirror, e.Code, e.Error, e.Next, resume)
 		case EventDone:
 			switch {
 			case e.Cached:

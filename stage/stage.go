@@ -9,6 +9,7 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -43,12 +44,17 @@ var (
 
 // HTTPError is an error status from the server.
 type HTTPError struct {
+	// Mirror is the server's host (and port), never more of its URL.
+	Mirror string
 	Status int
 	Text   string
 }
 
 func (e *HTTPError) Error() string {
-	return fmt.Sprintf("server answered %d %s", e.Status, e.Text)
+	if e.Mirror == "" {
+		return fmt.Sprintf("server answered %d %s", e.Status, e.Text)
+	}
+	return fmt.Sprintf("mirror %s answered %d %s", e.Mirror, e.Status, e.Text)
 }
 
 // Unwrap makes errors.Is(err, ErrHTTP) true.
@@ -57,15 +63,34 @@ func (e *HTTPError) Unwrap() error { return ErrHTTP }
 // Target is one file to stage.
 type Target struct {
 	// Name labels events and errors.
-	Name   string
-	URL    string
-	Size   int64
-	SHA256 string
+	Name string
+	// URL is tried first, then Mirrors in order (at most
+	// manifest.MaxMirrors, each under manifest.CheckURL's rule).
+	URL     string
+	Mirrors []string
+	Size    int64
+	SHA256  string
 }
 
 // FromArtifact turns a manifest artifact into a Target.
 func FromArtifact(a manifest.Artifact) Target {
-	return Target{Name: a.Name, URL: a.URL, Size: a.Size, SHA256: a.SHA256}
+	return Target{Name: a.Name, URL: a.URL, Mirrors: a.Mirrors, Size: a.Size, SHA256: a.SHA256}
+}
+
+// source is one place a target is fetched from; mirror names it in
+// events and errors: the URL's host (and port) only, never its path.
+type source struct{ url, mirror string }
+
+func (t Target) sources() []source {
+	var out []source
+	for _, raw := range append([]string{t.URL}, t.Mirrors...) {
+		host := "?"
+		if u, err := url.Parse(raw); err == nil {
+			host = u.Host
+		}
+		out = append(out, source{url: raw, mirror: host})
+	}
+	return out
 }
 
 var hexRE = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -77,7 +102,23 @@ func (t Target) validate() error {
 	if t.Size < 1 || t.Size > manifest.MaxArtifactSize {
 		return fmt.Errorf("size must be 1 to %d bytes", int64(manifest.MaxArtifactSize))
 	}
-	return manifest.CheckURL(t.URL)
+	if err := manifest.CheckURL(t.URL); err != nil {
+		return err
+	}
+	if len(t.Mirrors) > manifest.MaxMirrors {
+		return fmt.Errorf("at most %d mirrors", manifest.MaxMirrors)
+	}
+	seen := map[string]bool{t.URL: true}
+	for i, m := range t.Mirrors {
+		if err := manifest.CheckURL(m); err != nil {
+			return fmt.Errorf("mirror %d: %w", i, err)
+		}
+		if seen[m] {
+			return fmt.Errorf("mirror %d: the same URL is listed twice", i)
+		}
+		seen[m] = true
+	}
+	return nil
 }
 
 // Result says how a target was staged.
@@ -95,6 +136,12 @@ type Result struct {
 	Repaired string
 	// Downloaded counts the bytes received.
 	Downloaded int64
+	// Mirror is the host the last bytes came from (empty when nothing
+	// was downloaded).
+	Mirror string
+	// Failed says how each mirror that failed before one served the
+	// rest failed (each message names the mirror by its host).
+	Failed []string
 }
 
 // Stager downloads pinned files into a content-addressed store:
@@ -126,6 +173,7 @@ const (
 	EventVerify   = "verify"   // hashing a file already present
 	EventRetry    = "retry"    // a resumed file did not verify; starting over
 	EventRepair   = "repair"   // a damaged file in the store (Error says how) was removed; staging it again
+	EventMirror   = "mirror"   // Mirror failed (Code, Error say how); the next mirror is tried, resuming Bytes
 	EventDone     = "done"     // the file is in the store
 	EventError    = "error"    // staging failed; Error and Code say why
 )
@@ -140,6 +188,8 @@ type Event struct {
 	Bytes       int64     `json:"bytes"`
 	Total       int64     `json:"total"`
 	ResumedFrom int64     `json:"resumed_from,omitempty"`
+	Mirror      string    `json:"mirror,omitempty"`
+	Next        string    `json:"next,omitempty"`
 	Path        string    `json:"path,omitempty"`
 	Cached      bool      `json:"cached,omitempty"`
 	Shared      bool      `json:"shared,omitempty"`
@@ -245,28 +295,90 @@ func (s *Stager) Stage(ctx context.Context, t Target) (res Result, err error) {
 		}
 	}
 	partial := filepath.Join(tmp, t.SHA256+".partial")
-	for attempt := 0; ; attempt++ {
-		r, err := s.download(ctx, t, partial)
-		res.Downloaded += r.Downloaded
-		if res.ResumedFrom == 0 {
-			res.ResumedFrom = r.ResumedFrom
-		}
-		if err != nil {
-			if errors.Is(err, ErrCorrupt) && r.ResumedFrom > 0 && attempt == 0 {
-				// The kept prefix may be what was wrong: once more from
-				// the start.
-				s.emit(Event{Event: EventRetry, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Error: err.Error()})
-				continue
-			}
-			return res, fmt.Errorf("stage %s: %w", t.Name, err)
-		}
-		break
+	if err := s.fetchAll(ctx, t, partial, &res); err != nil {
+		return res, fmt.Errorf("stage %s: %w", t.Name, err)
 	}
 	if err := place(partial, final); err != nil {
 		return res, fmt.Errorf("stage %s: %w: %v", t.Name, ErrStore, err)
 	}
-	s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, ResumedFrom: res.ResumedFrom})
+	s.emit(Event{Event: EventDone, Name: t.Name, SHA256: t.SHA256, Bytes: t.Size, Total: t.Size, Path: final, ResumedFrom: res.ResumedFrom, Mirror: res.Mirror})
 	return res, nil
+}
+
+// fetchAll fills partial from t's URL and then its mirrors, in order,
+// until the whole file verifies. A mirror that fails leaves what it kept
+// (a truncated or stalled transfer's bytes; a refusal's untouched prefix)
+// for the next, which resumes it with a Range request; bytes are only
+// ever accepted by the whole file's sha256. A file that does not verify
+// is discarded: when its first bytes came from elsewhere (an earlier run
+// or mirror) the same mirror is asked once more for all of it, so the
+// mirror named as serving wrong bytes is one that sent every byte. The
+// error is the last mirror's, with the earlier ones' after it.
+func (s *Stager) fetchAll(ctx context.Context, t Target, partial string, res *Result) error {
+	srcs := t.sources()
+	var failed []error
+	for i := 0; i < len(srcs); i++ {
+		src := srcs[i]
+		var r Result
+		var err error
+		for attempt := 0; ; attempt++ {
+			r, err = s.download(ctx, t, src, partial)
+			res.Downloaded += r.Downloaded
+			if res.ResumedFrom == 0 {
+				res.ResumedFrom = r.ResumedFrom
+			}
+			if err != nil && errors.Is(err, ErrCorrupt) && r.ResumedFrom > 0 && attempt == 0 {
+				// The kept prefix may be what was wrong: once more from
+				// the start.
+				s.emit(Event{Event: EventRetry, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Mirror: src.mirror, Error: err.Error()})
+				continue
+			}
+			break
+		}
+		if err == nil {
+			res.Mirror = src.mirror
+			return nil
+		}
+		if errors.Is(err, ErrStore) || ctx.Err() != nil {
+			return err
+		}
+		failed = append(failed, err)
+		res.Failed = append(res.Failed, err.Error())
+		if i+1 < len(srcs) {
+			s.emit(Event{Event: EventMirror, Name: t.Name, SHA256: t.SHA256, Bytes: partialSize(partial), Total: t.Size,
+				Mirror: src.mirror, Next: srcs[i+1].mirror, Code: Code(err), Error: err.Error()})
+		}
+	}
+	last := failed[len(failed)-1]
+	if len(failed) == 1 {
+		return last
+	}
+	return &mirrorsError{last: last, earlier: failed[:len(failed)-1]}
+}
+
+// mirrorsError is the last mirror's failure (what errors.Is sees, so the
+// code is the last mirror's, and says what became of the partial file)
+// with the earlier mirrors' after it.
+type mirrorsError struct {
+	last    error
+	earlier []error
+}
+
+func (e *mirrorsError) Error() string {
+	parts := make([]string, len(e.earlier))
+	for i, err := range e.earlier {
+		parts[i] = err.Error()
+	}
+	return e.last.Error() + " (every mirror failed; before it: " + strings.Join(parts, "; ") + ")"
+}
+
+func (e *mirrorsError) Unwrap() error { return e.last }
+
+func partialSize(p string) int64 {
+	if st, err := os.Stat(p); err == nil {
+		return st.Size()
+	}
+	return 0
 }
 
 // present reports whether final exists and verifies. A file that does not
@@ -358,10 +470,12 @@ func place(partial, final string) error {
 	return syncDir(filepath.Dir(final))
 }
 
-// download fetches t into partial, resuming what is there, and verifies
-// the whole file. On ErrTruncated and ErrStalled the partial file stays
-// for the next attempt; on any other error it is removed.
-func (s *Stager) download(ctx context.Context, t Target, partial string) (res Result, err error) {
+// download fetches t from src into partial, resuming what is there, and
+// verifies the whole file. On ErrTruncated and ErrStalled the partial
+// file stays for the next attempt; so does a prefix the mirror refused
+// before sending a byte (an error status, another size, no answer): it
+// did not touch it. On any other error it is removed.
+func (s *Stager) download(ctx context.Context, t Target, src source, partial string) (res Result, err error) {
 	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return res, fmt.Errorf("%w: %v", ErrStore, err)
@@ -388,32 +502,39 @@ func (s *Stager) download(ctx context.Context, t Target, partial string) (res Re
 			return res, fmt.Errorf("%w: %v", ErrStore, err)
 		}
 	}
-	n, resumed, err := s.fetch(ctx, t, f, h, have)
+	n, resumed, refused, err := s.fetch(ctx, t, src, f, h, have)
 	res.Downloaded, res.ResumedFrom = n, resumed
 	if err != nil {
-		keep = errors.Is(err, ErrTruncated) || errors.Is(err, ErrStalled) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		keep = errors.Is(err, ErrTruncated) || errors.Is(err, ErrStalled) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+			(refused && have > 0)
 		return res, err
 	}
 	if err := f.Sync(); err != nil {
 		return res, fmt.Errorf("%w: %v", ErrStore, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != t.SHA256 {
-		return res, fmt.Errorf("%w (got %s, want %s): the mirror serves other bytes or they were damaged in transit; nothing was placed", ErrCorrupt, got, t.SHA256)
+		what := fmt.Sprintf("mirror %s served other bytes or they were damaged in transit", src.mirror)
+		if resumed > 0 {
+			what = fmt.Sprintf("mirror %s served bytes %d to %d, resuming a file begun earlier; one of them was wrong", src.mirror, resumed, t.Size)
+		}
+		return res, fmt.Errorf("%w (got %s, want %s): %s; the partial file was discarded and nothing was placed", ErrCorrupt, got, t.SHA256, what)
 	}
 	return res, nil
 }
 
-// fetch requests t from offset have (a Range request when have > 0) and
-// appends what arrives to f and h. It returns the bytes received and the
-// offset it resumed from.
-func (s *Stager) fetch(ctx context.Context, t Target, f *os.File, h hash.Hash, have int64) (int64, int64, error) {
+// fetch requests t from src at offset have (a Range request when have >
+// 0) and appends what arrives to f and h. It returns the bytes received,
+// the offset it resumed from, and whether the mirror refused before f
+// was touched (an error status, a size or range other than the pin's, no
+// answer). Errors name the mirror by its host only.
+func (s *Stager) fetch(ctx context.Context, t Target, src source, f *os.File, h hash.Hash, have int64) (int64, int64, bool, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w := newWatchdog(s.idle(), cancel)
 	defer w.stop()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.url, nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, true, fmt.Errorf("mirror %s: %w", src.mirror, err)
 	}
 	req.Header.Set("Accept-Encoding", "identity")
 	if have > 0 {
@@ -422,9 +543,17 @@ func (s *Stager) fetch(ctx context.Context, t Target, f *os.File, h hash.Hash, h
 	resp, err := s.client().Do(req)
 	if err != nil {
 		if w.fired() {
-			return 0, 0, fmt.Errorf("%w: no response within the idle timeout of %s", ErrStalled, s.idle())
+			return 0, 0, false, fmt.Errorf("%w: no response from mirror %s within the idle timeout of %s", ErrStalled, src.mirror, s.idle())
 		}
-		return 0, 0, fmt.Errorf("request: %w", err)
+		if ctx.Err() != nil {
+			return 0, 0, false, context.Cause(ctx)
+		}
+		// net/http's error quotes the whole URL: keep only its cause.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return 0, 0, true, fmt.Errorf("mirror %s: request failed: %w", src.mirror, err)
 	}
 	defer resp.Body.Close()
 	w.kick()
@@ -433,37 +562,37 @@ func (s *Stager) fetch(ctx context.Context, t Target, f *os.File, h hash.Hash, h
 	case resp.StatusCode == http.StatusPartialContent && have > 0:
 		from, total, ok := parseContentRange(resp.Header.Get("Content-Range"))
 		if !ok || from != have {
-			return 0, 0, fmt.Errorf("%w: the server answered the range request with an unusable Content-Range", ErrWrongSize)
+			return 0, 0, true, fmt.Errorf("%w: mirror %s answered the range request with an unusable Content-Range", ErrWrongSize, src.mirror)
 		}
 		if total >= 0 && total != t.Size {
-			return 0, 0, fmt.Errorf("%w: the server has %d bytes, the pin says %d", ErrWrongSize, total, t.Size)
+			return 0, 0, true, fmt.Errorf("%w: mirror %s has %d bytes, the pin says %d", ErrWrongSize, src.mirror, total, t.Size)
 		}
 	case resp.StatusCode == http.StatusOK:
-		if have > 0 {
-			// The server ignores ranges: start over.
-			start = 0
-			h.Reset()
-			if err := f.Truncate(0); err != nil {
-				return 0, 0, fmt.Errorf("%w: %v", ErrStore, err)
-			}
-			if _, err := f.Seek(0, io.SeekStart); err != nil {
-				return 0, 0, fmt.Errorf("%w: %v", ErrStore, err)
-			}
-		}
+		// A server that ignores ranges sends everything: start over.
+		start = 0
 	case resp.StatusCode == http.StatusRequestedRangeNotSatisfiable && have > 0:
 		// The kept prefix is longer than what the server has.
-		return 0, 0, fmt.Errorf("%w: the server refused to resume at byte %d (416): it has fewer bytes than the pin says", ErrWrongSize, have)
+		return 0, 0, true, fmt.Errorf("%w: mirror %s refused to resume at byte %d (416): it has fewer bytes than the pin says", ErrWrongSize, src.mirror, have)
 	default:
-		return 0, 0, fmt.Errorf("%w", &HTTPError{Status: resp.StatusCode, Text: http.StatusText(resp.StatusCode)})
+		return 0, 0, true, fmt.Errorf("%w", &HTTPError{Mirror: src.mirror, Status: resp.StatusCode, Text: http.StatusText(resp.StatusCode)})
 	}
 	if resp.ContentLength >= 0 && start+resp.ContentLength != t.Size {
-		return 0, 0, fmt.Errorf("%w: the server announces %d bytes, the pin says %d", ErrWrongSize, start+resp.ContentLength, t.Size)
+		return 0, 0, true, fmt.Errorf("%w: mirror %s announces %d bytes, the pin says %d", ErrWrongSize, src.mirror, start+resp.ContentLength, t.Size)
+	}
+	if start == 0 && have > 0 {
+		h.Reset()
+		if err := f.Truncate(0); err != nil {
+			return 0, 0, false, fmt.Errorf("%w: %v", ErrStore, err)
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return 0, 0, false, fmt.Errorf("%w: %v", ErrStore, err)
+		}
 	}
 	resumedFrom := start
 	if start > 0 || have > 0 {
-		s.emit(Event{Event: EventStart, Name: t.Name, SHA256: t.SHA256, Bytes: start, Total: t.Size, ResumedFrom: resumedFrom})
+		s.emit(Event{Event: EventStart, Name: t.Name, SHA256: t.SHA256, Bytes: start, Total: t.Size, ResumedFrom: resumedFrom, Mirror: src.mirror})
 	} else {
-		s.emit(Event{Event: EventStart, Name: t.Name, SHA256: t.SHA256, Total: t.Size})
+		s.emit(Event{Event: EventStart, Name: t.Name, SHA256: t.SHA256, Total: t.Size, Mirror: src.mirror})
 	}
 	got := start
 	buf := make([]byte, 256<<10)
@@ -477,16 +606,16 @@ func (s *Stager) fetch(ctx context.Context, t Target, f *os.File, h hash.Hash, h
 		if n > 0 {
 			w.kick()
 			if got+int64(n) > t.Size {
-				return got - start, resumedFrom, fmt.Errorf("%w: the server sent more than the pinned %d bytes", ErrWrongSize, t.Size)
+				return got - start, resumedFrom, false, fmt.Errorf("%w: mirror %s sent more than the pinned %d bytes", ErrWrongSize, src.mirror, t.Size)
 			}
 			if _, err := f.Write(buf[:n]); err != nil {
-				return got - start, resumedFrom, fmt.Errorf("%w: %v", ErrStore, err)
+				return got - start, resumedFrom, false, fmt.Errorf("%w: %v", ErrStore, err)
 			}
 			h.Write(buf[:n])
 			got += int64(n)
 			if time.Since(last) >= interval {
 				last = time.Now()
-				s.emit(Event{Event: EventProgress, Name: t.Name, SHA256: t.SHA256, Bytes: got, Total: t.Size, ResumedFrom: resumedFrom})
+				s.emit(Event{Event: EventProgress, Name: t.Name, SHA256: t.SHA256, Bytes: got, Total: t.Size, ResumedFrom: resumedFrom, Mirror: src.mirror})
 			}
 		}
 		if rerr == io.EOF {
@@ -494,19 +623,19 @@ func (s *Stager) fetch(ctx context.Context, t Target, f *os.File, h hash.Hash, h
 		}
 		if rerr != nil {
 			if w.fired() {
-				return got - start, resumedFrom, fmt.Errorf("%w: nothing received for %s after %d of %d bytes; the partial file is kept and the next attempt resumes it", ErrStalled, s.idle(), got, t.Size)
+				return got - start, resumedFrom, false, fmt.Errorf("%w: nothing received for %s after %d of %d bytes from mirror %s; the partial file is kept and the next attempt resumes it", ErrStalled, s.idle(), got, t.Size, src.mirror)
 			}
 			if ctx.Err() != nil {
-				return got - start, resumedFrom, context.Cause(ctx)
+				return got - start, resumedFrom, false, context.Cause(ctx)
 			}
-			return got - start, resumedFrom, fmt.Errorf("%w: the connection ended after %d of %d bytes (%v); the partial file is kept and the next attempt resumes it", ErrTruncated, got, t.Size, rerr)
+			return got - start, resumedFrom, false, fmt.Errorf("%w: the connection to mirror %s ended after %d of %d bytes (%v); the partial file is kept and the next attempt resumes it", ErrTruncated, src.mirror, got, t.Size, rerr)
 		}
 	}
 	if got < t.Size {
-		return got - start, resumedFrom, fmt.Errorf("%w: the server sent %d of %d bytes; the partial file is kept and the next attempt resumes it", ErrTruncated, got, t.Size)
+		return got - start, resumedFrom, false, fmt.Errorf("%w: mirror %s sent %d of %d bytes; the partial file is kept and the next attempt resumes it", ErrTruncated, src.mirror, got, t.Size)
 	}
-	s.emit(Event{Event: EventProgress, Name: t.Name, SHA256: t.SHA256, Bytes: got, Total: t.Size, ResumedFrom: resumedFrom})
-	return got - start, resumedFrom, nil
+	s.emit(Event{Event: EventProgress, Name: t.Name, SHA256: t.SHA256, Bytes: got, Total: t.Size, ResumedFrom: resumedFrom, Mirror: src.mirror})
+	return got - start, resumedFrom, false, nil
 }
 
 // parseContentRange parses "bytes FROM-TO/TOTAL" (TOTAL may be "*", -1).

@@ -230,7 +230,7 @@ func TestStageHTTPErrors(t *testing.T) {
 		var he *HTTPError
 		require.True(t, errors.As(err, &he))
 		assert.Equal(t, code, he.Status)
-		assert.Contains(t, err.Error(), fmt.Sprintf("server answered %d", code))
+		assert.Contains(t, err.Error(), fmt.Sprintf("mirror %s answered %d", strings.TrimPrefix(s.URL, "http://"), code))
 		assertNothingPlaced(t, st, false)
 	}
 }
@@ -270,7 +270,7 @@ func TestStageStalledBeforeHeaders(t *testing.T) {
 	st.IdleTimeout = 200 * time.Millisecond
 	_, err := st.Stage(context.Background(), target(s))
 	require.ErrorIs(t, err, ErrStalled)
-	assert.Contains(t, err.Error(), "no response within")
+	assert.Contains(t, err.Error(), "no response from mirror "+strings.TrimPrefix(s.URL, "http://")+" within")
 }
 
 func TestTwoStagersOfOneDigestShareOneDownload(t *testing.T) {
