@@ -121,8 +121,13 @@ func (p *Policy) plan(rawHost string, port int, own HostAddrs) (plan, *Failure) 
 // name holds in the guest (the guest sends a made-up address it can map
 // back as its name).
 func madeUpNote(h Host) string {
-	if h.IsIP() && protocol.GuestAddrPrefix.Contains(h.IP) {
-		return fmt.Sprintf(" (%s is one of the addresses the sandbox's resolver makes up for names, %s, and no name holds it now: resolve the name again)", h.IP, protocol.GuestAddrPrefix)
+	if !h.IsIP() {
+		return ""
+	}
+	for _, p := range []netip.Prefix{protocol.GuestAddrPrefix, protocol.GuestAddrPrefix6} {
+		if p.Contains(h.IP) {
+			return fmt.Sprintf(" (%s is one of the addresses the sandbox's resolver makes up for names, %s, and no name holds it now: resolve the name again)", h.IP, p)
+		}
 	}
 	return ""
 }
@@ -150,11 +155,21 @@ func (pl plan) refusal(a netip.Addr, rule, ruleName string, wide bool) *Failure 
 	return nil
 }
 
+// owner reports whether a is an address of this host; a NAT64 address
+// (64:ff9b::/96) is the host's when the IPv4 address it carries is (a
+// NAT64 gateway would carry the connection back to the host).
 func (pl plan) owner(a netip.Addr) (string, bool) {
 	if pl.own == nil {
 		return "", false
 	}
-	return pl.own.Owner(a)
+	if iface, ok := pl.own.Owner(a); ok {
+		return iface, true
+	}
+	if a.Is6() && nat64.Contains(a) {
+		b := a.As16()
+		return pl.own.Owner(netip.AddrFrom4([4]byte(b[12:])))
+	}
+	return "", false
 }
 
 // cidrAllows returns the first CIDR rule allowing a on port (any port when
