@@ -11,3 +11,6 @@ func defaultWSL() string { return "" }
 const onlyOnWindows = "WSL runs only on Windows"
 
 func defaultStateRoot() string { return kit.UserStateRoot("") }
+
+// defaultStore: no store is assumed outside Windows (tests give one).
+func defaultStore() string { return "" }

@@ -28,3 +28,7 @@ func defaultStateRoot() string {
 	}
 	return filepath.Join(os.TempDir(), "oac")
 }
+
+// defaultStore is %LOCALAPPDATA%\oac\store, where the desktop app stages
+// the pinned artifacts (oac-image stage --store).
+func defaultStore() string { return filepath.Join(defaultStateRoot(), "store") }

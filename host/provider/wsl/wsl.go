@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,6 +43,11 @@ type Provider struct {
 	// too old. The driver's default: manifest.json beside oac-shim, when
 	// there.
 	Manifest string `flag:"manifest,path" meta:"FILE" usage:"the pinned manifest; its wsl-installer is named when WSL is missing or too old (default: manifest.json beside oac-shim, when there)"`
+	// Store is the staging store oac-image stage fills
+	// (STORE/sha256/HEX): where the pinned installer is looked for, and
+	// verified, when WSL is missing or too old. Default
+	// %LOCALAPPDATA%\oac\store (none outside Windows).
+	Store string `flag:"store,path" meta:"DIR" usage:"the staging store oac-image stage fills; the pinned WSL installer is looked for there (default %LOCALAPPDATA%\\oac\\store)"`
 	// StateRoot holds per-sandbox state and the distributions' disks;
 	// default %LOCALAPPDATA%\oac.
 	StateRoot string
@@ -119,6 +125,17 @@ func (p *Provider) Reset(ctx context.Context, name string) error {
 	return in.unregister(ctx)
 }
 
+func (p *Provider) store() string {
+	if p.Store != "" {
+		return p.Store
+	}
+	return defaultStore()
+}
+
+// install says what to do when WSL is missing or too old: the pinned
+// installer, where it is staged (verified here, so a damaged file is
+// never offered), the command line to run and whether Windows must
+// restart after; or how to stage it first.
 func (p *Provider) install() string {
 	const fallback = "install WSL (the app's bundled installer, or wsl.exe --install --no-distribution)"
 	a, err := p.installer()
@@ -128,7 +145,43 @@ func (p *Provider) install() string {
 	case a == nil:
 		return fallback
 	}
-	return fmt.Sprintf("install WSL with the pinned installer %s (%d bytes, sha256 %s) from %s", a.FileName(), a.Size, a.SHA256, a.URL)
+	plan := a.InstallPlan()
+	after := "no restart is needed"
+	if plan.Restart {
+		after = "then restart Windows before WSL is used"
+	}
+	store := p.store()
+	if store != "" {
+		staged := manifest.StorePath(store, a.SHA256)
+		err := manifest.VerifyFile(*a, staged)
+		if err == nil {
+			return fmt.Sprintf("install WSL with the pinned installer %s, staged and verified at %s: run %s; %s", a.FileName(), staged, InstallCommand(staged, plan), after)
+		}
+		if !errors.Is(err, manifest.ErrMissing) {
+			// The store holds verified files only: this one was damaged
+			// after staging. oac-image stage replaces it.
+			return fmt.Sprintf("install WSL with the pinned installer %s: the staged file does not verify (%v); stage it again (oac-image stage --store %s --manifest %s --name %s), then run %s; %s",
+				a.FileName(), err, store, p.Manifest, a.Name, InstallCommand(staged, plan), after)
+		}
+	}
+	from := a.URL
+	if n := len(a.Mirrors); n > 0 {
+		from = fmt.Sprintf("%s (or %d mirrors)", a.URL, n)
+	}
+	storeArg := store
+	if storeArg == "" {
+		storeArg = "DIR"
+	}
+	staged := manifest.StorePath(storeArg, a.SHA256)
+	return fmt.Sprintf("install WSL with the pinned installer %s (%d bytes, sha256 %s) from %s: not staged yet; stage it (oac-image stage --store %s --manifest %s --name %s, which verifies it), then run %s; %s",
+		a.FileName(), a.Size, a.SHA256, from, storeArg, p.Manifest, a.Name, InstallCommand(staged, plan), after)
+}
+
+// InstallCommand is the command line that runs the WSL installer (an
+// MSI) staged at path: msiexec.exe /i "PATH" and the plan's arguments
+// (plain words: the manifest refuses spaces and quotes in them).
+func InstallCommand(path string, plan manifest.Install) string {
+	return strings.Join(append([]string{"msiexec.exe", "/i", `"` + path + `"`}, plan.Args...), " ")
 }
 
 // installer returns the manifest's wsl-installer artifact for Windows on
