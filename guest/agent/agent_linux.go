@@ -471,7 +471,8 @@ func (a *agent) startTransparent() string {
 		return "transparent egress unavailable (programs must use the proxies): " + err.Error()
 	}
 	a.transparent = t
-	msg := "transparent egress: resolver on " + t.DNS.Addr + ", outgoing TCP captured"
+	// Families: "IPv4 and IPv6", or "IPv4 only (IPv6 not captured: why)".
+	msg := "transparent egress: resolver on " + t.DNS.Addr + ", outgoing TCP captured (" + t.Families + ")"
 	if how, err := initsys.PlaceResolvConf("/etc/resolv.conf", protocol.ResolvConf, "/run/oac"); err != nil {
 		a.cfg.Log.Warn("resolv.conf not placed", "err", err)
 		msg += "; /etc/resolv.conf not placed (" + err.Error() + ")"
