@@ -2,13 +2,11 @@ package shimcli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/kept"
@@ -230,36 +228,6 @@ func destroyCmd(args []string, stdout, stderr io.Writer) int {
 		return c.fail(err)
 	}
 	fmt.Fprintf(stdout, "destroyed %s\n", c.name)
-	return 0
-}
-
-func listCmd(args []string, stdout, stderr io.Writer) int {
-	c := &keptCmd{}
-	fs := keptFlagSet("list", c, stdout, stderr)
-	asJSON := fs.Bool("json", false, "print one JSON object (schema/list.schema.json)")
-	if code := parseKept(fs, c, args, false); code != 0 {
-		return code
-	}
-	rep, err := c.service().List(context.Background())
-	if err != nil {
-		return c.fail(err)
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(rep)
-		return 0
-	}
-	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tPROVIDER\tIMAGE\tSTATE\tSIZE")
-	for _, e := range rep.Sandboxes {
-		st := string(e.State)
-		if e.InUse {
-			st += " (in use)"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", e.Name, orDash(e.Provider), orDash(e.Image), st, humanSize(e.SizeBytes))
-	}
-	_ = w.Flush()
 	return 0
 }
 

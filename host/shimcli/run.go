@@ -48,6 +48,9 @@ type runFlags struct {
 	// keepRoot is where kept sandboxes live: start runs one from there,
 	// run refuses a name one of them has.
 	keepRoot string
+	// announced is this shim's entry among the keep root's running
+	// sandboxes (list.go), held until runShim returns.
+	announced *kept.Announcement
 }
 
 // parseRunFlags parses the flags of cmd: "run", or "start", which takes
@@ -195,6 +198,8 @@ func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // runShim runs one sandbox until it stops: a throwaway one (lease nil,
 // oac-shim run) or a kept one (oac-shim start).
 func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.Writer) int {
+	// Last: once the entry is gone, oac-shim stop takes the sandbox for stopped.
+	defer func() { f.announced.Close() }()
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(sandbox.SoftMemoryLimit)
 	}

@@ -257,6 +257,7 @@ func (s *shim) run(stdin io.Reader) error {
 			}
 		}()
 	}
+	s.announce() // the control API is served and SIGTERM handled: stop may find it
 	if _, err := s.ctrl.Start(); err != nil {
 		return err
 	}

@@ -44,6 +44,11 @@ const usageTail = `
   oac-shim destroy --name NAME [--keep-root DIR]                every byte it kept
   oac-shim list [--json] [--keep-root DIR]                      name, provider, image, state, size
 
+  Many sandboxes from one parent (the keep root's running ones, run and start alike):
+  oac-shim list --running [--json] [--keep-root DIR]            name, kind, provider, pid, control socket
+  oac-shim stop [--grace DUR] [--json] [--keep-root DIR] (NAME... | --all)
+                                                                 in order, each within the grace
+
   oac-shim check [--json] [provider flags]
   oac-shim version
 `
@@ -89,6 +94,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return destroyCmd(args[1:], stdout, stderr)
 	case "list":
 		return listCmd(args[1:], stdout, stderr)
+	case "stop":
+		return stopCmd(args[1:], stdout, stderr)
 	case "check":
 		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
