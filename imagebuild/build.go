@@ -83,11 +83,19 @@ type Spec struct {
 	// BaseURL, when set, makes the build write manifest.json pinning its
 	// file outputs at BaseURL + file name; Release names it.
 	BaseURL, Release string
+	// MirrorURLs are more base URLs serving the same files: each pinned
+	// artifact lists MIRROR + file name under mirrors, in this order (at
+	// most manifest.MaxMirrors).
+	MirrorURLs []string
 	// WSLInstaller, when set, is the mirrored WSL installer (an MSI): it
 	// is copied into the output under its own name, listed in SHA256SUMS
 	// and pinned in the manifest (kind wsl-installer, for windows), where
 	// the WSL provider finds it.
 	WSLInstaller string
+	// WSLInstall, when set, is pinned with the installer: its msiexec
+	// arguments and whether Windows must restart after (without it the
+	// manifest says nothing and readers assume manifest.DefaultInstall).
+	WSLInstall *manifest.Install
 	// WorkDir holds temporary files (default: the system's).
 	WorkDir string
 	// Log gets one line per output (nil: none).
@@ -159,6 +167,9 @@ func Build(spec Spec) (res *Result, err error) {
 	// Said before building: a manifest of no artifacts is invalid.
 	if spec.BaseURL != "" && !want[OutTar] && !want[OutExt4] && !want[OutErofs] && !want[OutVM] && spec.WSLInstaller == "" {
 		return nil, errors.New("a manifest (base URL given) pins tar, ext4, erofs, vm or the WSL installer, and none is built (oci and e2b are not pinned)")
+	}
+	if err := checkPins(spec); err != nil {
+		return nil, err
 	}
 	if w := spec.WSLInstaller; w != "" {
 		if st, err := os.Stat(w); err != nil || !st.Mode().IsRegular() {
@@ -571,13 +582,43 @@ func writeSums(p, out string, outs []Output) error {
 	return os.WriteFile(p, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
 }
 
+// checkPins applies the manifest's rules to the base URL, the mirrors
+// and the installer's plan before anything is built.
+func checkPins(spec Spec) error {
+	if spec.BaseURL == "" {
+		if len(spec.MirrorURLs) > 0 {
+			return errors.New("mirror URLs go with a base URL (the manifest lists them)")
+		}
+		return nil
+	}
+	if spec.WSLInstall != nil && spec.WSLInstaller == "" {
+		return errors.New("an installer plan (arguments, restart) goes with the WSL installer")
+	}
+	probe := manifest.Artifact{Name: "probe", Kind: manifest.KindWSLInstaller, Platform: "windows", Arch: "amd64",
+		URL: pinURL(spec.BaseURL, "probe"), Mirrors: mirrorURLs(spec, "probe"), Size: 1, SHA256: strings.Repeat("1", 64), Install: spec.WSLInstall}
+	m := &manifest.Manifest{Schema: manifest.SchemaVersion, Release: spec.Release, Artifacts: []manifest.Artifact{probe}}
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("the manifest's URLs or installer plan: %w", err)
+	}
+	return nil
+}
+
+func pinURL(base, name string) string { return strings.TrimSuffix(base, "/") + "/" + name }
+
+func mirrorURLs(spec Spec, name string) []string {
+	var out []string
+	for _, m := range spec.MirrorURLs {
+		out = append(out, pinURL(m, name))
+	}
+	return out
+}
+
 // writeManifest pins the build's file outputs: the rootfs tar for
 // Windows (wsl --import), the disks, kernel and initramfs for macOS and
 // Linux (qemu). The oci and e2b directories are not pinned: no host
 // stages them (E2B builds its template from e2b/), and e2b's tarball is
 // the pinned rootfs tar's bytes.
 func writeManifest(p string, spec Spec, outs []Output) error {
-	base := strings.TrimSuffix(spec.BaseURL, "/") + "/"
 	m := &manifest.Manifest{Schema: manifest.SchemaVersion, Release: spec.Release}
 	for _, o := range outs {
 		var kind string
@@ -599,10 +640,14 @@ func writeManifest(p string, spec Spec, outs []Output) error {
 			continue
 		}
 		for _, pl := range platforms {
-			m.Artifacts = append(m.Artifacts, manifest.Artifact{
+			a := manifest.Artifact{
 				Name: kind + "-" + pl + "-" + spec.Arch, Kind: kind, Platform: pl, Arch: spec.Arch,
-				URL: base + filepath.Base(o.Path), Size: o.Size, SHA256: o.SHA256,
-			})
+				URL: pinURL(spec.BaseURL, filepath.Base(o.Path)), Mirrors: mirrorURLs(spec, filepath.Base(o.Path)), Size: o.Size, SHA256: o.SHA256,
+			}
+			if kind == manifest.KindWSLInstaller {
+				a.Install = spec.WSLInstall
+			}
+			m.Artifacts = append(m.Artifacts, a)
 		}
 	}
 	m.Sort()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/oac/sandbox-agent/imagebuild"
 	"github.com/oac/sandbox-agent/initramfs"
+	"github.com/oac/sandbox-agent/manifest"
 )
 
 const buildHelp = `usage: oac-image build --agent PATH --sandbox-io PATH -o DIR [options]
@@ -79,6 +80,10 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	baseURL := fs.String("base-url", "", "write DIR/manifest.json pinning the file outputs (not oci/ or e2b/) at URL/NAME (https)")
 	release := fs.String("release", "", "the manifest's release name (required with --base-url)")
 	wslInstaller := fs.String("wsl-installer", "", "the mirrored WSL installer (MSI): copied into DIR, listed in SHA256SUMS and pinned in the manifest (kind wsl-installer) for the WSL provider")
+	var mirrorURLs urlsFlag
+	fs.Var(&mirrorURLs, "mirror-url", "with --base-url: another base URL serving the same files, listed as each artifact's mirror URL/NAME (repeatable, tried in order)")
+	wslArgs := fs.String("wsl-installer-args", "", "with --wsl-installer: the arguments after msiexec.exe /i FILE, space-separated (e.g. \"/passive /norestart\"); pinned with the installer")
+	wslRestart := fs.Bool("wsl-installer-restart", true, "with --wsl-installer: whether Windows must restart after installing (pinned with the installer when this or --wsl-installer-args is given)")
 	out := fs.String("o", "", "output directory, new or empty (required)")
 	if wantsHelp(args, fs, buildHelp, stdout) {
 		return 0
@@ -97,12 +102,19 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	for _, f := range files {
 		extra = append(extra, imagebuild.ExtraFile{Src: f.Src, Dst: f.Dst, Mode: f.Mode})
 	}
+	var plan *manifest.Install
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "wsl-installer-args" || f.Name == "wsl-installer-restart" {
+			plan = &manifest.Install{Args: strings.Fields(*wslArgs), Restart: *wslRestart}
+		}
+	})
 	spec := imagebuild.Spec{
 		Base:      *base,
 		Injection: imagebuild.Injection{Agent: *agent, SandboxIO: *sio, CABundle: *ca, Files: extra, AllRoot: *allRoot},
 		Epoch:     *epoch, Arch: *arch, Outputs: outputs, Out: *out,
 		Kernel: *kernel, ModulesDir: *modDir, Modules: modules, InitramfsFiles: irdFiles,
 		Ref: *ref, BaseURL: *baseURL, Release: *release, WSLInstaller: *wslInstaller, Log: stderr,
+		MirrorURLs: mirrorURLs, WSLInstall: plan,
 	}
 	start := time.Now()
 	res, err := imagebuild.Build(spec)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/manifest"
 )
 
 func TestEveryCommandHasHelpOnStdout(t *testing.T) {
@@ -141,4 +143,50 @@ func TestStageNamesAFailedMirrorEvenWhenQuiet(t *testing.T) {
 	assert.Contains(t, stderr.String(), "oac-image: f: staged from mirror "+goodHost+"\n")
 	assert.NotContains(t, stderr.String(), "f,1.bin", "a mirror is named by its host only")
 	assert.Equal(t, "f "+filepath.Join(store, "sha256", hex.EncodeToString(sum[:]))+"\n", stdout.String())
+}
+
+func TestBuildPinsMirrorsAndTheInstallersPlan(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"agent", "sio", "ca", "wsl.2.1.5.0.x64.msi"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755))
+	}
+	out := filepath.Join(dir, "out")
+	build := func(extra ...string) (int, string) {
+		var stdout, stderr bytes.Buffer
+		code := Main(append([]string{"build", "--agent", filepath.Join(dir, "agent"), "--sandbox-io", filepath.Join(dir, "sio"),
+			"--ca-bundle", filepath.Join(dir, "ca"), "--output", "tar", "--epoch", "1", "--base-url", "https://storage.example.com/oac/r1",
+			"--release", "r1", "-o", out}, extra...), &stdout, &stderr)
+		return code, stderr.String()
+	}
+	code, stderr := build("--mirror-url", "https://mirror-a.example.net/oac/r1/", "--mirror-url", "https://mirror-b.example.org/r1",
+		"--wsl-installer", filepath.Join(dir, "wsl.2.1.5.0.x64.msi"), "--wsl-installer-args", "/passive  /norestart", "--wsl-installer-restart=false")
+	require.Equal(t, 0, code, stderr)
+	f, err := os.Open(filepath.Join(out, "manifest.json"))
+	require.NoError(t, err)
+	defer f.Close()
+	m, err := manifest.Decode(f)
+	require.NoError(t, err)
+	inst := m.Find("", manifest.KindWSLInstaller, "windows", "")
+	require.Len(t, inst, 1)
+	assert.Equal(t, []string{"https://storage.example.com/oac/r1/wsl.2.1.5.0.x64.msi", "https://mirror-a.example.net/oac/r1/wsl.2.1.5.0.x64.msi",
+		"https://mirror-b.example.org/r1/wsl.2.1.5.0.x64.msi"}, inst[0].URLs())
+	assert.Equal(t, manifest.Install{Args: []string{"/passive", "/norestart"}, Restart: false}, inst[0].InstallPlan())
+	tar := m.Find("", manifest.KindRootfsTar, "windows", "")
+	require.Len(t, tar, 1)
+	assert.Equal(t, []string{"https://mirror-a.example.net/oac/r1/rootfs.tar.gz", "https://mirror-b.example.org/r1/rootfs.tar.gz"}, tar[0].Mirrors)
+	assert.Nil(t, tar[0].Install)
+
+	// Refused before anything is built.
+	require.NoError(t, os.RemoveAll(out))
+	code, stderr = build("--mirror-url", "http://mirror.example.net/oac")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "mirror 0: url must be https")
+	code, stderr = build("--wsl-installer-args", "/passive")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "an installer plan (arguments, restart) goes with the WSL installer")
+	code, stderr = build("--wsl-installer", filepath.Join(dir, "wsl.2.1.5.0.x64.msi"), "--wsl-installer-args", `/passive "x"`)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "install: arg 1 must be")
+	_, err = os.Stat(filepath.Join(out, "rootfs.tar.gz"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }
