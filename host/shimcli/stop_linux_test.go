@@ -1,6 +1,7 @@
 package shimcli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"os"
@@ -37,8 +38,15 @@ type standIn struct {
 // socket where nothing listens.
 func announceStandIn(t *testing.T, g *kept.Registry, name, script, control string) *standIn {
 	t.Helper()
-	cmd := exec.Command("/bin/sh", "-c", script)
+	// It says "ready" once the script's traps are set: a signal sent
+	// before would find the shell's defaults.
+	cmd := exec.Command("/bin/sh", "-c", strings.Replace(script, "exec ", "echo ready; exec ", 1))
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ready\n", line)
 	start, err := procStart(cmd.Process.Pid)
 	require.NoError(t, err)
 	s := &standIn{cmd: cmd, done: make(chan struct{})}
