@@ -352,14 +352,14 @@ func TestImageBuildEveryOutputTwiceBootAndStage(t *testing.T) {
 			store := t.TempDir()
 			code, _, stderr := stageCmd(store, append(single("short"), "--quiet")...)
 			assert.Equal(t, 1, code)
-			assert.Contains(t, stderr, "oac-image: wrong_size: stage rootfs: wrong size: the server announces")
+			assert.Contains(t, stderr, "oac-image: wrong_size: stage rootfs: wrong size: mirror "+strings.TrimPrefix(srv.URL, "http://")+" announces")
 			assert.False(t, placed(store))
 		})
 		t.Run("HTTP error", func(t *testing.T) {
 			store := t.TempDir()
 			code, _, stderr := stageCmd(store, append(single("gone"), "--quiet")...)
 			assert.Equal(t, 1, code)
-			assert.Contains(t, stderr, "oac-image: http: stage rootfs: server answered 410 Gone")
+			assert.Contains(t, stderr, "oac-image: http: stage rootfs: mirror "+strings.TrimPrefix(srv.URL, "http://")+" answered 410 Gone")
 			assert.False(t, placed(store))
 		})
 		t.Run("stalled", func(t *testing.T) {
