@@ -199,3 +199,10 @@ func TestStageRefusesBadMirrors(t *testing.T) {
 		assert.NotContains(t, err.Error(), "secret")
 	}
 }
+
+func TestTheBarSaysWhichMirrorFailedAndWhichIsNext(t *testing.T) {
+	var bar bytes.Buffer
+	p := BarProgress(&bar)
+	p(Event{Time: time.Now(), Event: EventMirror, Name: "image", Mirror: "a.example:443", Next: "b.example", Code: "truncated", Error: "download truncated", Bytes: 1000})
+	assert.Equal(t, "\nimage: a.example:443 failed (truncated: download truncated); trying b.example, resuming at byte 1000\n", bar.String())
+}
