@@ -246,9 +246,9 @@ func (s *Stager) client() *http.Client {
 // hashed while it streams, its size and sha256 are checked before an
 // atomic rename into STORE/sha256/HEX, and nothing unverified is ever
 // placed there. A partial file left by an interrupted or truncated
-// transfer is resumed with an HTTP Range request (the whole file is
-// verified at the end; a resumed file that does not verify is fetched
-// once more from the start). Two stagers of the same digest, in one
+// transfer is resumed with an HTTP Range request, at the same mirror or
+// the next (the whole file is verified at the end; a resumed file that
+// does not verify is fetched once more from the start). Two stagers of the same digest, in one
 // process or several, share one download through a lock file.
 func (s *Stager) Stage(ctx context.Context, t Target) (res Result, err error) {
 	if t.Name == "" {
