@@ -41,6 +41,9 @@ const (
 	maxAnswer = 1 << 20
 )
 
+// errShimGone: the shim's process has exited (its entry goes with it).
+var errShimGone = errors.New("the shim's process has exited")
+
 // errNoProof: this OS gives no way to prove a process is the shim.
 var errNoProof = errors.New("this OS gives oac-shim no way to prove which process is the sandbox's shim")
 
@@ -122,22 +125,32 @@ func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Dura
 		why = append(why, "it serves no control socket")
 	}
 	if e.Via == "" {
-		if err := signalShim(rec, sigTerm); err != nil && !w.Gone() {
+		switch err := signalShim(rec, sigTerm); {
+		case errors.Is(err, errShimGone):
+			why = append(why, "its shim had exited already")
+		case err != nil && !w.Gone():
 			e.Outcome = api.StopFailed
 			e.Message = fmt.Sprintf("%s, and SIGTERM could not be sent: %v", join(why), err)
 			return e
+		default:
+			e.Via = api.StopViaSignal
 		}
-		e.Via = api.StopViaSignal
 	}
 	if waitGone(ctx, w, begin.Add(grace)) {
 		e.Outcome = api.StopStopped
-		if len(why) > 0 {
+		if e.Via == api.StopViaSignal {
 			e.Message = join(why) + ": stopped by SIGTERM"
+		} else if len(why) > 0 {
+			e.Message = join(why)
 		}
 		return e
 	}
 	why = append(why, fmt.Sprintf("its shim did not exit within the grace of %s", grace))
-	if err := signalShim(rec, sigKill); err != nil && !w.Gone() {
+	switch err := signalShim(rec, sigKill); {
+	case errors.Is(err, errShimGone) && !w.Gone():
+		e.Outcome, e.Message = api.StopFailed, join(why)+"; its process is gone, yet its entry is still held (by a process it left?)"
+		return e
+	case err != nil && !w.Gone():
 		e.Outcome, e.Message = api.StopFailed, fmt.Sprintf("%s, and it could not be killed: %v", join(why), err)
 		return e
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 
@@ -55,16 +56,27 @@ func signalShim(rec kept.ShimRecord, sig shimSignal) error {
 		return errors.New("its record gives no process start time to prove the shim by")
 	}
 	fd, err := unix.PidfdOpen(rec.PID, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return errShimGone
+	}
 	if err != nil {
 		return fmt.Errorf("pid %d: %w", rec.PID, err)
 	}
 	defer unix.Close(fd)
 	start, err := procStart(rec.PID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return errShimGone
+	}
 	if err != nil {
 		return fmt.Errorf("pid %d: %w", rec.PID, err)
 	}
 	if start != rec.ProcStart {
-		return fmt.Errorf("pid %d is another process now, not the sandbox's shim", rec.PID)
+		// The shim is gone and another process has its pid.
+		return errShimGone
 	}
-	return unix.PidfdSendSignal(fd, sig, nil, 0)
+	err = unix.PidfdSendSignal(fd, sig, nil, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return errShimGone
+	}
+	return err
 }

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -60,14 +62,24 @@ func announceStandIn(t *testing.T, g *kept.Registry, name, script, control strin
 		s.rec.ControlSocket = filepath.Join(t.TempDir(), name+".ctl")
 		ln, err := sockfile.Listen(s.rec.ControlSocket)
 		require.NoError(t, err)
+		// Its orderly stop ends it once the stop command's connection has
+		// ended, as a shim exits some time after it answered.
+		var stopAsked atomic.Bool
 		srv := &apiserver.Server{Sandbox: name, Handler: apiserver.HandlerFunc(func(_ context.Context, c api.Command) (any, error) {
 			if c.Cmd == api.CmdStop {
-				_ = cmd.Process.Signal(syscall.SIGKILL) // the stand-in's orderly stop
+				stopAsked.Store(true)
 			}
 			return api.StatusResult{Status: api.Status{ServerID: api.ServerID(name), State: api.StateReady}}, nil
 		})}
 		served.Add(1)
-		go func() { defer served.Done(); srv.ServeSocket(ctx, ln) }()
+		go func() {
+			defer served.Done()
+			srv.ServeSocket(ctx, onClose{ln, func() {
+				if stopAsked.Load() {
+					_ = cmd.Process.Signal(syscall.SIGKILL)
+				}
+			}})
+		}()
 	}
 	a, err := g.Announce(s.rec)
 	require.NoError(t, err)
@@ -86,6 +98,31 @@ func announceStandIn(t *testing.T, g *kept.Registry, name, script, control strin
 	return s
 }
 
+// onClose calls after when a connection it accepted is closed.
+type onClose struct {
+	net.Listener
+	after func()
+}
+
+func (l onClose) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &closeHook{c, l.after}, nil
+}
+
+type closeHook struct {
+	net.Conn
+	after func()
+}
+
+func (c *closeHook) Close() error {
+	err := c.Conn.Close()
+	c.after()
+	return err
+}
+
 func TestStopAllAsksEachShimOnItsControlSocketOrBySignalAndWaitsForEach(t *testing.T) {
 	keep := t.TempDir()
 	g := kept.OpenRegistry(keep)
@@ -101,7 +138,7 @@ func TestStopAllAsksEachShimOnItsControlSocketOrBySignalAndWaitsForEach(t *testi
 	byName := map[string]api.StopEntry{}
 	for _, e := range rep.Sandboxes {
 		byName[e.Name] = e
-		assert.Equal(t, api.StopStopped, e.Outcome, e.Name)
+		assert.Equal(t, api.StopStopped, e.Outcome, "%s: %s", e.Name, e.Message)
 	}
 	assert.Equal(t, []string{"a", "b", "c"}, []string{rep.Sandboxes[0].Name, rep.Sandboxes[1].Name, rep.Sandboxes[2].Name}, "by name")
 	assert.Equal(t, api.StopViaControl, byName["a"].Via)
@@ -157,11 +194,13 @@ func TestAProcessThatIsNotTheShimIsNeverSignalled(t *testing.T) {
 	require.NoError(t, err)
 	defer a.Close()
 
-	rep, err := Stop(context.Background(), g, StopOptions{Names: []string{"reused"}, Grace: time.Second})
+	rep, err := Stop(context.Background(), g, StopOptions{Names: []string{"reused"}, Grace: 200 * time.Millisecond})
 	require.NoError(t, err)
 	require.Len(t, rep.Sandboxes, 1)
 	assert.Equal(t, api.StopFailed, rep.Sandboxes[0].Outcome)
-	assert.Contains(t, rep.Sandboxes[0].Message, "is another process now, not the sandbox's shim")
+	assert.Empty(t, rep.Sandboxes[0].Via, "nothing was signalled")
+	assert.Contains(t, rep.Sandboxes[0].Message, "its shim had exited already")
+	assert.Contains(t, rep.Sandboxes[0].Message, "its process is gone, yet its entry is still held")
 	assert.False(t, rep.AllStopped)
 	assert.NoError(t, other.Process.Signal(syscall.Signal(0)), "the other process still runs")
 }
