@@ -136,7 +136,7 @@ func stack(upAddr string) (string, *yamux.Session, func(), error) {
 			}()
 		}
 	}()
-	px, err := guestegress.Start(guestegress.SessionOpener(protocol.NewStreamGate(gs)), "127.0.0.1:0", "127.0.0.1:0", nil)
+	px, err := guestegress.StartWith(net.Listen, guestegress.NewExit(nil, guestegress.SessionCarrier(protocol.NewStreamGate(gs))), "127.0.0.1:0", "127.0.0.1:0", nil)
 	if err != nil {
 		return "", nil, nil, err
 	}

@@ -44,7 +44,7 @@ func startGuestNS(sess *yamux.Session) (*guestNS, error) {
 			return
 		}
 		gate := protocol.NewStreamGate(sess)
-		t, err := transparent.Start(transparent.Config{Open: guestegress.SessionOpener(gate), Ask: transparent.SessionAsker(gate)})
+		t, err := transparent.Start(transparent.Config{Exit: guestegress.NewExit(nil, guestegress.SessionCarrier(gate)), Ask: transparent.SessionAsker(gate)})
 		if err != nil {
 			errc <- err
 			return

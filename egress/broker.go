@@ -221,7 +221,7 @@ func (b *Broker) Open(ctx context.Context, h protocol.StreamHeader, emit func(ap
 		a.fail = fail(protocol.EgressInvalidArgument, "", "invalid egress header: %s", safeText(err.Error(), 200))
 		return a
 	}
-	a.ev.Via = h.Via
+	a.ev.Via, a.ev.SourcePort = h.Via, h.SrcPort
 	select {
 	case b.sem <- struct{}{}:
 		a.release = sync.OnceFunc(func() { <-b.sem })
@@ -343,7 +343,7 @@ func (a *Attempt) Carry(guest net.Conn, abort func(), gone func(guest, up net.Co
 	stopIdle()
 	out += a.early
 	ev, ctx := a.ev, a.ctx
-	closed := api.Event{Event: api.KindEgressClosed, Conn: a.id, Via: ev.Via, Target: ev.Target, Rule: a.rule, Address: ev.Address,
+	closed := api.Event{Event: api.KindEgressClosed, Conn: a.id, SourcePort: ev.SourcePort, Via: ev.Via, Target: ev.Target, Rule: a.rule, Address: ev.Address,
 		BytesOut: &out, BytesIn: &in, DurationMS: ptr(time.Since(a.start).Milliseconds()), Message: "egress closed"}
 	switch {
 	case idled.Load():

@@ -71,10 +71,10 @@ func startGuestAndHost(t *testing.T, b *Broker) *guestAndHost {
 		}
 	}()
 	gate := protocol.NewStreamGate(gs)
-	open := g.pool.Opener(gegress.SessionOpener(gate))
-	g.proxies, err = gegress.Start(open, "127.0.0.1:0", "127.0.0.1:0", nil)
+	exit := gegress.NewExit(g.pool.Unmap, gegress.SessionCarrier(gate))
+	g.proxies, err = gegress.StartWith(net.Listen, exit, "127.0.0.1:0", "127.0.0.1:0", nil)
 	require.NoError(t, err)
-	g.tr, err = transparent.Start(transparent.Config{Open: gegress.SessionOpener(gate), Ask: transparent.SessionAsker(gate),
+	g.tr, err = transparent.Start(transparent.Config{Exit: exit, Ask: transparent.SessionAsker(gate),
 		Pool: g.pool, DNSAddr: "127.0.0.1:0", NoInstall: true})
 	require.NoError(t, err)
 	t.Cleanup(func() {

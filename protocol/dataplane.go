@@ -95,12 +95,15 @@ type Connect struct {
 	Hand  bool   `json:"hand,omitempty"`
 	Reply []byte `json:"reply,omitempty"`
 	Early []byte `json:"early,omitempty"`
+	// SrcPort is the connection's source port in the guest, as on an
+	// egress stream's header (protocol 1.10).
+	SrcPort int `json:"src_port,omitempty"`
 }
 
 // Header returns the egress stream header Connect stands for: what the
 // host's broker decides on, whichever carrier asked.
 func (c Connect) Header() StreamHeader {
-	return StreamHeader{Kind: KindEgress, Host: c.Host, Port: c.Port, Via: c.Via}
+	return StreamHeader{Kind: KindEgress, Host: c.Host, Port: c.Port, Via: c.Via, SrcPort: c.SrcPort}
 }
 
 // Validate checks a Connect received from the peer: the header's rules,

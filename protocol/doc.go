@@ -39,7 +39,7 @@
 //	0x0004  State         guest -> host  {"state","message","reason","process","url","username"}
 //	0x0005  Shutdown      host -> guest  {"reason","grace_ms"}
 //	0x0006  Error         either way     {"code","message","min_version","max_version"}
-//	0x0007  StreamHeader  stream opener  {"kind","name","host","port","via"}
+//	0x0007  StreamHeader  stream opener  {"kind","name","host","port","via","src_port"}
 //	0x0008  EgressReply   host -> guest  {"code","error","effect","reason","rule"} (egress streams only)
 //	0x0009  Process       guest -> host  {"name","pid","running","exit_code","signal","restarts","restart_in_ms"}
 //	0x000A  DNSReply      host -> guest  {"code","error","effect","reason","rule"} (dns streams only)
@@ -50,7 +50,7 @@
 //
 //	0x000D  Channel       guest -> host  {"token"} first frame of the fd channel
 //	                      host -> guest  {} the channel is up
-//	0x000E  Connect       guest -> host  {"id","token","host","port","via","hand","reply","early"} (+ 1 descriptor when "hand")
+//	0x000E  Connect       guest -> host  {"id","token","host","port","via","src_port","hand","reply","early"} (+ 1 descriptor when "hand")
 //	0x000F  Connected     host -> guest  {"id","code","error","effect","reason","rule"} (+ 1 descriptor on the fd channel when code is 0)
 //	0x0010  Forward       host -> guest  {"port","name"} + 1 descriptor (fd channel only)
 //
@@ -130,8 +130,12 @@
 //	      guest from a program that ignores proxies; host is then the name
 //	      the program resolved, or the IP literal it connected to);
 //	      informational, for events
+//	src_port  0..65535, the source port of the workload client's
+//	      connection in the guest (0 or absent: none); informational,
+//	      the guest's word, for events (a host reads it from a handed
+//	      socket instead)
 //
-// (host, port and via must be absent on every other kind.) The guest sends
+// (host, port, via and src_port must be absent on every other kind.) The guest sends
 // nothing else until the host answers with exactly one EgressReply frame
 // (at most MaxHeaderFrame bytes):
 //
@@ -351,4 +355,9 @@
 //	     "reply" and "early", a descriptor with a handing Connect. A 1.8
 //	     host never lists it, so a newer guest asks for pairs there; a 1.8
 //	     guest never lists or hands, so a newer host answers it with pairs.
+//	1.10 StreamHeader (egress) and Connect gain "src_port", the workload
+//	     client's source port in the guest, for the host's events. A 1.9
+//	     host ignores it; a 1.9 guest sends none, and its events name no
+//	     source port except for a handed socket, whose peer the host
+//	     reads.
 package protocol

@@ -117,6 +117,9 @@ func (r EgressReply) Validate() error {
 // only (length, no control characters, port range); what the host may be
 // is the broker's decision, which re-parses it.
 func (h StreamHeader) validateEgress() error {
+	if h.SrcPort != 0 && (h.Kind != KindEgress || h.SrcPort < 0 || h.SrcPort > 65535) {
+		return fmt.Errorf("%w: src_port belongs to egress streams only and must be 0..65535", ErrBadBody)
+	}
 	if h.Kind == KindForward {
 		if h.Host != "" || h.Via != "" {
 			return fmt.Errorf("%w: a forward stream names a guest port only, never a host", ErrBadBody)

@@ -179,6 +179,10 @@ type StreamHeader struct {
 	Host string `json:"host,omitempty"`
 	Port int    `json:"port,omitempty"`
 	Via  string `json:"via,omitempty"`
+	// SrcPort is an egress connection's source port in the guest (the
+	// workload client's end), 0..65535, 0 when unknown; the guest's word,
+	// for events only (protocol 1.10).
+	SrcPort int `json:"src_port,omitempty"`
 }
 
 // MaxStreamName bounds StreamHeader.Name.

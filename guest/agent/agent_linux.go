@@ -240,6 +240,9 @@ type agent struct {
 	egressLate bool
 	// pool is the resolver's made-up addresses, shared by the proxies.
 	pool *transparent.Pool
+	// exit is the guest's way out (egress.Exit), nil when the host offers
+	// no egress.
+	exit *egress.Exit
 
 	mu    sync.Mutex
 	procs []*proc
@@ -405,21 +408,23 @@ func (a *agent) prepareEgress() {
 			_ = a.ctl.SendWithin(protocol.TypeAbort, protocol.Abort{Stream: id}, time.Second)
 		}
 	}
-	open := a.data.opener(egress.SessionOpener(a.gate))
-	hand := a.data.hander()
+	var unmap func(string) string
 	if protocol.HasCapability(caps, protocol.CapDNS) {
 		// The resolver's made-up addresses map back to their names on
 		// every path: a client that resolves itself (curl --socks5) and
 		// then names the address to a proxy reaches the name.
 		a.pool = transparent.NewPool(transparent.DefaultPrefix)
-		open = a.pool.Opener(open)
-		hand = a.pool.Hander(hand)
+		unmap = a.pool.Unmap
 	}
+	// The guest's one way out, for the proxies and the capture alike: the
+	// data plane's carriers, then the session's streams. A new carrier is
+	// one more entry here.
+	a.exit = egress.NewExit(unmap, append(a.data.carriers(), egress.SessionCarrier(a.gate))...)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		p, err := egress.StartWith(a.wl.get().Listen, open, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log, egress.WithHand(hand))
+		p, err := egress.StartWith(a.wl.get().Listen, a.exit, egress.HTTPAddr, egress.SOCKSAddr, a.cfg.Log)
 		if err != nil {
 			a.egressErr = err
 			return
@@ -456,8 +461,7 @@ func (a *agent) waitEgress() error {
 func (a *agent) startTransparent() string {
 	udpLog := &udpReporter{a: a}
 	t, err := transparent.Start(transparent.Config{
-		Open:  a.data.opener(egress.SessionOpener(a.gate)),
-		Hand:  a.data.hander(),
+		Exit:  a.exit,
 		Ask:   transparent.SessionAsker(a.gate),
 		Log:   a.cfg.Log,
 		Pool:  a.pool,

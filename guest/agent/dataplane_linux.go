@@ -26,13 +26,14 @@ func dataPlaneCaps(ep transport.Endpoint) []string {
 
 // dataPlane carries egress connections beside the session as the host's
 // Welcome chose, once it is up; until then (and when it is not, or has
-// ended) they go as egress streams of the session.
+// ended) its carriers answer "not asked" and connections go as egress
+// streams of the session.
 type dataPlane struct {
 	once    sync.Once
 	begun   atomic.Bool
 	setup   func()
 	ready   chan struct{}
-	carry   dataplane.Carrier
+	dialer  *egress.Carrier
 	channel *dataplane.Channel
 	// handing: the host takes the workload's own sockets on the channel.
 	handing bool
@@ -58,19 +59,19 @@ func (a *agent) newDataPlane(ctx context.Context) *dataPlane {
 			if err != nil {
 				if protocol.HasCapability(w.Capabilities, protocol.CapDataDial) {
 					a.cfg.Log.Warn("fd channel unavailable; connections go as data connections", "err", err)
-					d.carry = dataplane.Dialer(ep, w.DataToken)
+					d.dial(ep, w.DataToken)
 					return
 				}
 				a.cfg.Log.Warn("data plane unavailable; connections go over the session", "err", err)
 				return
 			}
-			d.channel, d.carry = ch, ch.Open
+			d.channel = ch
 			d.handing = protocol.HasCapability(w.Capabilities, protocol.CapDataHand)
 			a.cfg.Log.Info("data plane: fd channel up", "handing", d.handing)
 		}
 	case protocol.HasCapability(w.Capabilities, protocol.CapDataDial):
 		d.setup = func() {
-			d.carry = dataplane.Dialer(ep, w.DataToken)
+			d.dial(ep, w.DataToken)
 			a.cfg.Log.Info("data plane: data connections", "endpoint", ep.String())
 			close(d.ready)
 		}
@@ -88,37 +89,58 @@ func (d *dataPlane) begin() {
 	})
 }
 
-// opener carries on the data plane, falling back to session.
-func (d *dataPlane) opener(session egress.Opener) egress.Opener {
-	return dataplane.Opener(func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply, bool) {
-		d.begin()
-		select {
-		case <-d.ready:
-		case <-ctx.Done():
-			return nil, egress.LocalFailure(protocol.EgressCancelled, "cancelled"), true
-		}
-		if d.carry == nil {
-			return nil, protocol.EgressReply{}, false
-		}
-		return d.carry(ctx, host, port, via)
-	}, session)
+func (d *dataPlane) dial(ep transport.Endpoint, token string) {
+	c := dataplane.Dialer(ep, token)
+	d.dialer = &c
 }
 
-// hander hands the workload's sockets to the host on the fd channel when
-// the host takes them; otherwise it answers "not asked" and the opener
-// carries the connection.
-func (d *dataPlane) hander() egress.Hander {
-	return func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
-		d.begin()
-		select {
-		case <-d.ready:
-		case <-ctx.Done():
-			return egress.LocalFailure(protocol.EgressCancelled, "cancelled"), true
-		}
-		if d.channel == nil || !d.handing {
-			return protocol.EgressReply{}, false
-		}
-		return d.channel.Hand(ctx, c, host, port, via, reply, early)
+// up waits for the data plane's setup (beginning it): false when ctx
+// ended first.
+func (d *dataPlane) up(ctx context.Context) bool {
+	d.begin()
+	select {
+	case <-d.ready:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+var errCancelled = egress.LocalFailure(protocol.EgressCancelled, "cancelled")
+
+// carriers are the data plane's ways out, in order: the workload's socket
+// handed to the host on the fd channel, a pair from it, a dialed data
+// connection. Each answers "not asked" when the data plane does not have
+// it, so the next one (in the end the session) carries the connection.
+func (d *dataPlane) carriers() []egress.Carrier {
+	return []egress.Carrier{
+		{Name: "hand", Hand: func(ctx context.Context, c *net.TCPConn, t egress.Target, reply, early []byte) (protocol.EgressReply, bool) {
+			if !d.up(ctx) {
+				return errCancelled, true
+			}
+			if d.channel == nil || !d.handing {
+				return protocol.EgressReply{}, false
+			}
+			return d.channel.Hand(ctx, c, t.Host, t.Port, t.Via, reply, early)
+		}},
+		{Name: "pair", Open: func(ctx context.Context, t egress.Target) (net.Conn, protocol.EgressReply, bool) {
+			if !d.up(ctx) {
+				return nil, errCancelled, true
+			}
+			if d.channel == nil {
+				return nil, protocol.EgressReply{}, false
+			}
+			return d.channel.Open(ctx, t.Host, t.Port, t.Via)
+		}},
+		{Name: "dial", Open: func(ctx context.Context, t egress.Target) (net.Conn, protocol.EgressReply, bool) {
+			if !d.up(ctx) {
+				return nil, errCancelled, true
+			}
+			if d.dialer == nil {
+				return nil, protocol.EgressReply{}, false
+			}
+			return d.dialer.Open(ctx, t)
+		}},
 	}
 }
 

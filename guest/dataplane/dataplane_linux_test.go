@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
@@ -165,28 +166,13 @@ func TestAClosedChannelFallsBackToTheSession(t *testing.T) {
 	assert.False(t, <-waiting, "a request the host never answered was not answered")
 	<-ch.Done()
 	var fellBack atomic.Int32
-	open := Opener(ch.Open, func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
+	exit := egress.NewExit(nil, Carrier(ch.Open).Way("pair"), egress.Opens("session", func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
 		fellBack.Add(1)
 		return nil, protocol.EgressReply{Code: protocol.EgressDenied, Effect: protocol.EffectNone}
-	})
-	_, rep := open(context.Background(), "a.test", 443, "")
+	}))
+	_, rep := exit.Attempt(context.Background(), nil, "a.test", 443, "").Go(false, nil, nil)
 	assert.Equal(t, int32(1), fellBack.Load(), "the session carried it")
 	assert.Equal(t, protocol.EgressDenied, rep.Code)
-}
-
-func TestAnAnsweredRefusalIsNotAskedAgain(t *testing.T) {
-	var fellBack atomic.Int32
-	open := Opener(func(context.Context, string, int, string) (net.Conn, protocol.EgressReply, bool) {
-		return nil, protocol.EgressReply{Code: protocol.EgressDenied, Effect: protocol.EffectNone}, true
-	}, func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
-		fellBack.Add(1)
-		return nil, protocol.EgressReply{}
-	})
-	_, r := open(context.Background(), "a.test", 443, "")
-	assert.Equal(t, protocol.EgressDenied, r.Code)
-	assert.Zero(t, fellBack.Load(), "the host decided once; no second decision over the session")
-	_, r = open(context.Background(), "bad host", 443, "")
-	assert.Equal(t, protocol.EgressInvalidArgument, r.Code, "checked before anything is asked")
 }
 
 func TestForwardsArriveAsConnections(t *testing.T) {
@@ -263,13 +249,13 @@ func TestDialerNamesItsTargetWithTheToken(t *testing.T) {
 		}
 		defer c.Close()
 		var req protocol.Connect
-		if protocol.ReadMessage(c, protocol.MaxHeaderFrame, protocol.TypeConnect, &req) != nil || req.Token != token || req.Host != "a.test" {
+		if protocol.ReadMessage(c, protocol.MaxHeaderFrame, protocol.TypeConnect, &req) != nil || req.Token != token || req.Host != "a.test" || req.SrcPort != 40000 {
 			return
 		}
 		_ = protocol.WriteMessage(c, protocol.TypeConnected, protocol.Connected{})
 		_, _ = io.Copy(c, c)
 	}()
-	c, r, answered := Dialer(h.ep, token)(context.Background(), "a.test", 443, protocol.ViaSOCKS5)
+	c, r, answered := Dialer(h.ep, token).Open(context.Background(), egress.Target{Host: "a.test", Port: 443, Via: protocol.ViaSOCKS5, SrcPort: 40000})
 	require.True(t, answered)
 	require.True(t, r.OK())
 	defer c.Close()
@@ -286,7 +272,7 @@ func TestDialerNamesItsTargetWithTheToken(t *testing.T) {
 func TestDialerThatCannotDialIsNotAnswered(t *testing.T) {
 	ep, err := transport.Parse("unix://" + filepath.Join(t.TempDir(), "nothing.sock"))
 	require.NoError(t, err)
-	_, r, answered := Dialer(ep, token)(context.Background(), "a.test", 443, "")
+	_, r, answered := Dialer(ep, token).Open(context.Background(), egress.Target{Host: "a.test", Port: 443})
 	assert.False(t, answered, "the connection may go over the session")
 	assert.Equal(t, protocol.EgressIO, r.Code)
 }

@@ -15,11 +15,11 @@ import (
 // DialTimeout bounds one dial of a data connection.
 const DialTimeout = 5 * time.Second
 
-// Dialer carries each connection on a data connection of its own: it
-// dials ep, names the target with the session's token and waits for the
-// host's answer.
-func Dialer(ep transport.Endpoint, token string) Carrier {
-	return func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply, bool) {
+// Dialer carries each connection on a data connection of its own (the
+// carrier "dial"): it dials ep, names the target with the session's token
+// and waits for the host's answer.
+func Dialer(ep transport.Endpoint, token string) egress.Carrier {
+	return egress.Carrier{Name: "dial", Open: func(ctx context.Context, t egress.Target) (net.Conn, protocol.EgressReply, bool) {
 		dctx, cancel := context.WithTimeout(ctx, DialTimeout)
 		c, err := ep.Dial(dctx)
 		cancel()
@@ -29,7 +29,7 @@ func Dialer(ep transport.Endpoint, token string) Carrier {
 		stop := context.AfterFunc(ctx, func() { c.Close() })
 		defer stop()
 		_ = c.SetWriteDeadline(time.Now().Add(DialTimeout))
-		err = protocol.WriteMessage(c, protocol.TypeConnect, protocol.Connect{Token: token, Host: host, Port: port, Via: via})
+		err = protocol.WriteMessage(c, protocol.TypeConnect, protocol.Connect{Token: token, Host: t.Host, Port: t.Port, Via: t.Via, SrcPort: t.SrcPort})
 		_ = c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			c.Close()
@@ -60,5 +60,5 @@ func Dialer(ep transport.Endpoint, token string) Carrier {
 			return nil, r.EgressReply, true
 		}
 		return c, r.EgressReply, true
-	}
+	}}
 }

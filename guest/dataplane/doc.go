@@ -10,9 +10,10 @@
 // transport's endpoint per connection: vsock, or a unix transport whose
 // host cannot make pairs here), Hand (the workload's own accepted TCP
 // socket handed to the host on the channel, which carries it from then
-// on), and the opener that uses them and falls
-// back to the session's egress streams when the data plane cannot carry a
-// connection (it never asks the host twice about one it answered).
+// on), and the shape that makes each of them one of the guest's ways
+// out (egress.Carrier: the agent lists them before the session's streams
+// in its one egress.Exit, which falls back to the next when one could
+// not ask the host and never asks twice about a connection it answered).
 //
 // It must not decide anything about targets (the host does), accept more
 // than one descriptor per frame that carries one, or keep a descriptor no

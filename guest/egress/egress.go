@@ -32,79 +32,50 @@ const (
 	MaxConns = 1024
 )
 
-// Opener opens an egress stream for host:port and returns the host's
-// answer. The connection is nil unless the answer is OK.
-type Opener func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply)
-
 // GateWait bounds how long a connection waits for one of the session's
 // stream slots (protocol.StreamGate) before it is refused with
 // ResourceExhausted.
 const GateWait = 10 * time.Second
 
-// Hander hands c, the client's own connected TCP socket, to the host for
-// host:port (the data plane's fd channel, protocol.CapDataHand): on an OK
-// answer the host writes reply to c and early to the upstream, then
-// carries the connection itself, and the caller only closes its
-// descriptor of c; on a refusal the caller answers the client as for an
-// Opener's. answered is false when the host was not asked: the
-// connection goes through an Opener instead.
-type Hander func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (r protocol.EgressReply, answered bool)
-
-// Option configures StartWith.
-type Option func(*Proxies)
-
-// WithHand makes the proxies hand their clients' sockets to the host
-// through hand when it can take them.
-func WithHand(hand Hander) Option { return func(p *Proxies) { p.hand = hand } }
-
-// handOff hands c to the host when a Hander is set, c is a TCP socket and
-// early fits: handed reports whether the host answered (r), in which case
-// the caller does not open the connection another way.
-func (p *Proxies) handOff(c net.Conn, t target, via string, reply, early []byte) (r protocol.EgressReply, handed bool) {
-	tc, ok := c.(*net.TCPConn)
-	if p.hand == nil || !ok || len(early) > protocol.MaxHandEarly {
-		return r, false
-	}
-	return p.hand(p.ctx, tc, t.host, t.port, via, reply, early)
+// SessionCarrier carries connections as egress streams of a yamux
+// session, through gate: the connections of a workload that opens more
+// at once than the session carries wait for a slot, then are refused in
+// the guest, never counted against the host's bounds. It always answers:
+// it is the last way out.
+func SessionCarrier(gate *protocol.StreamGate) Carrier {
+	return Carrier{Name: "session", Open: func(ctx context.Context, t Target) (net.Conn, protocol.EgressReply, bool) {
+		st, r := openSession(ctx, gate, t.Header())
+		return st, r, true
+	}}
 }
 
-// SessionOpener opens egress streams over a yamux session, through gate:
-// the connections of a workload that opens more at once than the session
-// carries wait for a slot, then are refused in the guest, never counted
-// against the host's bounds.
-func SessionOpener(gate *protocol.StreamGate) Opener {
-	return func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
-		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: host, Port: port, Via: via}
-		if err := h.Validate(); err != nil {
-			return nil, localFailure(protocol.EgressInvalidArgument, "the target is not a host name or IP address with a port in 1..65535")
-		}
-		st, err := OpenGated(ctx, gate, h)
-		if errors.Is(err, protocol.ErrGateTimeout) {
-			return nil, localFailure(protocol.EgressResourceExhausted, err.Error()+": close some connections first")
-		}
-		if err != nil {
-			return nil, localFailure(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
-		}
-		stop := context.AfterFunc(ctx, func() { st.Close() })
-		defer stop()
-		r, err := protocol.ReadEgressReply(st, protocol.EgressReplyTimeout)
-		if err != nil {
-			st.Close()
-			if errors.Is(err, io.EOF) {
-				return nil, localFailure(protocol.EgressIO, "the host closed the egress stream without answering (does this host serve egress?)")
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return nil, localFailure(protocol.EgressTimedOut, "the host broker did not answer within "+protocol.EgressReplyTimeout.String())
-			}
-			return nil, localFailure(protocol.EgressIO, "bad answer from the host broker: "+err.Error())
-		}
-		if !r.OK() {
-			st.Close()
-			return nil, r
-		}
-		return st, r
+func openSession(ctx context.Context, gate *protocol.StreamGate, h protocol.StreamHeader) (net.Conn, protocol.EgressReply) {
+	st, err := OpenGated(ctx, gate, h)
+	if errors.Is(err, protocol.ErrGateTimeout) {
+		return nil, localFailure(protocol.EgressResourceExhausted, err.Error()+": close some connections first")
 	}
+	if err != nil {
+		return nil, localFailure(protocol.EgressIO, "cannot reach the host broker: "+err.Error())
+	}
+	stop := context.AfterFunc(ctx, func() { st.Close() })
+	defer stop()
+	r, err := protocol.ReadEgressReply(st, protocol.EgressReplyTimeout)
+	if err != nil {
+		st.Close()
+		if errors.Is(err, io.EOF) {
+			return nil, localFailure(protocol.EgressIO, "the host closed the egress stream without answering (does this host serve egress?)")
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, localFailure(protocol.EgressTimedOut, "the host broker did not answer within "+protocol.EgressReplyTimeout.String())
+		}
+		return nil, localFailure(protocol.EgressIO, "bad answer from the host broker: "+err.Error())
+	}
+	if !r.OK() {
+		st.Close()
+		return nil, r
+	}
+	return st, r
 }
 
 // Abort ends c for good: a stream opened through a StreamGate is aborted
@@ -145,8 +116,7 @@ func sanitize(s string) string { return safetext.Clean(s, protocol.MaxEgressText
 // Proxies are the running HTTP and SOCKS5 proxies of a guest.
 type Proxies struct {
 	HTTPAddr, SOCKSAddr string
-	open                Opener
-	hand                Hander
+	exit                *Exit
 	log                 *slog.Logger
 	lns                 []net.Listener
 	ctx                 context.Context
@@ -161,21 +131,20 @@ type Proxies struct {
 type ListenFunc func(network, address string) (net.Listener, error)
 
 // Start listens on httpAddr and socksAddr (loopback addresses; use
-// HTTPAddr and SOCKSAddr) and serves until Close.
+// HTTPAddr and SOCKSAddr) and serves until Close, carrying every
+// connection out through open.
 func Start(open Opener, httpAddr, socksAddr string, log *slog.Logger) (*Proxies, error) {
-	return StartWith(net.Listen, open, httpAddr, socksAddr, log)
+	return StartWith(net.Listen, NewExit(nil, Opens("open", open)), httpAddr, socksAddr, log)
 }
 
-// StartWith is Start with the listeners made by listen.
-func StartWith(listen ListenFunc, open Opener, httpAddr, socksAddr string, log *slog.Logger, opts ...Option) (*Proxies, error) {
+// StartWith is Start with the listeners made by listen and every
+// connection an Attempt of exit.
+func StartWith(listen ListenFunc, exit *Exit, httpAddr, socksAddr string, log *slog.Logger) (*Proxies, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Proxies{open: open, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
-	for _, o := range opts {
-		o(p)
-	}
+	p := &Proxies{exit: exit, log: log, ctx: ctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
 	hl, err := listen("tcp", httpAddr)
 	if err != nil {
 		cancel()
@@ -195,7 +164,8 @@ func StartWith(listen ListenFunc, open Opener, httpAddr, socksAddr string, log *
 	return p, nil
 }
 
-// Env returns the proxy environment variables, both cases.
+// Env returns the proxy environment variables, both cases, and where to
+// ask about refusals (RefusalsEnv).
 func (p *Proxies) Env() []string { return ProxyEnv(p.HTTPAddr, p.SOCKSAddr) }
 
 // Close stops listening and closes every client connection.
@@ -251,8 +221,9 @@ func (p *Proxies) serve(ln net.Listener, handle func(net.Conn)) {
 }
 
 // ProxyEnv returns HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY in
-// upper and lower case. ALL_PROXY uses socks5h: names go to the host
-// unresolved (the guest has no resolver).
+// upper and lower case, and OAC_EGRESS_REFUSALS (the URL of the refusal
+// list, RefusalsPath on the HTTP proxy). ALL_PROXY uses socks5h: names go
+// to the host unresolved (the guest has no resolver).
 func ProxyEnv(httpAddr, socksAddr string) []string {
 	h := "http://" + httpAddr
 	var out []string
@@ -262,7 +233,7 @@ func ProxyEnv(httpAddr, socksAddr string) []string {
 	} {
 		out = append(out, kv[0]+"="+kv[1], strings.ToLower(kv[0])+"="+kv[1])
 	}
-	return out
+	return append(out, RefusalsEnv+"="+h+RefusalsPath)
 }
 
 // WithProxyEnv adds vars (KEY=VALUE pairs from ProxyEnv) to env, except

@@ -281,12 +281,13 @@ func TestProxyEnvKeepsTheBootstrapsChoice(t *testing.T) {
 	assert.Contains(t, vars, "https_proxy=http://127.0.0.1:3128")
 	assert.Contains(t, vars, "ALL_PROXY=socks5h://127.0.0.1:1080")
 	assert.Contains(t, vars, "no_proxy=localhost,127.0.0.1,::1")
+	assert.Contains(t, vars, "OAC_EGRESS_REFUSALS=http://127.0.0.1:3128/egress/refusals", "where the workload asks why")
 	env := WithProxyEnv([]string{"PATH=/bin", "https_proxy=http://mine:1"}, vars)
 	assert.Contains(t, env, "https_proxy=http://mine:1")
 	assert.NotContains(t, env, "HTTPS_PROXY=http://127.0.0.1:3128", "either case set by the bootstrap wins")
 	assert.NotContains(t, env, "https_proxy=http://127.0.0.1:3128")
 	assert.Contains(t, env, "HTTP_PROXY=http://127.0.0.1:3128")
-	assert.Len(t, env, 2+6)
+	assert.Len(t, env, 2+6+1)
 }
 
 func TestRefusalResponsesForOtherCodes(t *testing.T) {

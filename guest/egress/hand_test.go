@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -69,14 +70,20 @@ func (f *fakeHost) hander(t *testing.T, handed *atomic.Int32) Hander {
 	}
 }
 
+// startHanding starts proxies whose way out hands sockets through hand and
+// opens connections through open.
+func startHanding(open Opener, httpAddr, socksAddr string, log *slog.Logger, hand Hander) (*Proxies, error) {
+	return StartWith(net.Listen, NewExit(nil, Hands("hand", hand), Opens("session", open)), httpAddr, socksAddr, log)
+}
+
 func startHandingProxies(t *testing.T, routes map[string]string) (*Proxies, *fakeHost, *atomic.Int32) {
 	t.Helper()
 	fh := &fakeHost{routes: routes}
 	var handed atomic.Int32
-	p, err := StartWith(net.Listen, func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
+	p, err := startHanding(func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
 		t.Error("a connection the host answered was opened again")
 		return nil, LocalFailure(protocol.EgressIO, "no")
-	}, "127.0.0.1:0", "127.0.0.1:0", nil, WithHand(fh.hander(t, &handed)))
+	}, "127.0.0.1:0", "127.0.0.1:0", nil, fh.hander(t, &handed))
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	return p, fh, &handed
@@ -224,14 +231,14 @@ func TestAHandedPlainHTTPRefusalIsAnsweredByTheProxy(t *testing.T) {
 func TestAChunkedRequestIsHandedWithItsFramingAndAnUpgradeKeepsItsHeaders(t *testing.T) {
 	var got []string
 	var mu sync.Mutex
-	p, err := StartWith(net.Listen, func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
+	p, err := startHanding(func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
 		return nil, LocalFailure(protocol.EgressIO, "no")
-	}, "127.0.0.1:0", "127.0.0.1:0", nil, WithHand(func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
+	}, "127.0.0.1:0", "127.0.0.1:0", nil, func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
 		mu.Lock()
 		got = append(got, via+" "+string(reply)+"|"+string(early))
 		mu.Unlock()
 		return LocalFailure(protocol.EgressDenied, "recorded"), true
-	}))
+	})
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	for _, req := range []string{
@@ -261,7 +268,7 @@ func TestARequestTooLargeToHandGoesAsAStream(t *testing.T) {
 	web := headServer(t)
 	fh := &fakeHost{routes: map[string]string{"web.test:80": web}}
 	var handed atomic.Int32
-	p, err := StartWith(net.Listen, fh.open, "127.0.0.1:0", "127.0.0.1:0", nil, WithHand(fh.hander(t, &handed)))
+	p, err := startHanding(fh.open, "127.0.0.1:0", "127.0.0.1:0", nil, fh.hander(t, &handed))
 	require.NoError(t, err)
 	t.Cleanup(func() { p.Close() })
 	c, err := net.Dial("tcp", p.HTTPAddr)

@@ -121,23 +121,6 @@ func (b *bufConn) Read(p []byte) (int, error) {
 	return b.Conn.Read(p)
 }
 
-// joinClient joins a client connection whose head was read through br to
-// st: what br holds past the head goes first, then the two sockets are
-// joined directly, so that the kernel splices between them when st is a
-// socket too (a bufConn would hide c from it).
-func joinClient(c net.Conn, br *bufio.Reader, st net.Conn) (int64, int64, error) {
-	var early int64
-	if n := br.Buffered(); n > 0 {
-		b, _ := br.Peek(n)
-		if _, err := st.Write(b); err != nil {
-			return 0, 0, err
-		}
-		early = int64(n)
-	}
-	out, in, err := pipe.Join(c, st, nil)
-	return early + out, in, err
-}
-
 // CloseWrite half-closes the underlying connection when it can.
 func (b *bufConn) CloseWrite() error {
 	if cw, ok := b.Conn.(interface{ CloseWrite() error }); ok {
@@ -172,6 +155,10 @@ func (p *Proxies) serveHTTP(c net.Conn) {
 		req, t, err := parseRequest(br)
 		_ = c.SetReadDeadline(time.Time{})
 		lr.n = math.MaxInt64
+		if req != nil && p.isRefusalsRequest(req) {
+			p.serveRefusals(c, req)
+			return
+		}
 		if err != nil {
 			if req == nil && (errors.Is(err, io.EOF) || first == false && isTimeout(err)) {
 				return
@@ -189,13 +176,18 @@ func (p *Proxies) serveHTTP(c net.Conn) {
 			p.tunnel(c, br, t)
 			return
 		}
-		if first {
-			if r, handed := p.handRequest(c, br, req, t); handed {
-				if !r.OK() {
-					writeRefusal(c, t, r)
-				}
+		if first && p.exit.hands() {
+			// The first request may be handed; when it is not, the
+			// connection it opened carries it as a stream.
+			st, r := p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaHTTP).Go(true, nil, originFormHead(br, req))
+			if !r.OK() {
+				writeRefusal(c, t, r)
 				return
 			}
+			if st == nil {
+				return // handed: the host carries it
+			}
+			up = &upstream{t: t, c: st, br: bufio.NewReaderSize(st, 16<<10)}
 		}
 		var ok bool
 		if up, ok = p.forward(c, br, req, t, up); !ok {
@@ -214,40 +206,21 @@ func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
 	if n := br.Buffered(); n > 0 {
 		early, _ = br.Peek(n)
 	}
-	if r, handed := p.handOff(c, t, protocol.ViaConnect, []byte(connectOK), early); handed {
-		if !r.OK() {
-			writeRefusal(c, t, r)
-		}
-		return
-	}
-	st, r := p.open(p.ctx, t.host, t.port, protocol.ViaConnect)
-	if !r.OK() {
+	p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaConnect).Carry([]byte(connectOK), early, func(r protocol.EgressReply) {
 		writeRefusal(c, t, r)
-		return
-	}
-	defer st.Close()
-	if _, err := io.WriteString(c, connectOK); err != nil {
-		return
-	}
-	if _, _, err := joinClient(c, br, st); err != nil {
-		Abort(st)
-	}
+	})
 }
 
-// handRequest hands the client's connection to the host with the
-// request's head in origin form (RFC 9112 3.2.1), as tunnel does with a
-// CONNECT: the host connects, writes the head and what the client sent
-// after it, and the body and the response then flow between the workload
-// and the upstream with no relay in the guest. The head says
-// "Connection: close" (unless it upgrades): a client may send its next
-// request on this connection for another target, so the connection
-// carries this one only. handed is false when the host takes no sockets
-// or the head and the buffered body exceed protocol.MaxHandEarly: the
-// request then goes as a stream.
-func (p *Proxies) handRequest(c net.Conn, br *bufio.Reader, req *http.Request, t target) (r protocol.EgressReply, handed bool) {
-	if p.hand == nil {
-		return r, false
-	}
+// originFormHead is what a handed absolute-form request sends the
+// upstream first: its head in origin form (RFC 9112 3.2.1), as tunnel
+// does with a CONNECT, followed by what the client sent after it. The
+// host connects, writes it, and the body and the response then flow
+// between the workload and the upstream with no relay in the guest. The
+// head says "Connection: close" (unless it upgrades): a client may send
+// its next request on this connection for another target, so the
+// connection carries this one only. Over protocol.MaxHandEarly (with the
+// buffered body) it is not handed: the request then goes as a stream.
+func originFormHead(br *bufio.Reader, req *http.Request) []byte {
 	h := req.Header.Clone()
 	upgrade := removeHopByHop(h)
 	if upgrade != "" {
@@ -277,7 +250,7 @@ func (p *Proxies) handRequest(c net.Conn, br *bufio.Reader, req *http.Request, t
 		body, _ := br.Peek(n)
 		early = append(early, body...)
 	}
-	return p.handOff(c, t, protocol.ViaHTTP, nil, early)
+	return early
 }
 
 // hopByHop are headers that describe one connection, not the message.
@@ -329,7 +302,7 @@ func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t tar
 	for attempt := 0; ; attempt++ {
 		reused := up != nil
 		if up == nil {
-			st, r := p.open(p.ctx, t.host, t.port, protocol.ViaHTTP)
+			st, r := p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaHTTP).Go(false, nil, nil)
 			if !r.OK() {
 				writeRefusal(c, t, r)
 				return nil, false

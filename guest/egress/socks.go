@@ -163,24 +163,9 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 	if n := br.Buffered(); n > 0 {
 		early, _ = br.Peek(n)
 	}
-	if r, handed := p.handOff(c, t, protocol.ViaSOCKS5, socksReply(socksSucceeded), early); handed {
-		if !r.OK() {
-			_, _ = c.Write(socksReply(socksReplyCode(r.Code)))
-		}
-		return
-	}
-	st, r := p.open(p.ctx, t.host, t.port, protocol.ViaSOCKS5)
-	if !r.OK() {
-		_, _ = c.Write(socksReply(socksReplyCode(r.Code)))
-		return
-	}
-	defer st.Close()
-	if _, err := c.Write(socksReply(socksSucceeded)); err != nil {
-		return
-	}
 	// The handshake reader was bounded to 1 KiB: whatever it holds past
 	// the request is payload the client sent early.
-	if _, _, err := joinClient(c, br, st); err != nil {
-		Abort(st)
-	}
+	p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaSOCKS5).Carry(socksReply(socksSucceeded), early, func(r protocol.EgressReply) {
+		_, _ = c.Write(socksReply(socksReplyCode(r.Code)))
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"strconv"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/netns"
-	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -59,10 +57,12 @@ func SessionAsker(gate *protocol.StreamGate) Asker {
 
 // Config configures Start.
 type Config struct {
+	// Exit carries each captured connection out, the same way out as
+	// the proxies'.
+	Exit *egress.Exit
+	// Open, for tests and benchmarks with no Exit, is the one way out
+	// (egress.Opens).
 	Open egress.Opener
-	// Hand, when not nil, hands each captured connection's socket to the
-	// host (egress.Hander); when it cannot, Open carries it.
-	Hand egress.Hander
 	Ask  Asker
 	Log  *slog.Logger
 	// DNSAddr defaults to DNSAddr. Tests and benchmarks use another.
@@ -115,6 +115,9 @@ func Start(cfg Config) (*Transparent, error) {
 	}
 	if cfg.Pool == nil {
 		cfg.Pool = NewPool(DefaultPrefix)
+	}
+	if cfg.Exit == nil {
+		cfg.Exit = egress.NewExit(cfg.Pool.Unmap, egress.Opens("open", cfg.Open))
 	}
 	ns := cfg.NetNS
 	if !cfg.NoInstall {
@@ -314,62 +317,6 @@ func (t *Transparent) handle(c *net.TCPConn) {
 	}
 	host, port, _ := t.Target(net.TCPAddrFromAddrPort(ap))
 	t.Handle(c, host, port)
-}
-
-// Handle carries one connection whose target is known (the capture, and
-// benchmarks and tests without a namespace). A refusal of a connection to
-// port 80 is answered with the proxy's explanatory HTTP response (403 for
-// the policy); any other is a reset: the kernel already completed the
-// handshake, and a reset is the closest to a refusal a raw TCP client
-// understands. Either way the reason is in the host's egress event.
-func (t *Transparent) Handle(c net.Conn, host string, port int) {
-	var st net.Conn
-	r, handed := protocol.EgressReply{}, false
-	if tc, ok := c.(*net.TCPConn); ok && t.cfg.Hand != nil {
-		r, handed = t.cfg.Hand(t.ctx, tc, host, port, protocol.ViaTransparent, nil, nil)
-	}
-	if handed && r.OK() {
-		return // the host carries it
-	}
-	if !handed {
-		st, r = t.cfg.Open(t.ctx, host, port, protocol.ViaTransparent)
-	}
-	if !r.OK() {
-		t.cfg.Log.Debug("capture: refused", "target", net.JoinHostPort(host, strconv.Itoa(port)), "code", r.Code.String(), "reason", r.Reason)
-		if port == 80 {
-			refuseHTTP(c, host, port, r)
-			return
-		}
-		reset(c)
-		return
-	}
-	defer st.Close()
-	if _, _, err := pipe.Join(c, st, nil); err != nil {
-		egress.Abort(st) // the host closes the upstream at once
-	}
-}
-
-// Bounds of the answer to a refused port-80 connection.
-const (
-	refusalWrite = 5 * time.Second
-	refusalDrain = 2 * time.Second
-	refusalBytes = 64 << 10
-)
-
-// refuseHTTP writes the proxy's refusal response, half-closes, and reads
-// what the client sent (bounded in time and bytes) before closing, so the
-// response is not lost to a reset for unread request bytes.
-func refuseHTTP(c net.Conn, host string, port int, r protocol.EgressReply) {
-	defer c.Close()
-	_ = c.SetWriteDeadline(time.Now().Add(refusalWrite))
-	if _, err := io.WriteString(c, egress.RefusalResponse(host, port, r)); err != nil {
-		return
-	}
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		_ = cw.CloseWrite()
-	}
-	_ = c.SetReadDeadline(time.Now().Add(refusalDrain))
-	_, _ = io.Copy(io.Discard, io.LimitReader(c, refusalBytes))
 }
 
 // reset closes c with an RST (SO_LINGER 0).

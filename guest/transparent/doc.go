@@ -45,14 +45,17 @@
 // destination (SO_ORIGINAL_DST), maps a fake address back to its name (an
 // IP literal stays an IP literal, for CIDR rules; so does a fake address
 // no name holds, which the host refuses saying so) and opens an egress
-// stream for name:port. A refused connection to port 80 gets the HTTP
-// proxy's explanatory response (403 for the policy); any other refusal
-// resets the connection (the kernel has completed the handshake by then,
-// so a reset is the closest a raw TCP client gets to a refusal); the
-// reason is in the host's egress event either way. The same mapping
-// (Pool.Opener) wraps the proxies' streams: a client that resolved a
-// name itself and hands the proxy the fake address (curl --socks5)
-// reaches the name.
+// stream for name:port, as an Attempt of the guest's one way out
+// (egress.Exit, the proxies' too). A refused connection to port 80 gets
+// the HTTP proxy's explanatory response (403 for the policy); any other
+// refusal resets the connection (the kernel has completed the handshake
+// by then, and nothing else is safe to write into a protocol the guest
+// does not know). Either way the host's egress event names the
+// connection (the client's source port, the target), the rule and the
+// reason, and the workload can ask the guest why (the refusal list of
+// package egress, on the HTTP proxy). The same mapping (Pool.Unmap, the
+// Exit's) serves the proxies: a client that resolved a name itself and
+// hands the proxy the fake address (curl --socks5) reaches the name.
 //
 // # Why netfilter redirection and not a TUN device with gVisor's netstack
 //

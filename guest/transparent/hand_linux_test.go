@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -50,12 +51,11 @@ func TestACapturedConnectionIsHandedToTheHost(t *testing.T) {
 		_, _ = io.WriteString(mine, "from the host")
 		return protocol.EgressReply{Code: protocol.EgressOK}, true
 	}
-	tr, err := Start(Config{
-		Open: func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
-			t.Error("a connection the host answered was opened again")
-			return refusing(context.Background(), "", 0, "")
-		},
-		Hand: hand, Ask: func(context.Context, string) protocol.DNSReply { return protocol.DNSReply{} },
+	exit := egress.NewExit(nil, egress.Hands("hand", hand), egress.Opens("session", func(context.Context, string, int, string) (net.Conn, protocol.EgressReply) {
+		t.Error("a connection the host answered was opened again")
+		return refusing(context.Background(), "", 0, "")
+	}))
+	tr, err := Start(Config{Exit: exit, Ask: func(context.Context, string) protocol.DNSReply { return protocol.DNSReply{} },
 		DNSAddr: "127.0.0.1:0", NoInstall: true})
 	require.NoError(t, err)
 	defer tr.Close()

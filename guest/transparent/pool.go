@@ -1,13 +1,10 @@
 package transparent
 
 import (
-	"context"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
 
-	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -94,21 +91,6 @@ func (p *Pool) Unmap(host string) string {
 		return n
 	}
 	return host
-}
-
-// Opener wraps open so that a target naming a made-up address names the
-// name instead (the proxies: a client that resolved the name itself).
-func (p *Pool) Opener(open egress.Opener) egress.Opener {
-	return func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
-		return open(ctx, p.Unmap(host), port, via)
-	}
-}
-
-// Hander wraps hand as Opener wraps an Opener.
-func (p *Pool) Hander(hand egress.Hander) egress.Hander {
-	return func(ctx context.Context, c *net.TCPConn, host string, port int, via string, reply, early []byte) (protocol.EgressReply, bool) {
-		return hand(ctx, c, p.Unmap(host), port, via, reply, early)
-	}
 }
 
 // Len returns how many names hold an address.

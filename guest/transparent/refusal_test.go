@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -73,4 +74,31 @@ func TestARefusedPort80ConnectionGetsTheExplanatory403(t *testing.T) {
 	got, err = io.ReadAll(c)
 	assert.Empty(t, got)
 	assert.ErrorIs(t, err, syscall.ECONNRESET, "another port is reset")
+}
+
+// A raw TCP client whose connection was reset can learn why: the guest's
+// way out lists the refusal under the client's own source port, with
+// the rule and the reason, as policy.
+func TestAResetConnectionCanAskWhy(t *testing.T) {
+	exit := egress.NewExit(nil, egress.Opens("session", func(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply) {
+		_, r := refusing(ctx, host, port, via)
+		r.Rule = "web.example:443"
+		return nil, r
+	}))
+	tr, err := Start(Config{Exit: exit, Ask: func(context.Context, string) protocol.DNSReply { return protocol.DNSReply{} },
+		DNSAddr: "127.0.0.1:0", NoInstall: true})
+	require.NoError(t, err)
+	defer tr.Close()
+
+	c := handled(t, tr, "db.example", 5432)
+	_, err = io.ReadAll(c)
+	require.ErrorIs(t, err, syscall.ECONNRESET, "the reset stays: nothing else is safe to write into an unknown protocol")
+	mine := c.LocalAddr().(*net.TCPAddr).Port
+	got := exit.Refusals().Recent(mine, "")
+	require.Len(t, got, 1)
+	assert.Equal(t, "db.example:5432", got[0].Target)
+	assert.Equal(t, protocol.ViaTransparent, got[0].Via)
+	assert.Equal(t, egress.RefusalPolicy, got[0].Kind)
+	assert.Equal(t, "web.example:443", got[0].Rule)
+	assert.Equal(t, "no rule allows db.example:5432; nothing was resolved", got[0].Reason)
 }

@@ -62,7 +62,7 @@ const ModeHelper = "helper"
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // Event is one line of oac-shim output.
 type Event struct {
@@ -103,6 +103,10 @@ type Event struct {
 	BytesOut   *int64 `json:"bytes_out,omitempty"`
 	BytesIn    *int64 `json:"bytes_in,omitempty"`
 	DurationMS *int64 `json:"duration_ms,omitempty"`
+	// SourcePort names an egress connection as the workload sees it: its
+	// client's source port in the guest (read from the workload's socket
+	// when the guest handed it over, else the guest's word).
+	SourcePort int `json:"source_port,omitempty"`
 	// Rules lists the policy in force (egress_policy).
 	Rules []string `json:"rules,omitempty"`
 	// URL and Username come with ready when the daemon has credentials

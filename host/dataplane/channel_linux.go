@@ -144,6 +144,12 @@ func (ch *Channel) serve() (err error) {
 func (ch *Channel) hand(req protocol.Connect, sock *net.TCPConn) {
 	ch.open.Add(1)
 	defer ch.open.Add(-1)
+	// The connection's source port is the socket's peer's, as the
+	// kernel says, not the guest's word.
+	req.SrcPort = 0
+	if a, ok := sock.RemoteAddr().(*net.TCPAddr); ok {
+		req.SrcPort = a.Port
+	}
 	taken := false
 	defer func() {
 		if !taken {

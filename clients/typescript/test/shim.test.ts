@@ -125,7 +125,7 @@ test('ready with url and username, typed and ordered events, status, the passwor
 
     const all = shim.received;
     for (const e of all) {
-      assert.equal(e.schema_version, 4);
+      assert.equal(e.schema_version, 5);
       assert.equal(e.sandbox, name);
     }
     const kinds = all.map((e) => e.event);
@@ -216,6 +216,7 @@ test('egress denied is an event; control commands answer typed results and typed
     assert.equal(denied.effect, 'none');
     assert.equal(denied.rule, '*.example.com:443');
     assert.equal(denied.via, 'http');
+    assert.ok(denied.source_port !== undefined && denied.source_port > 0, 'the event names the connection by its source port in the guest');
 
     const pol = await shim.setPolicy(['api.example.com:443']);
     assert.deepEqual(pol.egress, ['api.example.com:443']);

@@ -6,7 +6,7 @@
 // only its SHA-256).
 //
 //	daemon serve --hostname 127.0.0.1 --port 4096 [--healthy-after-requests N] [--never-healthy] [--marker X]
-//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT]... [--persist PATH]...
+//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT|why:HOST:PORT]... [--persist PATH]...
 //
 // Until N authenticated health requests arrived it answers 503 (so a test
 // can see that ready waits for health); with --never-healthy always 503.
@@ -25,7 +25,10 @@
 // and echo-direct: (a plain connection, so the capture carries it) send
 // EchoBytes of a fixed pattern to an echo server, half-close and read
 // everything back: "ok echoed N bytes sha256=HEX" when what came back is
-// what was sent.
+// what was sent. why: (a raw TCP connection the policy refuses) sends a
+// line, expects a reset, and asks the guest why ($OAC_EGRESS_REFUSALS
+// with its own source port): "ok reset=ERRNO port=N kind=K code=C
+// target=T rule=R reason=REASON".
 //
 // Each --persist PATH (a kept sandbox's test) prints "daemon: persist
 // PATH=CONTENT" (what an earlier run wrote, or "absent"), then writes
@@ -37,6 +40,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -201,7 +205,7 @@ func (l *probeList) String() string { return "" }
 func (l *probeList) Set(v string) error {
 	name, rest, ok := strings.Cut(v, "=")
 	mode, target, ok2 := strings.Cut(rest, ":")
-	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial" && mode != "echo-proxy" && mode != "echo-direct") {
+	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial" && mode != "echo-proxy" && mode != "echo-direct" && mode != "why") {
 		return fmt.Errorf("--probe %q: want NAME=proxy:URL, NAME=direct:URL or NAME=dial:HOST:PORT", v)
 	}
 	*l = append(*l, probe{name, mode, target})
@@ -287,6 +291,15 @@ func (p probe) run() {
 		result("ok %s", out)
 		return
 	}
+	if p.mode == "why" {
+		out, err := why(p.target)
+		if err != nil {
+			result("error %v", err)
+			return
+		}
+		result("ok %s", out)
+		return
+	}
 	if p.mode == "dial" {
 		c, err := net.DialTimeout("tcp", p.target, probeTimeout)
 		if err != nil {
@@ -317,4 +330,60 @@ func (p probe) run() {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
 	result("ok %d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+}
+
+// why connects to target with no proxy (the capture carries it), expects
+// the reset of a refused connection, and asks the guest why, by its own
+// source port.
+func why(target string) (string, error) {
+	// Bound before it connects, so the port is known even when the reset
+	// already fails the connect (the refusal is that fast).
+	var port int
+	d := net.Dialer{Timeout: probeTimeout, Control: func(network, _ string, rc syscall.RawConn) error {
+		var err error
+		if cerr := rc.Control(func(fd uintptr) { port, err = bindAny(int(fd), network) }); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	n := 0
+	c, err := d.Dial("tcp4", target)
+	if err == nil {
+		_ = c.SetDeadline(time.Now().Add(probeTimeout))
+		_, _ = c.Write([]byte("probe\n"))
+		n, err = c.Read(make([]byte, 64))
+		c.Close()
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return "", fmt.Errorf("not reset: read %d bytes, %v", n, err)
+	}
+	where := os.Getenv("OAC_EGRESS_REFUSALS")
+	if where == "" {
+		return "", errors.New("OAC_EGRESS_REFUSALS is not set")
+	}
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: probeTimeout}
+	resp, err := hc.Get(fmt.Sprintf("%s?port=%d", where, port))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var ans struct {
+		Refusals []struct {
+			SourcePort int    `json:"source_port"`
+			Target     string `json:"target"`
+			Kind       string `json:"kind"`
+			Code       string `json:"code"`
+			Rule       string `json:"rule"`
+			Reason     string `json:"reason"`
+		} `json:"refusals"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ans); err != nil {
+		return "", fmt.Errorf("%s: %d, %v", where, resp.StatusCode, err)
+	}
+	if len(ans.Refusals) != 1 || ans.Refusals[0].SourcePort != port {
+		return "", fmt.Errorf("%s?port=%d: %d refusals, want this connection's one", where, port, len(ans.Refusals))
+	}
+	r := ans.Refusals[0]
+	return fmt.Sprintf("reset=%s port=%d kind=%s code=%s target=%s rule=%s reason=%s", errnoName(errno), port, r.Kind, r.Code, r.Target, r.Rule, r.Reason), nil
 }
