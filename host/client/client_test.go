@@ -26,6 +26,8 @@ func TestMain(m *testing.M) {
 	switch os.Getenv("FAKE_SHIM") {
 	case "ok", "fail":
 		os.Exit(fakeShim(os.Getenv("FAKE_SHIM")))
+	case "short":
+		os.Exit(fakeShort(os.Args[1:]))
 	}
 	goleak.VerifyTestMain(m)
 }
