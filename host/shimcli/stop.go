@@ -98,8 +98,8 @@ func Stop(ctx context.Context, g *kept.Registry, o StopOptions) (api.StopReport,
 }
 
 // stopOne asks the shim of name to stop and waits for it within grace.
-func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Duration) api.StopEntry {
-	e := api.StopEntry{Name: name}
+func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Duration) (e api.StopEntry) {
+	e.Name = name
 	begin := time.Now()
 	defer func() { e.ElapsedMS = time.Since(begin).Milliseconds() }()
 	w, err := g.Open(name)
