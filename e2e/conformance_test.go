@@ -212,6 +212,13 @@ func confBootstrap(name string, peer *confPeer, daemonArgs ...string) string {
 		"--probe", "direct-denied=direct:http://denied.test/",
 		"--probe", "echo-proxy=echo-proxy:echo.test:7",
 		"--probe", "echo-direct=echo-direct:echo.test:7",
+		// IPv6: a client that uses IPv6 only, and IPv6 literals the
+		// broker refuses (the host's loopback in NAT64 form, a link-local
+		// address) on port 80, where the capture answers with the 403.
+		"--probe6", "direct6-allowed=http://web.test/direct6",
+		"--probe6", "direct6-denied=http://denied.test/",
+		"--probe", "nat64-loopback=direct:http://[64:ff9b::7f00:1]/",
+		"--probe", "link-local=direct:http://[fe80::1%25lo]/",
 	}
 	if peer != nil {
 		argv = append(argv, "--probe", "peer=dial:"+peer.addr)
@@ -441,6 +448,18 @@ func promiseEgress(t *testing.T, c *confCase) {
 	has("http", "denied.test:80", "denied")
 	has("transparent", "web.test:80", "allowed")
 	has("dns", "denied.test", "denied")
+
+	// IPv6, captured like IPv4 on every row.
+	assert.NotEmpty(t, s.find(func(e api.Event) bool {
+		return e.State == api.StateStarting && strings.Contains(e.Message, "outgoing TCP captured (IPv4 and IPv6)")
+	}), "the starting event says IPv6 is captured")
+	assert.Equal(t, "ok 200 conformance web: /direct6", s.waitLog("daemon: probe direct6-allowed=", 30*time.Second),
+		"an IPv6-only client reaches an allowed name (AAAA answered, IPv6 captured)")
+	assert.Regexp(t, `^error .*no such host`, s.waitLog("daemon: probe direct6-denied=", 30*time.Second))
+	assert.Regexp(t, `^ok 403 Blocked by the sandbox's egress policy`, s.waitLog("daemon: probe nat64-loopback=", 30*time.Second))
+	assert.Regexp(t, `^ok 403 Blocked by the sandbox's egress policy`, s.waitLog("daemon: probe link-local=", 30*time.Second))
+	has("transparent", "[64:ff9b::7f00:1]:80", "denied")
+	has("transparent", "[fe80::1]:80", "denied")
 }
 
 func promiseOnlyLoopback(t *testing.T, c *confCase) {
