@@ -70,6 +70,7 @@ var confPromises = []confPromise{
 	{"private file, ids, no caps, health", promiseContract},
 	{"egress: proxies and capture", promiseEgress},
 	{"data plane: bytes both ways, events, pair ends", promiseDataPlane},
+	{"direct mode: on, or says why and carries the same", promiseDirect},
 	{"workload sees only lo", promiseOnlyLoopback},
 	{"no platform door", promiseNoPlatformDoor},
 	{"SIGTERM: stopped, nothing left", promiseStopLeavesNothing},

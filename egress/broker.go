@@ -203,12 +203,30 @@ type Attempt struct {
 	rule    string
 	release func()
 	early   int64
+	direct  bool
+	addr    string // the upstream's address, once connected
 }
 
 // Open decides h (re-validated: it may come straight from the guest), takes
 // one of the broker's stream slots and dials the upstream. It emits
 // nothing: Answered emits the decision once the guest has the answer.
 func (b *Broker) Open(ctx context.Context, h protocol.StreamHeader, emit func(api.Event)) *Attempt {
+	return b.open(ctx, h, emit, nil)
+}
+
+// Lock prepares the upstream socket of a direct attempt before it
+// connects (its remote address is final by then): direct mode's host
+// binds it and locks it to that peer (package host/dataplane).
+type Lock func(network string, remote netip.AddrPort, c syscall.RawConn) error
+
+// OpenDirect is Open for a direct attempt: the same decision, slot and
+// dial, with lock run on the upstream socket before it connects. Give
+// then hands the connected upstream to the caller.
+func (b *Broker) OpenDirect(ctx context.Context, h protocol.StreamHeader, emit func(api.Event), lock Lock) *Attempt {
+	return b.open(ctx, h, emit, lock)
+}
+
+func (b *Broker) open(ctx context.Context, h protocol.StreamHeader, emit func(api.Event), lock Lock) *Attempt {
 	a := &Attempt{b: b, ctx: ctx, emit: emit, id: b.nextID.Add(1), start: time.Now(), release: func() {}}
 	// Via is the guest's word: it goes into the event once the header
 	// is valid (an unknown via is refused, and not echoed).
@@ -230,7 +248,7 @@ func (b *Broker) Open(ctx context.Context, h protocol.StreamHeader, emit func(ap
 		return a
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.ConnectTimeout)
-	up, target, rule, f := b.connect(dctx, h.Host, h.Port)
+	up, target, rule, f := b.connect(dctx, h.Host, h.Port, lock)
 	cancel()
 	if target != "" {
 		a.ev.Target = target
@@ -240,7 +258,7 @@ func (b *Broker) Open(ctx context.Context, h protocol.StreamHeader, emit func(ap
 		a.release()
 		return a
 	}
-	a.up, a.rule = up, rule
+	a.up, a.rule, a.direct, a.addr = up, rule, lock != nil, up.RemoteAddr().String()
 	return a
 }
 
@@ -263,8 +281,10 @@ func (a *Attempt) Fail(code protocol.EgressCode, reason string) {
 	}
 	a.fail = fail(code, a.rule, "%s", reason)
 	a.fail.Effect = protocol.EffectPossible // the upstream saw a connect
-	a.up.Close()
-	a.up = nil
+	if a.up != nil {
+		a.up.Close()
+		a.up = nil
+	}
 	a.release()
 }
 
@@ -282,7 +302,10 @@ func (a *Attempt) Answered(werr error) bool {
 		a.emit(ev)
 		return false
 	}
-	ev.Decision, ev.Rule, ev.Address, ev.Message = DecisionAllowed, a.rule, a.up.RemoteAddr().String(), "egress allowed"
+	ev.Decision, ev.Rule, ev.Address, ev.Message = DecisionAllowed, a.rule, a.addr, "egress allowed"
+	if a.direct {
+		ev.Message = "egress allowed, direct: the workload holds the host's socket, locked to this upstream (no egress_closed follows)"
+	}
 	if werr != nil {
 		ev.Decision, ev.Code, ev.Effect, ev.Reason = DecisionFailed, protocol.EgressIO.String(), protocol.EffectNone, "the guest went away before the answer"
 		a.emit(ev)
@@ -360,6 +383,21 @@ func (a *Attempt) Carry(guest net.Conn, abort func(), gone func(guest, up net.Co
 		closed.Code, closed.Effect, closed.Reason = protocol.EgressIO.String(), protocol.EffectPossible, safeText(err.Error(), 200)
 	}
 	a.emit(closed)
+}
+
+// Give hands the connected upstream of an answered direct attempt to the
+// caller, who passes it on and closes its copy: the broker keeps nothing
+// of it and releases the slot (the workload's descriptor table bounds
+// these connections, not the host's). It returns nil for any other
+// attempt.
+func (a *Attempt) Give() net.Conn {
+	if !a.direct || a.up == nil {
+		return nil
+	}
+	up := a.up
+	a.up = nil
+	a.release()
+	return up
 }
 
 // Close releases the slot and closes an upstream nothing carried; safe to
@@ -446,7 +484,7 @@ func (b *Broker) watchIdle(act *pipe.Activity, onIdle func()) func() {
 
 // connect decides and dials. It returns the normalized target, the rule
 // that allowed it, and the connection or the failure.
-func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, string, string, *Failure) {
+func (b *Broker) connect(ctx context.Context, host string, port int, lock Lock) (net.Conn, string, string, *Failure) {
 	pol := b.policy.Load()
 	pl, f := pol.plan(host, port, b.own)
 	if f != nil {
@@ -454,7 +492,7 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 	}
 	if u := pl.upstream; u != nil {
 		rule := "upstream " + u.String()
-		c, f := b.dialUpstream(ctx, u)
+		c, f := b.dialUpstream(ctx, u, lock)
 		if f != nil {
 			f.Rule = rule
 			return nil, pl.target, rule, f
@@ -480,7 +518,7 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 	c, f := b.dialChecked(ctx, netip.AddrPortFrom(a, uint16(port)), func() *Failure {
 		_, f := pol.check(pl, a)
 		return f
-	})
+	}, lock)
 	if f != nil {
 		f.Rule = rule
 		return nil, pl.target, rule, f
@@ -494,8 +532,8 @@ func (b *Broker) connect(ctx context.Context, host string, port int) (net.Conn, 
 // hook also runs recheck, the policy's check of ap, once more: an address
 // that became one of this host's since it was checked is refused at the
 // moment of the dial.
-func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort, recheck func() *Failure) (net.Conn, *Failure) {
-	d := net.Dialer{Control: func(network, address string, _ syscall.RawConn) error {
+func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort, recheck func() *Failure, lock Lock) (net.Conn, *Failure) {
+	d := net.Dialer{Control: func(network, address string, rc syscall.RawConn) error {
 		if b.dialed != nil {
 			b.dialed(network, address)
 		}
@@ -505,6 +543,9 @@ func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort, recheck fun
 		}
 		if f := recheck(); f != nil {
 			return f
+		}
+		if lock != nil {
+			return lockFailure(lock(network, ap, rc))
 		}
 		return nil
 	}}
@@ -521,10 +562,23 @@ func (b *Broker) dialChecked(ctx context.Context, ap netip.AddrPort, recheck fun
 
 // dialUpstream dials a configured upstream: trusted, so its address may be
 // loopback or private and a name in it is resolved normally.
-func (b *Broker) dialUpstream(ctx context.Context, u *Upstream) (net.Conn, *Failure) {
+func (b *Broker) dialUpstream(ctx context.Context, u *Upstream, lock Lock) (net.Conn, *Failure) {
 	var d net.Dialer
+	if lock != nil {
+		d.Control = func(network, address string, rc syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return err
+			}
+			return lockFailure(lock(network, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), rc))
+		}
+	}
 	c, err := d.DialContext(ctx, "tcp", u.Address)
 	if err != nil {
+		var f *Failure
+		if errors.As(err, &f) {
+			return nil, f
+		}
 		var de *net.DNSError
 		if errors.As(err, &de) {
 			return nil, resolveFailure(u.Address, err)
@@ -532,6 +586,15 @@ func (b *Broker) dialUpstream(ctx context.Context, u *Upstream) (net.Conn, *Fail
 		return nil, dialFailure(ctx, u.Address, err)
 	}
 	return c, nil
+}
+
+// lockFailure is a direct attempt whose socket could not be locked: the
+// host's fault, never a reason to connect unlocked.
+func lockFailure(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fail(protocol.EgressResourceExhausted, "", "the host could not lock the direct connection's socket: %s", safeText(err.Error(), 200))
 }
 
 func resolveFailure(name string, err error) *Failure {

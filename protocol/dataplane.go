@@ -26,6 +26,14 @@ const (
 	// connection passes through the guest. A guest lists it with
 	// CapDataFD; a host lists it beside CapDataFD.
 	CapDataHand = "data_hand"
+	// CapDataDirect: on the fd channel, the guest may ask for the host's
+	// own connected socket (Connect.Direct) and put it in place of the
+	// workload's, so the bytes go from the workload to the upstream with
+	// no relay (direct mode, docs/egress.md). A host lists it beside
+	// CapDataFD only when it was started with --data-plane direct; a guest
+	// lists it with CapDataFD when its kernel can trap connect for the
+	// workload (a seccomp listener with SECCOMP_IOCTL_NOTIF_ADDFD).
+	CapDataDirect = "data_direct"
 )
 
 // Data plane limits and timeouts.
@@ -86,15 +94,22 @@ type Channel struct {
 // Early to the upstream (what the client sent before the answer), then
 // moves the bytes; on a failure it has closed its copy unused and the
 // guest answers the client itself.
+//
+// Direct (fd channel only, CapDataDirect, Via ViaDirect): an OK answer
+// carries the host's own connected TCP socket, locked so it can only ever
+// talk to the upstream the broker allowed (see docs/threat-model.md); the
+// guest puts it in place of the workload's socket. Direct carries no
+// descriptor, reply or early bytes.
 type Connect struct {
-	ID    uint64 `json:"id,omitempty"`
-	Token string `json:"token,omitempty"`
-	Host  string `json:"host"`
-	Port  int    `json:"port"`
-	Via   string `json:"via,omitempty"`
-	Hand  bool   `json:"hand,omitempty"`
-	Reply []byte `json:"reply,omitempty"`
-	Early []byte `json:"early,omitempty"`
+	ID     uint64 `json:"id,omitempty"`
+	Token  string `json:"token,omitempty"`
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Via    string `json:"via,omitempty"`
+	Hand   bool   `json:"hand,omitempty"`
+	Reply  []byte `json:"reply,omitempty"`
+	Early  []byte `json:"early,omitempty"`
+	Direct bool   `json:"direct,omitempty"`
 	// SrcPort is the connection's source port in the guest, as on an
 	// egress stream's header (protocol 1.10).
 	SrcPort int `json:"src_port,omitempty"`
@@ -114,6 +129,9 @@ func (c Connect) Validate() error {
 	}
 	if len(c.Reply) > MaxHandReply || len(c.Early) > MaxHandEarly {
 		return fmt.Errorf("%w: a handed connection's reply or early bytes over %d/%d bytes", ErrBadBody, MaxHandReply, MaxHandEarly)
+	}
+	if c.Direct && (c.Hand || c.Via != ViaDirect) {
+		return fmt.Errorf("%w: a direct Connect hands no socket and has via %q", ErrBadBody, ViaDirect)
 	}
 	if !c.Hand && (len(c.Reply) > 0 || len(c.Early) > 0) {
 		return fmt.Errorf("%w: reply and early bytes belong to a handed connection", ErrBadBody)

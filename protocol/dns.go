@@ -28,6 +28,9 @@ const (
 	// ViaTransparent: a TCP connection captured in the guest (a program
 	// that ignores proxy variables), carried like a proxied one.
 	ViaTransparent = "transparent"
+	// ViaDirect: a workload's connect trapped in the guest and answered
+	// with the host's own socket (Connect.Direct).
+	ViaDirect = "direct"
 	// ViaDNS is the via of the host's events for dns streams.
 	ViaDNS = "dns"
 )

@@ -253,6 +253,18 @@
 // only reads and writes it; anything else, or more than MaxPendingFDs
 // descriptors no handing Connect claimed, fails the guest as hostile. A
 // Connect on a data connection never hands.
+//
+// Direct connections ("data_direct", listed by a host beside "data_fd"
+// only when started with --data-plane direct, and by a guest that can
+// trap the workload's connects): a Connect with "direct":true and via
+// "direct", no descriptor, reply or early bytes, asks for the host's own
+// socket. The host's broker decides as for any Connect; an OK Connected
+// carries one descriptor, a TCP socket of the host's network namespace
+// connected to the upstream, bound to a port the host chose and carrying
+// a locked socket filter that admits only the upstream's segments (see
+// docs/threat-model.md, "Direct mode"). The host keeps no copy. A direct
+// Connect on a channel that was not offered "data_direct" fails the guest
+// as hostile.
 // Forward{"port","name"} hands the guest a connection the host accepted on
 // a forward's listener (port 1..65535; the guest joins it to
 // 127.0.0.1:port). Either side closing its end of a connection is the TCP
@@ -360,4 +372,10 @@
 //	     host ignores it; a 1.9 guest sends none, and its events name no
 //	     source port except for a handed socket, whose peer the host
 //	     reads.
+//	1.11 direct connections on the fd channel: capability "data_direct"
+//	     (Hello and Welcome, beside "data_fd"), Connect's "direct", via
+//	     "direct", the host's locked socket with an OK Connected. A 1.10
+//	     host never lists it, so a newer guest does not trap connects
+//	     there; a 1.10 guest never asks, so a newer host answers it as
+//	     before.
 package protocol

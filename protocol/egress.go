@@ -148,7 +148,7 @@ func (h StreamHeader) validateEgress() error {
 		return fmt.Errorf("%w: egress port must be 1..65535", ErrBadBody)
 	}
 	switch h.Via {
-	case "", ViaConnect, ViaHTTP, ViaSOCKS5, ViaTransparent:
+	case "", ViaConnect, ViaHTTP, ViaSOCKS5, ViaTransparent, ViaDirect:
 	default:
 		return fmt.Errorf("%w: unknown egress via %q", ErrBadBody, truncate(h.Via, 16))
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/guest/direct"
 	"github.com/oac/sandbox-agent/guest/doors"
 	"github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/health"
@@ -147,6 +148,7 @@ func Run(ctx context.Context, cfg Config) error {
 		superStop:  func() {},
 	}
 	a.data = a.newDataPlane(ctx)
+	a.directCtx = ctx
 	// Egress comes up beside the bootstrap, unless the workload may need
 	// a network namespace of its own (the guest's has another interface):
 	// then it waits for serve to decide, and serves in that namespace.
@@ -243,6 +245,10 @@ type agent struct {
 	// exit is the guest's way out (egress.Exit), nil when the host offers
 	// no egress.
 	exit *egress.Exit
+	// direct supervises the workload's trapped connects in direct mode
+	// (nil when off), within directCtx (the agent's run).
+	direct    *direct.Supervisor
+	directCtx context.Context
 
 	mu    sync.Mutex
 	procs []*proc
@@ -437,6 +443,9 @@ func (a *agent) prepareEgress() {
 		go func() {
 			defer wg.Done()
 			a.transparentMsg = a.startTransparent()
+			if msg := a.startDirect(); msg != "" {
+				a.transparentMsg += "; " + msg
+			}
 		}()
 	}
 	go func() {
@@ -897,6 +906,9 @@ func (a *agent) start(s workload.Spec, restarts int, onExit func(reaper.Exit)) (
 			return failed(err)
 		}
 		notes, err := l.Finish()
+		if err == nil {
+			a.superviseDirect(name, l.Listener)
+		}
 		a.mu.Lock()
 		for _, n := range notes {
 			if !slices.Contains(a.notes, n) {

@@ -17,7 +17,7 @@ import (
 func dataPlaneCaps(ep transport.Endpoint) []string {
 	switch ep.Scheme {
 	case transport.SchemeUnix:
-		return []string{protocol.CapDataFD, protocol.CapDataHand, protocol.CapDataDial}
+		return []string{protocol.CapDataFD, protocol.CapDataHand, protocol.CapDataDirect, protocol.CapDataDial}
 	case transport.SchemeVsock:
 		return []string{protocol.CapDataDial}
 	}

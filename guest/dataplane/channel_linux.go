@@ -34,6 +34,7 @@ type Channel struct {
 	next    uint64
 	pending map[uint64]chan answer
 	handed  map[uint64]bool // pending requests that handed a socket (their answer carries none)
+	direct  map[uint64]bool // pending direct requests (their answer carries the host's TCP socket)
 	fwConns map[net.Conn]struct{}
 	err     error
 	done    chan struct{}
@@ -78,7 +79,7 @@ func DialChannel(ctx context.Context, ep transport.Endpoint, token string, forwa
 	_ = c.SetDeadline(time.Time{})
 	ch := &Channel{
 		c: c, r: protocol.NewFDReader(c), log: log, forward: forward, fwSem: make(chan struct{}, protocol.MaxStreams),
-		pending: map[uint64]chan answer{}, handed: map[uint64]bool{}, fwConns: map[net.Conn]struct{}{}, done: make(chan struct{}),
+		pending: map[uint64]chan answer{}, handed: map[uint64]bool{}, direct: map[uint64]bool{}, fwConns: map[net.Conn]struct{}{}, done: make(chan struct{}),
 	}
 	ch.wg.Add(1)
 	go ch.read()
@@ -88,6 +89,22 @@ func DialChannel(ctx context.Context, ep transport.Endpoint, token string, forwa
 // Open carries one egress connection: a Connect on the channel, answered
 // with the guest's end of a fresh pair. It implements Carrier.
 func (ch *Channel) Open(ctx context.Context, host string, port int, via string) (net.Conn, protocol.EgressReply, bool) {
+	return ch.ask(ctx, protocol.Connect{Host: host, Port: port, Via: via})
+}
+
+// Direct asks the host for its own socket connected to host:port (the
+// host offered protocol.CapDataDirect): an OK answer carries it, checked
+// to be a connected TCP socket, for direct mode to put in the workload's
+// place (package direct). asked is false when the host was not asked.
+func (ch *Channel) Direct(ctx context.Context, host string, port int) (*net.TCPConn, protocol.EgressReply, bool) {
+	c, r, asked := ch.ask(ctx, protocol.Connect{Host: host, Port: port, Via: protocol.ViaDirect, Direct: true})
+	if c == nil {
+		return nil, r, asked
+	}
+	return c.(*net.TCPConn), r, asked
+}
+
+func (ch *Channel) ask(ctx context.Context, req protocol.Connect) (net.Conn, protocol.EgressReply, bool) {
 	ans := make(chan answer, 1)
 	ch.mu.Lock()
 	if ch.err != nil {
@@ -98,15 +115,19 @@ func (ch *Channel) Open(ctx context.Context, host string, port int, via string) 
 	ch.next++
 	id := ch.next
 	ch.pending[id] = ans
+	if req.Direct {
+		ch.direct[id] = true
+	}
 	ch.mu.Unlock()
 	forget := func() {
 		ch.mu.Lock()
 		delete(ch.pending, id)
 		ch.mu.Unlock()
 	}
+	req.ID = id
 	ch.wmu.Lock()
 	_ = ch.c.SetWriteDeadline(time.Now().Add(protocol.DataWriteTimeout))
-	err := protocol.WriteMessage(ch.c, protocol.TypeConnect, protocol.Connect{ID: id, Host: host, Port: port, Via: via})
+	err := protocol.WriteMessage(ch.c, protocol.TypeConnect, req)
 	_ = ch.c.SetWriteDeadline(time.Time{})
 	ch.wmu.Unlock()
 	if err != nil {
@@ -256,11 +277,19 @@ func (ch *Channel) handle(f protocol.Frame) error {
 		ch.mu.Lock()
 		ans, ok := ch.pending[r.ID]
 		a.handed = ch.handed[r.ID]
+		direct := ch.direct[r.ID]
 		delete(ch.pending, r.ID)
 		delete(ch.handed, r.ID)
+		delete(ch.direct, r.ID)
 		ch.mu.Unlock()
 		if r.OK() && !a.handed {
-			c, err := ch.r.TakeConn()
+			var c net.Conn
+			var err error
+			if direct {
+				c, err = ch.r.TakeTCP()
+			} else {
+				c, err = ch.r.TakeConn()
+			}
 			if err != nil {
 				if ok {
 					ans <- answer{r: protocol.EgressReply{}}
@@ -331,6 +360,7 @@ func (ch *Channel) fail(err error) {
 	pending := ch.pending
 	ch.pending = map[uint64]chan answer{}
 	ch.handed = map[uint64]bool{}
+	ch.direct = map[uint64]bool{}
 	for c := range ch.fwConns {
 		c.Close()
 	}

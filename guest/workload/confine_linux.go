@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,6 +68,18 @@ type Confinement struct {
 	limits   string
 	// doors is what every workload process closes (SetDoors).
 	doors doors.Plan
+	// direct: processes started from now on run under direct mode's
+	// filter, whose listener Finish returns (SetDirect).
+	direct bool
+}
+
+// SetDirect makes every workload process started from now on trap its
+// connects to the agent (direct mode): Launch.Finish returns each
+// process's listener.
+func (c *Confinement) SetDirect(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.direct = on
 }
 
 // SetDoors makes every workload process started from now on close the
@@ -150,6 +163,10 @@ type Launch struct {
 	specW   *os.File
 	statusR *os.File
 	child   []*os.File // the launcher's ends, closed once it started
+	directR *os.File   // the agent's end of the direct socket
+	// Listener is, after Finish, the process's direct mode listener
+	// (with Confinement.SetDirect and a kernel that made one).
+	Listener *os.File
 }
 
 // Command prepares the launcher for s: oac-guest itself, in a new session,
@@ -181,10 +198,6 @@ func (c *Confinement) Command(s Spec) (*Launch, error) {
 	if c.cgroup == nil {
 		s.Rlimits = []Rlimit{{unix.RLIMIT_NPROC, PidsMax}, {unix.RLIMIT_DATA, c.memLimit}}
 	}
-	spec, err := json.Marshal(s)
-	if err != nil {
-		return nil, err
-	}
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("launcher pipe: %w", err)
@@ -215,7 +228,24 @@ func (c *Confinement) Command(s Spec) (*Launch, error) {
 		attr.UseCgroupFD, attr.CgroupFD = true, int(c.cgroup.Fd())
 	}
 	cmd.SysProcAttr = attr
-	return &Launch{Cmd: cmd, spec: spec, specW: specW, statusR: statusR, child: []*os.File{specR, statusW}}, nil
+	l := &Launch{Cmd: cmd, specW: specW, statusR: statusR, child: []*os.File{specR, statusW}}
+	if c.direct {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("launcher socket: %w", err)
+		}
+		child := os.NewFile(uintptr(fds[1]), "direct")
+		l.directR = os.NewFile(uintptr(fds[0]), "direct")
+		cmd.ExtraFiles = append(cmd.ExtraFiles, child) // fd 5
+		l.child = append(l.child, child)
+		s.Direct = true
+	}
+	if l.spec, err = json.Marshal(s); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
 }
 
 // Fallback narrows the confinement after the launcher could not be
@@ -259,6 +289,9 @@ func (l *Launch) Close() {
 	l.Started()
 	l.specW.Close()
 	l.statusR.Close()
+	if l.directR != nil {
+		l.directR.Close()
+	}
 }
 
 // launchTimeout bounds the exchange with a started launcher.
@@ -276,6 +309,12 @@ func (l *Launch) Finish() ([]string, error) {
 	notes, err := readStatus(l.statusR)
 	if err == nil && werr != nil {
 		err = fmt.Errorf("hand the launcher its spec: %w", werr)
+	}
+	if l.directR != nil {
+		if err == nil && !slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, "direct mode unavailable") }) {
+			l.Listener, err = receiveListener(l.directR)
+		}
+		l.directR.Close()
 	}
 	return notes, err
 }

@@ -28,6 +28,9 @@ const LaunchArg = "--launch-workload"
 const (
 	specFD   = 3
 	statusFD = 4
+	// directFD, with Spec.Direct, is a unix socket the launcher passes
+	// direct mode's seccomp listener on to the agent, before it execs.
+	directFD = 5
 	// maxSpec bounds the Spec the launcher reads (argv and environment
 	// come from a Bootstrap, itself at most a control frame).
 	maxSpec = 1 << 20
@@ -70,6 +73,9 @@ type Spec struct {
 	Isolated     bool     `json:"isolated,omitempty"`
 	AgentMountNS uint64   `json:"agent_mount_ns,omitempty"`
 	Rlimits      []Rlimit `json:"rlimits,omitempty"`
+	// Direct installs direct mode's filter last and passes its listener
+	// to the agent on directFD.
+	Direct bool `json:"direct,omitempty"`
 }
 
 // Rlimit is one resource limit the launcher sets.
@@ -190,6 +196,21 @@ func launch(s Spec, status io.Writer) error {
 	}
 	if err := InstallFilter(false); err != nil {
 		return err
+	}
+	if s.Direct {
+		// Last: from here on this process's own connects would be
+		// trapped. A filter the kernel refuses leaves the connects to
+		// the capture, which the agent learns from the missing listener.
+		unix.CloseOnExec(directFD)
+		l, err := InstallDirectFilter()
+		if err == nil {
+			err = sendListener(directFD, l)
+			l.Close()
+		}
+		unix.Close(directFD)
+		if err != nil {
+			note("direct mode unavailable: " + err.Error())
+		}
 	}
 	path := s.Path
 	if prog != nil {

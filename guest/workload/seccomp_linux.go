@@ -192,7 +192,7 @@ func (a *assembler) assemble() ([]bpf.Instruction, error) {
 // filterNames lists every system call the filter acts on, sorted (for
 // descriptions).
 func filterNames() []string {
-	names := slices.Concat(Denied, NewUserNSCalls, SocketCalls, SocketcallCalls, ENOSYSCalls)
+	names := slices.Concat(Denied, NewUserNSCalls, SocketCalls, SocketcallCalls, ENOSYSCalls, DirectCalls, []string{"sendto", "sendmsg", "sendmmsg"})
 	sort.Strings(names)
 	return names
 }

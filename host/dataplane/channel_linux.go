@@ -103,6 +103,20 @@ func (ch *Channel) serve() (err error) {
 		if req.ID == 0 || req.Token != "" {
 			return fmt.Errorf("%w: a Connect on the fd channel carries an id and no token", ErrViolation)
 		}
+		if req.Direct {
+			if !protocol.HasCapability(ch.cfg.Offer, protocol.CapDataDirect) {
+				return fmt.Errorf("%w: a direct Connect on a channel that was not offered %s", ErrViolation, protocol.CapDataDirect)
+			}
+			if err := req.Validate(); err != nil {
+				return violation(err)
+			}
+			ch.wg.Add(1)
+			go func() {
+				defer ch.wg.Done()
+				ch.direct(req)
+			}()
+			continue
+		}
 		if !req.Hand {
 			// A descriptor may be pending here: the reader reads ahead,
 			// and the next frame may be a handing Connect whose socket

@@ -123,12 +123,20 @@ type Config struct {
 	// host/dataplane): "" offers every carrier the provider's transport
 	// allows, DataPlaneOff none (every connection is an egress stream of
 	// the session), protocol.CapDataFD or protocol.CapDataDial that one
-	// only, when allowed.
+	// only, when allowed, and DataPlaneDirect the fd channel with direct
+	// mode (protocol.CapDataDirect) besides handing.
 	DataPlane string
 }
 
-// DataPlaneOff is Config.DataPlane's value for no data plane.
-const DataPlaneOff = "off"
+// Config.DataPlane's values beside the carriers' names.
+const (
+	// DataPlaneOff: no data plane.
+	DataPlaneOff = "off"
+	// DataPlaneDirect: the fd channel, and the workload's connects
+	// answered with the host's own locked sockets where the guest can
+	// trap them (docs/egress.md, "Direct mode").
+	DataPlaneDirect = "direct"
+)
 
 // ErrHostileGuest is wrapped by the error of a sandbox ended because its
 // guest exceeded a bound no correct guest reaches (the failure kind of
@@ -552,6 +560,9 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	}
 	s.ctl = ctl
 	s.session = &Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)}
+	if msg := s.directUnavailable(hello); msg != "" {
+		s.setState(api.StateStarting, msg)
+	}
 	if s.cfg.Attach != nil {
 		s.cfg.Attach(s.session)
 	}

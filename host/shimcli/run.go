@@ -95,7 +95,7 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	fs.DurationVar(&f.connectTimeout, "egress-connect-timeout", egress.DefaultConnectTimeout, "bound on resolving and connecting one egress target")
 	fs.DurationVar(&f.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress connection no byte crossed for this long")
 	fs.Var(&f.forwards, "forward", "LISTEN=GUESTPORT: listen on host loopback (127.0.0.1:PORT, [::1]:PORT) or a unix socket path and carry each connection to 127.0.0.1:GUESTPORT in the guest; repeatable")
-	fs.StringVar(&f.dataPlane, "data-plane", "auto", `how egress and forward connections travel: "auto" (each on a kernel stream of its own beside the session where the transport allows, see docs/egress.md), "off" (as streams of the session), "fd" or "dial" (that carrier only)`)
+	fs.StringVar(&f.dataPlane, "data-plane", "auto", `how egress and forward connections travel: "auto" (each on a kernel stream of its own beside the session where the transport allows, see docs/egress.md), "off" (as streams of the session), "fd" or "dial" (that carrier only), "direct" (the fd channel, and the workload's connects answered with the host's own locked sockets where the guest can trap them: no relay)`)
 	fs.IntVar(&f.forwardMaxStreams, "forward-max-streams", forward.DefaultMaxStreams, "concurrent forwarded connections, all forwards together; the next one is closed")
 	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox)`)
 	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
@@ -146,9 +146,9 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 		return nil, 2
 	}
 	switch f.dataPlane {
-	case "auto", sandbox.DataPlaneOff, "fd", "dial":
+	case "auto", sandbox.DataPlaneOff, "fd", "dial", "direct":
 	default:
-		fmt.Fprintln(stderr, `oac-shim run: --data-plane takes "auto", "off", "fd" or "dial"`)
+		fmt.Fprintln(stderr, `oac-shim run: --data-plane takes "auto", "off", "fd", "dial" or "direct"`)
 		return nil, 2
 	}
 	if f.forwardMaxStreams < 1 {
@@ -440,6 +440,8 @@ func dataPlaneSetting(v string) string {
 		return protocol.CapDataDial
 	case "off":
 		return sandbox.DataPlaneOff
+	case "direct":
+		return sandbox.DataPlaneDirect
 	}
 	return ""
 }

@@ -25,10 +25,10 @@ import (
 const usageHead = `usage:
   oac-shim run --provider %s --name NAME [--rootfs DIR|FILE]
                [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
-               [--agent PATH] [--password-file FILE]
+               [--agent PATH] [--password-file FILE] [--clock-interval DUR]
                egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                        [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
-                       [--data-plane auto|off|fd|dial]
+                       [--data-plane auto|off|fd|dial|direct]
                contract: [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
                        [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
 `
