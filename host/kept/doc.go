@@ -16,6 +16,14 @@
 // holds nothing of a provider's and is removed as it is, by the next
 // command on its name or by any run. The named steps of each command are internal/crashpoint's.
 //
+// It also keeps the registry of running sandboxes (running.go): every
+// shim that runs one, throwaway or kept, announces itself under
+// KEEP_ROOT/running (a statedir claim held while it runs, and a record of
+// its pid, process start time and control socket it writes itself), so
+// oac-shim list --running and stop find the live ones; a record whose
+// lock is free is a dead shim's, reported and removed, never taken for a
+// live one. Records are read bounded and strictly.
+//
 // It must not parse flags or print (package shimcli does), run a sandbox
 // (package sandbox), or know what a provider keeps.
 package kept

@@ -9,9 +9,14 @@
 // by package apiserver on stdin and/or a 0600 unix socket) is carried out
 // by the handler in control.go; systemd hears about every state (package
 // internal/systemd). kept.go parses the commands of kept sandboxes
-// (create, start, reset, destroy, list) and prints what package kept's
+// (create, start, reset, destroy) and prints what package kept's
 // Service did; start runs a kept sandbox with run's wiring, holding its
-// lease, and run holds its name's lock through the same Service.
+// lease, and run holds its name's lock through the same Service. list.go
+// is oac-shim list (kept sandboxes, or --running: the shims that run one
+// now) and the running shim's announcement; stop.go is oac-shim stop
+// (NAME... or --all): each shim asked on its control socket or, proven
+// by a pidfd and its start time (stop_linux.go), by SIGTERM, waited for
+// within the grace, killed past it.
 // cmd/oac-shim only calls Main.
 //
 // It must not know a provider's settings, contain sandbox logic (package

@@ -4,6 +4,12 @@
 // sandboxes of one name never run at once on a host, and removed on
 // release. A leftover directory whose lock is free is stale and reused.
 //
+// The holder of a directory may leave owner-only records in it
+// (Dir.WriteFile, atomic); Scan lists a root's directories with their
+// records, live holders (lock held) apart from dead ones (lock free, then
+// removed), and Watch sees one holder let go and never takes a later
+// holder of the name for it.
+//
 // It also hands out numbered host-wide slots (ClaimSlot), each held by a
 // lock file, for resources such as id ranges and vsock CIDs.
 //
