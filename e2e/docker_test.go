@@ -107,7 +107,7 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	assert.Equal(t, []string{"rm", "--force", cname}, calls[3], "a stale container of the name is removed first")
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", cname, "--label", "oac.sandbox=" + name, "--pull", "never", "--user", "0:0",
-		"--network", "none", "--read-only",
+		"--network", "none", "--sysctl", "net.ipv6.conf.all.disable_ipv6=0", "--sysctl", "net.ipv6.conf.lo.disable_ipv6=0", "--read-only",
 		"--cap-drop", "ALL", "--cap-add", "CHOWN", "--cap-add", "DAC_OVERRIDE", "--cap-add", "KILL", "--cap-add", "NET_ADMIN",
 		"--cap-add", "NET_BIND_SERVICE", "--cap-add", "SETFCAP", "--cap-add", "SETGID", "--cap-add", "SETUID",
 		"--security-opt", "no-new-privileges", "--security-opt", "seccomp=" + stateDir + "/seccomp.json", "--pids-limit", "128",

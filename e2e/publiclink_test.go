@@ -31,20 +31,30 @@ import (
 // lasts the host's route for this one address points into the namespace.
 const publicAddr = "1.2.3.4"
 
+// publicAddr6 is publicAddr's IPv6 twin (global unicast, no refused
+// class), on the same namespace's lo: routed from the host like
+// publicAddr while the run lasts (publicLink6).
+const publicAddr6 = "2000::1:2:3:4"
+
 // publicHosts is a shim's /etc/hosts (sandboxSpec.hosts) in which the
 // broker finds relay.test on the public address; guests have their own.
 const publicHosts = "127.0.0.1 localhost\n::1 localhost\n" + publicAddr + " relay.test\n"
 
-// The veth pair between the host and the namespace.
+// The veth pair between the host and the namespace (and its IPv6
+// addresses, publicLink6's).
 const (
-	pubHostAddr = "10.254.77.1"
-	pubNSAddr   = "10.254.77.2"
-	pubNS       = "oac-e2e-public"
-	pubVeth     = "oacpub0"
+	pubHostAddr6 = "fd7e:2e2e:77::1"
+	pubNSAddr6   = "fd7e:2e2e:77::2"
+	pubHostAddr  = "10.254.77.1"
+	pubNSAddr    = "10.254.77.2"
+	pubNS        = "oac-e2e-public"
+	pubVeth      = "oacpub0"
 )
 
 var public struct {
 	once    sync.Once
+	once6   sync.Once
+	err6    error
 	started bool
 	err     error
 	relay   *linkrelay.Relay
@@ -116,6 +126,41 @@ func startPublic(cert tls.Certificate) error {
 	return nil
 }
 
+// publicLink6 adds publicAddr6 to the public Link's namespace, routed from
+// the host over the veth pair, with a web server on its port 80 ("public
+// web6: PATH"): a globally reachable IPv6 destination that never leaves
+// the machine.
+func publicLink6(t *testing.T) {
+	t.Helper()
+	publicLink(t)
+	public.once6.Do(func() { public.err6 = startPublic6() })
+	require.NoError(t, public.err6, "the public IPv6 address (does this host have IPv6? sysctl net.ipv6.conf.all.disable_ipv6 must be 0)")
+}
+
+func startPublic6() error {
+	for _, args := range [][]string{
+		{"-6", "addr", "add", pubHostAddr6 + "/64", "dev", pubVeth, "nodad"},
+		{"-n", pubNS, "-6", "addr", "add", pubNSAddr6 + "/64", "dev", "eth0", "nodad"},
+		{"-n", pubNS, "-6", "addr", "add", publicAddr6 + "/128", "dev", "lo"},
+		{"-n", pubNS, "-6", "route", "add", "default", "via", pubHostAddr6},
+		{"-6", "route", "replace", publicAddr6 + "/128", "via", pubNSAddr6},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	ln, err := listenInNetns("/run/netns/"+pubNS, net.JoinHostPort(publicAddr6, "80"))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "public web6: %s", r.URL.Path)
+	})}
+	public.servers = append(public.servers, srv)
+	go func() { _ = srv.Serve(ln) }()
+	return nil
+}
+
 // stopPublic removes the namespace (its veth and the host's route go with
 // it); TestMain calls it.
 func stopPublic() {
@@ -129,6 +174,7 @@ func stopPublic() {
 		public.relay.Close()
 	}
 	_ = exec.Command("ip", "route", "del", publicAddr+"/32").Run()
+	_ = exec.Command("ip", "-6", "route", "del", publicAddr6+"/128").Run()
 	_ = exec.Command("ip", "link", "del", pubVeth).Run()
 	_ = exec.Command("ip", "netns", "del", pubNS).Run()
 }

@@ -295,7 +295,7 @@ func TestRefusalResponsesForOtherCodes(t *testing.T) {
 		protocol.EgressResourceExhausted: 503, protocol.EgressTimedOut: 504, protocol.EgressConnectionRefused: 502,
 		protocol.EgressNameNotResolved: 502, protocol.EgressInvalidArgument: 400,
 	} {
-		s := refusalResponse(target{"x.test", 1}, protocol.EgressReply{Code: code, Effect: protocol.EffectNone, Reason: "r"})
+		s := refusalResponse(Target{Host: "x.test", Port: 1}, protocol.EgressReply{Code: code, Effect: protocol.EffectNone, Reason: "r"})
 		resp, err := http.ReadResponse(bufio.NewReader(strings.NewReader(s)), nil)
 		require.NoError(t, err)
 		assert.Equal(t, status, resp.StatusCode, code.String())
@@ -322,7 +322,7 @@ func FuzzParseRequest(f *testing.F) {
 			return
 		}
 		require.NotNil(t, req)
-		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: tg.host, Port: tg.port}
+		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: tg.Host, Port: tg.Port}
 		require.NoError(t, h.Validate())
 	})
 }
@@ -339,7 +339,7 @@ func FuzzSOCKSHandshake(f *testing.F) {
 		if err != nil {
 			return
 		}
-		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: tg.host, Port: tg.port}
+		h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: tg.Host, Port: tg.Port}
 		require.NoError(t, h.Validate())
 	})
 }

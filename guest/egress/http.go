@@ -17,20 +17,12 @@ import (
 	"github.com/oac/sandbox-agent/protocol"
 )
 
-// target is where a client wants to go, as it spelled the host.
-type target struct {
-	host string // without brackets
-	port int
-}
-
-func (t target) String() string { return net.JoinHostPort(t.host, strconv.Itoa(t.port)) }
-
 // Errors from parseRequest.
 var (
 	errHeaderTooLarge = errors.New("request head larger than 64 KiB")
 	errNotProxy       = errors.New("this is the sandbox's egress proxy: send absolute-form http:// requests or CONNECT host:port")
 	errHTTPS          = errors.New("absolute-form https:// is not supported: use CONNECT host:443 (set HTTPS_PROXY)")
-	errBadTarget      = errors.New("the request target is not host:port with a port in 1..65535")
+	errBadTarget      = errors.New("the request Target is not host:port with a port in 1..65535")
 )
 
 // limitedReader is io.LimitedReader whose limit is reset per request head.
@@ -53,13 +45,13 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 
 // parseRequest reads one request head from br and returns the request and
 // its target. The caller bounds br's source with a limitedReader.
-func parseRequest(br *bufio.Reader) (*http.Request, target, error) {
+func parseRequest(br *bufio.Reader) (*http.Request, Target, error) {
 	req, err := http.ReadRequest(br)
 	if err != nil {
 		if errors.Is(err, errHeaderTooLarge) {
-			return nil, target{}, errHeaderTooLarge
+			return nil, Target{}, errHeaderTooLarge
 		}
-		return nil, target{}, err
+		return nil, Target{}, err
 	}
 	t, err := requestTarget(req)
 	return req, t, err
@@ -67,26 +59,26 @@ func parseRequest(br *bufio.Reader) (*http.Request, target, error) {
 
 // requestTarget extracts the target of a proxy request: the authority of
 // a CONNECT, the host of an absolute-form http:// URL (port 80 default).
-func requestTarget(req *http.Request) (target, error) {
+func requestTarget(req *http.Request) (Target, error) {
 	var host, port string
 	if req.Method == http.MethodConnect {
 		var err error
 		if host, port, err = net.SplitHostPort(req.RequestURI); err != nil {
-			return target{}, errBadTarget
+			return Target{}, errBadTarget
 		}
 	} else {
 		if req.URL == nil || !req.URL.IsAbs() || req.URL.Host == "" {
-			return target{}, errNotProxy
+			return Target{}, errNotProxy
 		}
 		switch req.URL.Scheme {
 		case "http":
 		case "https":
-			return target{}, errHTTPS
+			return Target{}, errHTTPS
 		default:
-			return target{}, errNotProxy
+			return Target{}, errNotProxy
 		}
 		if req.URL.User != nil {
-			return target{}, errBadTarget
+			return Target{}, errBadTarget
 		}
 		host, port = req.URL.Hostname(), req.URL.Port()
 		if port == "" {
@@ -94,17 +86,17 @@ func requestTarget(req *http.Request) (target, error) {
 		}
 	}
 	if host == "" {
-		return target{}, errBadTarget
+		return Target{}, errBadTarget
 	}
 	p, err := strconv.Atoi(port)
 	if err != nil || p < 1 || p > 65535 || strings.TrimLeft(port, "0123456789") != "" {
-		return target{}, errBadTarget
+		return Target{}, errBadTarget
 	}
 	h := protocol.StreamHeader{Kind: protocol.KindEgress, Host: host, Port: p}
 	if h.Validate() != nil {
-		return target{}, errBadTarget
+		return Target{}, errBadTarget
 	}
-	return target{host: host, port: p}, nil
+	return Target{Host: host, Port: p}, nil
 }
 
 // bufConn reads what a bufio.Reader already holds before reading the
@@ -131,7 +123,7 @@ func (b *bufConn) CloseWrite() error {
 
 // upstream is an open egress stream for absolute-form requests.
 type upstream struct {
-	t  target
+	t  Target
 	c  net.Conn
 	br *bufio.Reader
 }
@@ -179,7 +171,7 @@ func (p *Proxies) serveHTTP(c net.Conn) {
 		if first && p.exit.hands() {
 			// The first request may be handed; when it is not, the
 			// connection it opened carries it as a stream.
-			st, r := p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaHTTP).Go(true, nil, originFormHead(br, req))
+			st, r := p.exit.Attempt(p.ctx, c, t.Host, t.Port, protocol.ViaHTTP).Go(true, nil, originFormHead(br, req))
 			if !r.OK() {
 				writeRefusal(c, t, r)
 				return
@@ -201,12 +193,12 @@ const connectOK = "HTTP/1.1 200 Connection established\r\n\r\n"
 
 // tunnel answers a CONNECT and carries bytes both ways once the host said
 // yes.
-func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t target) {
+func (p *Proxies) tunnel(c net.Conn, br *bufio.Reader, t Target) {
 	var early []byte
 	if n := br.Buffered(); n > 0 {
 		early, _ = br.Peek(n)
 	}
-	p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaConnect).Carry([]byte(connectOK), early, func(r protocol.EgressReply) {
+	p.exit.Attempt(p.ctx, c, t.Host, t.Port, protocol.ViaConnect).Carry([]byte(connectOK), early, func(r protocol.EgressReply) {
 		writeRefusal(c, t, r)
 	})
 }
@@ -277,7 +269,7 @@ func removeHopByHop(h http.Header) (upgrade string) {
 // target (reusing up when it is for the same target) and copies the
 // response back. It returns the stream to keep and whether the client
 // connection may carry another request.
-func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t target, up *upstream) (*upstream, bool) {
+func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t Target, up *upstream) (*upstream, bool) {
 	if up != nil && up.t != t {
 		up.c.Close()
 		up = nil
@@ -302,7 +294,7 @@ func (p *Proxies) forward(c net.Conn, br *bufio.Reader, req *http.Request, t tar
 	for attempt := 0; ; attempt++ {
 		reused := up != nil
 		if up == nil {
-			st, r := p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaHTTP).Go(false, nil, nil)
+			st, r := p.exit.Attempt(p.ctx, c, t.Host, t.Port, protocol.ViaHTTP).Go(false, nil, nil)
 			if !r.OK() {
 				writeRefusal(c, t, r)
 				return nil, false
@@ -410,7 +402,7 @@ func refusalStatus(code protocol.EgressCode) int {
 // refusalResponse renders the host's refusal as an HTTP response: 403 with
 // X-Sandbox-Egress: denied for policy, another status with
 // X-Sandbox-Egress: failed otherwise.
-func refusalResponse(t target, r protocol.EgressReply) string {
+func refusalResponse(t Target, r protocol.EgressReply) string {
 	status := refusalStatus(r.Code)
 	kind, body := "failed", ""
 	switch r.Code {
@@ -448,10 +440,10 @@ func refusalResponse(t target, r protocol.EgressReply) string {
 // host:port, for another path that answers HTTP clients the same way (a
 // captured connection to port 80).
 func RefusalResponse(host string, port int, r protocol.EgressReply) string {
-	return refusalResponse(target{host: host, port: port}, r)
+	return refusalResponse(Target{Host: host, Port: port}, r)
 }
 
-func writeRefusal(w io.Writer, t target, r protocol.EgressReply) {
+func writeRefusal(w io.Writer, t Target, r protocol.EgressReply) {
 	_, _ = io.WriteString(w, refusalResponse(t, r))
 }
 

@@ -70,17 +70,17 @@ func (e *socksError) Error() string { return "socks5: " + e.msg }
 // socksHandshake reads the greeting and the request from r, writes the
 // method selection to w, and returns the target. On a request error it
 // returns a *socksError whose reply code the caller sends.
-func socksHandshake(r *bufio.Reader, w io.Writer) (target, error) {
+func socksHandshake(r *bufio.Reader, w io.Writer) (Target, error) {
 	var hdr [2]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return target{}, err
+		return Target{}, err
 	}
 	if hdr[0] != socksVersion {
-		return target{}, &socksError{msg: "not a SOCKS5 client (version " + strconv.Itoa(int(hdr[0])) + ")"}
+		return Target{}, &socksError{msg: "not a SOCKS5 client (version " + strconv.Itoa(int(hdr[0])) + ")"}
 	}
 	methods := make([]byte, hdr[1])
 	if _, err := io.ReadFull(r, methods); err != nil {
-		return target{}, err
+		return Target{}, err
 	}
 	noAuth := false
 	for _, m := range methods {
@@ -88,55 +88,55 @@ func socksHandshake(r *bufio.Reader, w io.Writer) (target, error) {
 	}
 	if !noAuth {
 		_, _ = w.Write([]byte{socksVersion, socksNoAcceptable})
-		return target{}, &socksError{msg: "client offers no 'no authentication' method"}
+		return Target{}, &socksError{msg: "client offers no 'no authentication' method"}
 	}
 	if _, err := w.Write([]byte{socksVersion, socksNoAuth}); err != nil {
-		return target{}, err
+		return Target{}, err
 	}
 	var req [4]byte
 	if _, err := io.ReadFull(r, req[:]); err != nil {
-		return target{}, err
+		return Target{}, err
 	}
 	if req[0] != socksVersion {
-		return target{}, &socksError{reply: socksGeneralFailure, msg: "bad request version"}
+		return Target{}, &socksError{reply: socksGeneralFailure, msg: "bad request version"}
 	}
 	var host string
 	switch req[3] {
 	case atypIPv4:
 		var a [4]byte
 		if _, err := io.ReadFull(r, a[:]); err != nil {
-			return target{}, err
+			return Target{}, err
 		}
 		host = netip.AddrFrom4(a).String()
 	case atypIPv6:
 		var a [16]byte
 		if _, err := io.ReadFull(r, a[:]); err != nil {
-			return target{}, err
+			return Target{}, err
 		}
 		host = netip.AddrFrom16(a).String()
 	case atypDomain:
 		n, err := r.ReadByte()
 		if err != nil {
-			return target{}, err
+			return Target{}, err
 		}
 		name := make([]byte, n)
 		if _, err := io.ReadFull(r, name); err != nil {
-			return target{}, err
+			return Target{}, err
 		}
 		host = string(name)
 	default:
-		return target{}, &socksError{reply: socksAddrNotSupported, msg: "unknown address type"}
+		return Target{}, &socksError{reply: socksAddrNotSupported, msg: "unknown address type"}
 	}
 	var pb [2]byte
 	if _, err := io.ReadFull(r, pb[:]); err != nil {
-		return target{}, err
+		return Target{}, err
 	}
 	if req[1] != socksCmdConnect {
-		return target{}, &socksError{reply: socksCommandNotSupported, msg: "only CONNECT is supported"}
+		return Target{}, &socksError{reply: socksCommandNotSupported, msg: "only CONNECT is supported"}
 	}
-	t := target{host: host, port: int(binary.BigEndian.Uint16(pb[:]))}
-	if (protocol.StreamHeader{Kind: protocol.KindEgress, Host: t.host, Port: t.port}).Validate() != nil {
-		return target{}, &socksError{reply: socksGeneralFailure, msg: "the target is not a host name or address with a port in 1..65535"}
+	t := Target{Host: host, Port: int(binary.BigEndian.Uint16(pb[:]))}
+	if (protocol.StreamHeader{Kind: protocol.KindEgress, Host: t.Host, Port: t.Port}).Validate() != nil {
+		return Target{}, &socksError{reply: socksGeneralFailure, msg: "the target is not a host name or address with a port in 1..65535"}
 	}
 	return t, nil
 }
@@ -165,7 +165,7 @@ func (p *Proxies) serveSOCKS(c net.Conn) {
 	}
 	// The handshake reader was bounded to 1 KiB: whatever it holds past
 	// the request is payload the client sent early.
-	p.exit.Attempt(p.ctx, c, t.host, t.port, protocol.ViaSOCKS5).Carry(socksReply(socksSucceeded), early, func(r protocol.EgressReply) {
+	p.exit.Attempt(p.ctx, c, t.Host, t.Port, protocol.ViaSOCKS5).Carry(socksReply(socksSucceeded), early, func(r protocol.EgressReply) {
 		_, _ = c.Write(socksReply(socksReplyCode(r.Code)))
 	})
 }

@@ -23,11 +23,10 @@
 // service not known", not EAI_AGAIN, so nothing retries), with the host's
 // reason as an Extended DNS Error (RFC 8914, code 15 Blocked) for clients
 // that speak EDNS; a host that cannot answer gives SERVFAIL, never a
-// timeout. AAAA questions get an empty answer: the guest has no IPv6
-// route, and the host dials whichever family it can reach behind the fake
-// IPv4 address, so Happy Eyeballs has nothing to stall on. PTR questions
-// for fake addresses map back to their name; no other reverse lookup
-// leaves the guest. Answers are cached 30 s (denials 5 s).
+// timeout. AAAA questions get the name's fake IPv6 address when IPv6 is
+// captured (see IPv6), an empty answer otherwise. PTR questions for fake
+// addresses map back to their name; no other reverse lookup leaves the
+// guest. Answers are cached 30 s (denials 5 s).
 //
 // # Capture
 //
@@ -56,6 +55,24 @@
 // package egress, on the HTTP proxy). The same mapping (Pool.Unmap, the
 // Exit's) serves the proxies: a client that resolved a name itself and
 // hands the proxy the fake address (curl --socks5) reaches the name.
+//
+// # IPv6
+//
+// A name's fake IPv6 address is its fake IPv4 address in the last 32 bits
+// of DefaultPrefix6 (protocol.GuestAddrPrefix6, a unique local /96 the
+// broker refuses as a destination), so one table serves both families and
+// a name holds and loses its pair together. Beside the IPv4 rules the
+// agent adds the range's Self6 to lo, a default route of type local
+// through lo (every IPv6 destination is local, so a connection passes the
+// output hook's redirection and never leaves; a plain route through lo is
+// a reject route on some kernels) and a table of family ip6 with the same
+// chains, ::1 for 127.0.0.0/8, redirecting to a resolver and a capture
+// listener on [::1]; the capture reads IP6T_SO_ORIGINAL_DST. A kernel
+// without IPv6, with IPv6 off or without IPv6 netfilter gets nothing of
+// it: the IPv4 capture stands alone, AAAA answers stay empty, and
+// Transparent.Families says why for the starting event. The host dials a
+// name in whichever family it has, so the guest's family never matters
+// beyond the guest.
 //
 // # Why netfilter redirection and not a TUN device with gVisor's netstack
 //

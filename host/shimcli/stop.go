@@ -98,8 +98,8 @@ func Stop(ctx context.Context, g *kept.Registry, o StopOptions) (api.StopReport,
 }
 
 // stopOne asks the shim of name to stop and waits for it within grace.
-func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Duration) api.StopEntry {
-	e := api.StopEntry{Name: name}
+func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Duration) (e api.StopEntry) {
+	e.Name = name
 	begin := time.Now()
 	defer func() { e.ElapsedMS = time.Since(begin).Milliseconds() }()
 	w, err := g.Open(name)
@@ -114,6 +114,19 @@ func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Dura
 	defer w.Close()
 	rec := w.Record
 	e.PID = rec.PID
+	// Proven while its entry is held: the process to signal, and whose
+	// exit ends the wait (the entry goes a moment before the process).
+	proc, perr := openShim(rec)
+	if proc != nil {
+		defer proc.close()
+	}
+	signal := func(sig shimSignal) error {
+		if proc == nil {
+			return perr
+		}
+		return proc.signal(sig)
+	}
+	gone := func() bool { return w.Gone() && (proc == nil || proc.exited()) }
 	var why []string
 	if rec.ControlSocket != "" {
 		if err := askStop(ctx, rec.ControlSocket); err != nil {
@@ -125,10 +138,10 @@ func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Dura
 		why = append(why, "it serves no control socket")
 	}
 	if e.Via == "" {
-		switch err := signalShim(rec, sigTerm); {
+		switch err := signal(sigTerm); {
 		case errors.Is(err, errShimGone):
 			why = append(why, "its shim had exited already")
-		case err != nil && !w.Gone():
+		case err != nil && !gone():
 			e.Outcome = api.StopFailed
 			e.Message = fmt.Sprintf("%s, and SIGTERM could not be sent: %v", join(why), err)
 			return e
@@ -136,7 +149,7 @@ func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Dura
 			e.Via = api.StopViaSignal
 		}
 	}
-	if waitGone(ctx, w, begin.Add(grace)) {
+	if waitGone(ctx, gone, begin.Add(grace)) {
 		e.Outcome = api.StopStopped
 		if e.Via == api.StopViaSignal {
 			e.Message = join(why) + ": stopped by SIGTERM"
@@ -146,15 +159,15 @@ func stopOne(ctx context.Context, g *kept.Registry, name string, grace time.Dura
 		return e
 	}
 	why = append(why, fmt.Sprintf("its shim did not exit within the grace of %s", grace))
-	switch err := signalShim(rec, sigKill); {
-	case errors.Is(err, errShimGone) && !w.Gone():
+	switch err := signal(sigKill); {
+	case errors.Is(err, errShimGone) && !gone():
 		e.Outcome, e.Message = api.StopFailed, join(why)+"; its process is gone, yet its entry is still held (by a process it left?)"
 		return e
-	case err != nil && !w.Gone():
+	case err != nil && !gone():
 		e.Outcome, e.Message = api.StopFailed, fmt.Sprintf("%s, and it could not be killed: %v", join(why), err)
 		return e
 	}
-	if !waitGone(ctx, w, time.Now().Add(killWait)) {
+	if !waitGone(ctx, gone, time.Now().Add(killWait)) {
 		e.Outcome, e.Message = api.StopFailed, join(why)+", and it was killed but has not exited"
 		return e
 	}
@@ -173,12 +186,12 @@ func join(parts []string) string {
 	return out
 }
 
-// waitGone waits until the watched shim has exited or deadline passes
+// waitGone waits until gone says the shim has exited or deadline passes
 // (or ctx ends), backing off from 5 ms to 100 ms.
-func waitGone(ctx context.Context, w *kept.Watched, deadline time.Time) bool {
+func waitGone(ctx context.Context, gone func() bool, deadline time.Time) bool {
 	backoff := 5 * time.Millisecond
 	for {
-		if w.Gone() {
+		if gone() {
 			return true
 		}
 		if !time.Now().Before(deadline) {
@@ -188,7 +201,7 @@ func waitGone(ctx context.Context, w *kept.Watched, deadline time.Time) bool {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return w.Gone()
+			return gone()
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)

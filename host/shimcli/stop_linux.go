@@ -46,37 +46,57 @@ func selfStart() uint64 {
 	return s
 }
 
-// signalShim sends sig to the shim rec describes, once proven to be that
-// process: a pidfd is opened first, then the pid's start time must be the
-// recorded one. A process that had the pid when the pidfd was opened and
-// still has it with the shim's start time is the shim, and the pidfd
-// signals that process only (never one that reuses the pid later).
-func signalShim(rec kept.ShimRecord, sig shimSignal) error {
+// shimProc is the process proven to be a sandbox's shim: a pidfd opened
+// first, then the pid's start time found to be the recorded one. A process
+// that had the pid when the pidfd was opened and still has it with the
+// shim's start time is the shim, and the pidfd names that process only
+// (never one that reuses the pid later).
+type shimProc struct{ fd int }
+
+// openShim proves the shim of rec; errShimGone when its process has
+// exited (its pid free, or another process's now).
+func openShim(rec kept.ShimRecord) (*shimProc, error) {
 	if rec.ProcStart == 0 {
-		return errors.New("its record gives no process start time to prove the shim by")
+		return nil, errors.New("its record gives no process start time to prove the shim by")
 	}
 	fd, err := unix.PidfdOpen(rec.PID, 0)
 	if errors.Is(err, unix.ESRCH) {
-		return errShimGone
+		return nil, errShimGone
 	}
 	if err != nil {
-		return fmt.Errorf("pid %d: %w", rec.PID, err)
+		return nil, fmt.Errorf("pid %d: %w", rec.PID, err)
 	}
-	defer unix.Close(fd)
 	start, err := procStart(rec.PID)
-	if errors.Is(err, fs.ErrNotExist) {
-		return errShimGone
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		err = errShimGone
+	case err != nil:
+		err = fmt.Errorf("pid %d: %w", rec.PID, err)
+	case start != rec.ProcStart:
+		err = errShimGone // and another process has its pid
 	}
 	if err != nil {
-		return fmt.Errorf("pid %d: %w", rec.PID, err)
+		unix.Close(fd)
+		return nil, err
 	}
-	if start != rec.ProcStart {
-		// The shim is gone and another process has its pid.
-		return errShimGone
-	}
-	err = unix.PidfdSendSignal(fd, sig, nil, 0)
+	return &shimProc{fd: fd}, nil
+}
+
+// signal sends sig to the shim; errShimGone when it has exited.
+func (p *shimProc) signal(sig shimSignal) error {
+	err := unix.PidfdSendSignal(p.fd, sig, nil, 0)
 	if errors.Is(err, unix.ESRCH) {
 		return errShimGone
 	}
 	return err
 }
+
+// exited reports whether the shim's process has ended (a pidfd is
+// readable once its process has exited).
+func (p *shimProc) exited() bool {
+	fds := []unix.PollFd{{Fd: int32(p.fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0
+}
+
+func (p *shimProc) close() { unix.Close(p.fd) }

@@ -174,6 +174,7 @@ func TestAShimThatOutlivesTheGraceIsKilledAndReportedSo(t *testing.T) {
 	assert.Equal(t, api.StopKilled, e.Outcome)
 	assert.Equal(t, api.StopViaSignal, e.Via)
 	assert.Contains(t, e.Message, "did not exit within the grace of 300ms")
+	assert.GreaterOrEqual(t, e.ElapsedMS, int64(300), "asked, waited out the grace, killed")
 	assert.False(t, rep.AllStopped)
 	assert.Equal(t, int64(300), rep.GraceMS)
 	<-s.done

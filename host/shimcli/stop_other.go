@@ -14,8 +14,12 @@ const (
 // selfStart: no start time is recorded here.
 func selfStart() uint64 { return 0 }
 
-// signalShim: without a way to prove which process is the shim, none is
-// signalled; a shim here is stopped through its control socket.
-func signalShim(kept.ShimRecord, shimSignal) error {
-	return errNoProof
-}
+// shimProc: this OS gives no way to prove which process is the shim, so
+// none is signalled; a shim here is stopped through its control socket
+// and seen gone by its entry's lock.
+type shimProc struct{}
+
+func openShim(kept.ShimRecord) (*shimProc, error) { return nil, errNoProof }
+func (*shimProc) signal(shimSignal) error         { return errNoProof }
+func (*shimProc) exited() bool                    { return true }
+func (*shimProc) close()                          {}

@@ -16,6 +16,8 @@ const files = {
   'core-bootstrap.schema.json': 'core-bootstrap.ts',
   'policy.schema.json': 'policy.ts',
   'list.schema.json': 'list.ts',
+  'running.schema.json': 'running.ts',
+  'stop.schema.json': 'stop.ts',
 };
 
 await mkdir(out, { recursive: true });

@@ -27,6 +27,8 @@ export type CommandName = Command['cmd'];
 import type { Bootstrap } from './generated/bootstrap.js';
 import type { CoreBootstrap } from './generated/core-bootstrap.js';
 import type { ListReport } from './generated/list.js';
+import type { RunningReport } from './generated/running.js';
+import type { StopReport } from './generated/stop.js';
 
 /** An event: any line of oac-shim's output but an answer. */
 export type Event = Exclude<AnyLine, Answer>;
@@ -463,4 +465,75 @@ export async function destroyKept(name: string, o: KeptOptions = {}): Promise<vo
 /** Lists the kept sandboxes (`oac-shim list --json`). */
 export async function listKept(o: KeptOptions = {}): Promise<ListReport> {
   return JSON.parse(await runKept(o, ['list', '--json'])) as ListReport;
+}
+
+/** Runs a short oac-shim command; resolves with its exit status and output (a launch error rejects). */
+function runShort(o: KeptOptions, args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
+  if (o.keepRoot) args.push('--keep-root', o.keepRoot);
+  return new Promise((resolve, reject) => {
+    execFile(o.shim ?? 'oac-shim', args, { env: o.env ?? process.env, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      if (err && typeof err.code !== 'number') {
+        reject(err);
+        return;
+      }
+      resolve({ status: err ? (err.code as number) : 0, stdout, stderr });
+    });
+  });
+}
+
+/**
+ * Lists the sandboxes a shim runs now under the keep root, throwaway and
+ * kept alike, with each shim's pid and control socket (`oac-shim list
+ * --running --json`). Records of shims that died are removed and listed in
+ * `cleaned`, never as running.
+ */
+export async function list(o: KeptOptions = {}): Promise<RunningReport> {
+  return JSON.parse(await runKept(o, ['list', '--running', '--json'])) as RunningReport;
+}
+
+/** A stop that did not stop every sandbox in order: report says what happened to each (killed, failed). */
+export class StopError extends Error {
+  override readonly name = 'StopError';
+  constructor(
+    message: string,
+    readonly report: StopReport,
+  ) {
+    super(message);
+  }
+}
+
+/** How long each shim gets to exit once asked (--grace; default the shim's, 30 s). */
+export interface StopOptions extends KeptOptions {
+  graceMs?: number;
+}
+
+async function stopWith(o: StopOptions, what: string[]): Promise<StopReport> {
+  const args = ['stop', '--json'];
+  if (o.graceMs !== undefined) args.push('--grace', `${o.graceMs}ms`);
+  args.push(...what);
+  const r = await runShort(o, args);
+  if (r.status !== 0 && r.status !== 1) throw new KeptError(`oac-shim stop: ${r.stderr.trim()}`, r.status, r.stderr);
+  const report = JSON.parse(r.stdout) as StopReport;
+  if (!report.all_stopped) {
+    const not = report.sandboxes.filter((e) => e.outcome !== 'stopped' && e.outcome !== 'not_running');
+    throw new StopError(`not every sandbox stopped in order: ${not.map((e) => `${e.name} ${e.outcome}`).join(', ')}`, report);
+  }
+  return report;
+}
+
+/**
+ * Stops every running sandbox of the keep root in order with one call
+ * (`oac-shim stop --all`): each shim is asked on its control socket, or by
+ * SIGTERM when it serves none, and waited for within the grace. Resolves
+ * with the report when every one stopped; rejects with a StopError (and the
+ * report) when one was killed or could not be stopped.
+ */
+export function stopAll(o: StopOptions = {}): Promise<StopReport> {
+  return stopWith(o, ['--all']);
+}
+
+/** stopAll for the named sandboxes only (`oac-shim stop NAME...`); a name not running is reported not_running. */
+export function stopNamed(names: string[], o: StopOptions = {}): Promise<StopReport> {
+  if (names.length === 0) return Promise.reject(new TypeError('name the sandboxes to stop (stopAll stops every one)'));
+  return stopWith(o, [...names]);
 }

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { execFileSync } from 'node:child_process';
 
-import { Shim, ShimError, CommandError, createKept, destroyKept, listKept, resetKept, type Bootstrap, type Event, type StartOptions } from '../src/index.js';
+import { Shim, ShimError, CommandError, createKept, destroyKept, list, listKept, resetKept, stopAll, type Bootstrap, type Event, type StartOptions } from '../src/index.js';
 
 const bin = process.env.OAC_BIN ?? join(process.cwd(), '..', '..', 'bin');
 const shimPath = join(bin, 'oac-shim');
@@ -295,4 +295,45 @@ test('a kept sandbox: create, start twice, reset, list and destroy', async (t) =
   await destroyKept(name, o);
   list = await listKept(o);
   assert.equal(list.sandboxes.find((e) => e.name === name), undefined);
+});
+
+test('many sandboxes from one parent: list them with their control sockets, stopAll stops every one in order', async (t) => {
+  if (skip) return t.skip(skip);
+  // A keep root of the test's own: only its sandboxes are listed and stopped.
+  const keepRoot = mkdtempSync(join(tmpdir(), 'oac-ts-many-'));
+  chmodSync(keepRoot, 0o711);
+  t.after(() => rmSync(keepRoot, { recursive: true, force: true }));
+  const ctl = join(keepRoot, 'a.ctl');
+  const shims = [
+    start({ name: uniqueName('ts-many'), identity: undefined, args: ['--keep-root', keepRoot, '--control-socket', ctl], bootstrap: { version: 1, daemon: { argv: ['/bin/sleep', '1000'] } } }),
+    start({ name: uniqueName('ts-many'), identity: undefined, args: ['--keep-root', keepRoot], bootstrap: { version: 1, daemon: { argv: ['/bin/sleep', '1000'] } } }),
+  ];
+  try {
+    for (const s of shims) await s.waitFor('ready', { timeoutMs: 30_000 });
+    const o = { shim: shimPath, keepRoot };
+    const listed = await list(o);
+    assert.deepEqual(listed.sandboxes.map((e) => e.name).sort(), shims.map((s) => s.name).sort());
+    assert.deepEqual(listed.cleaned, []);
+    for (const e of listed.sandboxes) {
+      const s = shims.find((x) => x.name === e.name)!;
+      assert.equal(e.pid, s.pid, 'its shim\'s pid');
+      assert.equal(e.kind, 'run');
+      assert.equal(e.control_socket, s === shims[0] ? ctl : undefined, 'its control socket, or none');
+    }
+
+    const report = await stopAll({ ...o, graceMs: 30_000 });
+    assert.equal(report.all_stopped, true);
+    assert.equal(report.grace_ms, 30_000);
+    const via = Object.fromEntries(report.sandboxes.map((e) => [e.name, `${e.outcome} ${e.via}`]));
+    assert.deepEqual(via, { [shims[0]!.name]: 'stopped control', [shims[1]!.name]: 'stopped signal' });
+    for (const s of shims) {
+      const exit = await s.exited();
+      assert.equal(exit.status, 0, 'a clean stop');
+      assert.equal(exit.last?.state, 'stopped');
+    }
+    assert.deepEqual((await list(o)).sandboxes, [], 'nothing runs any more');
+    assert.deepEqual((await stopAll(o)).sandboxes, [], 'stopping nothing is no error');
+  } finally {
+    for (const s of shims) await s.kill();
+  }
 });

@@ -86,6 +86,9 @@ func runArgs(c runConfig) []string {
 		a = []string{"create", "--name", ContainerName(c.Name), "--label", LabelSandbox + "=" + c.Name, "--label", LabelKept + "=1"}
 	}
 	a = append(a, "--pull", "never", "--user", "0:0", "--network", "none")
+	// IPv6 on the container's lo, which an engine turns off in a
+	// container with no IPv6 network: the guest captures IPv6 too.
+	a = append(a, "--sysctl", "net.ipv6.conf.all.disable_ipv6=0", "--sysctl", "net.ipv6.conf.lo.disable_ipv6=0")
 	if !c.Kept {
 		a = append(a, "--read-only")
 	}

@@ -16,7 +16,7 @@ func TestRunArgsAreExact(t *testing.T) {
 		Installs: [][2]string{{"oac-daemon", "/opt/oac/daemon"}, {"oac-sandbox-io", "/opt/oac/sandbox-io"}}})
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", "oac-demo", "--label", "oac.sandbox=demo", "--pull", "never", "--user", "0:0",
-		"--network", "none", "--read-only",
+		"--network", "none", "--sysctl", "net.ipv6.conf.all.disable_ipv6=0", "--sysctl", "net.ipv6.conf.lo.disable_ipv6=0", "--read-only",
 		"--cap-drop", "ALL", "--cap-add", "CHOWN", "--cap-add", "DAC_OVERRIDE", "--cap-add", "KILL", "--cap-add", "NET_ADMIN",
 		"--cap-add", "NET_BIND_SERVICE", "--cap-add", "SETFCAP", "--cap-add", "SETGID", "--cap-add", "SETUID",
 		"--security-opt", "no-new-privileges", "--security-opt", "seccomp=/run/oac/sandboxes/demo/seccomp.json", "--pids-limit", "128",
@@ -86,7 +86,8 @@ func TestKeptContainerArgs(t *testing.T) {
 	got := createArgs(c)
 	digest := configDigest(c)
 	assert.Equal(t, []string{"create", "--label", "oac.config=" + digest, "--name", "oac-demo", "--label", "oac.sandbox=demo", "--label", "oac.kept=1",
-		"--pull", "never", "--user", "0:0", "--network", "none", "--cap-drop", "ALL"}, got[:17],
+		"--pull", "never", "--user", "0:0", "--network", "none",
+		"--sysctl", "net.ipv6.conf.all.disable_ipv6=0", "--sysctl", "net.ipv6.conf.lo.disable_ipv6=0", "--cap-drop", "ALL"}, got[:21],
 		"made once, never removed by a run, its root writable")
 	s := strings.Join(got, " ")
 	assert.NotContains(t, s, "--rm")

@@ -88,6 +88,8 @@ func main() {
 	_ = fs.String("marker", "", "ignored: lets tests find this process on the host")
 	var probes probeList
 	fs.Var(&probes, "probe", "NAME=proxy:URL, NAME=direct:URL, NAME=dial:HOST:PORT, NAME=echo-proxy:HOST:PORT or NAME=echo-direct:HOST:PORT (repeatable)")
+	var probes6 probe6List
+	fs.Var(&probes6, "probe6", "NAME=URL: a GET with no proxy over IPv6 only (repeatable)")
 	var persist stringList
 	fs.Var(&persist, "persist", "report the content of PATH, then write \"kept\" there (repeatable)")
 	_ = fs.Parse(os.Args[2:])
@@ -183,6 +185,9 @@ func main() {
 	go func() { _ = http.Serve(ln, mux) }()
 	for _, p := range probes {
 		go p.run()
+	}
+	for _, p := range probes6 {
+		go p.run6()
 	}
 	sig := <-sigs
 	say("got %s, exiting", sig)
