@@ -152,6 +152,8 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	assert.Equal(t, []string{protocol.EffectNone, protocol.EffectPossible}, enum(t, d.def(schema.Event, "Effect")))
 	decision := d.def(schema.Event, "EgressEvent").n["properties"].(node)["decision"].(node)
 	assert.Equal(t, values(goConsts(t, "../egress", "Decision")), enum(t, at{schema.Event, decision}))
+	trigger := d.def(schema.Event, "ClockEvent").n["properties"].(node)["trigger"].(node)
+	assert.Equal(t, values(goConsts(t, "../host/api", "ClockTrigger")), enum(t, at{schema.Event, trigger}))
 
 	names := append([]string(nil), api.Commands()...)
 	sort.Strings(names)

@@ -61,6 +61,11 @@ type Config struct {
 	// OnTime, when set, sets the clock from the host's Time messages; the
 	// agent then lists the "time" capability in Hello (VM guests).
 	OnTime func(protocol.Time)
+	// SetClock, when set, sets the wall clock for the host's Clock steps;
+	// the agent then lists the "clock" capability in Hello, answers the
+	// host's reads and steps, and reports the jumps it sees (VM guests:
+	// SetRealtime).
+	SetClock func(time.Time) error
 	// OnState, when set, sees every State the agent reports to the host
 	// (oac-guest tells systemd about them when it runs as a service).
 	OnState func(protocol.State)
@@ -111,6 +116,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.OnTime != nil {
 		caps = append(caps, protocol.CapTime)
 	}
+	if cfg.SetClock != nil {
+		caps = append(caps, protocol.CapClock)
+	}
 	ctl, welcome, err := protocol.GuestHandshake(sess, protocol.Hello{
 		MinVersion:   cfg.MinVersion,
 		MaxVersion:   cfg.MaxVersion,
@@ -147,6 +155,7 @@ func Run(ctx context.Context, cfg Config) error {
 		healthc:    make(chan healthResult, 1),
 		superStop:  func() {},
 	}
+	defer a.startClock(ctx)()
 	a.data = a.newDataPlane(ctx)
 	a.directCtx = ctx
 	// Egress comes up beside the bootstrap, unless the workload may need
@@ -215,6 +224,8 @@ type agent struct {
 	boot     *bootstrap.Bootstrap
 	procMsgs bool // the host accepts Process messages
 	welcome  protocol.Welcome
+	// clock answers the host's Clock messages (nil: no Config.SetClock).
+	clock *guestClock
 	// gate paces and bounds the egress and dns streams of the proxies and
 	// the capture (the workload's connections).
 	gate *protocol.StreamGate
@@ -812,6 +823,11 @@ func (a *agent) loop(ctx context.Context) error {
 				a.stopAll(grace)
 				_ = a.state(protocol.State{State: protocol.StateStopped, Message: s.Reason})
 				return nil
+			case protocol.TypeClock:
+				if err := a.clockFrame(f); err != nil {
+					a.stopAll(a.boot.Grace())
+					return err
+				}
 			case protocol.TypeTime:
 				var tm protocol.Time
 				if err := f.Decode(&tm); err != nil {

@@ -92,6 +92,9 @@ func Boot(ctx context.Context, p Params, cfg agent.Config) {
 				connected()
 			}
 			c.OnTime = func(t protocol.Time) { setClock(log, t.TimeUnixNano) }
+			// The host keeps the clock in step after that (its sleeps
+			// stop the VM's clock): reads, steps, jump reports.
+			c.SetClock = agent.SetRealtime
 			return agent.Run(ctx, c)
 		},
 	}

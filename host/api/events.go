@@ -41,6 +41,9 @@ const (
 	// half-created sandbox discarded, the state discarded by a reset, or
 	// an image that changed since create.
 	KindKept = "kept"
+	// KindClock reports a VM guest's clock stepped by more than a second
+	// to the host's (after the host slept, say): correction_ms, trigger.
+	KindClock = "clock"
 )
 
 // State is a sandbox's lifecycle state: starting, ready, failed or
@@ -62,7 +65,7 @@ const ModeHelper = "helper"
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // Event is one line of oac-shim output.
 type Event struct {
@@ -125,6 +128,11 @@ type Event struct {
 	// before the next start (process events with message "restarting").
 	Restarts    int   `json:"restarts,omitempty"`
 	RestartInMS int64 `json:"restart_in_ms,omitempty"`
+	// CorrectionMS is how far a VM guest's clock was stepped (positive:
+	// forward, the guest was behind); Trigger what made the check
+	// (interval, host_wake, guest_jump). Clock events.
+	CorrectionMS int64  `json:"correction_ms,omitempty"`
+	Trigger      string `json:"trigger,omitempty"`
 }
 
 // Sink receives events. Emit must be safe for concurrent use.

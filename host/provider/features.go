@@ -68,6 +68,11 @@ type Capabilities struct {
 	Keeps bool
 	// Warnings are what its settings give up, told before a sandbox runs.
 	Warnings []string
+	// OwnClock: the guest runs a kernel of its own (a VM) whose clock
+	// stops while the host sleeps; the shim keeps it in step with the
+	// host's (docs/vm.md). A guest sharing the host's kernel shares its
+	// clock, and the shim never reads or sets it.
+	OwnClock bool
 }
 
 // Honours returns the features p honours.

@@ -126,6 +126,11 @@ type Config struct {
 	// only, when allowed, and DataPlaneDirect the fd channel with direct
 	// mode (protocol.CapDataDirect) besides handing.
 	DataPlane string
+	// ClockInterval is how often the host reads a VM guest's clock and
+	// steps it when off (see clock.go); 0 takes DefaultClockInterval, a
+	// negative value turns clock keeping off. Guests sharing the host's
+	// kernel are never touched (provider.Capabilities' OwnClock).
+	ClockInterval time.Duration
 }
 
 // Config.DataPlane's values beside the carriers' names.
@@ -219,6 +224,10 @@ type run struct {
 	// their token.
 	dataOffer []string
 	dataToken string
+	// clock keeps a VM guest's clock (clock.go); nil when the run does
+	// not. stopClock stops it.
+	clock     *clockKeeper
+	stopClock func()
 
 	mu    sync.Mutex
 	state api.State
@@ -403,6 +412,9 @@ func (s *run) run(ctx context.Context) error {
 		if s.cfg.Attach != nil && s.ctl != nil {
 			s.cfg.Attach(nil)
 		}
+		if s.stopClock != nil {
+			s.stopClock()
+		}
 		close(s.quit)
 		s.egressCancel()
 		if s.sess != nil {
@@ -540,6 +552,9 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	if s.cfg.Egress != nil {
 		caps = append(caps, protocol.CapEgress, protocol.CapDNS, protocol.CapAbort)
 	}
+	if s.offersClock() {
+		caps = append(caps, protocol.CapClock)
+	}
 	if s.dataOffer = s.dataCarriers(); len(s.dataOffer) > 0 {
 		if s.dataToken, err = protocol.NewDataToken(); err != nil {
 			return err
@@ -567,6 +582,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 		s.cfg.Attach(s.session)
 	}
 	s.startDataPlane(hello)
+	s.startClock(ctx, hello)
 	s.emit(api.Event{
 		Event: api.KindAgent, PID: max(hello.PID, 0), Protocol: welcome.Version,
 		AgentVersion: guestText(hello.AgentVersion, 64), Message: "guest agent connected",
@@ -711,6 +727,10 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 					return fmt.Errorf("guest sent a bad Abort: %w", err)
 				}
 				s.abortEgress(ab.Stream)
+			case protocol.TypeClock:
+				if err := s.clockFrame(f); err != nil {
+					return err
+				}
 			default:
 				return fmt.Errorf("%w: guest sent %s on the control stream", protocol.ErrUnexpectedType, f.Type)
 			}

@@ -45,6 +45,7 @@ type runFlags struct {
 	bootFormat                                          string
 	passwordFD                                          int
 	dataPlane                                           string
+	clockInterval                                       time.Duration
 	// keepRoot is where kept sandboxes live: start runs one from there,
 	// run refuses a name one of them has.
 	keepRoot string
@@ -96,6 +97,7 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	fs.DurationVar(&f.idleTimeout, "egress-idle-timeout", egress.DefaultIdleTimeout, "close an egress connection no byte crossed for this long")
 	fs.Var(&f.forwards, "forward", "LISTEN=GUESTPORT: listen on host loopback (127.0.0.1:PORT, [::1]:PORT) or a unix socket path and carry each connection to 127.0.0.1:GUESTPORT in the guest; repeatable")
 	fs.StringVar(&f.dataPlane, "data-plane", "auto", `how egress and forward connections travel: "auto" (each on a kernel stream of its own beside the session where the transport allows, see docs/egress.md), "off" (as streams of the session), "fd" or "dial" (that carrier only), "direct" (the fd channel, and the workload's connects answered with the host's own locked sockets where the guest can trap them: no relay)`)
+	fs.DurationVar(&f.clockInterval, "clock-interval", sandbox.DefaultClockInterval, "how often the host reads a VM guest's clock and steps it when it is off by more than 100ms (0: never; other guests share the host's clock)")
 	fs.IntVar(&f.forwardMaxStreams, "forward-max-streams", forward.DefaultMaxStreams, "concurrent forwarded connections, all forwards together; the next one is closed")
 	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox)`)
 	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
@@ -149,6 +151,10 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	case "auto", sandbox.DataPlaneOff, "fd", "dial", "direct":
 	default:
 		fmt.Fprintln(stderr, `oac-shim run: --data-plane takes "auto", "off", "fd", "dial" or "direct"`)
+		return nil, 2
+	}
+	if f.clockInterval != 0 && f.clockInterval < minClockInterval {
+		fmt.Fprintf(stderr, "oac-shim "+cmd+": --clock-interval must be 0 (off) or at least %s\n", minClockInterval)
 		return nil, 2
 	}
 	if f.forwardMaxStreams < 1 {
@@ -319,6 +325,7 @@ func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.
 		Install:       f.installs,
 		Volumes:       f.volumes,
 		DataPlane:     dataPlaneSetting(f.dataPlane),
+		ClockInterval: clockSetting(f.clockInterval),
 	}
 	if lease != nil {
 		s.base.Keep = &provider.Keep{Dir: lease.Dir}
@@ -444,4 +451,17 @@ func dataPlaneSetting(v string) string {
 		return sandbox.DataPlaneDirect
 	}
 	return ""
+}
+
+// minClockInterval bounds --clock-interval from below: each check is a
+// message each way on the control stream.
+const minClockInterval = 100 * time.Millisecond
+
+// clockSetting maps --clock-interval (0: off) to
+// sandbox.Config.ClockInterval (negative: off).
+func clockSetting(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
