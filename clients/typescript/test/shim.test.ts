@@ -21,6 +21,9 @@ const environment = '1c6f8a6b-4d2e-4f30-8b9c-8d7e6f5a4b32';
 const allocation = '2d7a9b7c-5e3f-4a41-9cad-9e8f7a6b5c43';
 const credential = `ts-credential-${randomBytes(8).toString('hex')}`;
 
+// The version every line carries: the one of the schema the types were generated from.
+const schemaVersion = (JSON.parse(readFileSync(join(process.cwd(), '..', '..', 'schema', 'event.schema.json'), 'utf8')) as { $defs: { SchemaVersion: { const: number } } }).$defs.SchemaVersion.const;
+
 let skip: string | false = false;
 
 before(() => {
@@ -125,7 +128,7 @@ test('ready with url and username, typed and ordered events, status, the passwor
 
     const all = shim.received;
     for (const e of all) {
-      assert.equal(e.schema_version, 5);
+      assert.equal(e.schema_version, schemaVersion, 'the version of schema/ this client was built from');
       assert.equal(e.sandbox, name);
     }
     const kinds = all.map((e) => e.event);
