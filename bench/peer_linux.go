@@ -128,6 +128,11 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		return fmt.Errorf("peer: the oac guest: %w", err)
 	}
 	defer stopGuest()
+	direct, stopDirect, err := guestProbe(b, guestTarget{label: "bwrap-direct", args: []string{"--provider", "bwrap", "--data-plane", "direct"}, curl: true, sameKernel: true}, srv, probeBin)
+	if err != nil {
+		return fmt.Errorf("peer: the oac guest in direct mode: %w", err)
+	}
+	defer stopDirect()
 	host := func(args ...string) func() (float64, error) {
 		return func() (float64, error) {
 			res := probe.Run(probe.Request{Cmd: "curl", Args: args})
@@ -137,25 +142,35 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 			return res.Value, nil
 		}
 	}
-	inGuest := func(args ...string) func() (float64, error) {
-		return func() (float64, error) { return guest.Run(probe.Request{Cmd: "curl", Args: args}) }
+	inGuest := func(g *probe.Client, args ...string) func() (float64, error) {
+		return func() (float64, error) { return g.Run(probe.Request{Cmd: "curl", Args: args}) }
 	}
 	type figure struct {
 		what, unit, url, write string
 		scale                  func(float64) float64
 		better                 func(oacOverSRT float64) bool
 		goal                   string
+		// beside the host: issue-level goals per path kind.
+		handed, directGoal string
+		hostBetter         func(ratio float64, direct bool) bool
 	}
 	dl := "/dl/" + strconv.FormatInt(size, 10)
 	figures := []figure{
 		{fmt.Sprintf("curl download %d MiB", size>>20), "MB/s", dl, "%{speed_download}",
-			func(v float64) float64 { return v / 1e6 }, func(x float64) bool { return x >= 4 }, "≥ 4x srt"},
+			func(v float64) float64 { return v / 1e6 }, func(x float64) bool { return x >= 4 }, "≥ 4x srt",
+			"≥ 0.7x the host", "≥ 0.9x the host", func(x float64, direct bool) bool { return x >= map[bool]float64{false: 0.7, true: 0.9}[direct] }},
 		{"curl connect + first byte (a fresh connection, 1-byte file)", "µs", "/dl/1", "%{time_starttransfer}",
-			func(v float64) float64 { return v * 1e6 }, func(x float64) bool { return x <= 0.5 }, "≤ 0.5x srt"},
+			func(v float64) float64 { return v * 1e6 }, func(x float64) bool { return x <= 0.5 }, "≤ 0.5x srt",
+			"≤ 2.5x the host", "≤ 1.5x the host", func(x float64, direct bool) bool { return x <= map[bool]float64{false: 2.5, true: 1.5}[direct] }},
 	}
-	paths := []struct{ name, flags string }{
-		{"oac bwrap, transparent", "--noproxy *"},
-		{"oac bwrap, plain HTTP through HTTP_PROXY", "-x http://127.0.0.1:3128"},
+	paths := []struct {
+		name, flags string
+		g           *probe.Client
+		direct      bool
+	}{
+		{"oac bwrap, transparent", "--noproxy *", guest, false},
+		{"oac bwrap, plain HTTP through HTTP_PROXY", "-x http://127.0.0.1:3128", guest, false},
+		{"oac bwrap, direct mode", "--noproxy *", direct, true},
 	}
 	for _, f := range figures {
 		base := []string{"-sS", "-o", "/dev/null", "-w", f.write}
@@ -164,7 +179,7 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		for range runs {
 			measure := []func() (float64, error){host(append(base, "http://"+srv.web+f.url)...), srt.curl(append(base, "http://"+srv.web+f.url)...)}
 			for _, p := range paths {
-				measure = append(measure, inGuest(append(append(append([]string(nil), base...), strings.Fields(p.flags)...), "http://up.test"+f.url)...))
+				measure = append(measure, inGuest(p.g, append(append(append([]string(nil), base...), strings.Fields(p.flags)...), "http://up.test"+f.url)...))
 			}
 			vals := make([]float64, len(measure))
 			for i, m := range measure {
@@ -181,7 +196,12 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		}
 		r.Add(NewResult("peer: sandbox-runtime "+SRTVersion+" (bwrap + host proxy): "+f.what, f.unit, srtV, "the same curl on the host", hostV))
 		for i, p := range paths {
-			r.Add(NewResult("peer: "+p.name+": "+f.what, f.unit, oacV[i], "the same curl on the host", hostV))
+			goal := f.handed
+			if p.direct {
+				goal = f.directGoal
+			}
+			hr := NewResult("peer: "+p.name+": "+f.what, f.unit, oacV[i], "the same curl on the host", hostV)
+			r.Add(hr.Judge(goal, f.hostBetter(hr.Ratio, p.direct)))
 			res := NewResult("peer: "+p.name+" beside srt: "+f.what, f.unit, oacV[i], "the same curl through srt", srtV)
 			r.Add(res.Judge(f.goal, f.better(res.Ratio)))
 		}
