@@ -83,11 +83,14 @@ func TestJudgeClockStepsOnlyWhatIsOffBeyondTheThresholdAndTheRoundTrip(t *testin
 // fakeClocks are the host's clocks and a guest's, moved by the test. The
 // guest's clock is the host's wall clock plus off, which its steps move.
 type fakeClocks struct {
-	mu             sync.Mutex
-	mono, boot     time.Duration
-	real           time.Time
-	off            time.Duration
-	rtt            time.Duration // how long each answer takes
+	mu         sync.Mutex
+	mono, boot time.Duration
+	real       time.Time
+	off        time.Duration
+	rtt        time.Duration // how long each answer takes
+	// paused are spans the VM does not run, one per answer, before the
+	// guest reads its clock: the host's clocks run on, the guest's not.
+	paused         []time.Duration
 	silent, refuse bool
 	sent           chan protocol.Clock
 }
@@ -134,6 +137,11 @@ func (f *fakeClocks) guest(k *clockKeeper) func(protocol.Clock) error {
 			return nil
 		}
 		f.mono, f.boot, f.real = f.mono+f.rtt/2, f.boot+f.rtt/2, f.real.Add(f.rtt/2)
+		if len(f.paused) > 0 {
+			d := f.paused[0]
+			f.paused = f.paused[1:]
+			f.mono, f.boot, f.real, f.off = f.mono+d, f.boot+d, f.real.Add(d), f.off-d
+		}
 		r := protocol.Clock{Op: protocol.ClockReading, ID: c.ID}
 		switch {
 		case c.Op == protocol.ClockStep && f.refuse:
@@ -292,6 +300,24 @@ func TestKeeperChecksWhenTheGuestReportsAJumpAtMostOnceAGap(t *testing.T) {
 		assert.Equal(t, []string{protocol.ClockRead}, r.sent())
 		r.step()
 		assert.Empty(t, r.sent(), "the reports were one")
+	})
+}
+
+func TestKeeperReadsAgainWhenAnAnswerTookLongAndTheFastestReadingDecides(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newKeeperRig(t, time.Second)
+		// The VM is paused for 3 s while the first question is out: its
+		// answer comes 3 s late with a clock 3 s behind, which the middle
+		// of that round trip would take for 1.5 s behind.
+		r.c.mu.Lock()
+		r.c.paused = []time.Duration{3 * time.Second}
+		r.c.mu.Unlock()
+		r.c.pass(time.Second)
+		r.step()
+		assert.Equal(t, []string{protocol.ClockRead, protocol.ClockRead, protocol.ClockStep}, r.sent())
+		e := <-r.events
+		assert.Equal(t, int64(3000), e.CorrectionMS, "stepped by what the fast reading says")
+		assert.InDelta(t, 0, r.c.offset(), float64(time.Millisecond))
 	})
 }
 

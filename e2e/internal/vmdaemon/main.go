@@ -6,7 +6,8 @@
 //
 // Flags: --write DIR (repeatable) creates DIR/written-by-vmdaemon and
 // reports "wrote DIR=ok" or the error; --read FILE reports "read
-// FILE=CONTENT" or the error.
+// FILE=CONTENT" or the error. VMDAEMON_CLOCK_EVERY=DUR reports the
+// guest's wall clock ("clock_ms=UNIX_MS") that often.
 package main
 
 import (
@@ -78,6 +79,13 @@ func main() {
 		fmt.Printf("read %s=%s\n", f, strings.TrimSpace(string(b)))
 	}
 	probes()
+	if every, err := time.ParseDuration(os.Getenv("VMDAEMON_CLOCK_EVERY")); err == nil && every > 0 {
+		go func() {
+			for range time.Tick(every) {
+				fmt.Printf("clock_ms=%d\n", time.Now().UnixMilli())
+			}
+		}()
+	}
 	<-term
 	fmt.Println("term")
 }
