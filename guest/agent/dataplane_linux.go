@@ -109,7 +109,8 @@ func (d *dataPlane) up(ctx context.Context) bool {
 var errCancelled = egress.LocalFailure(protocol.EgressCancelled, "cancelled")
 
 // carriers are the data plane's ways out, in order: the workload's socket
-// handed to the host on the fd channel, a pair from it, a dialed data
+// handed to the host on the fd channel, a pair from it, the host's own
+// socket for direct mode (Exit.Direct's only), a dialed data
 // connection. Each answers "not asked" when the data plane does not have
 // it, so the next one (in the end the session) carries the connection.
 func (d *dataPlane) carriers() []egress.Carrier {
@@ -131,6 +132,15 @@ func (d *dataPlane) carriers() []egress.Carrier {
 				return nil, protocol.EgressReply{}, false
 			}
 			return d.channel.Open(ctx, t.Host, t.Port, t.Via)
+		}},
+		{Name: "direct", Direct: func(ctx context.Context, t egress.Target) (*net.TCPConn, protocol.EgressReply, bool) {
+			if !d.up(ctx) {
+				return nil, errCancelled, true
+			}
+			if d.channel == nil {
+				return nil, protocol.EgressReply{}, false
+			}
+			return d.channel.Direct(ctx, t.Host, t.Port)
 		}},
 		{Name: "dial", Open: func(ctx context.Context, t egress.Target) (net.Conn, protocol.EgressReply, bool) {
 			if !d.up(ctx) {

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"context"
-	"net"
 	"os"
 
 	"github.com/oac/sandbox-agent/guest/direct"
@@ -18,13 +16,13 @@ func (a *agent) startDirect() string {
 	if !protocol.HasCapability(a.welcome.Capabilities, protocol.CapDataDirect) {
 		return ""
 	}
-	if a.transparent == nil || a.pool == nil {
+	if a.transparent == nil || a.exit == nil {
 		return "direct mode unavailable: it needs the capture, which is not running here; connections take the proxies"
 	}
 	if err := direct.Probe(); err != nil {
 		return "direct mode unavailable: the agent may not look at the workload's connects here (" + err.Error() + "); connections take the handed path"
 	}
-	a.direct = direct.New(direct.Config{Ask: a.data.directAsker(), Name: a.pool.Name, Log: a.cfg.Log})
+	a.direct = direct.New(direct.Config{Ask: a.exit.Direct, Log: a.cfg.Log})
 	a.cfg.Confinement.SetDirect(true)
 	return "direct mode: the workload's connects are answered with the host's own sockets (no relay); a process the kernel cannot trap takes the handed path"
 }
@@ -41,18 +39,4 @@ func (a *agent) superviseDirect(name string, l *os.File) {
 	}
 	a.cfg.Log.Info("direct mode: trapping connects", "process", name)
 	go a.direct.Serve(a.directCtx, l)
-}
-
-// directAsker asks for the host's socket on the fd channel; "not asked"
-// when the data plane has no channel.
-func (d *dataPlane) directAsker() direct.Asker {
-	return func(ctx context.Context, host string, port int) (*net.TCPConn, protocol.EgressReply, bool) {
-		if !d.up(ctx) {
-			return nil, errCancelled, true
-		}
-		if d.channel == nil {
-			return nil, protocol.EgressReply{}, false
-		}
-		return d.channel.Direct(ctx, host, port)
-	}
 }

@@ -42,14 +42,12 @@ const (
 // asked: the call then goes on to the capture.
 type Asker func(ctx context.Context, host string, port int) (c *net.TCPConn, r protocol.EgressReply, asked bool)
 
-// Namer maps a fake address of the guest's resolver back to its name.
-type Namer func(netip.Addr) (string, bool)
-
 // Config configures a Supervisor.
 type Config struct {
-	Ask  Asker
-	Name Namer // nil: every address stays a literal
-	Log  *slog.Logger
+	// Ask is the guest's one way out for direct mode (egress.Exit.Direct:
+	// it maps a made-up address back to its name and checks the target).
+	Ask Asker
+	Log *slog.Logger
 	// MaxInFlight overrides the bound of notifications handled at once
 	// (tests).
 	MaxInFlight int
@@ -226,13 +224,7 @@ func (s *Supervisor) handle(ctx context.Context, lfd int, n notif) {
 		goOn() // its own loopback, a disconnect, or an address the kernel will refuse
 		return
 	}
-	host := target.Addr().String()
-	if s.cfg.Name != nil {
-		if name, ok := s.cfg.Name(target.Addr()); ok {
-			host = name
-		}
-	}
-	c, r, asked := s.cfg.Ask(ctx, host, int(target.Port()))
+	c, r, asked := s.cfg.Ask(ctx, target.Addr().String(), int(target.Port()))
 	if !asked {
 		goOn() // the capture carries it, the handed way
 		return

@@ -5,9 +5,10 @@
 //
 // For a connect of a workload TCP socket to an address outside its
 // loopback, the supervisor reads the destination from the workload's
-// memory once, maps a fake address back to its name (package
-// transparent's Pool), and asks the host for its own socket connected
-// there (the fd channel's direct Connect). The host's broker decides as
+// memory once and asks through the guest's one way out
+// (egress.Exit.Direct, which maps a made-up address back to its name and
+// checks the target) for the host's own socket connected there (the fd
+// channel's direct Connect). The host's broker decides as
 // for every other carrier; an allowed connection's socket, locked to its
 // upstream, is put in place of the workload's descriptor
 // (SECCOMP_IOCTL_NOTIF_ADDFD with SETFD) and the call returns 0: the

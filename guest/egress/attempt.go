@@ -33,13 +33,14 @@ func (t Target) Header() protocol.StreamHeader {
 	return protocol.StreamHeader{Kind: protocol.KindEgress, Host: t.Host, Port: t.Port, Via: t.Via, SrcPort: t.SrcPort}
 }
 
-// Carrier is one way a connection leaves the guest. Exactly one of Hand
-// and Open is set. Either answers false when the host was not asked (the
+// Carrier is one way a connection leaves the guest. Exactly one of Hand,
+// Open and Direct is set. Either answers false when the host was not asked (the
 // carrier is not up, does not take this connection, or failed before the
 // host had the question): the next carrier is tried. A connection the
 // host answered is never asked again.
 type Carrier struct {
-	// Name says which way it is ("hand", "pair", "dial", "session").
+	// Name says which way it is ("hand", "pair", "dial", "session",
+	// "direct").
 	Name string
 	// Hand gives the host the client's own connected TCP socket: on an OK
 	// answer the host writes reply to it and early to the upstream, then
@@ -50,6 +51,10 @@ type Carrier struct {
 	// Open opens a connection for t; the guest joins its bytes to the
 	// client's. The connection is nil unless the answer is OK.
 	Open func(ctx context.Context, t Target) (c net.Conn, r protocol.EgressReply, answered bool)
+	// Direct asks for the host's own socket connected to t, for direct
+	// mode to put in the workload's place (package guest/direct); tried
+	// only by Exit.Direct, never for a proxied or captured client.
+	Direct func(ctx context.Context, t Target) (c *net.TCPConn, r protocol.EgressReply, answered bool)
 }
 
 // Opener opens an egress connection for host:port and returns the host's
@@ -108,6 +113,31 @@ func (e *Exit) hands() bool {
 		}
 	}
 	return false
+}
+
+// Direct is direct mode's way out (a workload's trapped connect to
+// host:port, package guest/direct): the same target check and mapping as
+// every Attempt, then the first carrier that answers directly. answered
+// is false when none could ask the host: the connect then goes on to the
+// capture, which carries it as any other. A refusal is recorded for the
+// workload to ask about, by target (the connect never had a source port).
+func (e *Exit) Direct(ctx context.Context, host string, port int) (*net.TCPConn, protocol.EgressReply, bool) {
+	t := Target{Host: e.unmap(host), Port: port, Via: protocol.ViaDirect}
+	if err := t.Header().Validate(); err != nil {
+		return nil, LocalFailure(protocol.EgressInvalidArgument, "the target is not a host name or IP address with a port in 1..65535"), true
+	}
+	for _, w := range e.carriers {
+		if w.Direct == nil || ctx.Err() != nil {
+			continue
+		}
+		if c, r, answered := w.Direct(ctx, t); answered {
+			if !r.OK() {
+				e.refusals.add(t, r)
+			}
+			return c, r, true
+		}
+	}
+	return nil, protocol.EgressReply{}, false
 }
 
 // Attempt is one connection of a workload's client on its way out.
@@ -172,6 +202,7 @@ func (a *Attempt) route(mayHand bool, reply, early []byte) (net.Conn, protocol.E
 				return c, r
 			}
 		}
+		// A Direct carrier is Exit.Direct's only.
 	}
 	if a.ctx.Err() != nil {
 		return nil, LocalFailure(protocol.EgressCancelled, "the guest's egress is stopping")
