@@ -45,6 +45,8 @@
 //	0x000A  DNSReply      host -> guest  {"code","error","effect","reason","rule"} (dns streams only)
 //	0x000B  Time          host -> guest  {"time_unix_nano"} (only to a guest whose Hello lists "time")
 //	0x000C  Abort         guest -> host  {"stream"} (only to a host whose Welcome lists "abort")
+//	0x0011  Clock         host -> guest  {"op":"read"|"step","id","step_ns"} (only to a guest whose Hello lists "clock")
+//	                      guest -> host  {"op":"reading","id","time_unix_nano"|"error"}, {"op":"jump","step_ns","late_ns"}
 //
 // Data plane frames (never on the session; see "Data plane"):
 //
@@ -75,6 +77,24 @@
 // messages (VM guests, which lose time while the host sleeps); the host
 // sends Time only to a guest that listed it, on the control stream, with
 // its wall clock stamped at the moment of sending.
+//
+// "clock" keeps a VM guest's clock in step after Welcome. In Hello it
+// means the guest answers Clock reads and steps; in Welcome, that the host
+// keeps its clock (the provider's guests have a clock of their own) and
+// takes jump reports. Only when both listed it: the host sends
+// {"op":"read","id"}, the guest answers at once {"op":"reading","id",
+// "time_unix_nano"} with its wall clock; the host sends {"op":"step","id",
+// "step_ns"} (non-zero, at most MaxClockStep either way), the guest adds
+// step_ns to its wall clock unless the result lies outside ClockFloor and
+// ClockCeiling, and answers with a reading taken after the step, or with
+// "error" (at most MaxClockError bytes, no control characters) instead of
+// the time when it did not step. ids are 1..2^64-1, new for each question;
+// the host waits ClockAnswerTimeout for an answer and ignores one that
+// answers nothing it waits for. The guest sends {"op":"jump","step_ns",
+// "late_ns"} when it saw its wall clock move step_ns apart from its
+// monotonic clock, or its own watch wake late_ns late (the VM did not
+// run); the host only checks the clock soon. Clock.Validate says which
+// side sends which op with which fields.
 //
 // # Control stream
 //
@@ -378,4 +398,9 @@
 //	     host never lists it, so a newer guest does not trap connects
 //	     there; a 1.10 guest never asks, so a newer host answers it as
 //	     before.
+//	1.12 the Clock message (0x0011) behind "clock" (Hello and Welcome):
+//	     the host reads and steps a VM guest's clock, the guest reports
+//	     jumps. A 1.11 guest never lists it, so a newer host keeps only
+//	     Welcome's and push_time's clock there; a 1.11 host never lists
+//	     it, so a newer guest sends no jump and gets no Clock.
 package protocol

@@ -34,7 +34,9 @@
 // joined to 127.0.0.1:PORT (the port the header names, never another
 // address), at most protocol.MaxStreams at once. A VM guest (OnTime set)
 // lists the "time" capability and sets its clock from the host's Time
-// messages. OnState lets oac-guest tell systemd about each state.
+// messages; with SetClock it lists "clock", answers the host's clock
+// reads and bounded steps (clock_settime) and reports the jumps its own
+// clocks show (clock_linux.go). OnState lets oac-guest tell systemd about each state.
 //
 // It owns the guest side of a session. It must not reap processes itself
 // (package reaper owns wait4), mount filesystems (package initsys), touch a

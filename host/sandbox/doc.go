@@ -8,7 +8,11 @@
 // guest in order (Shutdown, grace, kill) when asked. While the guest is
 // connected it hands the caller a Session (Config.Attach) for forward
 // streams and time pushes, each gated on the guest's capabilities, and it
-// maps the daemon's URL in ready to the host's (Config.MapURL).
+// maps the daemon's URL in ready to the host's (Config.MapURL). For a
+// provider whose guests have a clock of their own (a VM) it keeps the
+// guest's clock within a second of the host's (clock.go): periodic reads,
+// a read at once when the host's clock jumps or the guest reports one, a
+// step when off, a clock event for a step over a second.
 //
 // It is the host's trust boundary for a session: every read from the guest
 // is bounded in size and time, streams are capped, log volume is rate
