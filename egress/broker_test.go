@@ -141,6 +141,25 @@ func TestBrokerDeniesWithReasonAndDialsNothing(t *testing.T) {
 	assert.Zero(t, dials.Load())
 }
 
+func TestTheEventsNameTheConnectionByItsSourcePortInTheGuest(t *testing.T) {
+	b := New(Config{Resolver: fakeDNS{}})
+	var events []api.Event
+	a := b.Open(context.Background(), protocol.StreamHeader{Kind: protocol.KindEgress, Host: "db.example.com", Port: 5432, Via: protocol.ViaTransparent, SrcPort: 40312},
+		func(e api.Event) { events = append(events, e) })
+	defer a.Close()
+	assert.False(t, a.Answered(nil))
+	require.Len(t, events, 1)
+	assert.Equal(t, 40312, events[0].SourcePort)
+	assert.Equal(t, "db.example.com:5432", events[0].Target)
+	assert.Equal(t, DecisionDenied, events[0].Decision)
+
+	events = nil
+	a = b.Open(context.Background(), protocol.StreamHeader{Kind: protocol.KindEgress, Host: "db.example.com", Port: 5432, SrcPort: 70000}, func(e api.Event) { events = append(events, e) })
+	a.Answered(nil)
+	require.Len(t, events, 1)
+	assert.Zero(t, events[0].SourcePort, "an invalid header's port is not echoed")
+}
+
 func TestBrokerResolvesOnceAndDialsTheCheckedAddress(t *testing.T) {
 	addr, _ := echoServer(t)
 	p := port(t, addr)

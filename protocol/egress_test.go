@@ -31,6 +31,7 @@ func TestEgressHeaderValidation(t *testing.T) {
 		{Kind: KindEgress, Host: "example.com", Port: 443, Via: ViaConnect},
 		{Kind: KindEgress, Host: "2001:db8::1", Port: 1},
 		{Kind: KindEgress, Host: "bücher.example", Port: 65535, Via: ViaSOCKS5},
+		{Kind: KindEgress, Host: "a.test", Port: 22, Via: ViaTransparent, SrcPort: 40312},
 		{Kind: KindLog, Name: "daemon/stdout"},
 	}
 	for _, h := range ok {
@@ -48,6 +49,10 @@ func TestEgressHeaderValidation(t *testing.T) {
 		{Kind: KindEgress, Host: "a", Port: 80, Via: "ftp"},
 		{Kind: KindLog, Name: "x", Host: "a"},
 		{Kind: KindControl, Port: 1},
+		{Kind: KindEgress, Host: "a", Port: 80, SrcPort: 65536},
+		{Kind: KindEgress, Host: "a", Port: 80, SrcPort: -1},
+		{Kind: KindDNS, Host: "a", SrcPort: 1},
+		{Kind: KindForward, Port: 80, SrcPort: 1},
 	}
 	for _, h := range bad {
 		assert.ErrorIs(t, h.Validate(), ErrBadBody, "%+v", h)

@@ -36,13 +36,15 @@ func tcpPair(t *testing.T) (client, accepted *net.TCPConn) {
 }
 
 // hand sends a Connect that hands sock over (fd attached) and returns the
-// answer.
+// answer. It names source port 1, a guest's word the host ignores for a
+// socket whose peer it can read.
 func (g *guest) hand(id uint64, target string, sock *net.TCPConn, reply, early []byte) protocol.Connected {
 	g.t.Helper()
 	f, err := sock.File()
 	require.NoError(g.t, err)
 	defer f.Close()
-	require.NoError(g.t, protocol.SendFD(g.c, protocol.TypeConnect, protocol.Connect{ID: id, Host: target, Port: 80, Via: protocol.ViaConnect, Hand: true, Reply: reply, Early: early}, int(f.Fd())))
+	require.NoError(g.t, protocol.SendFD(g.c, protocol.TypeConnect, protocol.Connect{ID: id, Host: target, Port: 80, Via: protocol.ViaConnect, Hand: true, Reply: reply, Early: early,
+		SrcPort: 1}, int(f.Fd())))
 	var r protocol.Connected
 	require.NoError(g.t, g.recv(protocol.TypeConnected, &r))
 	assert.Zero(g.t, g.r.Pending(), "an answer to a handed socket carries no descriptor")
@@ -100,6 +102,9 @@ func TestARefusedHandedSocketIsLeftToTheGuestUntouched(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "403", string(got))
 	assert.Equal(t, int32(0), h.accepted.Load(), "nothing dialed")
+	require.Eventually(t, func() bool { return len(h.events.of(api.KindEgress)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, client.LocalAddr().(*net.TCPAddr).Port, h.events.of(api.KindEgress)[0].SourcePort,
+		"the event names the connection by the socket's peer, as the kernel says")
 }
 
 func TestHandingAnythingButAConnectedTCPSocketIsAViolation(t *testing.T) {
