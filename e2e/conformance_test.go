@@ -69,6 +69,7 @@ var confPromises = []confPromise{
 	{"hosted bootstrap ready", promiseHostedReady},
 	{"private file, ids, no caps, health", promiseContract},
 	{"egress: proxies and capture", promiseEgress},
+	{"egress: a refused raw connection is reset and says why", promiseRefusalExplained},
 	{"data plane: bytes both ways, events, pair ends", promiseDataPlane},
 	{"direct mode: on, or says why and carries the same", promiseDirect},
 	{"workload sees only lo", promiseOnlyLoopback},
@@ -213,6 +214,7 @@ func confBootstrap(name string, peer *confPeer, daemonArgs ...string) string {
 		"--probe", "direct-denied=direct:http://denied.test/",
 		"--probe", "echo-proxy=echo-proxy:echo.test:7",
 		"--probe", "echo-direct=echo-direct:echo.test:7",
+		"--probe", "why=why:web.test:5432",
 		// IPv6: a client that uses IPv6 only, and IPv6 literals the
 		// broker refuses (the host's loopback in NAT64 form, a link-local
 		// address) on port 80, where the capture answers with the 403.
