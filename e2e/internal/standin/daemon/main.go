@@ -25,8 +25,8 @@
 // and echo-direct: (a plain connection, so the capture carries it) send
 // EchoBytes of a fixed pattern to an echo server, half-close and read
 // everything back: "ok echoed N bytes sha256=HEX" when what came back is
-// what was sent. why: (a raw TCP connection the policy refuses) sends a
-// line, expects a reset, and asks the guest why ($OAC_EGRESS_REFUSALS
+// what was sent. why: (a raw TCP connection the policy refuses) waits for
+// the server to speak, expects a reset, and asks the guest why ($OAC_EGRESS_REFUSALS
 // with its own source port): "ok reset=ERRNO port=N kind=K code=C
 // target=T rule=R reason=REASON".
 //
@@ -354,8 +354,10 @@ func why(target string) (string, error) {
 	n := 0
 	c, err := d.Dial("tcp4", target)
 	if err == nil {
+		// It waits for the server to speak first (ssh, a database): the
+		// read is the first to see the reset, which a write before it
+		// could take, leaving the read an EOF.
 		_ = c.SetDeadline(time.Now().Add(probeTimeout))
-		_, _ = c.Write([]byte("probe\n"))
 		n, err = c.Read(make([]byte, 64))
 		c.Close()
 	}
