@@ -32,5 +32,9 @@
 // handed socket is only read and written, never connected, bound or
 // listened on), or hand the guest any socket but its end of a pair made
 // in its own network namespace: never a socket of the host's network
-// namespace.
+// namespace, with one exception: a direct Connect (protocol.CapDataDirect,
+// offered only under --data-plane direct) is answered with the host's own
+// upstream socket, and only after LockDirect bound it to a port of the
+// host's choosing and locked a filter on it admitting nothing but that
+// upstream's segments (docs/threat-model.md, "Direct mode").
 package dataplane
