@@ -211,3 +211,43 @@ func TestTheRecordOfAKilledShimIsReportedAndCleanedNeverListedAsRunning(t *testi
 	require.Len(t, rep.Sandboxes, 1)
 	assert.Equal(t, api.StopNotRunning, rep.Sandboxes[0].Outcome)
 }
+
+// A shim still inside its sandbox's own stop grace when stop's grace ends
+// (its daemon ignores SIGTERM for 20 s) is killed and reported so: stop
+// exits 1, the shim and its runtime are gone, and its record with them.
+func TestStopKillsAShimThatOutlivesTheGraceAndSaysSo(t *testing.T) {
+	needBwrap(t)
+	keep := privateKeepRoot(t)
+	marker := sleepMarker()
+	s := startShim(t, sandboxSpec{bootstrap: daemon(`trap "" TERM; `+marker+` & echo started; wait`, `"stop_grace":"20s"`),
+		args: []string{"--keep-root", keep}})
+	s.waitState(api.StateReady, bootTimeout)
+	s.waitLog("started", bootTimeout)
+	pids := append([]int{s.cmd.Process.Pid}, descendants(s.cmd.Process.Pid)...)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := client.StopNamed(ctx, client.Sandboxes{Shim: bins.shim, KeepRoot: keep}, time.Second, s.name)
+	require.ErrorIs(t, err, client.ErrNotAllStopped)
+	require.Len(t, rep.Sandboxes, 1)
+	e := rep.Sandboxes[0]
+	assert.Equal(t, api.StopKilled, e.Outcome, e.Message)
+	assert.Equal(t, api.StopViaSignal, e.Via, "no control socket: SIGTERM, then SIGKILL")
+	assert.Contains(t, e.Message, "did not exit within the grace of 1s")
+	assert.GreaterOrEqual(t, e.ElapsedMS, int64(1000))
+	assert.False(t, rep.AllStopped)
+
+	assert.Equal(t, -1, s.exit(10*time.Second), "killed by a signal")
+	assert.Equal(t, syscall.SIGKILL, s.cmd.ProcessState.Sys().(syscall.WaitStatus).Signal())
+	assert.Eventually(t, func() bool {
+		for _, p := range pids {
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err == nil {
+				return false
+			}
+		}
+		return len(hostProcs(marker)) == 0
+	}, 10*time.Second, 20*time.Millisecond, "bwrap, the guest and the daemon die with the shim")
+	running, err := os.ReadDir(filepath.Join(keep, "running", "sandboxes"))
+	require.NoError(t, err)
+	assert.Empty(t, running, "the killed shim's record is removed by the stop")
+}
