@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"unsafe"
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -39,22 +38,7 @@ const retUserNotif uint32 = 0x7fc00000
 // same traps with its own numbers; anything else is the workload
 // filter's to refuse (it kills foreign arches and x32).
 func DirectFilter(goarch string) ([]bpf.Instruction, error) {
-	conventions := abis(goarch)
-	if len(conventions) == 0 {
-		return nil, fmt.Errorf("seccomp: no system call table for %s", goarch)
-	}
-	a := newAssembler()
-	a.emit(bpf.LoadAbsolute{Off: offArch, Size: 4})
-	for i, c := range conventions {
-		next := fmt.Sprintf("arch%d", i+1)
-		a.jump(bpf.JumpEqual, c.audit, "", next)
-		if err := directBlock(a, c); err != nil {
-			return nil, err
-		}
-		a.label(next)
-	}
-	a.emit(bpf.RetConstant{Val: retAllow})
-	return a.assemble()
+	return perArch(goarch, directBlock, retAllow)
 }
 
 func directBlock(a *assembler, c abi) error {
@@ -136,24 +120,13 @@ func InstallDirectFilter() (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, err := bpf.Assemble(prog)
+	r, errno, err := install(prog, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER|seccompFlagWaitKillableRecv)
+	if err == nil && errno == unix.EINVAL {
+		r, errno, err = install(prog, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("seccomp: assemble: %w", err)
+		return nil, err
 	}
-	filters := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		filters[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
-	}
-	fprog := unix.SockFprog{Len: uint16(len(filters)), Filter: &filters[0]}
-	install := func(flags uintptr) (uintptr, unix.Errno) {
-		r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
-		return r, errno
-	}
-	r, errno := install(unix.SECCOMP_FILTER_FLAG_NEW_LISTENER | seccompFlagWaitKillableRecv)
-	if errno == unix.EINVAL {
-		r, errno = install(unix.SECCOMP_FILTER_FLAG_NEW_LISTENER)
-	}
-	runtime.KeepAlive(filters)
 	if errno != 0 {
 		return nil, fmt.Errorf("seccomp: install direct mode's filter: %w (the kernel needs Linux 5.9 for a listener that can add descriptors)", errno)
 	}

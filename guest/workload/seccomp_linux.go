@@ -73,6 +73,13 @@ func retErrno(errno unix.Errno) uint32 {
 // x32 calls on x86_64 and any other arch kill the process, so no call can
 // slip past the list under another numbering.
 func Filter(goarch string) ([]bpf.Instruction, error) {
+	return perArch(goarch, block, retKill)
+}
+
+// perArch is a program that dispatches on seccomp_data.arch: each of
+// goarch's conventions gets its block (which always returns), any other
+// arch otherwise.
+func perArch(goarch string, block func(*assembler, abi) error, otherwise uint32) ([]bpf.Instruction, error) {
 	conventions := abis(goarch)
 	if len(conventions) == 0 {
 		return nil, fmt.Errorf("seccomp: no system call table for %s", goarch)
@@ -87,7 +94,7 @@ func Filter(goarch string) ([]bpf.Instruction, error) {
 		}
 		a.label(next)
 	}
-	a.emit(bpf.RetConstant{Val: retKill})
+	a.emit(bpf.RetConstant{Val: otherwise})
 	return a.assemble()
 }
 
@@ -206,21 +213,14 @@ func InstallFilter(tsync bool) error {
 	if err != nil {
 		return err
 	}
-	raw, err := bpf.Assemble(prog)
-	if err != nil {
-		return fmt.Errorf("seccomp: assemble: %w", err)
-	}
-	filters := make([]unix.SockFilter, len(raw))
-	for i, r := range raw {
-		filters[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
-	}
-	fprog := unix.SockFprog{Len: uint16(len(filters)), Filter: &filters[0]}
 	var flags uintptr
 	if tsync {
 		flags = unix.SECCOMP_FILTER_FLAG_TSYNC
 	}
-	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
-	runtime.KeepAlive(filters)
+	r, errno, err := install(prog, flags)
+	if err != nil {
+		return err
+	}
 	if errno != 0 {
 		return fmt.Errorf("seccomp: install the workload filter: %w (the kernel needs CONFIG_SECCOMP_FILTER)", errno)
 	}
@@ -228,4 +228,22 @@ func InstallFilter(tsync bool) error {
 		return fmt.Errorf("seccomp: thread %d could not be synchronized", r)
 	}
 	return nil
+}
+
+// install assembles prog and installs it with flags on the calling
+// thread; r is seccomp(2)'s result (a listener, a thread that could not
+// be synchronized).
+func install(prog []bpf.Instruction, flags uintptr) (uintptr, unix.Errno, error) {
+	raw, err := bpf.Assemble(prog)
+	if err != nil {
+		return 0, 0, fmt.Errorf("seccomp: assemble: %w", err)
+	}
+	filters := make([]unix.SockFilter, len(raw))
+	for i, r := range raw {
+		filters[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
+	}
+	fprog := unix.SockFprog{Len: uint16(len(filters)), Filter: &filters[0]}
+	r, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
+	runtime.KeepAlive(filters)
+	return r, errno, nil
 }
