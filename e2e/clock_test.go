@@ -93,17 +93,19 @@ func guestClockAfter(t *testing.T, s *shim, at time.Time) (guest, received time.
 // guest's for a chosen span, as a suspended host would. The shim's check
 // (every 200ms here) finds the guest behind by that span, steps its
 // clock and says so in a clock event; the guest's own clock, read in
-// the guest after the event, is the host's again.
+// the guest after the event, is the host's again. Then qemu is stopped
+// with SIGSTOP, which the guest reports as a jump it saw.
 func TestVMClockStoppedLikeASleepingHostIsSteppedBackIntoStep(t *testing.T) {
 	t.Parallel()
 	kernel, initramfs := needVM(t)
 	pathEnv, socket := qmpQemu(t)
 	env, _ := json.Marshal([]string{"VMDAEMON_CLOCK_EVERY=200ms"})
+	name := uniqueName("vmclock")
 	s := startShim(t, sandboxSpec{
-		provider: "qemu", name: uniqueName("vmclock"), env: []string{pathEnv},
+		provider: "qemu", name: name, env: []string{pathEnv},
 		bootstrap: `{"version":1,"stop_grace":"3s","daemon":{"argv":["` + vmDaemon + `"],"env":` + string(env) + `}}`,
 		args: []string{"--kernel", kernel, "--initramfs", initramfs, "--boot-timeout", vmBootTimeout.String(),
-			"--host-grace", vmHostGrace.String(), "--clock-interval", "200ms"},
+			"--host-grace", vmHostGrace.String(), "--clock-interval", "200ms", "--debug"},
 	})
 	s.waitState(api.StateReady, vmBootTimeout)
 	guest, received := guestClockAfter(t, s, time.Now())
@@ -129,6 +131,20 @@ func TestVMClockStoppedLikeASleepingHostIsSteppedBackIntoStep(t *testing.T) {
 	guest, received = guestClockAfter(t, s, e.Time)
 	assert.InDelta(t, received.UnixMilli(), guest.UnixMilli(), 1000, "the guest's clock, read in the guest, is the host's again")
 	assert.Len(t, s.find(func(e api.Event) bool { return e.Event == api.KindClock }), 1, "one step, one event")
+
+	// SIGSTOP to qemu is not a sleep: the guest's clock reads the host's
+	// and runs on. The guest sees its clock watch wake late and reports
+	// it; the host checks at once and finds the clock in step.
+	pids := hostProcs("oac-" + name)
+	require.Len(t, pids, 1)
+	require.NoError(t, syscall.Kill(pids[0], syscall.SIGSTOP))
+	time.Sleep(4 * time.Second) // the chosen span
+	require.NoError(t, syscall.Kill(pids[0], syscall.SIGCONT))
+	require.Eventually(t, func() bool { return strings.Contains(s.stderr.String(), "trigger=guest_jump") }, 30*time.Second, 20*time.Millisecond,
+		"the guest's report of its late watch made the host check")
+	guest, received = guestClockAfter(t, s, time.Now())
+	assert.InDelta(t, received.UnixMilli(), guest.UnixMilli(), 1000, "the guest's clock ran on while qemu was stopped")
+	assert.Len(t, s.find(func(e api.Event) bool { return e.Event == api.KindClock }), 1, "no step was needed")
 
 	s.signal(syscall.SIGTERM)
 	s.waitState(api.StateStopped, 20*time.Second)

@@ -97,7 +97,12 @@ func (g *guestClock) watch(ctx context.Context, tick <-chan time.Time, every tim
 		case <-tick:
 		}
 		mono, wall, s := g.mono(), g.now(), g.steps.Load()
-		if jump, ok := clockJump(mono-prevMono, wall.Sub(prevWall), every); ok && s == steps {
+		jump, _ := clockJump(mono-prevMono, wall.Sub(prevWall), every)
+		if s != steps {
+			jump.StepNS = 0 // the host's own step, not a jump; a late wake still counts
+		}
+		if jump.StepNS != 0 || jump.LateNS != 0 {
+			g.log.Info("clock: saw a jump, telling the host", "step", time.Duration(jump.StepNS).String(), "late", time.Duration(jump.LateNS).String())
 			if err := g.send(jump); err != nil {
 				g.log.Warn("clock: cannot tell the host about a jump", "err", err)
 			}

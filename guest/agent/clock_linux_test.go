@@ -196,5 +196,11 @@ func TestGuestClockWatchStaysQuietOverTheHostsStep(t *testing.T) {
 		assert.Empty(t, r.reports())
 		r.pass(time.Second, time.Second-time.Hour)
 		assert.Len(t, r.reports(), 1, "a jump after the step is reported")
+
+		// The VM paused across the host's step: the step is not a jump,
+		// the late wake still is.
+		r.g.steps.Add(1)
+		r.pass(5*time.Second, 5*time.Second+3*time.Second)
+		assert.Equal(t, []protocol.Clock{{Op: protocol.ClockJump, LateNS: int64(4 * time.Second)}}, r.reports())
 	})
 }
