@@ -301,23 +301,21 @@ func addAddr6(ifindex int, a netip.Addr, bits int) error {
 // addLocalDefault6 adds "local ::/0 dev lo src src" to the main table.
 func addLocalDefault6(ifindex int, src netip.Addr) error {
 	b := src.As16()
-	msg := []byte{unix.AF_INET6, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_STATIC, unix.RT_SCOPE_HOST, unix.RTN_LOCAL, 0, 0, 0, 0}
-	ae := netlink.NewAttributeEncoder()
-	ae.Uint32(unix.RTA_OIF, uint32(ifindex))
-	ae.Bytes(unix.RTA_PREFSRC, b[:])
-	attrs, err := ae.Encode()
-	if err != nil {
-		return err
-	}
-	return rtRequest(unix.RTM_NEWROUTE, append(msg, attrs...))
+	return addDefault(unix.AF_INET6, unix.RT_SCOPE_HOST, unix.RTN_LOCAL, ifindex, b[:])
 }
 
 func addDefaultRoute(ifindex int, src netip.Addr) error {
 	b := src.As4()
-	msg := []byte{unix.AF_INET, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_STATIC, unix.RT_SCOPE_LINK, unix.RTN_UNICAST, 0, 0, 0, 0}
+	return addDefault(unix.AF_INET, unix.RT_SCOPE_LINK, unix.RTN_UNICAST, ifindex, b[:])
+}
+
+// addDefault adds a default route of family, scope and type through
+// ifindex with the preferred source src to the main table.
+func addDefault(family, scope, typ byte, ifindex int, src []byte) error {
+	msg := []byte{family, 0, 0, 0, unix.RT_TABLE_MAIN, unix.RTPROT_STATIC, scope, typ, 0, 0, 0, 0}
 	ae := netlink.NewAttributeEncoder()
 	ae.Uint32(unix.RTA_OIF, uint32(ifindex))
-	ae.Bytes(unix.RTA_PREFSRC, b[:])
+	ae.Bytes(unix.RTA_PREFSRC, src)
 	attrs, err := ae.Encode()
 	if err != nil {
 		return err
