@@ -326,8 +326,14 @@ func (p probe) run() {
 	if p.mode == "proxy" {
 		tr.Proxy = http.ProxyFromEnvironment
 	}
+	getProbe(tr, p.target, result)
+}
+
+// getProbe GETs target through tr and reports the status and the
+// body's first 200 bytes, or the error.
+func getProbe(tr *http.Transport, target string, result func(format string, args ...any)) {
 	c := &http.Client{Transport: tr, Timeout: probeTimeout}
-	resp, err := c.Get(p.target)
+	resp, err := c.Get(target)
 	if err != nil {
 		result("error %v", err)
 		return

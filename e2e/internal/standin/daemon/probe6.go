@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -33,13 +32,5 @@ func (p probe) run6() {
 	var d net.Dialer
 	tr := &http.Transport{Proxy: nil, DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp6", addr) }}
-	c := &http.Client{Transport: tr, Timeout: probeTimeout}
-	resp, err := c.Get(p.target)
-	if err != nil {
-		result("error %v", err)
-		return
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
-	result("ok %d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	getProbe(tr, p.target, result)
 }
