@@ -115,7 +115,7 @@ func TestBootContractFileProcessesHealthReadyAndStop(t *testing.T) {
 	// The daemon: 1000:1000, its credentials in its environment only.
 	assert.Equal(t, "uid=1000 gid=1000 groups=[]", s.waitLog("daemon: ids=", bootTimeout))
 	assert.Equal(t, "false", s.waitLog("daemon: password-in-argv=", bootTimeout))
-	assert.Equal(t, "ALL_PROXY,HOME,HTTPS_PROXY,HTTP_PROXY,NO_PROXY,OAC_SERVER_PASSWORD,OAC_SERVER_USERNAME,PATH,XDG_STATE_HOME,all_proxy,http_proxy,https_proxy,no_proxy",
+	assert.Equal(t, "ALL_PROXY,HOME,HTTPS_PROXY,HTTP_PROXY,NO_PROXY,OAC_EGRESS_REFUSALS,OAC_SERVER_PASSWORD,OAC_SERVER_USERNAME,PATH,XDG_STATE_HOME,all_proxy,http_proxy,https_proxy,no_proxy",
 		s.waitLog("daemon: env-names=", bootTimeout), "its bootstrap env, credentials and the egress proxy variables")
 	password, err := os.ReadFile(pwFile)
 	require.NoError(t, err)

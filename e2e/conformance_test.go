@@ -71,7 +71,6 @@ var confPromises = []confPromise{
 	{"egress: proxies and capture", promiseEgress},
 	{"egress: a refused raw connection is reset and says why", promiseRefusalExplained},
 	{"data plane: bytes both ways, events, pair ends", promiseDataPlane},
-	{"direct mode: on, or says why and carries the same", promiseDirect},
 	{"workload sees only lo", promiseOnlyLoopback},
 	{"no platform door", promiseNoPlatformDoor},
 	{"SIGTERM: stopped, nothing left", promiseStopLeavesNothing},
@@ -79,6 +78,9 @@ var confPromises = []confPromise{
 	{"kept: workspace and /usr/local survive stop/start", promiseKeptSurvives},
 	{"reset: both gone, sandbox kept", promiseKeptReset},
 	{"destroy: nothing left on host", promiseKeptDestroy},
+	// Last: it boots a sandbox of its own, and what a row's provider
+	// leaves is checked with no other sandbox of the row running.
+	{"direct mode: on, or says why and carries the same", promiseDirect},
 }
 
 // confRow is one provider.

@@ -88,7 +88,7 @@ func TestCoresBootstrapOnStdinBeforeTheCommands(t *testing.T) {
 	want, err := b.SandboxIO.Bootstrap.Encode()
 	require.NoError(t, err)
 	assert.Equal(t, sha(string(want)), s.waitLog("sandbox-io: file-sha256=", bootTimeout), "the private file is the Core input, exactly")
-	assert.Equal(t, "ALL_PROXY,HOME,HTTPS_PROXY,HTTP_PROXY,NO_PROXY,OAC_SERVER_PASSWORD,OAC_SERVER_USERNAME,PATH,XDG_STATE_HOME,all_proxy,http_proxy,https_proxy,no_proxy",
+	assert.Equal(t, "ALL_PROXY,HOME,HTTPS_PROXY,HTTP_PROXY,NO_PROXY,OAC_EGRESS_REFUSALS,OAC_SERVER_PASSWORD,OAC_SERVER_USERNAME,PATH,XDG_STATE_HOME,all_proxy,http_proxy,https_proxy,no_proxy",
 		s.waitLog("daemon: env-names=", bootTimeout))
 	_, err = io.WriteString(stdin, `{"id":"s","cmd":"stop"}`+"\n")
 	require.NoError(t, err)
