@@ -1,6 +1,7 @@
 package transparent
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"strconv"
@@ -37,11 +38,18 @@ const (
 	refusalBytes = 64 << 10
 )
 
-// refuseHTTP writes the proxy's refusal response, half-closes, and reads
-// what the client sent (bounded in time and bytes) before closing, so the
-// response is not lost to a reset for unread request bytes.
+// refuseHTTP reads the client's request head (bounded in time and
+// bytes), writes the proxy's refusal response, half-closes, and reads
+// what else the client sent before closing, so the response is not lost
+// to a reset for unread request bytes. It answers after the head, as a
+// server does: an answer that arrives before the client has sent its
+// request is one a client may take for an unsolicited response and drop
+// (Go's HTTP client does, "readLoopPeekFailLocked"); a client that sends
+// nothing is answered at the drain's deadline.
 func refuseHTTP(c net.Conn, host string, port int, r protocol.EgressReply) {
 	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(refusalDrain))
+	readHead(c, refusalBytes)
 	_ = c.SetWriteDeadline(time.Now().Add(refusalWrite))
 	if _, err := io.WriteString(c, egress.RefusalResponse(host, port, r)); err != nil {
 		return
@@ -51,4 +59,22 @@ func refuseHTTP(c net.Conn, host string, port int, r protocol.EgressReply) {
 	}
 	_ = c.SetReadDeadline(time.Now().Add(refusalDrain))
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, refusalBytes))
+}
+
+// readHead reads from c until the end of an HTTP head (an empty line),
+// EOF, an error or max bytes.
+func readHead(c net.Conn, max int) {
+	buf := make([]byte, 4096)
+	var tail []byte
+	for n := 0; n < max; {
+		k, err := c.Read(buf)
+		n += k
+		tail = append(tail, buf[:k]...)
+		if i := bytes.Index(tail, []byte("\r\n\r\n")); i >= 0 || err != nil {
+			return
+		}
+		if len(tail) > 3 {
+			tail = tail[len(tail)-3:]
+		}
+	}
 }

@@ -64,6 +64,25 @@ func TestARefusedPort80ConnectionGetsTheExplanatory403(t *testing.T) {
 	assert.Contains(t, string(body), "The sandbox host refused the connection to denied.example:80.")
 	assert.Contains(t, string(body), "Reason: no rule allows denied.example:80; nothing was resolved")
 
+	// The answer comes after the request's head, as a server's does (a
+	// client may drop an answer that came before its request): nothing
+	// arrives while the head is incomplete.
+	c = handled(t, tr, "denied.example", 80)
+	_, err = io.WriteString(c, "GET / HTTP/1.1\r\nHost: denied.example\r\n")
+	require.NoError(t, err)
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	n, err := c.Read(make([]byte, 1))
+	assert.Zero(t, n, "nothing before the head is complete")
+	var ne net.Error
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout())
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.WriteString(c, "\r\n")
+	require.NoError(t, err)
+	resp, err = http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+
 	// A client that closes at once after the answer, and one that sends
 	// nothing: both get the answer and the capture lets go.
 	c = handled(t, tr, "denied.example", 80)
