@@ -22,6 +22,7 @@ import (
 
 	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // The data plane column: the bytes of a proxied (CONNECT) and a captured
@@ -135,25 +136,38 @@ func pairEndsReachNothingElse(t *testing.T, c *confCase) {
 		}
 	}
 	require.NotZero(t, agent, "the guest agent is a host process")
-	before := map[string]bool{}
-	for _, ino := range socketInodes(t, agent) {
-		before[ino] = true
-	}
-	conn, err := net.Dial("tcp", fwd.Listen)
-	require.NoError(t, err)
-	defer conn.Close()
-	// A request the daemon answers slowly enough: the connection stays.
-	_, err = io.WriteString(conn, "GET /global/health HTTP/1.1\r\nHost: x\r\n\r\n")
-	require.NoError(t, err)
-	_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-	_, err = conn.Read(make([]byte, 1))
-	require.NoError(t, err, "the forward carries the daemon's answer")
+	// The fd channel comes up beside the boot, not before ready: a
+	// forward made before it is up is a stream of the session. Forward
+	// until one arrives on the channel (the agent gains a unix socket),
+	// within the channel's own set-up bound.
 	var ends []int
-	for fd, ino := range socketInodes(t, agent) {
-		if !before[ino] {
-			ends = append(ends, fd)
+	var conn net.Conn
+	for deadline := time.Now().Add(protocol.DataChannelTimeout); ; {
+		before := map[string]bool{}
+		for _, ino := range socketInodes(t, agent) {
+			before[ino] = true
 		}
+		var err error
+		conn, err = net.Dial("tcp", fwd.Listen)
+		require.NoError(t, err)
+		// A request the daemon answers slowly enough: the connection stays.
+		_, err = io.WriteString(conn, "GET /global/health HTTP/1.1\r\nHost: x\r\n\r\n")
+		require.NoError(t, err)
+		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, err = conn.Read(make([]byte, 1))
+		require.NoError(t, err, "the forward carries the daemon's answer")
+		ends = ends[:0]
+		for fd, ino := range socketInodes(t, agent) {
+			if !before[ino] {
+				ends = append(ends, fd)
+			}
+		}
+		if hasUnixSocket(agent, ends) || time.Now().After(deadline) {
+			break
+		}
+		conn.Close()
 	}
+	defer conn.Close()
 	require.NotEmpty(t, ends, "the forward gave the guest agent its end of a pair")
 	hostNS := nsInode(t, "/proc/self/ns/net")
 	// A name that exists in the guest's network namespace, for the ends
@@ -217,6 +231,28 @@ func pairEndsReachNothingElse(t *testing.T, c *confCase) {
 		t.Error("an end of a pair reached the listener")
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+// hasUnixSocket reports whether one of pid's descriptors fds is an
+// AF_UNIX socket.
+func hasUnixSocket(pid int, fds []int) bool {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(pidfd)
+	for _, fd := range fds {
+		mine, err := unix.PidfdGetfd(pidfd, fd, 0)
+		if err != nil {
+			continue
+		}
+		dom, _ := unix.GetsockoptInt(mine, unix.SOL_SOCKET, unix.SO_DOMAIN)
+		unix.Close(mine)
+		if dom == unix.AF_UNIX {
+			return true
+		}
+	}
+	return false
 }
 
 // connectUnspec is connect(2) with an AF_UNSPEC address: how a connected
