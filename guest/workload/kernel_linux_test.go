@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -93,6 +94,7 @@ func attempts() map[string]string {
 		}
 		res[c.name] = errName(cmd.Run())
 	}
+	netReachAttempts(res)
 	if syscall32.Available() {
 		r32 := func(name string, trap, a1 uintptr) {
 			if r := syscall32.Call(trap, a1, 0, 0); r < 0 {
@@ -106,9 +108,59 @@ func attempts() map[string]string {
 		r32("i386 ptrace peek", 26, unix.PTRACE_PEEKDATA)
 		r32("i386 keyctl", 288, unix.KEYCTL_GET_KEYRING_ID)
 		r32("i386 socketcall socket", 102, 1)
+		r32("i386 socketcall setsockopt", 102, 14)
 		res["i386 getpid"] = fmt.Sprint(syscall32.Call(20, 0, 0, 0) == int32(os.Getpid()))
 	}
 	return res
+}
+
+// netReachAttempts are the calls that would show or use a socket's
+// network namespace (internal/netreach), and the ones a socket answers
+// itself, which stay open.
+func netReachAttempts(res map[string]string) {
+	tcp, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		res["socket tcp"] = errName(err)
+		return
+	}
+	defer unix.Close(tcp)
+	tcp6, err := unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		res["socket tcp6"] = errName(err)
+		return
+	}
+	defer unix.Close(tcp6)
+	ioctl := func(name string, req uintptr, arg unsafe.Pointer) {
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(tcp), req, uintptr(arg))
+		res[name] = errnoName(e)
+	}
+	var ifr [40]byte
+	copy(ifr[:], "lo")
+	ioctl("SIOCGIFHWADDR lo", unix.SIOCGIFHWADDR, unsafe.Pointer(&ifr[0]))
+	var buf [4096]byte
+	conf := struct {
+		len int32
+		_   int32
+		buf uintptr
+	}{len: int32(len(buf)), buf: uintptr(unsafe.Pointer(&buf[0]))}
+	ioctl("SIOCGIFCONF", unix.SIOCGIFCONF, unsafe.Pointer(&conf))
+	runtime.KeepAlive(&buf)
+	ioctl("SIOCGSKNS", unix.SIOCGSKNS, nil)
+	ioctl("SIOCGIFCONF in the upper bits", 1<<32|unix.SIOCGIFCONF, unsafe.Pointer(&conf))
+	var n int32
+	ioctl("FIONREAD", unix.SIOCINQ, unsafe.Pointer(&n))
+	ioctl("SIOCOUTQNSD", unix.SIOCOUTQNSD, unsafe.Pointer(&n))
+	res["SO_BINDTODEVICE"] = errName(unix.SetsockoptString(tcp, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, "lo"))
+	res["SO_BINDTOIFINDEX"] = errName(unix.SetsockoptInt(tcp, unix.SOL_SOCKET, unix.SO_BINDTOIFINDEX, 1))
+	// Loose source routing through 127.0.0.2 (NOP, LSRR, length 7, pointer 4).
+	res["IP_OPTIONS"] = errName(unix.SetsockoptString(tcp, unix.IPPROTO_IP, unix.IP_OPTIONS, string([]byte{1, 0x83, 7, 4, 127, 0, 0, 2})))
+	// A segment routing header (type 4) with one segment, ::1.
+	srh := make([]byte, 24)
+	srh[1], srh[2], srh[23] = 2, 4, 1
+	res["IPV6_RTHDR"] = errName(unix.SetsockoptString(tcp6, unix.IPPROTO_IPV6, unix.IPV6_RTHDR, string(srh)))
+	res["IP_UNICAST_IF"] = errName(unix.SetsockoptInt(tcp, unix.IPPROTO_IP, unix.IP_UNICAST_IF, 0))
+	res["TCP_NODELAY"] = errName(unix.SetsockoptInt(tcp, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1))
+	res["SO_KEEPALIVE"] = errName(unix.SetsockoptInt(tcp, unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1))
 }
 
 // firstMapping returns the start of pid's first mapping (its program's
@@ -209,6 +261,17 @@ func TestTheFilterOnTheRealKernel(t *testing.T) {
 	assert.Equal(t, "ok", plain["process_vm_readv"], "root reads another process's memory")
 	assert.Equal(t, "EFAULT", plain["process_vm_writev"], "past the permission check: the text is not writable")
 	assert.Equal(t, "ok", plain["pidfd_getfd"])
+	for _, name := range []string{"SIOCGIFHWADDR lo", "SIOCGIFCONF", "SIOCGSKNS", "SO_BINDTODEVICE", "SO_BINDTOIFINDEX", "IP_OPTIONS", "IPV6_RTHDR", "IP_UNICAST_IF"} {
+		assert.Equal(t, "EPERM", filtered[name], "%s reaches the socket's namespace", name)
+		assert.NotEqual(t, "EPERM", plain[name], "%s: the refusal is the filter's", name)
+	}
+	for _, name := range []string{"SIOCGIFHWADDR lo", "SIOCGIFCONF", "SO_BINDTODEVICE", "IP_OPTIONS", "IPV6_RTHDR"} {
+		assert.Equal(t, "ok", plain[name], "%s works without the filter (what the filter refuses is real)", name)
+	}
+	for _, name := range []string{"FIONREAD", "SIOCOUTQNSD", "TCP_NODELAY", "SO_KEEPALIVE"} {
+		assert.Equal(t, "ok", filtered[name], "%s is the socket's own business", name)
+	}
+	assert.Equal(t, "EPERM", filtered["SIOCGIFCONF in the upper bits"], "the kernel reads the request as 32 bits")
 	if syscall32.Available() {
 		assert.Equal(t, "true", plain["i386 getpid"], "this kernel runs i386 calls (IA32 emulation)")
 		assert.Equal(t, "true", filtered["i386 getpid"], "everyday i386 calls pass")
@@ -217,6 +280,8 @@ func TestTheFilterOnTheRealKernel(t *testing.T) {
 		assert.Equal(t, "EPERM", filtered["i386 keyctl"])
 		assert.Equal(t, "ENOSYS", filtered["i386 socketcall socket"])
 		assert.Equal(t, "EFAULT", plain["i386 socketcall socket"], "past the filter the kernel reads the arguments' pointer")
+		assert.Equal(t, "ENOSYS", filtered["i386 socketcall setsockopt"])
+		assert.Equal(t, "EFAULT", plain["i386 socketcall setsockopt"])
 		assert.Equal(t, "ok", filtered["i386 unshare none"])
 		assert.Equal(t, "EINVAL", plain["i386 unshare newuser"])
 		assert.NotEqual(t, "EPERM", plain["i386 keyctl"])

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/oac/sandbox-agent/internal/netreach"
 )
 
 // Denied are the system calls every workload process gets EPERM for: other
@@ -45,6 +47,16 @@ var SocketcallCalls = []string{"socketcall"}
 
 // sysSocket is socketcall's number for socket (linux/net.h).
 const sysSocket = 1
+
+// NetReachCalls fail with EPERM when they reach past a socket into its
+// network namespace (package internal/netreach): ioctl with a request in
+// netreach.Ioctls (interfaces, addresses, routes, ARP, the namespace),
+// setsockopt with a level and name in netreach.Sockopts (an interface to
+// bind to, source routing). In the workload's own namespace they would
+// show only lo; on a socket of the host's (direct mode) they would show
+// and use the host's network, so they are refused on every provider and
+// in every mode alike. i386's socketcall for setsockopt is ENOSYS.
+var NetReachCalls = []string{"ioctl", "setsockopt"}
 
 // ENOSYSCalls fail with ENOSYS: clone3 passes its flags behind a pointer,
 // which a filter cannot read, and C libraries fall back to clone on ENOSYS.
@@ -108,7 +120,7 @@ func block(a *assembler, c abi) error {
 	for _, rule := range []struct {
 		names  []string
 		target string
-	}{{NewUserNSCalls, p + "flags"}, {SocketCalls, p + "family"}, {SocketcallCalls, p + "socketcall"}, {ENOSYSCalls, p + "enosys"}, {Denied, p + "eperm"}} {
+	}{{NewUserNSCalls, p + "flags"}, {SocketCalls, p + "family"}, {SocketcallCalls, p + "socketcall"}, {ENOSYSCalls, p + "enosys"}, {Denied, p + "eperm"}, {NetReachCalls[:1], p + "ioctl"}, {NetReachCalls[1:], p + "setsockopt"}} {
 		for _, name := range rule.names {
 			nr, ok := c.nr[name]
 			if !ok {
@@ -132,7 +144,9 @@ func block(a *assembler, c abi) error {
 	a.label(p + "socketcall")
 	a.emit(bpf.LoadAbsolute{Off: offArg0, Size: 4})
 	a.jump(bpf.JumpEqual, sysSocket, p+"enosys", "")
+	a.jump(bpf.JumpEqual, netreach.SocketcallSetsockopt, p+"enosys", "")
 	a.emit(bpf.RetConstant{Val: retAllow})
+	netReach(a, p)
 	a.label(p + "eafnosupport")
 	a.emit(bpf.RetConstant{Val: retErrno(unix.EAFNOSUPPORT)})
 	a.label(p + "eperm")
@@ -142,6 +156,44 @@ func block(a *assembler, c abi) error {
 	a.label(p + "kill")
 	a.emit(bpf.RetConstant{Val: retKill})
 	return nil
+}
+
+// netReach emits the ioctl and setsockopt checks (labels p+"ioctl" and
+// p+"setsockopt"); both end in p+"eperm" or allow. The kernel reads an
+// ioctl's request, a setsockopt's level and name as 32-bit ints: only
+// the low halves of the arguments are compared.
+func netReach(a *assembler, p string) {
+	a.label(p + "ioctl")
+	a.emit(bpf.LoadAbsolute{Off: offArg0 + 8, Size: 4})
+	for i, r := range netreach.Ioctls {
+		next := fmt.Sprintf("%sioctl%d", p, i)
+		a.jump(bpf.JumpGreaterOrEqual, r.First, "", next)
+		a.jump(bpf.JumpGreaterThan, r.Last, next, p+"eperm")
+		a.label(next)
+	}
+	a.emit(bpf.RetConstant{Val: retAllow})
+	a.label(p + "setsockopt")
+	var levels []uint32
+	for _, o := range netreach.Sockopts {
+		if !slices.Contains(levels, o.Level) {
+			levels = append(levels, o.Level)
+		}
+	}
+	a.emit(bpf.LoadAbsolute{Off: offArg0 + 8, Size: 4})
+	for _, l := range levels {
+		a.jump(bpf.JumpEqual, l, fmt.Sprintf("%slevel%d", p, l), "")
+	}
+	a.emit(bpf.RetConstant{Val: retAllow})
+	for _, l := range levels {
+		a.label(fmt.Sprintf("%slevel%d", p, l))
+		a.emit(bpf.LoadAbsolute{Off: offArg0 + 16, Size: 4})
+		for _, o := range netreach.Sockopts {
+			if o.Level == l {
+				a.jump(bpf.JumpEqual, o.Name, p+"eperm", "")
+			}
+		}
+		a.emit(bpf.RetConstant{Val: retAllow})
+	}
 }
 
 // assembler resolves named jump targets into classic BPF's forward skips.
@@ -199,7 +251,7 @@ func (a *assembler) assemble() ([]bpf.Instruction, error) {
 // filterNames lists every system call the filter acts on, sorted (for
 // descriptions).
 func filterNames() []string {
-	names := slices.Concat(Denied, NewUserNSCalls, SocketCalls, SocketcallCalls, ENOSYSCalls, DirectCalls, []string{"sendto", "sendmsg", "sendmmsg"})
+	names := slices.Concat(Denied, NewUserNSCalls, SocketCalls, SocketcallCalls, ENOSYSCalls, NetReachCalls, DirectCalls, []string{"sendto", "sendmsg", "sendmmsg"})
 	sort.Strings(names)
 	return names
 }

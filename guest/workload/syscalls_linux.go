@@ -29,6 +29,7 @@ var (
 		"process_vm_writev": 311, "ptrace": 101, "request_key": 249, "setns": 308, "unshare": 272,
 		"userfaultfd": 323, "socket": 41,
 		"connect": 42, "bind": 49, "listen": 50, "sendto": 44, "sendmsg": 46, "sendmmsg": 307,
+		"ioctl": 16, "setsockopt": 54,
 	}}
 	// abiI386 is the 32-bit x86 convention (int 0x80 and friends) an x86_64
 	// kernel with IA32 emulation also accepts.
@@ -40,6 +41,7 @@ var (
 		"process_vm_writev": 348, "ptrace": 26, "request_key": 287, "setns": 346, "unshare": 310,
 		"userfaultfd": 374, "socket": 359, "socketcall": 102,
 		"connect": 362, "bind": 361, "listen": 363, "sendto": 369, "sendmsg": 370, "sendmmsg": 345,
+		"ioctl": 54, "setsockopt": 366,
 	}}
 	abiAArch64 = abi{name: "aarch64", audit: unix.AUDIT_ARCH_AARCH64, absent: []string{"socketcall"}, nr: map[string]uint32{
 		"add_key": 217, "bpf": 280, "clone": 220, "clone3": 435, "fanotify_init": 262,
@@ -49,6 +51,7 @@ var (
 		"process_vm_writev": 271, "ptrace": 117, "request_key": 218, "setns": 268, "unshare": 97,
 		"userfaultfd": 282, "socket": 198,
 		"connect": 203, "bind": 200, "listen": 201, "sendto": 206, "sendmsg": 211, "sendmmsg": 269,
+		"ioctl": 29, "setsockopt": 208,
 	}}
 	// abiARM is the 32-bit ARM EABI convention an arm64 kernel with compat
 	// support also accepts.
@@ -60,6 +63,7 @@ var (
 		"process_vm_writev": 377, "ptrace": 26, "request_key": 310, "setns": 375, "unshare": 337,
 		"userfaultfd": 388, "socket": 281,
 		"connect": 283, "bind": 282, "listen": 284, "sendto": 290, "sendmsg": 296, "sendmmsg": 374,
+		"ioctl": 54, "setsockopt": 294,
 	}}
 )
 
