@@ -20,9 +20,13 @@ func (a *agent) startDirect() string {
 		return "direct mode unavailable: it needs the capture, which is not running here; connections take the proxies"
 	}
 	if err := direct.Probe(); err != nil {
-		return "direct mode unavailable: the agent may not look at the workload's connects here (" + err.Error() + "); connections take the handed path"
+		return "direct mode unavailable: its guarantees do not hold in this guest (" + err.Error() + "); connections take the handed path"
 	}
-	a.direct = direct.New(direct.Config{Ask: a.exit.Direct, Log: a.cfg.Log})
+	var cookie uint64
+	if err := a.wl.get().Do(func() (err error) { cookie, err = direct.NetnsCookie(); return err }); err != nil {
+		return "direct mode unavailable: cannot tell the workload's sockets from the host's (" + err.Error() + "); connections take the handed path"
+	}
+	a.direct = direct.New(a.directCtx, direct.Config{Ask: a.exit.Direct, Log: a.cfg.Log, Netns: cookie})
 	a.cfg.Confinement.SetDirect(true)
 	return "direct mode: the workload's connects are answered with the host's own sockets (no relay); a process the kernel cannot trap takes the handed path"
 }
@@ -38,5 +42,5 @@ func (a *agent) superviseDirect(name string, l *os.File) {
 		return
 	}
 	a.cfg.Log.Info("direct mode: trapping connects", "process", name)
-	go a.direct.Serve(a.directCtx, l)
+	go a.direct.Serve(l)
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,30 +17,26 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-	"golang.org/x/time/rate"
 
 	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
-// Bounds on a workload's trapped calls (the workload's calls wait beyond
-// them; nothing is refused for it).
 const (
-	MaxRate     = 2000
-	MaxBurst    = 256
-	MaxInFlight = protocol.MaxStreams
+	// Workers are the goroutines, started ahead, that take the connects
+	// of TCP sockets (the host's dial, or the workload's own blocking
+	// connect): a slow one holds one worker, never another call. Beyond
+	// them the workload's calls wait.
+	Workers = protocol.MaxStreams
 	// maxAddr bounds the address read from the workload's memory
-	// (sizeof(struct sockaddr_storage)).
+	// (sizeof(struct sockaddr_storage), the kernel's own bound).
 	maxAddr = 128
-	// maxInjected bounds the host sockets remembered as given; the
-	// oldest is forgotten first (the kernel and the socket's lock still
-	// refuse it anything but its upstream).
-	maxInjected = 1 << 16
 )
 
 // Asker asks the host for its own socket connected to host:port (the fd
 // channel's direct Connect). asked is false when the host could not be
-// asked: the call then goes on to the capture.
+// asked: the connect is then made in the workload's namespace, where the
+// capture takes it.
 type Asker func(ctx context.Context, host string, port int) (c *net.TCPConn, r protocol.EgressReply, asked bool)
 
 // Config configures a Supervisor.
@@ -48,31 +45,57 @@ type Config struct {
 	// it maps a made-up address back to its name and checks the target).
 	Ask Asker
 	Log *slog.Logger
-	// MaxInFlight overrides the bound of notifications handled at once
-	// (tests).
-	MaxInFlight int
+	// Workers overrides the number of workers (tests).
+	Workers int
+	// Netns is the cookie (SO_NETNS_COOKIE) of the network namespace the
+	// workload's own sockets belong to (NetnsCookie, run there). A socket
+	// of any other namespace is the host's.
+	Netns uint64
 }
 
 // Supervisor answers the trapped calls of every listener it serves.
 type Supervisor struct {
-	cfg   Config
-	limit *rate.Limiter
-	sem   chan struct{}
-
-	mu       sync.Mutex
-	injected map[uint64]struct{} // socket cookies of the host's sockets given
-	order    []uint64
+	cfg Config
+	ctx context.Context
+	// connects hands a TCP socket's connect to a worker (unbuffered: a
+	// call is taken only when a worker is free).
+	connects chan connectJob
+	// unprivileged is net.ipv4.ip_unprivileged_port_start: the workload,
+	// which has no capability, may not bind below it.
+	unprivileged int
 }
 
-// New returns a supervisor.
-func New(cfg Config) *Supervisor {
+type connectJob struct {
+	c    call
+	sock *socket
+	done func()
+}
+
+// New starts the supervisor's workers; they end with ctx, and every call
+// trapped after that is refused (ENETDOWN: the sandbox is stopping).
+func New(ctx context.Context, cfg Config) *Supervisor {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = MaxInFlight
+	if cfg.Workers <= 0 {
+		cfg.Workers = Workers
 	}
-	return &Supervisor{cfg: cfg, limit: rate.NewLimiter(MaxRate, MaxBurst), sem: make(chan struct{}, cfg.MaxInFlight), injected: map[uint64]struct{}{}}
+	s := &Supervisor{cfg: cfg, ctx: ctx, connects: make(chan connectJob), unprivileged: unprivilegedPortStart()}
+	for range cfg.Workers {
+		go func() {
+			for {
+				select {
+				case j := <-s.connects:
+					s.connect(j.c, j.sock)
+					j.sock.Close()
+					j.done()
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+	}
+	return s
 }
 
 // Kernel structures (linux/seccomp.h).
@@ -106,64 +129,48 @@ type notifAddfd struct {
 }
 
 // Serve answers l's notifications until every process under its filter
-// is gone or ctx ends; it owns l and closes it (a trapped call then
-// fails with ENOSYS: the sandbox is stopping).
-func (s *Supervisor) Serve(ctx context.Context, l *os.File) {
+// is gone; it owns l and closes it. It receives on a locked OS thread
+// with a blocking receive (the kernel wakes it when a call is trapped,
+// and when the filter's last process exits: Linux 6.6 and later, which
+// direct mode's Landlock rules imply), answers at once whatever needs no
+// wait, and hands a TCP socket's connect to a worker.
+func (s *Supervisor) Serve(l *os.File) {
 	defer l.Close()
-	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
-	if err != nil {
-		s.cfg.Log.Warn("direct mode: cannot watch a listener; its calls fail", "err", err)
-		return
-	}
-	defer unix.Close(wake)
-	stop := context.AfterFunc(ctx, func() {
-		var one [8]byte
-		binary.NativeEndian.PutUint64(one[:], 1)
-		_, _ = unix.Write(wake, one[:])
-	})
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	lfd := int(l.Fd())
+	// The trapped thread and this one hand the CPU to each other (Linux
+	// 6.6): no cross-CPU wakeup per call. Older kernels refuse the flag.
+	var flags uint64 = unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP
+	_ = ioctl(lfd, unix.SECCOMP_IOCTL_NOTIF_SET_FLAGS, unsafe.Pointer(&flags))
+	var pending sync.WaitGroup
+	defer pending.Wait() // the workers' answers use lfd
 	for {
-		fds := []unix.PollFd{{Fd: int32(lfd), Events: unix.POLLIN}, {Fd: int32(wake), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
-			}
-			s.cfg.Log.Warn("direct mode: poll", "err", err)
-			return
-		}
-		if fds[1].Revents != 0 || ctx.Err() != nil {
-			return
-		}
-		if fds[0].Revents&unix.POLLIN == 0 {
-			return // POLLHUP: no process is left under the filter
-		}
-		if err := s.limit.Wait(ctx); err != nil {
-			return
-		}
 		var n notif
 		if err := ioctl(lfd, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
-			// ENOENT: the caller went away (a fatal signal) meanwhile.
-			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINTR) {
+			switch {
+			case errors.Is(err, unix.EINTR):
+				continue
+			case errors.Is(err, unix.ENOENT):
+				// A caller killed meanwhile, or no process left under
+				// the filter (then the listener hangs up).
+				if hungUp(lfd) {
+					return
+				}
 				continue
 			}
 			s.cfg.Log.Warn("direct mode: receive", "err", err)
 			return
 		}
-		select {
-		case s.sem <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-s.sem }()
-			s.handle(ctx, lfd, n)
-		}()
+		s.handle(call{lfd: lfd, n: n}, &pending)
 	}
+}
+
+// hungUp reports whether no process is left under the listener's filter.
+func hungUp(lfd int) bool {
+	fds := []unix.PollFd{{Fd: int32(lfd), Events: unix.POLLIN}}
+	_, err := unix.Poll(fds, 0)
+	return err == nil && fds[0].Revents&(unix.POLLHUP|unix.POLLERR) != 0
 }
 
 func ioctl(fd int, req uint, arg unsafe.Pointer) error {
@@ -173,108 +180,214 @@ func ioctl(fd int, req uint, arg unsafe.Pointer) error {
 	return nil
 }
 
-// handle answers one notification.
-func (s *Supervisor) handle(ctx context.Context, lfd int, n notif) {
-	reply := func(val int64, errno syscall.Errno, flags uint32) {
-		r := notifResp{ID: n.ID, Val: val, Error: -int32(errno), Flags: flags}
-		_ = ioctl(lfd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&r))
+// call is one trapped call and its one answer.
+type call struct {
+	lfd int
+	n   notif
+}
+
+func (c call) reply(val int64, errno syscall.Errno, flags uint32) {
+	r := notifResp{ID: c.n.ID, Val: val, Error: -int32(errno), Flags: flags}
+	_ = ioctl(c.lfd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&r))
+}
+
+// fail answers the call with errno.
+func (c call) fail(errno syscall.Errno) { c.reply(0, errno, 0) }
+
+// answer answers the call with the result of the supervisor's own call
+// made on the workload's behalf.
+func (c call) answer(err error) {
+	var errno syscall.Errno
+	if err != nil && !errors.As(err, &errno) {
+		errno = unix.EIO
 	}
-	goOn := func() { reply(0, 0, unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE) }
-	call := workload.DirectCall(n.Data.Arch, uint32(n.Data.NR))
-	if call == "" {
-		reply(0, unix.ENOSYS, 0)
+	c.reply(0, errno, 0)
+}
+
+// goOn lets the kernel make the call itself. Only for a socket that is
+// the workload's own and not TCP: the kernel then looks the descriptor
+// and the address up again, and whatever another thread put there
+// meanwhile, a TCP bind or connect of the workload's own is refused by
+// its Landlock domain (package workload), and a socket the host gave is
+// TCP.
+func (c call) goOn() { c.reply(0, 0, unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE) }
+
+// valid reports whether the notification still stands for a live call,
+// so what was read belongs to it (its pid was not reused meanwhile).
+func (c call) valid() bool {
+	id := c.n.ID
+	return ioctl(c.lfd, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) == nil
+}
+
+// addr reads the call's address argument (arguments 1 and 2 of connect
+// and bind) once: ok false means the call was answered (a bad length or
+// pointer gets the kernel's own error) or its caller is gone.
+func (c call) addr() ([]byte, bool) {
+	n := int(int32(c.n.Data.Args[2]))
+	if n < 0 || n > maxAddr {
+		c.fail(unix.EINVAL)
+		return nil, false
+	}
+	raw, err := readAddr(c.n.PID, c.n.Data.Args[1], n)
+	if err != nil {
+		c.fail(unix.EFAULT)
+		return nil, false
+	}
+	return raw, c.valid()
+}
+
+// handle answers one notification, or hands it to a worker (pending
+// counts those).
+func (s *Supervisor) handle(c call, pending *sync.WaitGroup) {
+	if s.ctx.Err() != nil {
+		c.fail(unix.ENETDOWN)
 		return
 	}
-	targetFD := int(int32(n.Data.Args[0]))
-	sock, err := s.socketOf(n.PID, targetFD)
-	if err != nil {
-		if errors.Is(err, unix.EBADF) {
-			reply(0, unix.EBADF, 0) // not a descriptor of the caller's
-			return
+	name := workload.DirectCall(c.n.Data.Arch, uint32(c.n.Data.NR))
+	if name == "" {
+		c.fail(unix.ENOSYS)
+		return
+	}
+	sock, errno := s.look(c.n.PID, int(int32(c.n.Data.Args[0])))
+	if errno != 0 {
+		c.fail(errno)
+		return
+	}
+	if !sock.own {
+		// A socket of another namespace: the host's. It stays
+		// connected to its upstream.
+		sock.Close()
+		c.fail(unix.EPERM)
+		return
+	}
+	if name == "connect" && sock.tcp {
+		pending.Add(1)
+		select {
+		case s.connects <- connectJob{c: c, sock: sock, done: pending.Done}:
+		case <-s.ctx.Done():
+			sock.Close()
+			pending.Done()
+			c.fail(unix.ENETDOWN)
 		}
-		// The caller is gone, or this guest will not let the agent
-		// look (Probe says so at start): the capture carries it.
-		goOn()
 		return
 	}
 	defer sock.Close()
-	if s.given(sock.cookie) {
-		// A host socket stays connected to its upstream: no reconnect
-		// (AF_UNSPEC would disconnect it), bind or listen.
-		reply(0, unix.EPERM, 0)
-		return
-	}
-	if call != "connect" || !sock.tcp {
-		goOn()
-		return
-	}
-	raw, err := readAddr(n.PID, n.Data.Args[1], n.Data.Args[2])
 	switch {
-	case errors.Is(err, unix.EFAULT), errors.Is(err, errBadLength):
-		reply(0, unix.EFAULT, 0) // what the kernel says of a bad address
+	case name == "listen":
+		// Made here on the descriptor looked at, never let through: no
+		// kernel rule would stop a listen on a socket swapped in.
+		c.answer(unix.Listen(sock.fd, int(int32(c.n.Data.Args[1]))))
+	case !sock.tcp: // connect and bind of UDP, unix and other sockets
+		c.goOn()
+	default: // bind of a TCP socket: Landlock refuses the workload's own
+		raw, ok := c.addr()
+		if !ok {
+			return
+		}
+		if s.privileged(raw) {
+			c.fail(unix.EACCES) // as the kernel answers a process with no capability
+			return
+		}
+		c.answer(rawSockaddrCall(unix.SYS_BIND, sock.fd, raw))
+	}
+}
+
+// connect answers a connect of the workload's own TCP socket: to the
+// outside with the host's socket put in place, else made on the
+// workload's behalf on the descriptor looked at, with the address read
+// (its loopback, a disconnect, what the host could not be asked about:
+// the workload's namespace, and its capture, take it).
+func (s *Supervisor) connect(c call, sock *socket) {
+	raw, ok := c.addr()
+	if !ok {
 		return
-	case err != nil:
-		goOn()
-		return
-	case !s.valid(lfd, n.ID):
-		return // the caller is gone: its pid may be another's now
 	}
 	target, ok := ParseSockaddr(raw)
 	if !ok || target.Addr().IsLoopback() || target.Addr().IsUnspecified() {
-		goOn() // its own loopback, a disconnect, or an address the kernel will refuse
+		c.answer(rawSockaddrCall(unix.SYS_CONNECT, sock.fd, raw))
 		return
 	}
-	c, r, asked := s.cfg.Ask(ctx, target.Addr().String(), int(target.Port()))
+	up, r, asked := s.cfg.Ask(s.ctx, target.Addr().String(), int(target.Port()))
 	if !asked {
-		goOn() // the capture carries it, the handed way
+		c.answer(rawSockaddrCall(unix.SYS_CONNECT, sock.fd, raw))
 		return
 	}
 	if !r.OK() {
-		reply(0, errnoFor(r.Code), 0)
+		c.fail(errnoFor(r.Code))
 		return
 	}
-	defer c.Close()
-	errno := s.put(lfd, n, targetFD, sock, c)
-	if errno != 0 {
-		reply(0, errno, 0)
-		return
-	}
-	reply(0, 0, 0)
+	defer up.Close()
+	c.fail(s.put(c, sock, up))
 }
 
-// put makes c's socket the caller's descriptor targetFD, with the file
-// flags (O_NONBLOCK) and options (TCP_NODELAY, SO_KEEPALIVE) the
-// caller's socket had, and close-on-exec as it was.
-func (s *Supervisor) put(lfd int, n notif, targetFD int, orig *socket, c *net.TCPConn) syscall.Errno {
-	rc, err := c.SyscallConn()
+// rawSockaddrCall makes connect or bind on fd with the workload's own
+// address bytes: the kernel judges them as it would have.
+func rawSockaddrCall(trap uintptr, fd int, raw []byte) error {
+	var none byte
+	p := unsafe.Pointer(&none)
+	if len(raw) > 0 {
+		p = unsafe.Pointer(&raw[0])
+	}
+	_, _, e := unix.Syscall(trap, uintptr(fd), uintptr(p), uintptr(len(raw)))
+	runtime.KeepAlive(raw)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// privileged reports whether an inet address names a port below
+// ip_unprivileged_port_start (0 asks the kernel for any port).
+func (s *Supervisor) privileged(raw []byte) bool {
+	if len(raw) < 4 {
+		return false
+	}
+	switch binary.NativeEndian.Uint16(raw) {
+	case unix.AF_INET, unix.AF_INET6, unix.AF_UNSPEC:
+		port := int(binary.BigEndian.Uint16(raw[2:]))
+		return port != 0 && port < s.unprivileged
+	}
+	return false
+}
+
+func unprivilegedPortStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+	if err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			return n
+		}
+	}
+	return 1024
+}
+
+// put makes up's socket the caller's descriptor, with the file flags
+// (O_NONBLOCK) and options (TCP_NODELAY, SO_KEEPALIVE) the caller's
+// socket had, and close-on-exec as it was.
+func (s *Supervisor) put(c call, orig *socket, up *net.TCPConn) syscall.Errno {
+	rc, err := up.SyscallConn()
 	if err != nil {
 		return unix.EIO
 	}
 	var errno syscall.Errno
-	var cookie uint64
 	cerr := rc.Control(func(fd uintptr) {
 		if err := setFlags(int(fd), orig); err != nil {
 			errno = unix.EIO
 			return
 		}
-		cookie, _ = sockCookie(int(fd))
 		newFlags := uint32(0)
-		if orig.cloexec {
+		if fdCloexec(c.n.PID, orig.target) {
 			newFlags = unix.O_CLOEXEC
 		}
-		add := notifAddfd{ID: n.ID, Flags: unix.SECCOMP_ADDFD_FLAG_SETFD, SrcFD: uint32(fd), NewFD: uint32(targetFD), NewFDFlags: newFlags}
-		if err := ioctl(lfd, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)); err != nil {
+		add := notifAddfd{ID: c.n.ID, Flags: unix.SECCOMP_ADDFD_FLAG_SETFD, SrcFD: uint32(fd), NewFD: uint32(orig.target), NewFDFlags: newFlags}
+		if err := ioctl(c.lfd, unix.SECCOMP_IOCTL_NOTIF_ADDFD, unsafe.Pointer(&add)); err != nil {
 			errno = unix.EIO
-			if e, ok := err.(syscall.Errno); ok && e == unix.ENOENT {
+			if errors.Is(err, unix.ENOENT) {
 				errno = unix.ENOENT // the caller is gone
 			}
 		}
 	})
 	if cerr != nil {
 		return unix.EIO
-	}
-	if errno == 0 {
-		s.remember(cookie)
 	}
 	return errno
 }
@@ -285,69 +398,95 @@ func setFlags(fd int, orig *socket) error {
 	if err != nil {
 		return err
 	}
-	fl = fl&^unix.O_NONBLOCK | orig.flags&unix.O_NONBLOCK
+	ofl, err := unix.FcntlInt(uintptr(orig.fd), unix.F_GETFL, 0)
+	if err != nil {
+		return err
+	}
+	fl = fl&^unix.O_NONBLOCK | ofl&unix.O_NONBLOCK
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFL, fl); err != nil {
 		return err
 	}
-	_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, orig.nodelay)
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE, orig.keepalive)
+	for _, o := range [][2]int{{unix.IPPROTO_TCP, unix.TCP_NODELAY}, {unix.SOL_SOCKET, unix.SO_KEEPALIVE}} {
+		if v, err := unix.GetsockoptInt(orig.fd, o[0], o[1]); err == nil {
+			_ = unix.SetsockoptInt(fd, o[0], o[1], v)
+		}
+	}
 	return nil
 }
 
 // socket is what the supervisor learns of the caller's descriptor.
 type socket struct {
-	fd                 int // this process's duplicate
-	cookie             uint64
-	tcp                bool
-	flags              int
-	cloexec            bool
-	nodelay, keepalive int
+	fd     int // this process's duplicate: the object looked at
+	target int // the caller's descriptor number
+	// own: of the workload's network namespace (else the host's).
+	own bool
+	tcp bool
 }
 
 func (s *socket) Close() { unix.Close(s.fd) }
 
-// socketOf duplicates the caller's descriptor fd (pidfd_getfd) and reads
-// what the supervisor needs of it.
-func (s *Supervisor) socketOf(pid uint32, fd int) (*socket, error) {
-	// The notification names the calling thread, which is rarely the
-	// thread group's leader in a threaded program.
-	pidfd, err := unix.PidfdOpen(int(pid), pidfdThread)
+// look duplicates the caller's descriptor (pidfd_getfd) and reads what
+// the supervisor needs of it: whose namespace it belongs to, and whether
+// it is TCP. Every later step works on the duplicate, never on the
+// number again (another thread may put anything there meanwhile).
+func (s *Supervisor) look(pid uint32, fd int) (*socket, syscall.Errno) {
+	pidfd, err := openThread(pid)
 	if err != nil {
-		return nil, err
+		return nil, unix.ESRCH // the caller is gone; the answer goes nowhere
 	}
 	defer unix.Close(pidfd)
 	dup, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
-		return nil, err
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			return nil, errno // EBADF: not a descriptor of the caller's
+		}
+		return nil, unix.EIO
 	}
-	sk := &socket{fd: dup}
-	sk.cookie, err = sockCookie(dup)
+	sk := &socket{fd: dup, target: fd}
+	cookie, err := unix.GetsockoptUint64(dup, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 	if err != nil {
-		// Not a socket: nothing here for the supervisor; the kernel
-		// answers the call (ENOTSOCK).
-		return sk, nil
+		unix.Close(dup)
+		if errors.Is(err, unix.ENOTSOCK) {
+			return nil, unix.ENOTSOCK // what the kernel answers
+		}
+		return nil, unix.EPERM // nothing known of it: never the workload's to use
 	}
+	sk.own = cookie == s.cfg.Netns
 	dom, _ := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_DOMAIN)
 	typ, _ := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_TYPE)
 	proto, _ := unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_PROTOCOL)
 	sk.tcp = (dom == unix.AF_INET || dom == unix.AF_INET6) && typ == unix.SOCK_STREAM && proto == unix.IPPROTO_TCP
-	if !sk.tcp {
-		return sk, nil
-	}
-	sk.flags, _ = unix.FcntlInt(uintptr(dup), unix.F_GETFL, 0)
-	sk.nodelay, _ = unix.GetsockoptInt(dup, unix.IPPROTO_TCP, unix.TCP_NODELAY)
-	sk.keepalive, _ = unix.GetsockoptInt(dup, unix.SOL_SOCKET, unix.SO_KEEPALIVE)
-	sk.cloexec = fdCloexec(pid, fd)
-	return sk, nil
+	return sk, 0
 }
 
-func sockCookie(fd int) (uint64, error) {
-	var c uint64
-	l := uint32(8)
-	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_COOKIE, uintptr(unsafe.Pointer(&c)), uintptr(unsafe.Pointer(&l)), 0); e != 0 {
-		return 0, e
+// openThread opens a pidfd for the calling thread named by a
+// notification, which is rarely its group's leader in a threaded
+// program: PIDFD_THREAD (Linux 6.9), else the thread group's (the
+// threads of a process share its descriptors).
+func openThread(tid uint32) (int, error) {
+	fd, err := unix.PidfdOpen(int(tid), pidfdThread)
+	if !errors.Is(err, unix.EINVAL) {
+		return fd, err
 	}
-	return c, nil
+	tgid, terr := threadGroup(tid)
+	if terr != nil {
+		return -1, err
+	}
+	return unix.PidfdOpen(tgid, 0)
+}
+
+func threadGroup(tid uint32) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(tid)) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, errors.New("no Tgid")
 }
 
 // fdCloexec reads whether the caller's descriptor is close-on-exec (its
@@ -370,13 +509,30 @@ func fdCloexec(pid uint32, fd int) bool {
 // not its group's leader.
 const pidfdThread = unix.O_EXCL
 
-var errBadLength = errors.New("address length out of range")
+// NetnsCookie returns the cookie of the calling thread's network
+// namespace (Config.Netns, when run in the workload's).
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+}
 
-// Probe reports whether this agent may do what supervising needs:
-// duplicate a process's descriptor (pidfd_getfd) and read its memory
-// (process_vm_readv). A container runtime's seccomp profile or missing
-// CAP_SYS_PTRACE may refuse them; direct mode is then off.
+// Probe reports whether direct mode's guarantees hold in this guest: the
+// kernel refuses the workload's own TCP connects (Landlock's TCP rules),
+// and the agent may look at the workload's descriptors and memory
+// (pidfd_getfd, process_vm_readv, which a container runtime's seccomp
+// profile or a missing CAP_SYS_PTRACE may refuse) and tell whose
+// namespace a socket is of (SO_NETNS_COOKIE, Linux 5.14).
 func Probe() error {
+	if err := workload.LandlockTCP(); err != nil {
+		return err
+	}
+	if _, err := NetnsCookie(); err != nil {
+		return fmt.Errorf("SO_NETNS_COOKIE: %w", err)
+	}
 	pidfd, err := unix.PidfdOpen(os.Getpid(), 0)
 	if err != nil {
 		return fmt.Errorf("pidfd_open: %w", err)
@@ -397,29 +553,24 @@ func Probe() error {
 	return nil
 }
 
-// readAddr reads the caller's address argument, at most maxAddr bytes.
-func readAddr(pid uint32, ptr, n uint64) ([]byte, error) {
-	if n < 2 || n > maxAddr {
-		return nil, fmt.Errorf("%w: %d", errBadLength, n)
-	}
+// readAddr reads the caller's address argument, n bytes (at most
+// maxAddr).
+func readAddr(pid uint32, ptr uint64, n int) ([]byte, error) {
 	buf := make([]byte, n)
+	if n == 0 {
+		return buf, nil
+	}
 	local := []unix.Iovec{{Base: &buf[0]}}
-	local[0].SetLen(int(n))
-	remote := []unix.RemoteIovec{{Base: uintptr(ptr), Len: int(n)}}
+	local[0].SetLen(n)
+	remote := []unix.RemoteIovec{{Base: uintptr(ptr), Len: n}}
 	got, err := unix.ProcessVMReadv(int(pid), local, remote, 0)
 	if err != nil {
 		return nil, err
 	}
-	if got != int(n) {
+	if got != n {
 		return nil, errors.New("short read of the address")
 	}
 	return buf, nil
-}
-
-// valid reports whether the notification still stands for a live call,
-// so what was read belongs to it (its pid was not reused meanwhile).
-func (s *Supervisor) valid(lfd int, id uint64) bool {
-	return ioctl(lfd, unix.SECCOMP_IOCTL_NOTIF_ID_VALID, unsafe.Pointer(&id)) == nil
 }
 
 // ParseSockaddr reads an AF_INET or AF_INET6 address from the bytes of a
@@ -445,30 +596,6 @@ func ParseSockaddr(b []byte) (netip.AddrPort, bool) {
 		return netip.AddrPortFrom(a, port), true
 	}
 	return netip.AddrPort{}, false
-}
-
-func (s *Supervisor) given(cookie uint64) bool {
-	if cookie == 0 {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.injected[cookie]
-	return ok
-}
-
-func (s *Supervisor) remember(cookie uint64) {
-	if cookie == 0 {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.injected[cookie] = struct{}{}
-	s.order = append(s.order, cookie)
-	if len(s.order) > maxInjected {
-		delete(s.injected, s.order[0])
-		s.order = s.order[1:]
-	}
 }
 
 // errnoFor is a refused connect's error, as a kernel would give it.

@@ -3,6 +3,7 @@ package direct
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -11,7 +12,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -25,6 +28,19 @@ func TestMain(m *testing.M) {
 		os.Exit(childMain())
 	}
 	os.Exit(m.Run())
+}
+
+// needRoot: the workload runs in a network namespace of its own, as uid
+// 1000, and the supervisor looks at its descriptors.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("CI=true: these tests need root")
+	}
+	t.Skip("needs root (a network namespace for the workload, and uid 1000 for it)")
 }
 
 // host is the test's stand-in for the host: an upstream to connect
@@ -88,13 +104,16 @@ func (h *host) setDuring(f func()) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-// workloadProc is the hostile workload under direct mode's filter.
+// workloadProc is the hostile workload under direct mode, in a network
+// namespace of its own.
 type workloadProc struct {
 	t   *testing.T
 	in  io.Writer
 	out *bufio.Scanner
-	// trigger and ack drive its rewriter thread.
+	// trigger and ack drive its rewriter thread; give passes it a
+	// descriptor ("take").
 	trigger, ack *os.File
+	give         *os.File
 }
 
 func (w *workloadProc) do(cmd string) string {
@@ -105,9 +124,11 @@ func (w *workloadProc) do(cmd string) string {
 	return w.out.Text()
 }
 
-// start runs the workload and its supervisor, whose fake host is h.
-func start(t *testing.T, maxInFlight int) (*workloadProc, *host) {
+// start runs the workload and its supervisor (with workers workers, 0 for
+// the default), whose fake host is h.
+func start(t *testing.T, workers int) (*workloadProc, *host) {
 	t.Helper()
+	needRoot(t)
 	up, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	require.NoError(t, err)
 	t.Cleanup(func() { up.Close() })
@@ -121,42 +142,52 @@ func start(t *testing.T, maxInFlight int) (*workloadProc, *host) {
 	require.NoError(t, err)
 	ackR, ackW, err := os.Pipe()
 	require.NoError(t, err)
+	gp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	give, take := os.NewFile(uintptr(gp[0]), "give"), os.NewFile(uintptr(gp[1]), "take")
 	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	cmd.ExtraFiles = []*os.File{theirs, trigR, ackW}
+	cmd.Env = append(os.Environ(), childEnv+"=1", "GORACE=atexit_sleep_ms=0") // a race build sleeps 1 s at exit otherwise
+	cmd.ExtraFiles = []*os.File{theirs, trigR, ackW, take} // fds 3, 4, 5, 6
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())
-	theirs.Close()
-	trigR.Close()
-	ackW.Close()
-	w := &workloadProc{t: t, in: stdin, out: bufio.NewScanner(stdout), trigger: trigW, ack: ackR}
-	require.True(t, w.out.Scan())
-	require.Equal(t, "ready", w.out.Text())
+	for _, f := range []*os.File{theirs, trigR, ackW, take} {
+		f.Close()
+	}
+	w := &workloadProc{t: t, in: stdin, out: bufio.NewScanner(stdout), trigger: trigW, ack: ackR, give: give}
 
 	buf, oob := make([]byte, 1), make([]byte, unix.CmsgSpace(4))
 	_, oobn, _, _, err := unix.Recvmsg(int(mine.Fd()), buf, oob, unix.MSG_CMSG_CLOEXEC)
 	require.NoError(t, err)
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	require.NoError(t, err)
+	require.Len(t, msgs, 1, "the workload passed its listener (else it printed why on stdout)")
 	fds, err := unix.ParseUnixRights(&msgs[0])
 	require.NoError(t, err)
 	listener := os.NewFile(uintptr(fds[0]), "seccomp listener")
+	require.True(t, w.out.Scan())
+	ready := strings.Fields(w.out.Text())
+	require.Len(t, ready, 2, "ready line: %q", w.out.Text())
+	require.Equal(t, "ready", ready[0])
+	cookie, err := strconv.ParseUint(ready[1], 10, 64)
+	require.NoError(t, err)
 
-	sup := New(Config{Ask: h.ask, MaxInFlight: maxInFlight})
 	ctx, cancel := context.WithCancel(context.Background())
+	sup := New(ctx, Config{Ask: h.ask, Workers: workers, Netns: cookie})
 	served := make(chan struct{})
-	go func() { sup.Serve(ctx, listener); close(served) }()
+	go func() { sup.Serve(listener); close(served) }()
 	t.Cleanup(func() {
 		stdin.Close()
 		_ = cmd.Wait()
+		<-served // the filter's last process is gone: Serve returns by itself
 		cancel()
-		<-served
-		trigW.Close()
-		ackR.Close()
+		for _, f := range []*os.File{trigW, ackR, give} {
+			f.Close()
+		}
 	})
 	return w, h
 }
@@ -172,7 +203,18 @@ func accept(t *testing.T, l *net.TCPListener) net.Conn {
 func fdOf(t *testing.T, answer string) string {
 	t.Helper()
 	require.True(t, strings.HasPrefix(answer, "ok "), "answer %q", answer)
-	return strings.TrimPrefix(answer, "ok ")
+	return strings.Fields(answer)[1]
+}
+
+// echoes checks fd, in the workload, still reaches up and only up.
+func echoes(t *testing.T, w *workloadProc, fd string, up net.Conn) {
+	t.Helper()
+	assert.Equal(t, "ok 2", w.do("write "+fd+" ok"))
+	buf := make([]byte, 2)
+	require.NoError(t, up.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err := io.ReadFull(up, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "ok", string(buf))
 }
 
 func TestAConnectOutsideGetsTheHostsSocketWithNoRelay(t *testing.T) {
@@ -180,11 +222,7 @@ func TestAConnectOutsideGetsTheHostsSocketWithNoRelay(t *testing.T) {
 	fd := fdOf(t, w.do("connect 198.18.0.5:443"))
 	up := accept(t, h.upstream)
 	assert.Equal(t, []string{"198.18.0.5:443"}, h.got(), "the address as the workload gave it: the exit maps it")
-	assert.Equal(t, "ok 2", w.do("write "+fd+" hi"))
-	buf := make([]byte, 2)
-	_, err := io.ReadFull(up, buf)
-	require.NoError(t, err)
-	assert.Equal(t, "hi", string(buf))
+	echoes(t, w, fd, up)
 	// The workload's descriptor is the host's socket itself: its peer is
 	// the upstream, not a relay in the guest.
 	assert.Equal(t, "ok "+h.upstream.Addr().String(), w.do("peer "+fd))
@@ -203,25 +241,34 @@ func TestARefusedConnectFailsWithTheRefusal(t *testing.T) {
 	assert.Equal(t, []string{"192.0.2.66:443"}, h.got(), "an address no name holds stays a literal")
 }
 
-func TestAConnectToItsOwnLoopbackOrOneTheHostCannotTakeGoesOn(t *testing.T) {
+func TestItsOwnServerAndLoopbackConnectsAreMadeForItNeverAsked(t *testing.T) {
 	w, h := start(t, 0)
-	own, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	require.NoError(t, err)
-	defer own.Close()
-	fdOf(t, w.do("connect "+own.Addr().String()))
-	accept(t, own)
+	// Landlock refuses the workload's own TCP bind, listen's autobind is
+	// no bind, and its connect: the supervisor makes each of them, on
+	// the descriptor it looked at.
+	srv := strings.Fields(w.do("serve"))
+	require.Len(t, srv, 3, "serve: %v", srv)
+	fd := fdOf(t, w.do("connect 127.0.0.1:"+srv[2]))
+	fdOf(t, w.do("accept "+srv[1]))
+	assert.Equal(t, "ok 127.0.0.1:"+srv[2], w.do("peer "+fd))
 	assert.Empty(t, h.got(), "its loopback is its own: the host is not asked")
-	got := w.do("connect-once 192.0.2.99:80")
+	assert.Equal(t, "ok 0", w.do("bind-port 8080"))
+	assert.Equal(t, "err EACCES", w.do("bind-port 80"), "uid 1000 may not bind a privileged port, whoever makes the call")
+}
+
+func TestAConnectTheHostCannotTakeIsMadeInTheWorkloadsNamespace(t *testing.T) {
+	w, h := start(t, 0)
+	// Not asked: the connect is made in the workload's own namespace
+	// (where a sandbox's capture carries it); here that has only lo.
+	assert.Equal(t, "err ENETUNREACH", w.do("connect-once 192.0.2.99:80"))
 	assert.Equal(t, []string{"192.0.2.99:80"}, h.got())
-	// Not asked: the call goes on in the workload's own namespace (where
-	// a sandbox's capture carries it), with the kernel's own result.
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	defer unix.Close(fd)
-	require.NoError(t, unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_SYNCNT, 1))
-	err = unix.Connect(fd, &unix.SockaddrInet4{Addr: [4]byte{192, 0, 2, 99}, Port: 80})
-	require.Error(t, err)
-	assert.Equal(t, "err "+unix.ErrnoName(err.(unix.Errno)), got)
+}
+
+func TestUDPAndUnixConnectsGoOnUnasked(t *testing.T) {
+	w, h := start(t, 0)
+	assert.Equal(t, "ok 0", w.do("udp-connect 127.0.0.1:53"), "what the kernel does with it in the workload's namespace")
+	assert.Equal(t, "ok 0", w.do("unix-connect"))
+	assert.Empty(t, h.got())
 }
 
 func TestAHostSocketCannotBeReconnectedBoundOrListenedOn(t *testing.T) {
@@ -232,12 +279,38 @@ func TestAHostSocketCannotBeReconnectedBoundOrListenedOn(t *testing.T) {
 	assert.Equal(t, "err EPERM", w.do("reconnect "+fd+" 198.18.0.5:443"))
 	assert.Equal(t, "err EPERM", w.do("bind "+fd))
 	assert.Equal(t, "err EPERM", w.do("listen "+fd))
-	// Still connected to its upstream, and only to it.
-	assert.Equal(t, "ok 2", w.do("write "+fd+" ok"))
-	buf := make([]byte, 2)
-	_, err := io.ReadFull(up, buf)
-	require.NoError(t, err)
+	echoes(t, w, fd, up)
 	assert.Len(t, h.got(), 1)
+}
+
+func TestAHostSocketIsKnownByItsNamespaceNotByMemory(t *testing.T) {
+	w, h := start(t, 0)
+	// A host socket the supervisor never handed (root in the guest could
+	// pass one on): whatever the supervisor remembers or forgot, the
+	// kernel says whose it is.
+	c, err := net.DialTCP("tcp4", nil, h.upstream.Addr().(*net.TCPAddr))
+	require.NoError(t, err)
+	defer c.Close()
+	up := accept(t, h.upstream)
+	f, err := c.File()
+	require.NoError(t, err)
+	require.NoError(t, unix.Sendmsg(int(w.give.Fd()), []byte{'F'}, unix.UnixRights(int(f.Fd())), nil, 0))
+	f.Close()
+	fd := fdOf(t, w.do("take"))
+	assert.Equal(t, "err EPERM", w.do("disconnect "+fd))
+	assert.Equal(t, "err EPERM", w.do("reconnect "+fd+" 198.18.0.5:443"))
+	assert.Equal(t, "err EPERM", w.do("bind "+fd))
+	assert.Equal(t, "err EPERM", w.do("listen "+fd))
+	echoes(t, w, fd, up)
+	assert.Empty(t, h.got())
+}
+
+func TestTheHostsNetworkCannotBeListedOrBoundThroughAHostSocket(t *testing.T) {
+	w, h := start(t, 0)
+	fd := fdOf(t, w.do("connect 198.18.0.5:443"))
+	accept(t, h.upstream)
+	assert.Equal(t, "err EPERM", w.do("ifconf "+fd), "SIOCGIFCONF would list the host's interfaces")
+	assert.Equal(t, "err EPERM", w.do("bindtodevice "+fd+" lo"))
 }
 
 func TestFastOpenIsRefused(t *testing.T) {
@@ -266,10 +339,38 @@ func TestASecondThreadRewritingTheAddressDuringTheCheckChangesNothing(t *testing
 	assert.Equal(t, []string{"198.18.0.5:443"}, h.got())
 }
 
+func TestSwappingAHostSocketInDuringTheCheckReachesNothing(t *testing.T) {
+	w, h := start(t, 0)
+	fd := fdOf(t, w.do("connect 198.18.0.5:443"))
+	up := accept(t, h.upstream)
+	local := strings.TrimPrefix(w.do("local "+fd), "ok ")
+	// A service on the host's own loopback, which the host socket could
+	// reach if it were disconnected and connected again.
+	svc, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	require.NoError(t, err)
+	defer svc.Close()
+	port := uint16(svc.Addr().(*net.TCPAddr).Port)
+	seen := watchTCP(t, port)
+	// Four threads, 5,000 calls each, while another swaps the number
+	// between the host socket and the workload's own UDP and TCP ones.
+	got := w.do(fmt.Sprintf("race %s 5000 127.0.0.1:%d", fd, port))
+	require.True(t, strings.HasPrefix(got, "ok "), got)
+	t.Logf("calls that found the host socket and succeeded: %s", strings.TrimPrefix(got, "ok "))
+	assert.Zero(t, seen.stop(), "no segment from the host to its own service")
+	assert.False(t, listening(t, local), "the host socket is not listening")
+	// Its disconnect is the one thing the race can do to it (Landlock
+	// lets a disconnect through): then it is connected to nothing.
+	peer := w.do("peer " + fd)
+	if peer != "err ENOTCONN" {
+		assert.Equal(t, "ok "+h.upstream.Addr().String(), peer)
+		echoes(t, w, fd, up)
+	}
+}
+
 func TestAFloodOfConnectsIsAnsweredWithinTheBounds(t *testing.T) {
 	w, h := start(t, 2)
 	// Eight processes under the filter, 50 connects each, all at once.
 	assert.Equal(t, "ok 0", w.do("flood 8 50 192.0.2.66:443"), "every connect was answered with the refusal")
 	assert.Len(t, h.got(), 400)
-	assert.LessOrEqual(t, h.maxSeen.Load(), int32(2), "at most MaxInFlight at once")
+	assert.LessOrEqual(t, h.maxSeen.Load(), int32(2), "at most Workers at once")
 }

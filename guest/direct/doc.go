@@ -1,35 +1,43 @@
 // Package direct is the guest's side of direct mode (docs/egress.md,
 // "Direct mode"): the supervisor of the seccomp listeners the launcher
 // passes the agent (package workload traps the workload's connect, bind
-// and listen to them).
+// and listen to them, after putting it under a Landlock domain in which
+// the kernel refuses every TCP bind and connect of its own).
 //
-// For a connect of a workload TCP socket to an address outside its
-// loopback, the supervisor reads the destination from the workload's
-// memory once and asks through the guest's one way out
-// (egress.Exit.Direct, which maps a made-up address back to its name and
-// checks the target) for the host's own socket connected there (the fd
-// channel's direct Connect). The host's broker decides as
-// for every other carrier; an allowed connection's socket, locked to its
-// upstream, is put in place of the workload's descriptor
-// (SECCOMP_IOCTL_NOTIF_ADDFD with SETFD) and the call returns 0: the
-// bytes then go from the workload to the upstream in the kernel. A
-// refusal is the call's error (ECONNREFUSED for the policy), and the
-// host's event says why. The call never goes on with an address the
-// supervisor checked: what it connects is what the host decided, so a
-// second thread rewriting the address meanwhile changes nothing.
+// For each trapped call the supervisor takes a duplicate of the caller's
+// descriptor (pidfd_getfd) and works on that object only, never on the
+// number again: a second thread may put anything at the number
+// meanwhile. A socket of another network namespace than the workload's
+// (SO_NETNS_COOKIE: a kernel fact, nothing remembered) is the host's, and
+// every call on it is refused (EPERM). On the workload's own sockets:
 //
-// It lets a call continue (SECCOMP_USER_NOTIF_FLAG_CONTINUE) only on the
-// workload's own sockets and only where the result is what the workload
-// could do without direct mode: a connect to its loopback, of a UDP or
-// unix socket, or any connect the host could not take (it then meets the
-// capture, the handed path), and every bind and listen. A connect, bind
-// or listen on a socket the host gave is refused (EPERM): it stays
-// connected to its upstream.
+//   - a connect of a TCP socket to an address outside its loopback asks
+//     through the guest's one way out (egress.Exit.Direct) for the host's
+//     own socket connected there; an allowed connection's socket is put
+//     in place of the workload's descriptor (SECCOMP_IOCTL_NOTIF_ADDFD
+//     with SETFD) and the call returns 0; a refusal is the call's error
+//     (ECONNREFUSED for the policy). The address is read once, and what
+//     the host connects is what it decided;
+//   - every other connect and bind of a TCP socket (its loopback, a
+//     disconnect, its own servers, a target the host could not be asked
+//     about), and every listen, is made by the supervisor on the
+//     duplicate with the address bytes it read, and answered with the
+//     kernel's result (a bind below ip_unprivileged_port_start is
+//     EACCES, as for any process without a capability);
+//   - a connect or bind of any other socket (UDP, unix) goes on
+//     (SECCOMP_USER_NOTIF_FLAG_CONTINUE): the kernel looks the number
+//     and the address up again, and whatever is there by then, a TCP
+//     bind or connect of the workload's own meets Landlock. Its peer
+//     credentials stay the workload's, which a unix connect made here
+//     would not.
 //
-// It bounds what a hostile workload can make it do: notifications are
-// taken at most MaxRate a second and at most MaxInFlight at once (the
-// workload's calls wait), an address is at most 128 bytes, and every
-// answer from the host comes within the fd channel's reply timeout.
+// Notifications are received by a blocking receive on a locked OS thread
+// (SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP where the kernel has it), which
+// answers at once what needs no wait and hands each TCP connect to one of
+// Workers goroutines started ahead: a slow dial holds one worker, never
+// another call; beyond them the workload's calls wait. An address is at
+// most 128 bytes, and every answer from the host comes within the fd
+// channel's reply timeout.
 //
 // It must not decide anything about targets (the host does), resolve
 // names, or hold a host socket longer than it takes to put it in place.

@@ -11,10 +11,13 @@
 // empties the bounding set, drops to 1000:1000 and every capability, sets
 // no-new-privileges, installs the seccomp filter (Filter: a classic BPF
 // program, one deny list per arch convention, foreign arches and x32
-// killed), in direct mode also a second filter that traps connect, bind
-// and listen to the agent (DirectFilter; its listener goes to the agent
-// on fd 5 and is closed before exec), and execs the program in its own
-// place. Prepare also makes the
+// killed; it also refuses the ioctls and socket options that reach past a
+// socket into its network namespace, internal/netreach), in direct mode
+// also a Landlock domain in which the kernel refuses every TCP bind and
+// connect of the process's own and then a second filter that traps
+// connect, bind and listen to the agent (InstallDirect; the listener goes
+// to the agent on fd 5 and is closed before exec), and execs the program
+// in its own place. Prepare also makes the
 // agent not dumpable. A process whose spec masks files (the daemon beside
 // oac-sandbox-io) is never run without its own mount namespace: Command
 // and the launcher refuse it (ErrNotIsolated) where the guest cannot make

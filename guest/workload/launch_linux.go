@@ -199,17 +199,22 @@ func launch(s Spec, status io.Writer) error {
 	}
 	if s.Direct {
 		// Last: from here on this process's own connects would be
-		// trapped. A filter the kernel refuses leaves the connects to
-		// the capture, which the agent learns from the missing listener.
+		// trapped. A kernel without Landlock's TCP rules leaves the
+		// connects to the capture, which the agent learns from the note;
+		// past Landlock, a process with no supervisor could make no TCP
+		// connection at all, so it does not run.
 		unix.CloseOnExec(directFD)
-		l, err := InstallDirectFilter()
+		l, err := InstallDirect()
 		if err == nil {
 			err = sendListener(directFD, l)
 			l.Close()
 		}
 		unix.Close(directFD)
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrNoLandlockTCP):
 			note("direct mode unavailable: " + err.Error())
+		case err != nil:
+			return err
 		}
 	}
 	path := s.Path
