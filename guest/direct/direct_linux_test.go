@@ -147,7 +147,7 @@ func start(t *testing.T, workers int) (*workloadProc, *host) {
 	give, take := os.NewFile(uintptr(gp[0]), "give"), os.NewFile(uintptr(gp[1]), "take")
 	cmd := exec.Command("/proc/self/exe")
 	cmd.Env = append(os.Environ(), childEnv+"=1", "GORACE=atexit_sleep_ms=0") // a race build sleeps 1 s at exit otherwise
-	cmd.ExtraFiles = []*os.File{theirs, trigR, ackW, take} // fds 3, 4, 5, 6
+	cmd.ExtraFiles = []*os.File{theirs, trigR, ackW, take}                    // fds 3, 4, 5, 6
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
