@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/Code-Hex/vz/v3 v3.7.1
+	github.com/cilium/ebpf v0.22.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/nftables v0.3.0
 	github.com/hashicorp/yamux v0.1.2
