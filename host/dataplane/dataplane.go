@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"syscall"
 	"time"
 
 	"github.com/oac/sandbox-agent/egress"
@@ -64,6 +66,9 @@ type Config struct {
 	// presented the token (the sandbox fails it as hostile).
 	OnChannel   func(*Channel)
 	OnViolation func(error)
+	// Direct guards the sockets a direct Connect hands the guest; set
+	// exactly when Offer has protocol.CapDataDirect.
+	Direct DirectGuard
 }
 
 func (c *Config) violation(err error) {
@@ -139,4 +144,13 @@ func violation(err error) error {
 		}
 	}
 	return err
+}
+
+// DirectGuard keeps the host's direct sockets on their upstreams (package
+// host/directguard): Lock prepares an upstream socket before it connects
+// (the egress broker calls it), Seal marks a connected one before it is
+// handed to the guest.
+type DirectGuard interface {
+	Lock(network string, remote netip.AddrPort, rc syscall.RawConn) error
+	Seal(rc syscall.RawConn) error
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/directguard"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -106,6 +108,12 @@ func startHost(t *testing.T, maxStreams int, tweak func(*Config), offer ...strin
 		HeaderTimeout: 2 * time.Second, Token: testToken, Offer: offer,
 		OnChannel:   func(ch *Channel) { h.channel <- ch },
 		OnViolation: func(err error) { h.violations <- err },
+	}
+	if slices.Contains(offer, protocol.CapDataDirect) {
+		g, err := directguard.Open(directguard.Config{ShareDir: t.TempDir()})
+		require.NoError(t, err, "direct mode's guard (root, cgroup v2)")
+		t.Cleanup(func() { g.Close() })
+		cfg.Direct = g
 	}
 	if tweak != nil {
 		tweak(&cfg)

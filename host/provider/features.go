@@ -73,6 +73,14 @@ type Capabilities struct {
 	// host's (docs/vm.md). A guest sharing the host's kernel shares its
 	// clock, and the shim never reads or sets it.
 	OwnClock bool
+	// GuestRootUnprivileged: the guest's root holds no capability in the
+	// host's user namespace (a user namespace maps it to an unprivileged
+	// host id, or it runs a kernel of its own). Only such a provider is
+	// offered direct mode, which hands the guest sockets of the host's
+	// network namespace: a guest root with the host's CAP_NET_ADMIN (a
+	// container without a user namespace) could change the host's routes
+	// through one, or take the namespace itself (docs/threat-model.md).
+	GuestRootUnprivileged bool
 }
 
 // Honours returns the features p honours.

@@ -2,10 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 
 	"github.com/oac/sandbox-agent/host/dataplane"
+	"github.com/oac/sandbox-agent/host/directguard"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -13,11 +15,14 @@ import (
 // dataCarriers returns the data plane carriers to offer: what the
 // provider's transport allows, the fd channel only to a shim that can
 // make pairs in the guest's namespace, narrowed by Config.DataPlane, and
-// with it protocol.CapDataHand (and protocol.CapDataDirect when
-// Config.DataPlane is DataPlaneDirect: auto's carriers, plus direct).
+// with it protocol.CapDataHand, and protocol.CapDataDirect when direct
+// mode is asked for and every guarantee holds here (openDirect).
 func (s *run) dataCarriers() []string {
 	dp, ok := s.inst.(provider.DataPlane)
 	if !ok || s.cfg.DataPlane == DataPlaneOff {
+		if s.cfg.DataPlane == DataPlaneDirect {
+			s.directOff = "direct mode unavailable: this provider has no data plane; connections take the session stream path"
+		}
 		return nil
 	}
 	var offer []string
@@ -33,28 +38,65 @@ func (s *run) dataCarriers() []string {
 		// The fd channel also takes the workload's own sockets, carried
 		// here with no copy in the guest.
 		offer = append(offer, protocol.CapDataHand)
-		if s.cfg.DataPlane == DataPlaneDirect {
+	}
+	if s.cfg.DataPlane == DataPlaneDirect {
+		if s.direct, s.directOff = s.openDirect(offer); s.direct != nil {
 			offer = append(offer, protocol.CapDataDirect)
 		}
 	}
 	return offer
 }
 
-// directUnavailable says why direct mode, asked for, will not be used
-// here: the provider has no fd channel (a guest sharing this kernel on a
-// unix transport, and a shim that is root), or the guest's agent cannot
-// trap connects. "" when it is on, or was not asked for.
-func (s *run) directUnavailable(hello protocol.Hello) string {
-	if s.cfg.DataPlane != DataPlaneDirect {
-		return ""
-	}
+// openDirect returns direct mode's guard when every guarantee holds here
+// (docs/threat-model.md, "Direct mode"): the fd channel is offered (a
+// guest sharing this kernel, a root shim), the provider's guest root has
+// no capability in the host's user namespace, and this host's kernel
+// guard is in force. Otherwise it says why not.
+func (s *run) openDirect(offer []string) (*directguard.Guard, string) {
 	switch {
-	case !protocol.HasCapability(s.dataOffer, protocol.CapDataDirect):
-		return "direct mode unavailable: it needs the fd channel (a guest sharing this kernel on a unix transport, and oac-shim as root); connections take the " + fallbackPath(s.dataOffer) + " path"
+	case !slices.Contains(offer, protocol.CapDataFD):
+		return nil, "direct mode unavailable: it needs the fd channel (a guest sharing this kernel on a unix transport, and oac-shim as root); connections take the " + fallbackPath(offer) + " path"
+	case !s.cfg.Provider.Capabilities().GuestRootUnprivileged:
+		return nil, "direct mode unavailable: the " + s.cfg.Provider.Name() + " provider's guest root holds capabilities in the host's user namespace (no user namespace of its own), so the guest is never handed the host's sockets; connections take the handed path"
+	}
+	g, err := directguard.Open(directguard.Config{Log: s.cfg.Log})
+	if err != nil {
+		return nil, "direct mode unavailable: " + err.Error() + "; connections take the handed path"
+	}
+	return g, ""
+}
+
+// directSaid is the host's starting event on direct mode: why it is off,
+// or, when offered, the sandbox's host port share (the guest's own event
+// then says whether it is on). "" when it was not asked for.
+func (s *run) directSaid(hello protocol.Hello) string {
+	switch {
+	case s.directOff != "":
+		return s.directOff
+	case s.direct == nil:
+		return ""
 	case !protocol.HasCapability(hello.Capabilities, protocol.CapDataDirect):
 		return "direct mode unavailable: this guest's agent cannot trap connects; connections take the handed path"
 	}
-	return ""
+	lo, hi := s.direct.Share()
+	return fmt.Sprintf("direct mode offered: host ports %d-%d are this sandbox's share; each socket handed to the guest is kept on its upstream by the kernel", lo, hi)
+}
+
+// closeDirect destroys what is left of the guest's direct sockets (the
+// guest is gone) and releases the guard.
+func (s *run) closeDirect() {
+	if s.direct == nil {
+		return
+	}
+	n, err := s.direct.Abort()
+	if err != nil {
+		s.cfg.Log.Warn("direct mode: abort the guest's sockets", "sandbox", s.cfg.Name, "err", err)
+	} else if n > 0 {
+		s.cfg.Log.Debug("direct mode: aborted the guest's sockets", "sandbox", s.cfg.Name, "count", n)
+	}
+	if err := s.direct.Close(); err != nil {
+		s.cfg.Log.Warn("direct mode: close the guard", "sandbox", s.cfg.Name, "err", err)
+	}
 }
 
 func fallbackPath(offer []string) string {
@@ -82,6 +124,7 @@ func (s *run) startDataPlane(hello protocol.Hello) {
 		Token:         s.dataToken,
 		Offer:         s.dataOffer,
 		OnChannel:     func(ch *dataplane.Channel) { s.session.channel.Store(ch) },
+		Direct:        s.directGuard(),
 		OnViolation: func(err error) {
 			select {
 			case s.dataViolation <- err:
@@ -104,4 +147,13 @@ func (s *run) startDataPlane(hello protocol.Hello) {
 			return c, err
 		}, cfg)
 	}()
+}
+
+// directGuard is the guard for the data plane (a nil interface, not a nil
+// pointer in one, when direct mode is not offered).
+func (s *run) directGuard() dataplane.DirectGuard {
+	if s.direct == nil {
+		return nil
+	}
+	return s.direct
 }

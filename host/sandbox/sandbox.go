@@ -16,6 +16,7 @@ import (
 
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/directguard"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
@@ -224,6 +225,10 @@ type run struct {
 	// their token.
 	dataOffer []string
 	dataToken string
+	// direct is direct mode's guard when it was offered; directOff says
+	// why it was not, when it was asked for.
+	direct    *directguard.Guard
+	directOff string
 	// clock keeps a VM guest's clock (clock.go); nil when the run does
 	// not. stopClock stops it.
 	clock     *clockKeeper
@@ -424,6 +429,7 @@ func (s *run) run(ctx context.Context) error {
 			s.cfg.Log.Warn("destroy", "sandbox", s.cfg.Name, "err", err)
 		}
 		s.wg.Wait()
+		s.closeDirect()
 	}()
 	start := time.Now()
 	err = inst.Start(ctx)
@@ -575,7 +581,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	}
 	s.ctl = ctl
 	s.session = &Session{sess: sess, guard: s.guard, ctl: ctl, caps: append([]string(nil), hello.Capabilities...)}
-	if msg := s.directUnavailable(hello); msg != "" {
+	if msg := s.directSaid(hello); msg != "" {
 		s.setState(api.StateStarting, msg)
 	}
 	if s.cfg.Attach != nil {

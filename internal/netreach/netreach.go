@@ -1,3 +1,5 @@
+//go:build linux
+
 package netreach
 
 import "golang.org/x/sys/unix"

@@ -29,10 +29,11 @@ func init() {
 }
 
 // Capabilities implements provider.Provider: every optional feature, kept
-// sandboxes, and the single-uid fallback's loss said plainly before a
-// rootless sandbox runs.
+// sandboxes, a guest root that is an unprivileged host id in every mode
+// (its user namespace), and the single-uid fallback's loss said plainly
+// before a rootless sandbox runs.
 func (p *Provider) Capabilities() provider.Capabilities {
-	c := provider.Capabilities{Honours: provider.AllFeatures, Keeps: true}
+	c := provider.Capabilities{Honours: provider.AllFeatures, Keeps: true, GuestRootUnprivileged: true}
 	if p.SingleUID && os.Geteuid() != 0 {
 		c.Warnings = []string{SingleUIDLoss}
 	}

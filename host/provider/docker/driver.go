@@ -26,7 +26,9 @@ func init() {
 
 // Capabilities implements provider.Provider: installs and volumes are
 // bind mounts; the root is the image; kept sandboxes are a container and
-// volumes.
+// volumes. The engine gives the container no user namespace of its own
+// by default: guest root holds the engine's capability set in the host's
+// user namespace, so the guest is never offered host sockets.
 func (p *Provider) Capabilities() provider.Capabilities {
 	return provider.Capabilities{
 		Honours: []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume},

@@ -29,8 +29,9 @@ func init() {
 	provider.Register(provider.Driver[Provider]{Name: "oci", Defaults: &Provider{NoNewPrivileges: true}, New: (*Provider).driver})
 }
 
-// Capabilities implements provider.Provider: every optional feature and
-// kept sandboxes.
+// Capabilities implements provider.Provider: every optional feature, kept
+// sandboxes, and a guest root mapped to the sandbox's unprivileged id
+// range (the bundle's user namespace).
 func (p *Provider) Capabilities() provider.Capabilities {
-	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true}
+	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true, GuestRootUnprivileged: true}
 }

@@ -82,12 +82,14 @@ func init() {
 // Capabilities implements provider.Provider: --sandbox-io and --install
 // reach the guest in an archive appended to the initramfs, --volume as a
 // virtio-fs share; the root is the image's disk (--disk), not --rootfs;
-// a kept sandbox is a disk of its own; the guest's clock is its own.
+// a kept sandbox is a disk of its own; the guest's clock and kernel are
+// its own.
 func (p *Provider) Capabilities() provider.Capabilities {
 	return provider.Capabilities{
-		Honours:  []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume},
-		Instead:  map[provider.Feature]string{provider.FeatureRootfs: "qemu guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs)"},
-		Keeps:    true,
-		OwnClock: true,
+		GuestRootUnprivileged: true,
+		Honours:               []provider.Feature{provider.FeatureSandboxIO, provider.FeatureInstall, provider.FeatureVolume},
+		Instead:               map[provider.Feature]string{provider.FeatureRootfs: "qemu guests boot the image's root disk: pass --disk DISK (oac-image build's disk.ext4 or disk.erofs)"},
+		Keeps:                 true,
+		OwnClock:              true,
 	}
 }

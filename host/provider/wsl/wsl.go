@@ -78,10 +78,12 @@ func init() {
 // each sandbox's distribution is imported from; what the guest runs must
 // be in it (a distribution cannot see the Windows host's files the way a
 // bind mount would show them); a kept sandbox is a registered
-// distribution.
+// distribution. A distribution runs on the utility VM's kernel, not the
+// host's.
 func (p *Provider) Capabilities() provider.Capabilities {
 	return provider.Capabilities{
-		Honours: []provider.Feature{provider.FeatureRootfs},
+		GuestRootUnprivileged: true,
+		Honours:               []provider.Feature{provider.FeatureRootfs},
 		Instead: map[provider.Feature]string{
 			provider.FeatureSandboxIO: "build it into the root filesystem tarball instead (oac-image build --sandbox-io)",
 			provider.FeatureInstall:   "build the binary into the root filesystem tarball instead (oac-image build --file SRC:/usr/local/bin/NAME)",
