@@ -2,9 +2,11 @@ package directguard
 
 import "log/slog"
 
-// Defaults of Config.
+// Defaults of Config. The share directory is a directory of its own: a
+// 0700 one made under the shim's state root (/run/oac) would make its
+// parent too, and the guests' ids must traverse that.
 const (
-	DefaultShareDir  = "/run/oac/direct-ports"
+	DefaultShareDir  = "/run/oac-direct-ports"
 	DefaultShareSize = 1024
 )
 
