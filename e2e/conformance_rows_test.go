@@ -47,6 +47,7 @@ func rowBwrap(t *testing.T, f *confFixtures) confEnv {
 			args: f.args(f.private.installs()...), files: f.caFiles()},
 		stateDir: runDir,
 		carrier:  carrierFD,
+		direct:   true,
 	}
 }
 
@@ -90,6 +91,7 @@ func rowOCI(runtime string) func(t *testing.T, f *confFixtures) confEnv {
 				args: f.args(append(args, f.private.installs()...)...), files: files},
 			stateDir: runDir,
 			carrier:  carrierFD,
+			direct:   true,
 			leftovers: func(name string) []string {
 				var left []string
 				if st := filepath.Join(runtimeRoot(runtime), "oac-"+name); dirExists(st) {

@@ -124,6 +124,11 @@ type confEnv struct {
 	// cluster: the row runs on the test cluster, whose bridge and Pod
 	// veths are its to check; other rows running beside it ignore them.
 	cluster bool
+	// direct: every guarantee of direct mode holds for this row on these
+	// machines (a guest sharing this kernel, which has Landlock's TCP
+	// rules and cgroup v2, with a root shim, and a guest root with no
+	// capability in the host's user namespace): it must be on.
+	direct bool
 }
 
 // confPeer is a server on a network the guest's namespace has.

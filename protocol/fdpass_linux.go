@@ -174,10 +174,15 @@ func (f *FDReader) Pending() int {
 	return len(f.fds)
 }
 
+// ErrHandedGone is TakeTCP's answer for a handed TCP socket whose
+// connection already ended (its peer reset or closed it): the handing
+// Connect fails, and the sender did nothing wrong.
+var ErrHandedGone = errors.New("the handed connection ended before it was taken")
+
 // TakeTCP returns the oldest descriptor received as a handed connection
-// (Connect.Hand): it must be a connected TCP socket (AF_INET or AF_INET6,
-// SOCK_STREAM, IPPROTO_TCP, not listening); anything else is closed and
-// refused. Nothing about it is trusted but its kind: it is the peer's
+// (Connect.Hand): it must be a TCP socket (AF_INET or AF_INET6,
+// SOCK_STREAM, IPPROTO_TCP, not listening), else it is closed and refused
+// (ErrDescriptor), and connected, else ErrHandedGone. Nothing about it is trusted but its kind: it is the peer's
 // socket in the peer's network namespace, read and written, never
 // connected, bound or configured by the reader.
 func (f *FDReader) TakeTCP() (*net.TCPConn, error) {
@@ -195,7 +200,10 @@ func (f *FDReader) TakeTCP() (*net.TCPConn, error) {
 		return nil, fmt.Errorf("%w: not a connected TCP socket", ErrDescriptor)
 	}
 	if _, err := unix.Getpeername(fd); err != nil {
-		return nil, fmt.Errorf("%w: not a connected TCP socket", ErrDescriptor)
+		// Its kind is right, its connection is over: the workload's
+		// client may reset it at any moment before it is handed, which
+		// is no fault of the sender's.
+		return nil, ErrHandedGone
 	}
 	c, err := net.FileConn(file)
 	if err != nil {

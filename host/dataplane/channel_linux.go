@@ -139,6 +139,15 @@ func (ch *Channel) serve() (err error) {
 			return fmt.Errorf("%w: a handed connection's reply or early bytes over the limit", ErrViolation)
 		}
 		sock, err := ch.fr.TakeTCP()
+		if errors.Is(err, protocol.ErrHandedGone) {
+			// The workload's client went away before its socket was
+			// handed (it may reset its own connection at any moment):
+			// that Connect fails, the channel goes on.
+			_ = ch.send(protocol.TypeConnected, protocol.Connected{ID: req.ID, EgressReply: protocol.EgressReply{
+				Code: protocol.EgressCancelled, Effect: protocol.EffectNone, Error: protocol.EgressCancelled.String(),
+				Reason: "the workload's connection ended before it was handed to the host"}}, -1)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrViolation, err)
 		}

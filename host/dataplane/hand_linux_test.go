@@ -141,6 +141,30 @@ func TestHandingAnythingButAConnectedTCPSocketIsAViolation(t *testing.T) {
 	}
 }
 
+// The workload may reset its own connection before the agent hands the
+// other end: that Connect fails as cancelled, nothing is dialed, and the
+// channel goes on (the guest did nothing wrong).
+func TestAHandedSocketWhoseClientResetItFailsThatConnectOnly(t *testing.T) {
+	needRoot(t)
+	h := startHost(t, 8, nil, protocol.CapDataFD, protocol.CapDataHand)
+	g, _ := h.openChannel(t)
+	client, accepted := tcpPair(t)
+	require.NoError(t, client.SetLinger(0))
+	require.NoError(t, client.Close()) // a reset: the accepted end is connected to nothing now
+	_, err := accepted.Read(make([]byte, 1))
+	require.Error(t, err, "the reset arrived")
+	r := g.hand(1, "up.test", accepted, nil, nil)
+	assert.Equal(t, protocol.EgressCancelled, r.Code)
+	assert.Equal(t, int32(0), h.accepted.Load(), "nothing dialed")
+	select {
+	case err := <-h.violations:
+		t.Fatalf("reported as a violation: %v", err)
+	default:
+	}
+	_, live := tcpPair(t)
+	assert.True(t, g.hand(2, "up.test", live, nil, nil).OK(), "the channel goes on")
+}
+
 // Descriptors no handing Connect claims (the guest attaching sockets to
 // Connects that hand nothing) are held at most protocol.MaxPendingFDs at
 // once; one more fails the guest. (One pending is no violation by

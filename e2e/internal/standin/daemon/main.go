@@ -6,7 +6,7 @@
 // only its SHA-256).
 //
 //	daemon serve --hostname 127.0.0.1 --port 4096 [--healthy-after-requests N] [--never-healthy] [--marker X]
-//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT|why:HOST:PORT]... [--persist PATH]...
+//	             [--probe NAME=proxy:URL|direct:URL|dial:HOST:PORT|echo-proxy:HOST:PORT|echo-direct:HOST:PORT|why:HOST:PORT|reach:HOST:PORT]... [--persist PATH]...
 //
 // Until N authenticated health requests arrived it answers 503 (so a test
 // can see that ready waits for health); with --never-healthy always 503.
@@ -28,7 +28,10 @@
 // what was sent. why: (a raw TCP connection the policy refuses) waits for
 // the server to speak, expects a reset, and asks the guest why ($OAC_EGRESS_REFUSALS
 // with its own source port): "ok reset=ERRNO port=N kind=K code=C
-// target=T rule=R reason=REASON".
+// target=T rule=R reason=REASON". reach: (a plain connection) tries to
+// list the interfaces of its socket's namespace, bind the socket to one
+// and disconnect it: "ok ifconf=R bindtodevice=R disconnect=R", each R
+// "ok" or an errno's name.
 //
 // Each --persist PATH (a kept sandbox's test) prints "daemon: persist
 // PATH=CONTENT" (what an earlier run wrote, or "absent"), then writes
@@ -210,7 +213,7 @@ func (l *probeList) String() string { return "" }
 func (l *probeList) Set(v string) error {
 	name, rest, ok := strings.Cut(v, "=")
 	mode, target, ok2 := strings.Cut(rest, ":")
-	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial" && mode != "echo-proxy" && mode != "echo-direct" && mode != "why") {
+	if !ok || !ok2 || (mode != "proxy" && mode != "direct" && mode != "dial" && mode != "echo-proxy" && mode != "echo-direct" && mode != "why" && mode != "reach") {
 		return fmt.Errorf("--probe %q: want NAME=proxy:URL, NAME=direct:URL or NAME=dial:HOST:PORT", v)
 	}
 	*l = append(*l, probe{name, mode, target})
@@ -296,8 +299,12 @@ func (p probe) run() {
 		result("ok %s", out)
 		return
 	}
-	if p.mode == "why" {
-		out, err := why(p.target)
+	if p.mode == "why" || p.mode == "reach" {
+		do := why
+		if p.mode == "reach" {
+			do = reach
+		}
+		out, err := do(p.target)
 		if err != nil {
 			result("error %v", err)
 			return

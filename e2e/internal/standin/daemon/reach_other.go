@@ -1,0 +1,9 @@
+//go:build !linux
+
+package main
+
+import "errors"
+
+func reach(string) (string, error) {
+	return "", errors.New("reach probes run in Linux guests only")
+}
