@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/internal/syscall32"
 )
 
@@ -147,6 +148,20 @@ func probe() {
 	say("clone-newuser", errName(err)+strings.TrimSpace(" "+string(bytes.TrimSpace(out))))
 	say("unshare-newuser", errnoName(rawErr(unix.SYS_UNSHARE, unix.CLONE_NEWUSER)))
 	say("clone3", errnoName(rawErr(unix.SYS_CLONE3)))
+	// The host's network through a socket: its interfaces, binding to one.
+	if fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0); err == nil {
+		ifr, _ := unix.NewIfreq("lo")
+		say("ioctl-ifflags", errName(unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr)))
+		say("bindtodevice", errName(unix.SetsockoptString(fd, unix.SOL_SOCKET, unix.SO_BINDTODEVICE, "lo")))
+		unix.Close(fd)
+	}
+	// Whether this kernel could refuse the workload's own TCP connects, as
+	// direct mode needs (what the agent's check says).
+	if err := workload.LandlockTCP(); err != nil {
+		say("landlock-tcp", err.Error())
+	} else {
+		say("landlock-tcp", "ok")
+	}
 	if syscall32.Available() {
 		say("i386-unshare-newuser", errno32(syscall32.Call(310, unix.CLONE_NEWUSER, 0, 0)))
 	}
