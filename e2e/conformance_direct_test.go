@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,6 +62,16 @@ func promiseDirect(t *testing.T, c *confCase) {
 		assert.Regexp(t, `^error .*connection refused`, denied, "a refusal is the connect's own error")
 		assert.Equal(t, "ok ifconf=EPERM bindtodevice=EPERM disconnect=EPERM", reach,
 			"the host's socket: the host's interfaces are not listed, it is bound to none, and it stays connected")
+		// A refused raw connection is refused at connect, and the
+		// workload asks why by the port it bound, as on the capture.
+		why := whyLine.FindStringSubmatch(s.waitLog("daemon: probe why=", 30*time.Second))
+		if assert.NotNil(t, why, "the why probe's line") {
+			assert.Equal(t, []string{"ECONNREFUSED", "policy", "Denied", "web.test:5432"}, []string{why[1], why[3], why[4], why[5]})
+			port, _ := strconv.Atoi(why[2])
+			assert.NotEmpty(t, s.find(func(e api.Event) bool {
+				return e.Event == api.KindEgress && e.Via == "direct" && e.Target == "web.test:5432" && e.SourcePort == port && e.Decision == "denied"
+			}), "the host's event names the connect by the port the workload bound")
+		}
 	} else {
 		require.Empty(t, on, "direct mode cannot be guarded on this row")
 		require.NotEmpty(t, off, "a starting event says why direct mode is off")

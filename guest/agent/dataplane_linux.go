@@ -140,7 +140,7 @@ func (d *dataPlane) carriers() []egress.Carrier {
 			if d.channel == nil {
 				return nil, protocol.EgressReply{}, false
 			}
-			return d.channel.Direct(ctx, t.Host, t.Port)
+			return d.channel.Direct(ctx, t)
 		}},
 		{Name: "dial", Open: func(ctx context.Context, t egress.Target) (net.Conn, protocol.EgressReply, bool) {
 			if !d.up(ctx) {

@@ -96,8 +96,8 @@ func (ch *Channel) Open(ctx context.Context, host string, port int, via string) 
 // host offered protocol.CapDataDirect): an OK answer carries it, checked
 // to be a connected TCP socket, for direct mode to put in the workload's
 // place (package direct). asked is false when the host was not asked.
-func (ch *Channel) Direct(ctx context.Context, host string, port int) (*net.TCPConn, protocol.EgressReply, bool) {
-	c, r, asked := ch.ask(ctx, protocol.Connect{Host: host, Port: port, Via: protocol.ViaDirect, Direct: true})
+func (ch *Channel) Direct(ctx context.Context, t egress.Target) (*net.TCPConn, protocol.EgressReply, bool) {
+	c, r, asked := ch.ask(ctx, protocol.Connect{Host: t.Host, Port: t.Port, SrcPort: t.SrcPort, Via: protocol.ViaDirect, Direct: true})
 	if c == nil {
 		return nil, r, asked
 	}

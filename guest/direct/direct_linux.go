@@ -34,10 +34,11 @@ const (
 )
 
 // Asker asks the host for its own socket connected to host:port (the fd
-// channel's direct Connect). asked is false when the host could not be
-// asked: the connect is then made in the workload's namespace, where the
-// capture takes it.
-type Asker func(ctx context.Context, host string, port int) (c *net.TCPConn, r protocol.EgressReply, asked bool)
+// channel's direct Connect); srcPort is the port the workload bound its
+// socket to, or 0 (a refusal is recorded by it for the workload to ask
+// why). asked is false when the host could not be asked: the connect is
+// then made in the workload's namespace, where the capture takes it.
+type Asker func(ctx context.Context, host string, port, srcPort int) (c *net.TCPConn, r protocol.EgressReply, asked bool)
 
 // Config configures a Supervisor.
 type Config struct {
@@ -307,7 +308,7 @@ func (s *Supervisor) connect(c call, sock *socket) {
 		c.answer(rawSockaddrCall(unix.SYS_CONNECT, sock.fd, raw))
 		return
 	}
-	up, r, asked := s.cfg.Ask(s.ctx, target.Addr().String(), int(target.Port()))
+	up, r, asked := s.cfg.Ask(s.ctx, target.Addr().String(), int(target.Port()), boundPort(sock.fd))
 	if !asked {
 		c.answer(rawSockaddrCall(unix.SYS_CONNECT, sock.fd, raw))
 		return
@@ -318,6 +319,17 @@ func (s *Supervisor) connect(c call, sock *socket) {
 	}
 	defer up.Close()
 	c.fail(s.put(c, sock, up))
+}
+
+// boundPort is the local port fd was bound to, or 0.
+func boundPort(fd int) int {
+	switch sa, _ := unix.Getsockname(fd); a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return a.Port
+	case *unix.SockaddrInet6:
+		return a.Port
+	}
+	return 0
 }
 
 // rawSockaddrCall makes connect or bind on fd with the workload's own

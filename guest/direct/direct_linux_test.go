@@ -57,7 +57,7 @@ type host struct {
 	during func()
 }
 
-func (h *host) ask(ctx context.Context, name string, port int) (*net.TCPConn, protocol.EgressReply, bool) {
+func (h *host) ask(ctx context.Context, name string, port, _ int) (*net.TCPConn, protocol.EgressReply, bool) {
 	n := h.inFlight.Add(1)
 	defer h.inFlight.Add(-1)
 	for {

@@ -118,11 +118,13 @@ func (e *Exit) hands() bool {
 // Direct is direct mode's way out (a workload's trapped connect to
 // host:port, package guest/direct): the same target check and mapping as
 // every Attempt, then the first carrier that answers directly. answered
-// is false when none could ask the host: the connect then goes on to the
-// capture, which carries it as any other. A refusal is recorded for the
-// workload to ask about, by target (the connect never had a source port).
-func (e *Exit) Direct(ctx context.Context, host string, port int) (*net.TCPConn, protocol.EgressReply, bool) {
-	t := Target{Host: e.unmap(host), Port: port, Via: protocol.ViaDirect}
+// is false when none could ask the host: the connect is then made in the
+// workload's namespace, where the capture carries it as any other.
+// srcPort is the port the workload's socket was bound to before its
+// connect (0 if none). A refusal is recorded for the workload to ask
+// about, by target, and by that port when it had one.
+func (e *Exit) Direct(ctx context.Context, host string, port, srcPort int) (*net.TCPConn, protocol.EgressReply, bool) {
+	t := Target{Host: e.unmap(host), Port: port, Via: protocol.ViaDirect, SrcPort: srcPort}
 	if err := t.Header().Validate(); err != nil {
 		return nil, LocalFailure(protocol.EgressInvalidArgument, "the target is not a host name or IP address with a port in 1..65535"), true
 	}
