@@ -3,21 +3,28 @@ package bench
 // The nearest peer: Anthropic's sandbox-runtime (srt, installed from the
 // npm registry), which runs a command in bubblewrap with no network and
 // routes it through HTTP and SOCKS proxies on the host. The same curl
-// fetches from the same server on the host, through srt, and in oac's
-// bwrap guest (transparent capture, and plain HTTP through HTTP_PROXY),
-// the four interleaved in every round, so load hits each alike.
+// fetches from the same server on the host (by address, and by a name
+// resolved through DNS as a guest's is), through srt, and in oac's bwrap
+// guests (the handed path: transparent capture and plain HTTP through
+// HTTP_PROXY; and direct mode), all interleaved in every round, so load
+// hits each alike.
 
 import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"golang.org/x/net/dns/dnsmessage"
+
 	"github.com/oac/sandbox-agent/bench/internal/probe"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // SRTVersion is the sandbox-runtime release the bench installs.
@@ -88,46 +95,149 @@ func (s *srtRunner) curl(args ...string) func() (float64, error) {
 		// its sandbox is its own; the proxy is the only way out.
 		cmd := exec.Command("node", s.cli, "-s", s.settings, "-c", "curl --noproxy '' "+strings.Join(quoted, " "))
 		cmd.Dir = s.dir
-		out, err := cmd.Output()
-		if err != nil {
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				return 0, fmt.Errorf("srt: %v: %s", err, strings.TrimSpace(string(ee.Stderr)))
-			}
-			return 0, fmt.Errorf("srt: %w", err)
-		}
-		lines := strings.Fields(string(out))
-		if len(lines) == 0 {
-			return 0, errors.New("srt: curl printed nothing")
-		}
-		return strconv.ParseFloat(lines[len(lines)-1], 64)
+		return curlValue("srt", cmd)
 	}
 }
 
+// curlValue runs cmd and returns the number curl's -w printed last.
+func curlValue(who string, cmd *exec.Cmd) (float64, error) {
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return 0, fmt.Errorf("%s: %v: %s", who, err, strings.TrimSpace(string(ee.Stderr)))
+		}
+		return 0, fmt.Errorf("%s: %w", who, err)
+	}
+	lines := strings.Fields(string(out))
+	if len(lines) == 0 {
+		return 0, fmt.Errorf("%s: curl printed nothing", who)
+	}
+	return strconv.ParseFloat(lines[len(lines)-1], 64)
+}
+
+// peerName is the upstream's name in the guests; the host resolves it too.
+const peerName = "up.test"
+
+// hostByName returns a curl on the host that resolves peerName through
+// DNS, as a guest's curl does: a resolver in this process on a loopback
+// port 53 (the only port glibc asks) answers its A question with the
+// server's address from memory (as the guest's resolver answers a name it
+// has cached), its others with no answer (the server has no IPv6 address;
+// the guest's resolver gives one of its own), other names NXDOMAIN. The curl
+// runs in a mount namespace of its own whose /etc/resolv.conf (the
+// guest's, naming that resolver) is bound over the machine's, which stays
+// as it is.
+func hostByName(dir, web string) (func(args ...string) func() (float64, error), func(), error) {
+	if _, err := exec.LookPath("unshare"); err != nil {
+		return nil, nil, errors.New("needs unshare (util-linux)")
+	}
+	ap, err := netip.ParseAddrPort(web)
+	if err != nil || !ap.Addr().Is4() {
+		return nil, nil, fmt.Errorf("the server %s is not an IPv4 address", web)
+	}
+	var pc net.PacketConn
+	for i := 1; i <= 16 && pc == nil; i++ {
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf("127.83.0.%d:53", i))
+	}
+	if pc == nil {
+		return nil, nil, err
+	}
+	ns, _, _ := strings.Cut(pc.LocalAddr().String(), ":")
+	conf := filepath.Join(dir, "resolv.conf")
+	if err := os.WriteFile(conf, []byte(strings.Replace(protocol.ResolvConf, "127.0.0.1", ns, 1)), 0o644); err != nil {
+		pc.Close()
+		return nil, nil, err
+	}
+	go answerDNS(pc, dnsmessage.MustNewName(peerName+"."), ap.Addr().As4())
+	run := func(args ...string) func() (float64, error) {
+		return func() (float64, error) {
+			return curlValue("host, by name", exec.Command("unshare", append([]string{"--mount", "sh", "-c",
+				`mount --bind "$0" /etc/resolv.conf && exec curl "$@"`, conf}, args...)...))
+		}
+	}
+	return run, func() { pc.Close() }, nil
+}
+
+func answerDNS(pc net.PacketConn, name dnsmessage.Name, a [4]byte) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		var p dnsmessage.Parser
+		h, err := p.Start(buf[:n])
+		if err != nil {
+			continue
+		}
+		q, err := p.Question()
+		if err != nil {
+			continue
+		}
+		rh := dnsmessage.Header{ID: h.ID, Response: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
+		if !strings.EqualFold(q.Name.String(), name.String()) {
+			rh.RCode = dnsmessage.RCodeNameError
+		}
+		b := dnsmessage.NewBuilder(nil, rh)
+		_ = b.StartQuestions()
+		_ = b.Question(q)
+		if rh.RCode == dnsmessage.RCodeSuccess && q.Type == dnsmessage.TypeA {
+			_ = b.StartAnswers()
+			_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 30}, dnsmessage.AResource{A: a})
+		}
+		if m, err := b.Finish(); err == nil {
+			_, _ = pc.WriteTo(m, from)
+		}
+	}
+}
+
+// peerGoal is a goal on a ratio.
+type peerGoal struct {
+	text  string
+	holds func(ratio float64) bool
+}
+
+func atLeast(x float64, of string) peerGoal {
+	return peerGoal{fmt.Sprintf("≥ %gx %s", x, of), func(r float64) bool { return r >= x }}
+}
+
+func atMost(x float64, of string) peerGoal {
+	return peerGoal{fmt.Sprintf("≤ %gx %s", x, of), func(r float64) bool { return r <= x }}
+}
+
 // PeerFigures measures curl's download and connect + first byte on the
-// host, through srt and in oac's bwrap guest in interleaved rounds, and
-// reports each beside the host and oac's beside srt's.
+// host (by address and by name), through srt and in oac's bwrap guests in
+// interleaved rounds, and reports each beside the host and oac's beside
+// srt's; direct mode's also beside the host by name and the handed path.
 func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 	cli, why := srtCLI(cache)
 	if why != "" {
 		r.Skip(PeerGroup+": sandbox-runtime "+SRTVersion, why)
 		return nil
 	}
-	_, probeBin, srv, stop, err := clientSetup("oac-bench-peer-")
+	dir, probeBin, srv, stop, err := clientSetup("oac-bench-peer-")
 	if err != nil {
 		return err
 	}
 	defer stop()
+	byName, stopResolver, err := hostByName(dir, srv.web)
+	if err != nil {
+		return fmt.Errorf("peer: the host's curl by name: %w", err)
+	}
+	defer stopResolver()
 	srt, cleanup, err := newSRTRunner(cli, srv.web)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	guest, stopGuest, err := guestProbe(b, guestTarget{label: "bwrap", args: []string{"--provider", "bwrap"}, curl: true, sameKernel: true}, srv, probeBin)
+	// Every guest names its path: direct mode is to become the default
+	// where its guarantees hold, and the rows must keep their meaning.
+	handed, stopHanded, err := guestProbe(b, guestTarget{label: "bwrap", args: []string{"--provider", "bwrap", "--data-plane", "fd"}, curl: true, sameKernel: true}, srv, probeBin)
 	if err != nil {
-		return fmt.Errorf("peer: the oac guest: %w", err)
+		return fmt.Errorf("peer: the oac guest on the handed path: %w", err)
 	}
-	defer stopGuest()
+	defer stopHanded()
 	direct, stopDirect, err := guestProbe(b, guestTarget{label: "bwrap-direct", args: []string{"--provider", "bwrap", "--data-plane", "direct"}, curl: true, sameKernel: true}, srv, probeBin)
 	if err != nil {
 		return fmt.Errorf("peer: the oac guest in direct mode: %w", err)
@@ -148,38 +258,53 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 	type figure struct {
 		what, unit, url, write string
 		scale                  func(float64) float64
-		better                 func(oacOverSRT float64) bool
-		goal                   string
-		// beside the host: issue-level goals per path kind.
-		handed, directGoal string
-		hostBetter         func(ratio float64, direct bool) bool
+		// The issue's goals: beside srt, and beside the host for the
+		// handed path and for direct mode (by address, by name).
+		srt, handed, direct, directByName peerGoal
 	}
 	dl := "/dl/" + strconv.FormatInt(size, 10)
 	figures := []figure{
 		{fmt.Sprintf("curl download %d MiB", size>>20), "MB/s", dl, "%{speed_download}",
-			func(v float64) float64 { return v / 1e6 }, func(x float64) bool { return x >= 4 }, "≥ 4x srt",
-			"≥ 0.7x the host", "≥ 0.9x the host", func(x float64, direct bool) bool { return x >= map[bool]float64{false: 0.7, true: 0.9}[direct] }},
+			func(v float64) float64 { return v / 1e6 },
+			atLeast(4, "srt"), atLeast(0.7, "the host"), atLeast(0.9, "the host"), atLeast(0.9, "the host by name")},
 		{"curl connect + first byte (a fresh connection, 1-byte file)", "µs", "/dl/1", "%{time_starttransfer}",
-			func(v float64) float64 { return v * 1e6 }, func(x float64) bool { return x <= 0.5 }, "≤ 0.5x srt",
-			"≤ 2.5x the host", "≤ 1.5x the host", func(x float64, direct bool) bool { return x <= map[bool]float64{false: 2.5, true: 1.5}[direct] }},
+			func(v float64) float64 { return v * 1e6 },
+			atMost(0.5, "srt"), atMost(2.5, "the host"), atMost(1.5, "the host"), atMost(1.3, "the host by name")},
 	}
+	const (
+		onHost   = "the same curl on the host (an address)"
+		onHostBy = "the same curl on the host by name"
+	)
 	paths := []struct {
 		name, flags string
 		g           *probe.Client
 		direct      bool
 	}{
-		{"oac bwrap, transparent", "--noproxy *", guest, false},
-		{"oac bwrap, plain HTTP through HTTP_PROXY", "-x http://127.0.0.1:3128", guest, false},
-		{"oac bwrap, direct mode", "--noproxy *", direct, true},
+		{"oac bwrap, transparent (handed, --data-plane fd)", "--noproxy *", handed, false},
+		{"oac bwrap, plain HTTP through HTTP_PROXY (handed, --data-plane fd)", "-x http://127.0.0.1:3128", handed, false},
+		{"oac bwrap, direct mode (--data-plane direct)", "--noproxy *", direct, true},
 	}
+	_, port, _ := net.SplitHostPort(srv.web)
 	for _, f := range figures {
+		add := func(name string, v []float64, baseName string, base []float64, g peerGoal) {
+			res := NewResult("peer: "+name+": "+f.what, f.unit, v, baseName, base)
+			if g.text != "" {
+				res = res.Judge(g.text, g.holds(res.Ratio))
+			}
+			r.Add(res)
+		}
 		base := []string{"-sS", "-o", "/dev/null", "-w", f.write}
-		var hostV, srtV []float64
+		with := func(more ...string) []string { return append(append([]string(nil), base...), more...) }
+		var hostV, nameV, srtV []float64
 		oacV := make([][]float64, len(paths))
 		for range runs {
-			measure := []func() (float64, error){host(append(base, "http://"+srv.web+f.url)...), srt.curl(append(base, "http://"+srv.web+f.url)...)}
+			measure := []func() (float64, error){
+				host(with("http://" + srv.web + f.url)...),
+				byName(with("http://" + peerName + ":" + port + f.url)...),
+				srt.curl(with("http://" + srv.web + f.url)...),
+			}
 			for _, p := range paths {
-				measure = append(measure, inGuest(p.g, append(append(append([]string(nil), base...), strings.Fields(p.flags)...), "http://up.test"+f.url)...))
+				measure = append(measure, inGuest(p.g, with(append(strings.Fields(p.flags), "http://"+peerName+f.url)...)...))
 			}
 			vals := make([]float64, len(measure))
 			for i, m := range measure {
@@ -189,21 +314,23 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 				}
 				vals[i] = f.scale(v)
 			}
-			hostV, srtV = append(hostV, vals[0]), append(srtV, vals[1])
+			hostV, nameV, srtV = append(hostV, vals[0]), append(nameV, vals[1]), append(srtV, vals[2])
 			for i := range paths {
-				oacV[i] = append(oacV[i], vals[2+i])
+				oacV[i] = append(oacV[i], vals[3+i])
 			}
 		}
-		r.Add(NewResult("peer: sandbox-runtime "+SRTVersion+" (bwrap + host proxy): "+f.what, f.unit, srtV, "the same curl on the host", hostV))
+		add("curl on the host by name ("+peerName+" through a DNS resolver on the host's loopback)", nameV, onHost, hostV, peerGoal{})
+		add("sandbox-runtime "+SRTVersion+" (bwrap + host proxy)", srtV, onHost, hostV, peerGoal{})
 		for i, p := range paths {
-			goal := f.handed
-			if p.direct {
-				goal = f.directGoal
+			if !p.direct {
+				add(p.name, oacV[i], onHost, hostV, f.handed)
+				add(p.name+" beside srt", oacV[i], "the same curl through srt", srtV, f.srt)
+				continue
 			}
-			hr := NewResult("peer: "+p.name+": "+f.what, f.unit, oacV[i], "the same curl on the host", hostV)
-			r.Add(hr.Judge(goal, f.hostBetter(hr.Ratio, p.direct)))
-			res := NewResult("peer: "+p.name+" beside srt: "+f.what, f.unit, oacV[i], "the same curl through srt", srtV)
-			r.Add(res.Judge(f.goal, f.better(res.Ratio)))
+			add(p.name, oacV[i], onHost, hostV, f.direct)
+			add(p.name+" beside the host by name", oacV[i], onHostBy, nameV, f.directByName)
+			add(p.name+" beside srt", oacV[i], "the same curl through srt", srtV, f.srt)
+			add(p.name+" beside the handed path", oacV[i], "the same curl in the guest on the handed path (transparent)", oacV[0], peerGoal{})
 		}
 	}
 	return nil

@@ -14,11 +14,11 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes); results
+	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes, peer); results
 	// are then printed but not written, unless Merge.
 	Only []string
 	// Merge, with Only, replaces those groups' rows in the report in Out
-	// and keeps the others (groups that tag their rows only: kubernetes).
+	// and keeps the others (groups that tag their rows only: kubernetes, peer).
 	Merge bool
 }
 

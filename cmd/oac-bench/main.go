@@ -18,8 +18,8 @@ func main() {
 	out := flag.String("out", "bench", "directory for results.md and results.json")
 	runs := flag.Int("runs", 15, "repetitions of each figure")
 	density := flag.Int("density", 50, "sandboxes started at once for the density figure")
-	only := flag.String("only", "", "comma-separated groups to run (mux, egress, transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes); prints, writes nothing")
-	merge := flag.Bool("merge", false, "with -only kubernetes: replace that group's rows in -out's results.md and results.json, keep the others")
+	only := flag.String("only", "", "comma-separated groups to run (mux, egress, transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes, peer); prints, writes nothing")
+	merge := flag.Bool("merge", false, "with -only kubernetes or peer: replace those groups' rows in -out's results.md and results.json, keep the others")
 	flag.Parse()
 	o := bench.Options{Bin: *bin, Out: *out, Runs: *runs, Density: *density, Merge: *merge}
 	if *only != "" {
