@@ -89,7 +89,10 @@ func parseDiagMsg(b []byte, mapID uint32) (diagEntry, error) {
 				}
 				stores.Nested(func(st *netlink.AttributeDecoder) error {
 					for st.Next() {
-						if st.Type() == unix.SK_DIAG_BPF_STORAGE_MAP_ID && st.Len() == 4 && st.Uint32() == mapID {
+						if st.Type() != unix.SK_DIAG_BPF_STORAGE_MAP_ID {
+							continue
+						}
+						if b := st.Bytes(); len(b) == 4 && binary.NativeEndian.Uint32(b) == mapID {
 							e.Sealed = true
 						}
 					}
