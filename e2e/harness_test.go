@@ -102,6 +102,7 @@ func TestMain(m *testing.M) {
 		bins.bad[mode] = filepath.Join(dir, "badguest-"+mode)
 		builds = append(builds, struct{ out, pkg, ldflags string }{bins.bad[mode], "./internal/badguest", "-X main.defaultMode=" + mode})
 	}
+	builds = append(builds, directBuilds(dir)...) // direct_hostile_test.go
 	for _, b := range builds {
 		out, pkg := b.out, b.pkg
 		args := []string{"build", "-trimpath", "-ldflags", b.ldflags, "-o", out}

@@ -18,6 +18,7 @@
 //	--mode escapes   put terminal escapes in a State, a log line and its stderr, then stop in order
 //	--mode slowread  open 256 egress connections to "up:80" and read nothing of what it sends, ignore Shutdown
 //	--mode upload    open 256 egress connections to "up:80" and send 4 MiB on each, ignore Shutdown
+//	--mode rootdirect ask for the host's own socket on the fd channel (a direct Connect), offered or not, and attack it (rootdirect_linux.go)
 package main
 
 import (
@@ -51,6 +52,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	endpoint = ep
 	conn, err := ep.Dial(context.Background())
 	if err != nil {
 		fail(err)
@@ -93,11 +95,15 @@ func hostile(mode string, conn *muxinject.Conn) {
 		fail(err)
 	}
 	caps := []string{protocol.CapProcess}
-	ctl, _, err := protocol.GuestHandshake(sess, protocol.Hello{MinVersion: 1, MaxVersion: 1, AgentVersion: "badguest-" + mode, PID: os.Getpid(), Capabilities: caps}, 10*time.Second)
+	if mode == "rootdirect" {
+		caps = append(caps, protocol.CapDataFD, protocol.CapDataDirect)
+	}
+	ctl, welcome, err := protocol.GuestHandshake(sess, protocol.Hello{MinVersion: 1, MaxVersion: 1, AgentVersion: "badguest-" + mode, PID: os.Getpid(), Capabilities: caps}, 10*time.Second)
 	if err != nil {
 		fail(err)
 	}
-	if _, err := ctl.Recv(); err != nil { // the bootstrap
+	boot, err := ctl.Recv() // the bootstrap
+	if err != nil {
 		fail(err)
 	}
 	ready := func(msg string) {
@@ -125,6 +131,8 @@ func hostile(mode string, conn *muxinject.Conn) {
 		}
 	}(ready)
 	switch mode {
+	case "rootdirect":
+		rootDirect(sess, ctl, welcome, boot, ready)
 	case "window":
 		ready("")
 		_ = conn.Inject(muxinject.Frame(muxinject.TypeWindowUpdate, 0, 1, 0xffffffff, nil))
