@@ -11,6 +11,6 @@ import "testing"
 // for the same connection: on every row, whichever carrier it has.
 func promiseRefusalExplained(t *testing.T, c *confCase) {
 	s := c.live(t)
-	port, _, reason := refusalSeen(t, s, "why", "web.test:5432")
+	port, _, reason := refusalSeen(t, s, "why", "web.test:5432", c.env.rawVia())
 	t.Logf("%s: source port %d: %s", c.row.name, port, reason)
 }

@@ -75,11 +75,13 @@ type dataPlaneCase struct {
 func dataPlaneCases() []dataPlaneCase {
 	root := func(t *testing.T) { needBwrap(t); needCurl(t) }
 	return []dataPlaneCase{
-		{name: "bwrap_fd_channel", need: root, log: "data plane: fd channel up", hands: true},
+		// The handed path on the fd channel: direct mode, the default
+		// where it holds, would take the raw connects before the capture.
+		{name: "bwrap_fd_channel", spec: sandboxSpec{args: []string{"--data-plane", "fd"}}, need: root, log: "data plane: fd channel up", hands: true},
 		{name: "bwrap_dialed", spec: sandboxSpec{args: []string{"--data-plane", "dial"}}, need: root, log: "data plane: data connections"},
 		{name: "bwrap_rootless", spec: sandboxSpec{user: subIDUser}, need: func(t *testing.T) { needRootless(t); needCurl(t) }, log: "data plane: data connections"},
-		{name: "oci_runc", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "runc"}}, need: func(t *testing.T) { needOCI(t, "runc"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
-		{name: "oci_crun", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "crun"}}, need: func(t *testing.T) { needOCI(t, "crun"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
+		{name: "oci_runc", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "runc", "--data-plane", "fd"}}, need: func(t *testing.T) { needOCI(t, "runc"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
+		{name: "oci_crun", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "crun", "--data-plane", "fd"}}, need: func(t *testing.T) { needOCI(t, "crun"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
 		{name: "session_only", spec: sandboxSpec{args: []string{"--data-plane", "off"}}, need: root, moves: true},
 	}
 }

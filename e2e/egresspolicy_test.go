@@ -162,8 +162,10 @@ func (e *egressPromises) check(s *shim, timeout time.Duration) {
 	assert.Equal(t, "denied.example:443", captured.Rule)
 }
 
+// spec runs the probes in bwrap as root, on the capture (the handed
+// path), not direct mode, whose refusals are the connect's own error.
 func (e *egressPromises) spec() sandboxSpec {
-	return sandboxSpec{bootstrap: egressBootstrap(probeScript(e.probes)), args: e.args, files: e.files}
+	return sandboxSpec{bootstrap: egressBootstrap(probeScript(e.probes)), args: append([]string{"--data-plane", "fd"}, e.args...), files: e.files}
 }
 
 func TestEgressPromisesOnBwrap(t *testing.T) {

@@ -47,6 +47,9 @@ func hostIPv6() (netip.Addr, string) {
 // family the name has), an IPv6 literal stays a literal for CIDR rules,
 // and every refused IPv6 form (the host's loopback in NAT64 form, a
 // link-local address, an address of the host) is refused with an event.
+// The link-local zone is lo's index: naming it would take the
+// SIOCGIFINDEX ioctl, which the workload filter refuses (interface
+// ioctls would show the host's interfaces on a socket of the host's).
 func TestTransparentIPv6EgressOnBwrap(t *testing.T) {
 	needBwrap(t)
 	needCurl(t)
@@ -56,7 +59,7 @@ func TestTransparentIPv6EgressOnBwrap(t *testing.T) {
 		fmt.Fprintf(w, "web over %s: %s", r.Host, r.URL.Path)
 	}))
 	defer web.Close()
-	args := []string{
+	args := []string{"--data-plane", "fd", // the capture, not direct mode
 		// Behind this name the host has IPv4 only: the guest's IPv6
 		// connection reaches it anyway.
 		"--upstream", "web.test:80=" + web.Listener.Addr().String(),
@@ -78,7 +81,7 @@ echo "curl6: $($E curl -6 -sS --noproxy '*' -m 10 http://web.test/v6 2>&1)"
 echo "curl6-public: $($E curl -6 -sS --noproxy '*' -m 10 http://public6.test/name 2>&1)"
 echo "curl6-literal: $($E curl -sS --noproxy '*' -m 10 'http://[` + publicAddr6 + `]/literal' 2>&1)"
 echo "nat64-loopback: $($E curl -sS --noproxy '*' -m 10 'http://[64:ff9b::7f00:1]/' 2>&1)"
-echo "link-local: $($E curl -sS --noproxy '*' -m 10 'http://[fe80::1%25lo]/' 2>&1)"
+echo "link-local: $($E curl -sS --noproxy '*' -m 10 'http://[fe80::1%251]/' 2>&1)"
 echo "denied6: $($E curl -6 -sS --noproxy '*' -m 10 http://denied.test/ 2>&1)"
 ` + hostScript + `
 echo "done"

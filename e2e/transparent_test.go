@@ -193,7 +193,9 @@ func TestTransparentEgressForProxyUnawareProgramsOnBwrap(t *testing.T) {
 	dns := startDNSStandin(t, map[string][4]byte{"real.dns.test": {127, 0, 0, 1}})
 	_, hasNode := exec.LookPath("node")
 	ip := hostIPv4()
-	args := append(identityArgs(),
+	// The capture is what this test proves: the handed path, not direct
+	// mode (which takes a raw connect before the capture sees it).
+	args := append(identityArgs(), "--data-plane", "fd",
 		"--upstream", "relay.test:443="+relaySrv.Listener.Addr().String(),
 		"--upstream", "web.test:80="+web.Listener.Addr().String(),
 		"--upstream", fmt.Sprintf("raw.test:7000=127.0.0.1:%d", portOf(raw)),

@@ -15,12 +15,12 @@ import (
 // dataCarriers returns the data plane carriers to offer: what the
 // provider's transport allows, the fd channel only to a shim that can
 // make pairs in the guest's namespace, narrowed by Config.DataPlane, and
-// with it protocol.CapDataHand, and protocol.CapDataDirect when direct
-// mode is asked for and every guarantee holds here (openDirect).
+// with it protocol.CapDataHand, and protocol.CapDataDirect unless another
+// carrier was asked for, wherever every guarantee holds (openDirect).
 func (s *run) dataCarriers() []string {
 	dp, ok := s.inst.(provider.DataPlane)
 	if !ok || s.cfg.DataPlane == DataPlaneOff {
-		if s.cfg.DataPlane == DataPlaneDirect {
+		if s.wantsDirect() {
 			s.directOff = "direct mode unavailable: this provider has no data plane; connections take the session stream path"
 		}
 		return nil
@@ -39,12 +39,18 @@ func (s *run) dataCarriers() []string {
 		// here with no copy in the guest.
 		offer = append(offer, protocol.CapDataHand)
 	}
-	if s.cfg.DataPlane == DataPlaneDirect {
+	if s.wantsDirect() {
 		if s.direct, s.directOff = s.openDirect(offer); s.direct != nil {
 			offer = append(offer, protocol.CapDataDirect)
 		}
 	}
 	return offer
+}
+
+// wantsDirect: direct mode is on by default (Config.DataPlane "") and
+// with DataPlaneDirect, wherever openDirect finds every guarantee holds.
+func (s *run) wantsDirect() bool {
+	return s.cfg.DataPlane == "" || s.cfg.DataPlane == DataPlaneDirect
 }
 
 // openDirect returns direct mode's guard when every guarantee holds here
@@ -68,7 +74,7 @@ func (s *run) openDirect(offer []string) (*directguard.Guard, string) {
 
 // directSaid is the host's starting event on direct mode: why it is off,
 // or, when offered, the sandbox's host port share (the guest's own event
-// then says whether it is on). "" when it was not asked for.
+// then says whether it is on). "" when another carrier was asked for.
 func (s *run) directSaid(hello protocol.Hello) string {
 	switch {
 	case s.directOff != "":

@@ -23,6 +23,11 @@ func TestDirectModeIsOfferedOnlyWhereEveryGuaranteeHolds(t *testing.T) {
 	fd := []string{protocol.CapDataFD, protocol.CapDataHand}
 	hello := protocol.Hello{Capabilities: []string{protocol.CapDataFD, protocol.CapDataHand, protocol.CapDataDirect}}
 
+	for plane, wants := range map[string]bool{"": true, DataPlaneDirect: true, protocol.CapDataFD: false, protocol.CapDataDial: false, DataPlaneOff: false} {
+		s := &run{cfg: Config{DataPlane: plane}}
+		assert.Equal(t, wants, s.wantsDirect(), "--data-plane %q: direct mode is the default, named or not; a carrier asked for by name is that carrier", plane)
+	}
+
 	s := &run{cfg: Config{Provider: unprivilegedRoot{&fakeProvider{}}, DataPlane: DataPlaneDirect}}
 	g, why := s.openDirect([]string{protocol.CapDataDial})
 	assert.Nil(t, g)

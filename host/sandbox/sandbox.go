@@ -121,11 +121,12 @@ type Config struct {
 	// Zero fields take muxguard.DefaultLimits.
 	Guard muxguard.Limits
 	// DataPlane restricts the data plane the host offers (see package
-	// host/dataplane): "" offers every carrier the provider's transport
-	// allows, DataPlaneOff none (every connection is an egress stream of
-	// the session), protocol.CapDataFD or protocol.CapDataDial that one
-	// only, when allowed, and DataPlaneDirect the fd channel with direct
-	// mode (protocol.CapDataDirect) besides handing.
+	// host/dataplane): "" (and DataPlaneDirect, the same) offers every
+	// carrier the provider's transport allows and direct mode
+	// (protocol.CapDataDirect) wherever every guarantee holds,
+	// DataPlaneOff none (every connection is an egress stream of the
+	// session), protocol.CapDataFD or protocol.CapDataDial that one only,
+	// when allowed, without direct mode.
 	DataPlane string
 	// ClockInterval is how often the host reads a VM guest's clock and
 	// steps it when off (see clock.go); 0 takes DefaultClockInterval, a
@@ -138,9 +139,9 @@ type Config struct {
 const (
 	// DataPlaneOff: no data plane.
 	DataPlaneOff = "off"
-	// DataPlaneDirect: the fd channel, and the workload's connects
-	// answered with the host's own locked sockets where the guest can
-	// trap them (docs/egress.md, "Direct mode").
+	// DataPlaneDirect: what "" offers, named: every carrier, and the
+	// workload's connects answered with the host's own sealed sockets
+	// wherever every guarantee holds (docs/egress.md, "Direct mode").
 	DataPlaneDirect = "direct"
 )
 
