@@ -20,8 +20,8 @@ import (
 
 // pruneEvery is how many seals may add cookies before the set is pruned to
 // the sockets still alive: the set follows the live sockets, not the
-// history.
-const pruneEvery = 4096
+// history. (A variable for the tests.)
+var pruneEvery = 4096
 
 // Guard is one sandbox's direct-mode guard: its programs, its seal map,
 // its port share and the cookies of the sockets it sealed.
