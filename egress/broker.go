@@ -622,7 +622,11 @@ func dialFailure(ctx context.Context, addr string, err error) *Failure {
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fail(protocol.EgressConnectionRefused, "", "%s refused the connection", addr)
-	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.EADDRNOTAVAIL), errors.Is(err, syscall.EAFNOSUPPORT):
+	case errors.Is(err, syscall.EADDRNOTAVAIL):
+		// A connect that binds no port itself: no local port is free
+		// (for a direct connection, the sandbox's share of them).
+		return fail(protocol.EgressResourceExhausted, "", "the host has no free local port to reach %s: close some connections (a closed one may hold its port for a minute)", addr)
+	case errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.EAFNOSUPPORT):
 		return fail(protocol.EgressUnreachable, "", "%s is unreachable from the host", addr)
 	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE), errors.Is(err, syscall.ENOBUFS):
 		return fail(protocol.EgressResourceExhausted, "", "the host is out of sockets dialing %s", addr)

@@ -5,8 +5,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -321,4 +323,18 @@ func TestPolicySwapWhileServing(t *testing.T) {
 	require.NoError(t, err, "a connected stream keeps running after the swap")
 	guest.Close()
 	<-done
+}
+
+func TestADialsErrorIsTheCodeTheGuestCanActOn(t *testing.T) {
+	ctx := context.Background()
+	for err, code := range map[error]protocol.EgressCode{
+		syscall.ECONNREFUSED:  protocol.EgressConnectionRefused,
+		syscall.ENETUNREACH:   protocol.EgressUnreachable,
+		syscall.EHOSTUNREACH:  protocol.EgressUnreachable,
+		syscall.EADDRNOTAVAIL: protocol.EgressResourceExhausted, // no free local port: not the upstream's fault
+		syscall.EMFILE:        protocol.EgressResourceExhausted,
+	} {
+		f := dialFailure(ctx, "192.0.2.1:443", &net.OpError{Op: "dial", Err: &os.SyscallError{Syscall: "connect", Err: err}})
+		assert.Equal(t, code, f.Code, "%v", err)
+	}
 }
