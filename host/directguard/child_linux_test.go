@@ -20,6 +20,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,15 @@ import (
 
 // The tests' children: this test binary run again with childEnv set.
 const childEnv = "OAC_DIRECTGUARD_TEST_CHILD"
+
+// childCommand runs this test binary again as child.
+func childCommand(child string, env ...string) *exec.Cmd {
+	cmd := exec.Command("/proc/self/exe")
+	// A race-enabled child would otherwise sleep a second as it exits.
+	race := strings.TrimSpace(os.Getenv("GORACE") + " atexit_sleep_ms=0")
+	cmd.Env = append(append(os.Environ(), childEnv+"="+child, "GORACE="+race), env...)
+	return cmd
+}
 
 func childMain() bool {
 	switch os.Getenv(childEnv) {
@@ -62,8 +72,7 @@ type guestRoot struct {
 
 func startGuestRoot(t *testing.T, handed *os.File) *guestRoot {
 	t.Helper()
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = append(os.Environ(), childEnv+"=guest-root")
+	cmd := childCommand("guest-root")
 	cmd.ExtraFiles = []*os.File{handed}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -79,7 +88,9 @@ func startGuestRoot(t *testing.T, handed *os.File) *guestRoot {
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
 		in.Close()
-		_ = cmd.Wait()
+		// It ends at the end of its input; a race-enabled child that saw
+		// a race exits 66.
+		assert.NoError(t, cmd.Wait(), "the guest root exits cleanly")
 	})
 	g := &guestRoot{t: t, in: in, out: bufio.NewScanner(out)}
 	require.True(t, g.out.Scan(), "the guest root started")
@@ -299,11 +310,11 @@ func race(fd, threads, n int, to netip.AddrPort) string {
 	counts := map[string]int{}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	sa := sockaddrOf(to)
 	for range threads {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			sa := sockaddrOf(to) // the call writes into it: one each
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			mine := map[string]int{}
@@ -403,8 +414,7 @@ func haveCompat(t *testing.T) error {
 	if !compat.Available {
 		return errNoCompat
 	}
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = append(os.Environ(), childEnv+"=compat-probe")
+	cmd := childCommand("compat-probe")
 	out, err := cmd.Output()
 	if err != nil || !strings.HasPrefix(string(out), "pid ") {
 		return fmt.Errorf("%w (%v)", errNoCompat, err)

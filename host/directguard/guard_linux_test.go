@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -131,8 +130,7 @@ func TestTheGuardRefusesToSealASocketMadeOutsideItsCgroup(t *testing.T) {
 	require.NoError(t, err)
 	defer f.Close()
 
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = append(os.Environ(), childEnv+"=outside-cgroup", "SHARE_DIR="+t.TempDir(), "PEER="+up.String())
+	cmd := childCommand("outside-cgroup", "SHARE_DIR="+t.TempDir(), "PEER="+up.String())
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgfd.Fd()), Pdeathsig: syscall.SIGKILL}
@@ -152,8 +150,8 @@ func TestOpenOfANonRootProcessSaysItNeedsRoot(t *testing.T) {
 	b, err := os.ReadFile("/proc/self/exe")
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(exe, b, 0o755))
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), childEnv+"=share-holder", "SHARE_DIR="+filepath.Join(dir, "shares"))
+	cmd := childCommand("share-holder", "SHARE_DIR="+filepath.Join(dir, "shares"))
+	cmd.Path, cmd.Args[0] = exe, exe
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	cmd.Stdin = strings.NewReader("")
 	out, _ := cmd.Output()

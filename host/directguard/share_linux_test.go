@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -93,8 +92,7 @@ func TestWhenEveryShareIsTakenOpenSaysSo(t *testing.T) {
 func TestAKilledProcesssShareIsFreeAgain(t *testing.T) {
 	needRoot(t)
 	dir := t.TempDir()
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Env = append(os.Environ(), childEnv+"=share-holder", "SHARE_DIR="+dir, "SHARE_SIZE=65536")
+	cmd := childCommand("share-holder", "SHARE_DIR="+dir, "SHARE_SIZE=65536")
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
