@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -190,6 +191,11 @@ func openCapture() (int, error) {
 		err = unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]})
 	}
 	if err == nil {
+		// Room for a flood, should the guard let one through: the
+		// fence must still arrive.
+		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 64<<20)
+	}
+	if err == nil {
 		err = unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: lo.Index})
 	}
 	if err != nil {
@@ -316,22 +322,22 @@ func synsTo(ps []packet, port uint16) int {
 	return n
 }
 
-// astray are the segments among ps sent from src to anywhere but peer.
-func astray(ps []packet, src, peer netip.AddrPort) []packet {
-	var out []packet
-	for _, p := range from(ps, src) {
-		if p.dst != peer {
-			out = append(out, p)
+// synsToAny counts the SYNs among ps addressed to any of to.
+func synsToAny(ps []packet, to ...netip.AddrPort) int {
+	n := 0
+	for _, p := range ps {
+		if p.syn && !p.ack && slices.Contains(to, p.dst) {
+			n++
 		}
 	}
-	return out
+	return n
 }
 
-// from are the segments among ps sent from src.
-func from(ps []packet, src netip.AddrPort) []packet {
+// between are the segments among ps sent from src to dst.
+func between(ps []packet, src, dst netip.AddrPort) []packet {
 	var out []packet
 	for _, p := range ps {
-		if p.src == src {
+		if p.src == src && p.dst == dst {
 			out = append(out, p)
 		}
 	}
