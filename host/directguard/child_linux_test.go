@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -286,6 +287,22 @@ func guestRootDo(f []string) string {
 			unix.Close(ns)
 		}
 		return answer(err)
+	case "ifconf":
+		// SIOCGIFCONF: the names of the socket's namespace's interfaces.
+		buf := make([]byte, 40*64)
+		ifc := struct {
+			len int32
+			_   int32
+			buf uintptr
+		}{len: int32(len(buf)), buf: uintptr(unsafe.Pointer(&buf[0]))}
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCGIFCONF, uintptr(unsafe.Pointer(&ifc))); e != 0 {
+			return answer(e)
+		}
+		var names []string
+		for off := 0; off+40 <= int(ifc.len); off += 40 {
+			names = append(names, unix.ByteSliceToString(buf[off:off+16]))
+		}
+		return "ok " + strings.Join(names, ",")
 	case "compat-sockopt":
 		level, _ := strconv.Atoi(arg(2))
 		name, _ := strconv.Atoi(arg(3))
@@ -379,17 +396,14 @@ func outsideCgroupMain() int {
 		fmt.Println("peer:", err)
 		return 1
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err == nil {
-		err = unix.Connect(fd, sockaddrOf(peer))
-	}
+	d := net.Dialer{Control: func(network, _ string, c syscall.RawConn) error { return g.Lock(network, peer, c) }}
+	own, err := d.Dial("tcp4", peer.String())
 	if err != nil {
 		fmt.Println("own:", err)
 		return 1
 	}
-	own := os.NewFile(uintptr(fd), "own")
 	defer own.Close()
-	rc, err = own.SyscallConn()
+	rc, err = own.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		fmt.Println("own:", err)
 		return 1

@@ -52,8 +52,11 @@ type Guard struct {
 }
 
 // Open loads the guard's programs, attaches them to this process's own
-// cgroup v2, and takes a port share. Its error says, in words fit for a
-// user-facing event, why direct mode cannot be guarded here.
+// cgroup v2, and takes a port share; it then proves the guard on sockets
+// of its own. It reads the port range and opens its sock_diag socket in
+// the calling thread's network namespace: the one upstream sockets are
+// made in. Its error says, in words fit for a user-facing event, why
+// direct mode cannot be guarded here.
 func Open(cfg Config) (_ *Guard, err error) {
 	start := time.Now()
 	cfg = cfg.withDefaults()
@@ -239,8 +242,10 @@ var errClosed = errors.New("direct mode's guard is closed")
 // guest: from then on the kernel refuses connect (any address, also after
 // an AF_UNSPEC disconnect), bind, and the setsockopt options of
 // internal/netreach.Sockopts (and IP_LOCAL_PORT_RANGE) on it, and drops
-// its packets to anything but its peer, whoever holds it. It records the
-// socket's cookie for Abort; it keeps no descriptor.
+// its packets to anything but its peer, whoever holds it. It refuses a
+// socket that was not locked (Lock) or that the guard does not cover (one
+// made outside this process's cgroup). It records the socket's cookie for
+// Abort; it keeps no descriptor.
 func (g *Guard) Seal(rc syscall.RawConn) error {
 	g.life.RLock()
 	defer g.life.RUnlock()
@@ -281,6 +286,15 @@ func (g *Guard) seal(fd int) (uint64, error) {
 	sa, err := unix.Getpeername(fd)
 	if err != nil {
 		return 0, fmt.Errorf("the socket has no peer: %w", err)
+	}
+	// Locked first: whoever holds a sealed socket must find its peer
+	// filter in place.
+	locked, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_LOCK_FILTER)
+	if err != nil {
+		return 0, err
+	}
+	if locked == 0 {
+		return 0, errors.New("the socket was not locked to its upstream before it connected (Lock)")
 	}
 	var peer netip.Addr
 	switch sa := sa.(type) {
@@ -390,12 +404,12 @@ func (g *Guard) abort() (int, error) {
 // call twice.
 func (g *Guard) Close() error {
 	g.closeOnce.Do(func() {
-		// A seal that got in before this is found by Abort: by its
-		// storage, and by its cookie.
 		g.closed.Store(true)
-		_, err := g.Abort()
+		// With no seal under way (a seal that got in first is found by
+		// its storage and its cookie), and none after.
 		g.life.Lock()
 		defer g.life.Unlock()
+		_, err := g.abort()
 		g.released = true
 		g.closeErr = errors.Join(err, g.release())
 	})

@@ -100,6 +100,26 @@ func TestLockAndSealRefuseWhatIsNotADirectConnection(t *testing.T) {
 	rc, err = f.SyscallConn()
 	require.NoError(t, err)
 	assert.ErrorContains(t, g.Seal(rc), "no peer", "an unconnected socket has no upstream to keep it on")
+
+	l, up := listen(t, "127.0.0.1")
+	c, err := net.Dial("tcp4", up.String())
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := l.Accept()
+	require.NoError(t, err)
+	defer s.Close()
+	rc, err = c.(*net.TCPConn).SyscallConn()
+	require.NoError(t, err)
+	assert.ErrorContains(t, g.Seal(rc), "not locked", "a socket connected without its peer filter")
+}
+
+// lockFilter attaches and locks fd's peer filter, as Lock does.
+func lockFilter(t *testing.T, fd int, peer netip.AddrPort) {
+	t.Helper()
+	prog, err := peerFilter(peer)
+	require.NoError(t, err)
+	require.NoError(t, unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, prog))
+	require.NoError(t, unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_LOCK_FILTER, 1))
 }
 
 func TestTheGuardRefusesToSealASocketMadeOutsideItsCgroup(t *testing.T) {
@@ -129,6 +149,7 @@ func TestTheGuardRefusesToSealASocketMadeOutsideItsCgroup(t *testing.T) {
 	f, err := c.(*net.TCPConn).File()
 	require.NoError(t, err)
 	defer f.Close()
+	lockFilter(t, int(f.Fd()), up)
 
 	cmd := childCommand("outside-cgroup", "SHARE_DIR="+t.TempDir(), "PEER="+up.String())
 	cmd.ExtraFiles = []*os.File{f}
