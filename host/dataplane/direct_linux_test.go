@@ -54,8 +54,10 @@ func TestADirectConnectGetsTheHostsOwnSocketLockedToTheUpstream(t *testing.T) {
 			assert.ErrorIs(t, unix.Connect(int(fd), &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: 9}), unix.EPERM, "sealed: never connected again")
 		}
 	}))
+	// The decision's event follows the answer (it says whether the
+	// guest got it).
+	require.Eventually(t, func() bool { return len(h.events.of(api.KindEgress)) == 1 }, 5*time.Second, 10*time.Millisecond)
 	allowed := h.events.of(api.KindEgress)
-	require.Len(t, allowed, 1)
 	assert.Equal(t, protocol.ViaDirect, allowed[0].Via)
 	assert.Equal(t, "allowed", allowed[0].Decision)
 	assert.Contains(t, allowed[0].Message, "no egress_closed follows")
