@@ -25,8 +25,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/oac/sandbox-agent/host/directguard/internal/compat"
 	"github.com/oac/sandbox-agent/internal/netreach"
+	"github.com/oac/sandbox-agent/internal/syscall32"
 )
 
 // The tests' children: this test binary run again with childEnv set.
@@ -50,7 +50,7 @@ func childMain() bool {
 	case "share-holder":
 		os.Exit(shareHolderMain())
 	case "compat-probe":
-		fmt.Println("pid", compat.Getpid())
+		fmt.Println("pid", syscall32.Call(sysGetpid32, 0, 0, 0))
 		os.Exit(0)
 	case "outside-cgroup":
 		os.Exit(outsideCgroupMain())
@@ -229,7 +229,7 @@ func guestRootDo(f []string) string {
 	case "connect":
 		return answer(unix.Connect(fd, sockaddrOf(netip.MustParseAddrPort(arg(2)))))
 	case "compat-connect":
-		return answer(compat.Connect(fd, rawSockaddr(netip.MustParseAddrPort(arg(2)))))
+		return answer(connect32(fd, rawSockaddr(netip.MustParseAddrPort(arg(2)))))
 	case "fastopen":
 		return answer(unix.Sendto(fd, []byte("x"), unix.MSG_FASTOPEN, sockaddrOf(netip.MustParseAddrPort(arg(2)))))
 	case "bind":
@@ -307,7 +307,7 @@ func guestRootDo(f []string) string {
 		level, _ := strconv.Atoi(arg(2))
 		name, _ := strconv.Atoi(arg(3))
 		val, _ := hex.DecodeString(arg(4))
-		return answer(compat.Setsockopt(fd, level, name, val))
+		return answer(setsockopt32(fd, level, name, val))
 	case "write":
 		_, err := unix.Write(fd, []byte(arg(2)))
 		return answer(err)
@@ -421,11 +421,47 @@ func answerErr(err error) string {
 
 var errNoCompat = errors.New("this kernel runs no 32-bit calls")
 
+// i386 system call numbers (arch/x86/entry/syscalls/syscall_32.tbl): the
+// kernel shows a 32-bit setsockopt to no cgroup setsockopt program, so a
+// hostile guest root can try exactly that.
+const (
+	sysGetpid32     = 20
+	sysConnect32    = 362
+	sysSetsockopt32 = 366
+)
+
+// connect32 is the 32-bit connect to the raw struct sockaddr sa.
+func connect32(fd int, sa []byte) error {
+	p, free, err := syscall32.Low(sa)
+	if err != nil {
+		return err
+	}
+	defer free()
+	return errno32(syscall32.Call5(sysConnect32, uintptr(fd), p, uintptr(len(sa)), 0, 0))
+}
+
+// setsockopt32 is the 32-bit setsockopt.
+func setsockopt32(fd, level, name int, val []byte) error {
+	p, free, err := syscall32.Low(val)
+	if err != nil {
+		return err
+	}
+	defer free()
+	return errno32(syscall32.Call5(sysSetsockopt32, uintptr(fd), uintptr(level), uintptr(name), p, uintptr(len(val))))
+}
+
+func errno32(r int32) error {
+	if r < 0 && r > -4096 {
+		return unix.Errno(-r)
+	}
+	return nil
+}
+
 // haveCompat tells whether 32-bit calls work here: a child tries one (a
 // kernel without them kills it).
 func haveCompat(t *testing.T) error {
 	t.Helper()
-	if !compat.Available {
+	if runtime.GOARCH != "amd64" {
 		return errNoCompat
 	}
 	cmd := childCommand("compat-probe")
