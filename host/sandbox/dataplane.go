@@ -74,15 +74,18 @@ func (s *run) openDirect(offer []string) (*directguard.Guard, string) {
 
 // directSaid is the host's starting event on direct mode: why it is off,
 // or, when offered, the sandbox's host port share (the guest's own event
-// then says whether it is on). "" when another carrier was asked for.
+// then says whether it is on). "" when another carrier was asked for. A
+// guest that cannot take it gives its share back at once.
 func (s *run) directSaid(hello protocol.Hello) string {
+	if s.direct != nil && !protocol.HasCapability(hello.Capabilities, protocol.CapDataDirect) {
+		s.closeDirect()
+		s.direct, s.directOff = nil, "direct mode unavailable: this guest's agent cannot trap connects; connections take the handed path"
+	}
 	switch {
 	case s.directOff != "":
 		return s.directOff
 	case s.direct == nil:
 		return ""
-	case !protocol.HasCapability(hello.Capabilities, protocol.CapDataDirect):
-		return "direct mode unavailable: this guest's agent cannot trap connects; connections take the handed path"
 	}
 	lo, hi := s.direct.Share()
 	return fmt.Sprintf("direct mode offered: host ports %d-%d are this sandbox's share; each socket handed to the guest is kept on its upstream by the kernel", lo, hi)

@@ -53,4 +53,5 @@ func TestDirectModeIsOfferedOnlyWhereEveryGuaranteeHolds(t *testing.T) {
 	assert.Regexp(t, `^direct mode offered: host ports \d+-\d+ are this sandbox's share`, s.directSaid(hello))
 	assert.Equal(t, "direct mode unavailable: this guest's agent cannot trap connects; connections take the handed path",
 		s.directSaid(protocol.Hello{Capabilities: fd}))
+	assert.Nil(t, s.direct, "a guest that cannot take direct mode gives its port share back at once")
 }
