@@ -15,6 +15,7 @@ const (
 	CodeGuestIncompatible   = "guest_incompatible"
 	CodeOSUnsupported       = "os_unsupported"
 	CodeProviderUnavailable = "provider_unavailable"
+	CodeAppArmorMissing     = "apparmor_profile_missing"
 	CodePlatformDoorOpen    = "platform_door_open"
 	// The boot.
 	CodeBootTimeout = "boot_timeout"
@@ -71,6 +72,8 @@ var Failures = []Failure{
 		"This OS version cannot run sandboxes (the message says which version is needed): tell the user; do not retry."},
 	{CodeProviderUnavailable, 5, 503, CodeProviderUnavailable, false,
 		"The provider cannot run on this host: run `oac-shim check`, install what it names, or pick another provider or node."},
+	{CodeAppArmorMissing, 5, 503, CodeAppArmorMissing, false,
+		"The container engine (or a Kubernetes node) confines containers with AppArmor, whose default profile refuses the mounts the guest makes for the workload, and the guest's profile oac-guest is not loaded, and oac-shim could not load it (not root, no apparmor_parser, or the parser refused it; the message says which): install examples/apparmor/oac-guest on the host or node (docs/providers.md#apparmor), or run oac-shim as root with apparmor_parser installed. Nothing was created."},
 	{CodePlatformDoorOpen, 5, 503, CodePlatformDoorOpen, false,
 		"The platform opened a door to the host (a Windows drive, WSL interop, a host socket or share; the message names each) that this guest cannot close for the workload: close it in the platform's configuration (WSL: the image's /etc/wsl.conf) or run where the guest can give the workload a mount namespace. Nothing of the workload ran."},
 	{CodeBootTimeout, 6, 504, CodeBootTimeout, true,

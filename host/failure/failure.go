@@ -6,6 +6,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/errmark"
 	"github.com/oac/sandbox-agent/protocol"
@@ -86,6 +87,8 @@ var rules = []rule{
 	{ErrGuestBootstrap, api.CodeInvalidBootstrap},
 
 	{ErrOSUnsupported, api.CodeOSUnsupported},
+	// Before ErrUnavailable: a missing profile is the one thing to install.
+	{apparmor.ErrProfileMissing, api.CodeAppArmorMissing},
 	{provider.ErrUnavailable, api.CodeProviderUnavailable},
 	{provider.ErrInvalidSpec, api.CodeInvalidConfig},
 	{provider.ErrExists, api.CodeInvalidConfig},

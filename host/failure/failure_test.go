@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -33,6 +34,8 @@ func TestCodesComeFromSentinelsNotMessages(t *testing.T) {
 		{"identity flags disagree", bootstrap.ErrIdentityMismatch, api.CodeInvalidBootstrap},
 		{"the guest refused it", With(ErrGuestBootstrap, errors.New("guest: bootstrap refused")), api.CodeInvalidBootstrap},
 		{"provider missing", With(ErrRuntimeFailed, fmt.Errorf("create bwrap sandbox: %w: bwrap not found", provider.ErrUnavailable)), api.CodeProviderUnavailable},
+		{"AppArmor profile missing", With(ErrRuntimeFailed, fmt.Errorf("create docker sandbox: docker: %w: the profile oac-guest is not loaded", apparmor.ErrProfileMissing)), api.CodeAppArmorMissing},
+		{"AppArmor profile missing, said unavailable too", fmt.Errorf("%w: %w: a node lacks the profile", provider.ErrUnavailable, apparmor.ErrProfileMissing), api.CodeAppArmorMissing},
 		{"bad spec", fmt.Errorf("nothing created: %w: no oac-guest binary given", provider.ErrInvalidSpec), api.CodeInvalidConfig},
 		{"name in use", With(ErrRuntimeFailed, fmt.Errorf("create: %w", provider.ErrExists)), api.CodeInvalidConfig},
 		{"forward in use", With(ErrInvalidConfig, errors.New("nothing created: listen 127.0.0.1:80: address in use")), api.CodeInvalidConfig},

@@ -49,7 +49,11 @@ type runConfig struct {
 	// (kit.ContainerSeccompProfile): the engine's default plus what the workload
 	// launcher needs; "" leaves the engine's default.
 	Seccomp string
-	Debug   bool
+	// AppArmor is the AppArmor profile to run the container under
+	// (apparmor.Name where the engine confines with AppArmor); "" leaves
+	// the engine's choice (no AppArmor there).
+	AppArmor string
+	Debug    bool
 	// Kept makes a kept sandbox's container (provider.Spec.Keep): made
 	// once with `docker create` and started again by each run, never
 	// removed by one; its root, /home and /environment (unless a volume
@@ -99,6 +103,12 @@ func runArgs(c runConfig) []string {
 	a = append(a, "--security-opt", "no-new-privileges")
 	if c.Seccomp != "" {
 		a = append(a, "--security-opt", "seccomp="+c.Seccomp)
+	}
+	// Never unconfined: a profile is only ever named to replace the
+	// engine's default with the guest's, which confines as much but for
+	// the launcher's mounts.
+	if c.AppArmor != "" && c.AppArmor != "unconfined" {
+		a = append(a, "--security-opt", "apparmor="+c.AppArmor)
 	}
 	a = append(a,
 		"--pids-limit", fmt.Sprint(kit.PidsLimit),
@@ -241,6 +251,14 @@ func classify(what, out string, err error) error {
 		return fmt.Errorf("%w: docker: %s: %s", provider.ErrExists, what, msg)
 	}
 	return fmt.Errorf("docker: %s: %s", what, msg)
+}
+
+// appArmorConfines reports whether `docker info` SecurityOptions (as
+// JSON) say the engine confines containers with AppArmor: the engine's
+// own report, which holds where the kernel has AppArmor and the engine
+// was built with it.
+func appArmorConfines(securityOptions string) bool {
+	return strings.Contains(securityOptions, "name=apparmor")
 }
 
 // usernsRemapped reports whether `docker info` SecurityOptions (as JSON)

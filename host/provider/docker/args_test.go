@@ -12,14 +12,15 @@ import (
 
 func TestRunArgsAreExact(t *testing.T) {
 	got := runArgs(runConfig{Name: "demo", Image: "oac/guest:1", Hostname: "box", RunDir: "/run/oac/sandboxes/demo/run", AgentPath: "/opt/oac/oac-guest",
-		ResolvConf: "/run/oac/sandboxes/demo/resolv.conf", Seccomp: "/run/oac/sandboxes/demo/seccomp.json", Volumes: map[string]string{"/environment": "/srv/env"},
+		ResolvConf: "/run/oac/sandboxes/demo/resolv.conf", Seccomp: "/run/oac/sandboxes/demo/seccomp.json", AppArmor: "oac-guest", Volumes: map[string]string{"/environment": "/srv/env"},
 		Installs: [][2]string{{"oac-daemon", "/opt/oac/daemon"}, {"oac-sandbox-io", "/opt/oac/sandbox-io"}}})
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", "oac-demo", "--label", "oac.sandbox=demo", "--pull", "never", "--user", "0:0",
 		"--network", "none", "--sysctl", "net.ipv6.conf.all.disable_ipv6=0", "--sysctl", "net.ipv6.conf.lo.disable_ipv6=0", "--read-only",
 		"--cap-drop", "ALL", "--cap-add", "CHOWN", "--cap-add", "DAC_OVERRIDE", "--cap-add", "KILL", "--cap-add", "NET_ADMIN",
 		"--cap-add", "NET_BIND_SERVICE", "--cap-add", "SETFCAP", "--cap-add", "SETGID", "--cap-add", "SETUID",
-		"--security-opt", "no-new-privileges", "--security-opt", "seccomp=/run/oac/sandboxes/demo/seccomp.json", "--pids-limit", "128",
+		"--security-opt", "no-new-privileges", "--security-opt", "seccomp=/run/oac/sandboxes/demo/seccomp.json",
+		"--security-opt", "apparmor=oac-guest", "--pids-limit", "128",
 		"--tmpfs", "/tmp:rw,nosuid,nodev,size=128m,mode=1777",
 		"--tmpfs", "/run:rw,nosuid,nodev,size=16m,mode=755",
 		"--mount", "type=bind,src=/run/oac/sandboxes/demo/run,dst=/run/oac",

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/protocol"
@@ -37,18 +38,28 @@ func output(ctx context.Context, docker string, args ...string) (string, error) 
 	return out.String(), err
 }
 
-// engine is what Check found: the client, the engine's version and the
-// image's id.
+// engine is what Check found: the client, the engine's version and
+// security options, the image's id and how the container gets the
+// guest's AppArmor profile.
 type engine struct {
 	client, version, imageID string
+	// security is `docker info`'s SecurityOptions, as JSON.
+	security string
 	// noImage is the engine's refusal of the image, as an ErrInvalidSpec
 	// for Create (Check reports it as ErrUnavailable).
 	noImage error
+	aa      apparmor.Plan
 }
 
+// appArmorFlag names the provider's AppArmor mode in messages.
+const appArmorFlag = "--docker-apparmor"
+
 // check finds what the provider needs, in order: a client, a reachable
-// engine, an image given and present. The error wraps ErrUnavailable and
-// names the first missing piece and how to get it.
+// engine, an image given and present, and, where the engine confines
+// containers with AppArmor, the guest's profile loaded or oac-shim's
+// leave to load it. The error wraps ErrUnavailable (or, for the profile,
+// apparmor.ErrProfileMissing) and names the first missing piece and how
+// to get it.
 func (p *Provider) check(ctx context.Context) (engine, error) {
 	var e engine
 	d, err := p.docker()
@@ -78,13 +89,34 @@ func (p *Provider) check(ctx context.Context) (engine, error) {
 		return e, cerr
 	}
 	e.imageID = strings.TrimSpace(out)
+	mode, err := apparmor.ParseMode(appArmorFlag, p.AppArmor)
+	if err != nil {
+		return e, fmt.Errorf("%w: docker: %v", provider.ErrInvalidSpec, err)
+	}
+	out, err = output(ctx, d, securityArgs()...)
+	if err != nil {
+		return e, classify("info (the engine's security options)", out, err)
+	}
+	e.security = strings.TrimSpace(out)
+	e.aa, err = p.aa.Decide(mode, appArmorConfines(e.security), appArmorFlag, "the Docker engine")
+	if err != nil {
+		return e, fmt.Errorf("docker: %w", err)
+	}
 	return e, nil
 }
 
-// Check implements provider.Provider: a client, a reachable engine and
-// the image to run.
+// Check implements provider.Provider: a client, a reachable engine, the
+// image to run and the guest's AppArmor profile where the engine
+// confines with AppArmor (the profile oac-shim would load compiled by the
+// parser, not loaded: check changes nothing).
 func (p *Provider) Check(ctx context.Context) error {
-	_, err := p.check(ctx)
+	e, err := p.check(ctx)
+	if err == nil && e.aa.Load {
+		if verr := p.aa.Validate(ctx, apparmor.Profile(apparmor.HostIncludes())); verr != nil {
+			return fmt.Errorf("docker: %w: the parser refuses the profile %s oac-shim would load: %v: %s, and run with %s require",
+				apparmor.ErrProfileMissing, apparmor.Name, verr, "install a profile this parser reads as "+apparmor.Name+" (docs/providers.md#apparmor)", appArmorFlag)
+		}
+	}
 	return err
 }
 
@@ -100,11 +132,12 @@ func (p *Provider) Detail(ctx context.Context) string {
 		host = "the default socket"
 	}
 	s := fmt.Sprintf("client %s, engine %s at %s, image %s (%s); ", e.client, e.version, host, p.Image, shortID(e.imageID))
-	out, err := output(ctx, e.client, securityArgs()...)
-	if err == nil && usernsRemapped(out) {
-		return s + "the engine remaps user namespaces: guest root is an unprivileged host id"
+	if usernsRemapped(e.security) {
+		s += "the engine remaps user namespaces: guest root is an unprivileged host id"
+	} else {
+		s += "the engine runs without userns-remap: guest root is host root with capabilities " + strings.Join(AgentCaps, ", ") + " only"
 	}
-	return s + "the engine runs without userns-remap: guest root is host root with capabilities " + strings.Join(AgentCaps, ", ") + " only"
+	return s + "; " + e.aa.How
 }
 
 func shortID(id string) string {
@@ -131,7 +164,16 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	if err != nil {
 		return nil, err
 	}
-	cfg := runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, AgentPath: hp.Agent, Volumes: hp.Volumes, Installs: hp.Installs, Debug: p.Debug}
+	if e.aa.Load {
+		// Before anything of the sandbox exists: a profile the kernel
+		// refuses leaves nothing behind. Loading replaces any older
+		// version with the one this oac-guest's launcher needs.
+		if err := p.aa.Load(ctx, apparmor.Profile(apparmor.HostIncludes())); err != nil {
+			return nil, fmt.Errorf("docker: %w: the Docker engine confines containers with AppArmor and the profile %s could not be loaded: %v; "+
+				"install a profile the parser reads as %s (docs/providers.md#apparmor) and run with %s require", apparmor.ErrProfileMissing, apparmor.Name, err, apparmor.Name, appArmorFlag)
+		}
+	}
+	cfg := runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, AgentPath: hp.Agent, Volumes: hp.Volumes, Installs: hp.Installs, AppArmor: e.aa.Profile, Debug: p.Debug}
 	in := &Instance{Process: provider.NewProcess(provider.Exits("container exited (docker run returned status 0)", "sandbox runtime exited: docker run"), errors.New("docker run did not exit within 10s of SIGKILL")), spec: spec, docker: d}
 	defer in.DestroyOnError(&err)
 	state, err := kit.ClaimState(in.Process, kit.StateRoot(p.StateRoot), spec.Name)

@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 )
 
@@ -12,16 +13,21 @@ type Provider struct {
 	Docker string `flag:"docker" meta:"PATH" usage:"the docker client (default: docker in PATH)"`
 	// Image is the guest image (required); it is never pulled.
 	Image string `flag:"docker-image" meta:"!IMAGE" usage:"the guest image to run (never pulled)"`
+	// AppArmor is how containers of an engine that confines them with
+	// AppArmor get the guest's profile (apparmor.Mode; "" is load).
+	AppArmor string `flag:"docker-apparmor" meta:"load|require" usage:"where the engine confines containers with AppArmor: load (default: oac-shim loads the oac-guest profile when root, else uses the loaded one) or require (only a loaded oac-guest profile)"`
 	// StateRoot holds per-sandbox state; default kit.DefaultStateRoot.
 	StateRoot string
 	Debug     bool
+	// aa is this host's AppArmor (replaced in tests).
+	aa apparmor.Host
 }
 
 // Name implements provider.Provider.
 func (p *Provider) Name() string { return "docker" }
 
 func init() {
-	provider.Register(provider.Driver[Provider]{Name: "docker", New: (*Provider).driver})
+	provider.Register(provider.Driver[Provider]{Name: "docker", Defaults: &Provider{AppArmor: string(apparmor.Load)}, New: (*Provider).driver})
 }
 
 // Capabilities implements provider.Provider: installs and volumes are
