@@ -14,9 +14,11 @@
 // naming its filesystem type, options, source and target (MountRules):
 // the mounts were recorded in a VM whose kernel enforces AppArmor
 // (testdata), and a test holds the rules to that recording. Docker and
-// Kubernetes use the same text (examples/apparmor/oac-guest).
+// Kubernetes use the same text (examples/apparmor/oac-guest). The profile
+// oac-guest-helper adds the mounts oac-guest helper makes for itself, for
+// the E2B template's container under Docker (Helper).
 //
-// It owns the profile's text, its version and the sentinel
+// It owns the profiles' text, their version and the sentinel
 // ErrProfileMissing. It must not know a provider's settings, talk to a
 // container engine, or turn confinement off: no caller may ever be handed
 // `unconfined`.

@@ -44,8 +44,14 @@ func TestTheProfileIsTheEnginesDefaultWithoutDenyMountPlusTheLaunchersMounts(t *
 	if len(b) > 0 && string(b) != "unconfined\n" {
 		t.Skipf("the test runs confined (%q)", b)
 	}
-	want := lines(enginesOwn(t, Name))
-	got := lines(string(Profile(HostIncludes())))
+	for _, v := range Variants {
+		t.Run(v.Name, func(t *testing.T) { engineDefaultPlusRules(t, v) })
+	}
+}
+
+func engineDefaultPlusRules(t *testing.T, v Variant) {
+	want := lines(enginesOwn(t, v.Name))
+	got := lines(string(v.Text(HostIncludes())))
 	var removed, added []string
 	// A line diff, in order: what the engine's has that ours lacks, and
 	// what ours adds.
@@ -70,7 +76,7 @@ func TestTheProfileIsTheEnginesDefaultWithoutDenyMountPlusTheLaunchersMounts(t *
 		}
 	}
 	var wantRules []string
-	for _, r := range MountRules {
+	for _, r := range v.Rules {
 		wantRules = append(wantRules, r.String())
 	}
 	assert.Equal(t, wantRules, rules, "and only the launcher's mount rules come, beside comments")

@@ -25,16 +25,21 @@ func lines(text string) []string {
 
 func contains(ls []string, l string) bool { return slices.Contains(ls, l) }
 
-// published is examples/apparmor/oac-guest.
-var published = filepath.Join("..", "..", "examples", "apparmor", Name)
+// published is a profile's file in examples/apparmor.
+func published(name string) string { return filepath.Join("..", "..", "examples", "apparmor", name) }
 
-func TestThePublishedProfileIsTheOneTheShimLoads(t *testing.T) {
-	if os.Getenv("OAC_WRITE_EXAMPLES") == "1" {
-		require.NoError(t, os.WriteFile(published, Published(), 0o644))
+var both = Includes{Tunables: true, Base: true}
+
+func TestThePublishedProfilesAreTheOnesGenerated(t *testing.T) {
+	for _, v := range Variants {
+		if os.Getenv("OAC_WRITE_EXAMPLES") == "1" {
+			require.NoError(t, os.WriteFile(published(v.Name), v.Text(both), 0o644))
+		}
+		b, err := os.ReadFile(published(v.Name))
+		require.NoError(t, err)
+		assert.Equal(t, string(v.Text(both)), string(b), "regenerate it: OAC_WRITE_EXAMPLES=1 go test ./host/apparmor -run Published")
 	}
-	b, err := os.ReadFile(published)
-	require.NoError(t, err)
-	assert.Equal(t, string(Published()), string(b), "regenerate it: OAC_WRITE_EXAMPLES=1 go test ./host/apparmor -run Published")
+	assert.Equal(t, Guest.Text(both), Published(), "what examples/apparmor/oac-guest holds is what the shim loads on such a host")
 }
 
 func TestTheProfileSaysItsVersionAndHowToInstallUpgradeAndRemoveIt(t *testing.T) {
@@ -46,6 +51,16 @@ func TestTheProfileSaysItsVersionAndHowToInstallUpgradeAndRemoveIt(t *testing.T)
 	assert.Contains(t, p, "\n  #include <abstractions/base>\n")
 	assert.Contains(t, p, "\nprofile oac-guest flags=(attach_disconnected,mediate_deleted) {\n")
 	assert.Contains(t, p, "  signal (send,receive) peer=oac-guest,\n", "the engine's rules, named for this profile")
+
+	h := string(Helper.Text(both))
+	assert.True(t, strings.HasPrefix(h, "# oac-guest-helper, version 1: "))
+	assert.Contains(t, h, "\nprofile oac-guest-helper flags=(attach_disconnected,mediate_deleted) {\n")
+	assert.Contains(t, h, "#   apparmor_parser -r /etc/apparmor.d/oac-guest-helper\n")
+}
+
+func TestTheHelpersProfileIsTheGuestsPlusTheHelpersOwnMounts(t *testing.T) {
+	assert.Equal(t, append(append([]MountRule(nil), MountRules...), HelperMountRules...), Helper.Rules)
+	assert.Equal(t, MountRules, Guest.Rules, "oac-guest has none of the helper's")
 }
 
 func TestAHostWithoutIncludesGetsTheEnginesFallback(t *testing.T) {
@@ -58,8 +73,14 @@ func TestAHostWithoutIncludesGetsTheEnginesFallback(t *testing.T) {
 var mountLine = regexp.MustCompile(`^(deny |audit )?(mount|remount|umount|pivot_root)\b`)
 
 func TestEveryMountRuleNamesItsOptionsAndTarget(t *testing.T) {
+	for _, v := range Variants {
+		t.Run(v.Name, func(t *testing.T) { everyMountRuleNamesItsOptionsAndTarget(t, v) })
+	}
+}
+
+func everyMountRuleNamesItsOptionsAndTarget(t *testing.T, v Variant) {
 	var mounts []string
-	for _, l := range lines(string(Published())) {
+	for _, l := range lines(string(v.Text(both))) {
 		if !mountLine.MatchString(l) {
 			continue
 		}
@@ -69,7 +90,7 @@ func TestEveryMountRuleNamesItsOptionsAndTarget(t *testing.T) {
 		}
 		assert.Regexp(t, `^mount (fstype=[a-z]+ )?options=\([a-z,]+\) (\S+ )?-> /\S*,$`, l, "no bare or partial mount rule")
 	}
-	assert.Len(t, mounts, len(MountRules)+1, "the launcher's rules and the engine's umount, no pivot_root, no other")
+	assert.Len(t, mounts, len(v.Rules)+1, "the launcher's rules and the engine's umount, no pivot_root, no other")
 	assert.NotContains(t, mounts, "deny mount,")
 	assert.NotContains(t, mounts, "mount,")
 }
