@@ -28,6 +28,11 @@ type Provider struct {
 	// Seccomp is the Pods' seccomp profile: a Localhost profile's path
 	// under the kubelet's seccomp directory, or RuntimeDefault.
 	Seccomp string `flag:"k8s-seccomp-profile" meta:"PROFILE" usage:"a Localhost seccomp profile on the nodes (default oac-seccomp.json: install examples/kubernetes/oac-seccomp.json in each kubelet's seccomp directory), or RuntimeDefault"`
+	// AppArmor is a Localhost AppArmor profile the Pods run under (the
+	// nodes' engine default refuses the launcher's mounts; oac-guest,
+	// examples/apparmor/oac-guest). Never set by default: the kubelet
+	// refuses any Pod that names one on a node without AppArmor.
+	AppArmor string `flag:"k8s-apparmor-profile" meta:"NAME" usage:"run the Pods under this Localhost AppArmor profile, e.g. oac-guest, for nodes that enforce AppArmor (install examples/apparmor/oac-guest on every node first; default: none)"`
 	// Requests and Limits of the agent's container.
 	Requests string `flag:"k8s-requests" meta:"LIST" usage:"the Pods' resource requests (default cpu=100m,memory=128Mi)"`
 	Limits   string `flag:"k8s-limits" meta:"LIST" usage:"the Pods' resource limits (default cpu=2,memory=2Gi)"`

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
@@ -149,6 +150,9 @@ func (p *Provider) checkFlags() error {
 			return fmt.Errorf("%w: --k8s-kept-size %q: want a size such as 10Gi", provider.ErrInvalidSpec, p.KeptSize)
 		}
 	}
+	if err := checkAppArmorName(p.AppArmor); err != nil {
+		return fmt.Errorf("%w: %v", provider.ErrInvalidSpec, err)
+	}
 	return nil
 }
 
@@ -218,8 +222,25 @@ func (p *Provider) Detail(ctx context.Context) string {
 	if p.RuntimeClass != "" {
 		rc = "RuntimeClass " + p.RuntimeClass
 	}
-	return fmt.Sprintf("cluster %s at %s, namespace %s, image %s, %s, seccomp %s, user namespaces %s",
-		f.version, f.c.server, f.c.namespace, p.Image, rc, p.seccompName(), f.userWhy)
+	aa := "the runtime's default (--k8s-apparmor-profile names none)"
+	if p.AppArmor != "" {
+		aa = "Localhost " + p.AppArmor + " (every node must have it loaded: docs/kubernetes.md#apparmor)"
+	}
+	return fmt.Sprintf("cluster %s at %s, namespace %s, image %s, %s, seccomp %s, AppArmor %s, user namespaces %s",
+		f.version, f.c.server, f.c.namespace, p.Image, rc, p.seccompName(), aa, f.userWhy)
+}
+
+// checkAppArmorName refuses what is not the name of a profile loaded on
+// the nodes: the Pod never asks for unconfined.
+func checkAppArmorName(name string) error {
+	switch {
+	case name == "":
+		return nil
+	case strings.EqualFold(name, "unconfined"), strings.EqualFold(name, string(corev1.AppArmorProfileTypeUnconfined)),
+		strings.EqualFold(name, string(corev1.AppArmorProfileTypeRuntimeDefault)), strings.ContainsAny(name, " \t\n/"):
+		return fmt.Errorf("--k8s-apparmor-profile %q: name a profile loaded on the nodes (%s: examples/apparmor/%s), or leave it out for the runtime's default; never unconfined", name, apparmor.Name, apparmor.Name)
+	}
+	return nil
 }
 
 // Workload implements provider.Confiner.
@@ -266,7 +287,7 @@ func (p *Provider) config(f found, spec provider.Spec) (podConfig, error) {
 	}
 	return podConfig{
 		Name: spec.Name, Namespace: f.c.namespace, Holder: p.holder(), Image: p.Image, PullPolicy: pull,
-		Hostname: spec.Hostname, RuntimeClass: p.RuntimeClass, UserNamespaces: f.userNS, Seccomp: seccomp,
+		Hostname: spec.Hostname, RuntimeClass: p.RuntimeClass, UserNamespaces: f.userNS, Seccomp: seccomp, AppArmor: p.AppArmor,
 		Requests: req, Limits: lim, Kept: spec.Keep != nil, Debug: p.Debug, GracePeriodSeconds: 5,
 	}, nil
 }
@@ -541,6 +562,9 @@ func (in *Instance) waitRunning(ctx context.Context) error {
 
 // podProblem says why a Pod cannot come up, or nil while it may.
 func podProblem(pod *corev1.Pod) error {
+	if pod.Status.Reason == "AppArmor" {
+		return appArmorRefused(pod)
+	}
 	switch pod.Status.Phase {
 	case corev1.PodFailed, corev1.PodSucceeded:
 		return fmt.Errorf("%w: kubernetes: the sandbox's Pod ended before its agent ran (%s: %s)", provider.ErrUnavailable, pod.Status.Reason, pod.Status.Message)
@@ -551,6 +575,12 @@ func podProblem(pod *corev1.Pod) error {
 			case "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName":
 				return fmt.Errorf("%w: kubernetes: the node cannot get image %s (%s: %s): push it to a registry the nodes pull from, or load it on the nodes with --k8s-pull-policy Never", provider.ErrUnavailable, s.Image, w.Reason, w.Message)
 			case "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+				if strings.Contains(strings.ToLower(w.Message), "apparmor") {
+					// containerd: "failed to generate apparmor spec opts:
+					// apparmor profile not found NAME".
+					return fmt.Errorf("%w: %w: kubernetes: the node %s cannot run the sandbox's container under its AppArmor profile (%s: %s): load examples/apparmor/%s on every node (docs/kubernetes.md#apparmor)",
+						provider.ErrUnavailable, apparmor.ErrProfileMissing, pod.Spec.NodeName, w.Reason, w.Message, apparmor.Name)
+				}
 				return fmt.Errorf("%w: kubernetes: the node cannot run the sandbox's container (%s: %s): see docs/kubernetes.md (the seccomp profile on the nodes, the RuntimeClass)", provider.ErrUnavailable, w.Reason, w.Message)
 			}
 		}
@@ -559,6 +589,19 @@ func podProblem(pod *corev1.Pod) error {
 		}
 	}
 	return nil
+}
+
+// appArmorRefused says why the kubelet refused a Pod at admission for
+// its AppArmor profile (Reason "AppArmor"): a node without AppArmor
+// ("Cannot enforce AppArmor: AppArmor is not enabled on the host"), or,
+// before Kubernetes 1.30, a profile the node had not loaded.
+func appArmorRefused(pod *corev1.Pod) error {
+	if strings.Contains(pod.Status.Message, "not loaded") {
+		return fmt.Errorf("%w: %w: kubernetes: the node %s refused the sandbox's Pod (%s): load examples/apparmor/%s on every node (docs/kubernetes.md#apparmor)",
+			provider.ErrUnavailable, apparmor.ErrProfileMissing, pod.Spec.NodeName, pod.Status.Message, apparmor.Name)
+	}
+	return fmt.Errorf("%w: kubernetes: the node %s refused the sandbox's Pod (%s): it cannot enforce the AppArmor profile --k8s-apparmor-profile names; leave the flag out for nodes without AppArmor, or keep the Pods off them (docs/kubernetes.md#apparmor)",
+		provider.ErrUnavailable, pod.Spec.NodeName, pod.Status.Message)
 }
 
 // podWaiter is the Pod as provider.Process watches it: it ends when the

@@ -59,7 +59,10 @@ type podConfig struct {
 	UserNamespaces bool
 	// Seccomp is a Localhost profile's path on the nodes, or "" for the
 	// runtime's default.
-	Seccomp            string
+	Seccomp string
+	// AppArmor is a Localhost AppArmor profile loaded on the nodes, or ""
+	// for the runtime's default (the Pod names none).
+	AppArmor           string
 	Requests, Limits   corev1.ResourceList
 	Kept, Debug        bool
 	GracePeriodSeconds int64
@@ -164,7 +167,7 @@ func podSpec(c podConfig) *corev1.Pod {
 			TerminationGracePeriodSeconds: &c.GracePeriodSeconds,
 			DNSPolicy:                     corev1.DNSNone,
 			DNSConfig:                     &corev1.PodDNSConfig{Nameservers: []string{"127.0.0.1"}, Options: []corev1.PodDNSConfigOption{{Name: "edns0"}}},
-			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp},
+			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp, AppArmorProfile: appArmor(c.AppArmor)},
 			Volumes:                       volumes,
 			InitContainers:                inits,
 			Containers: []corev1.Container{{
@@ -186,6 +189,16 @@ func podSpec(c podConfig) *corev1.Pod {
 		p.Spec.Hostname = c.Hostname
 	}
 	return p
+}
+
+// appArmor is the Pod's AppArmor profile: a Localhost one when named,
+// else none (the runtime's default applies; the field is left out, so a
+// node without AppArmor still admits the Pod).
+func appArmor(name string) *corev1.AppArmorProfile {
+	if name == "" {
+		return nil
+	}
+	return &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeLocalhost, LocalhostProfile: &name}
 }
 
 // networkPolicy denies the sandbox's Pod every ingress and egress: the

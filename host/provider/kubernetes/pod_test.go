@@ -155,11 +155,12 @@ func TestResourceListsAreParsedStrictly(t *testing.T) {
 func TestFlagsAreCheckedBeforeAnyClusterIsAsked(t *testing.T) {
 	for _, p := range []Provider{
 		{PullPolicy: "Sometimes"}, {UserNamespaces: "maybe"}, {Requests: "cpu=x"}, {Limits: "mem=1"}, {KeptSize: "big"},
+		{AppArmor: "unconfined"}, {AppArmor: "Unconfined"}, {AppArmor: "RuntimeDefault"}, {AppArmor: "localhost/oac-guest"}, {AppArmor: "oac guest"},
 	} {
 		err := p.checkFlags()
 		assert.ErrorIs(t, err, provider.ErrInvalidSpec, "%+v", p)
 	}
-	assert.NoError(t, (&Provider{PullPolicy: "Never", UserNamespaces: "require", Requests: "cpu=1", Limits: "memory=1Gi", KeptSize: "5Gi"}).checkFlags())
+	assert.NoError(t, (&Provider{PullPolicy: "Never", UserNamespaces: "require", Requests: "cpu=1", Limits: "memory=1Gi", KeptSize: "5Gi", AppArmor: "oac-guest"}).checkFlags())
 }
 
 func TestAPodThatCannotComeUpSaysWhy(t *testing.T) {
