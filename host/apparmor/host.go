@@ -197,8 +197,9 @@ type Plan struct {
 	How string
 }
 
-// install says how to install the profile by hand.
-const install = "install examples/apparmor/" + Name + " as root: install -m 0644 " + Name + " /etc/apparmor.d/" + Name +
+// Install says how to install the profile by hand, where the parser can
+// load it (as root, not confined).
+const Install = "install examples/apparmor/" + Name + " as root: install -m 0644 " + Name + " /etc/apparmor.d/" + Name +
 	" && apparmor_parser -r /etc/apparmor.d/" + Name + " (docs/providers.md#apparmor)"
 
 // Decide says how containers of an engine that confines them with
@@ -222,11 +223,11 @@ func (h Host) Decide(mode Mode, confines bool, flag, engine string) (Plan, error
 	}
 	ok, err := h.Loaded(Name)
 	if err != nil {
-		return Plan{}, fmt.Errorf("%w: %s oac-shim cannot tell whether the profile %s is loaded (%v): %s", ErrProfileMissing, why, Name, err, install)
+		return Plan{}, fmt.Errorf("%w: %s oac-shim cannot tell whether the profile %s is loaded (%v): %s", ErrProfileMissing, why, Name, err, Install)
 	}
 	if !ok {
 		return Plan{}, fmt.Errorf("%w: %s the profile %s is not loaded (%s require): %s; or run oac-shim as root with %s load, which loads its own",
-			ErrProfileMissing, why, Name, flag, install, flag)
+			ErrProfileMissing, why, Name, flag, Install, flag)
 	}
 	return Plan{Profile: Name, How: fmt.Sprintf("%s confines containers with AppArmor: they run under the loaded profile %s (%s require)", engine, Name, flag)}, nil
 }
@@ -238,10 +239,10 @@ func (h Host) useLoaded(engine, why, cannot, flag string) (Plan, error) {
 	switch {
 	case err != nil:
 		return Plan{}, fmt.Errorf("%w: %s oac-shim cannot load the profile %s (%s) nor tell whether it is loaded (%v): %s, and run with %s require",
-			ErrProfileMissing, why, Name, cannot, err, install, flag)
+			ErrProfileMissing, why, Name, cannot, err, Install, flag)
 	case !ok:
 		return Plan{}, fmt.Errorf("%w: %s the profile %s is not loaded, and oac-shim cannot load it (%s): %s; or run oac-shim as root with apparmor_parser installed",
-			ErrProfileMissing, why, Name, cannot, install)
+			ErrProfileMissing, why, Name, cannot, Install)
 	}
 	return Plan{Profile: Name, How: fmt.Sprintf("%s confines containers with AppArmor: they run under the loaded profile %s (oac-shim cannot load its own: %s)", engine, Name, cannot)}, nil
 }

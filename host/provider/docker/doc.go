@@ -11,8 +11,14 @@
 // --sandbox-io and --install binaries bound read-only in /usr/local/bin, a
 // resolv.conf naming the guest's resolver, a name per sandbox (oac-NAME)
 // and --pull never: the image (docker import of the image build's rootfs
-// tarball) must be present. Check names what is missing: the client, the
-// engine, the image.
+// tarball) must be present. Where the engine reports that it confines
+// containers with AppArmor, whose default profile refuses the launcher's
+// mounts, the container runs under the profile oac-guest (package
+// host/apparmor; --security-opt apparmor=oac-guest, never unconfined),
+// which oac-shim loads first when it is root (--docker-apparmor load) or
+// finds loaded; otherwise Create refuses before it makes anything
+// (apparmor.ErrProfileMissing). Check names what is missing: the client,
+// the engine, the image, the profile.
 //
 // Guest ids are not remapped per container: unless the engine runs with
 // userns-remap, guest root is host root with only the capabilities above

@@ -113,8 +113,8 @@ func (p *Provider) Check(ctx context.Context) error {
 	e, err := p.check(ctx)
 	if err == nil && e.aa.Load {
 		if verr := p.aa.Validate(ctx, apparmor.Profile(apparmor.HostIncludes())); verr != nil {
-			return fmt.Errorf("docker: %w: the parser refuses the profile %s oac-shim would load: %v: %s, and run with %s require",
-				apparmor.ErrProfileMissing, apparmor.Name, verr, "install a profile this parser reads as "+apparmor.Name+" (docs/providers.md#apparmor)", appArmorFlag)
+			return fmt.Errorf("docker: %w: the parser refuses the profile %s oac-shim would load: %v; %s, and run with %s require",
+				apparmor.ErrProfileMissing, apparmor.Name, verr, apparmor.Install, appArmorFlag)
 		}
 	}
 	return err
@@ -169,8 +169,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		// refuses leaves nothing behind. Loading replaces any older
 		// version with the one this oac-guest's launcher needs.
 		if err := p.aa.Load(ctx, apparmor.Profile(apparmor.HostIncludes())); err != nil {
-			return nil, fmt.Errorf("docker: %w: the Docker engine confines containers with AppArmor and the profile %s could not be loaded: %v; "+
-				"install a profile the parser reads as %s (docs/providers.md#apparmor) and run with %s require", apparmor.ErrProfileMissing, apparmor.Name, err, apparmor.Name, appArmorFlag)
+			return nil, fmt.Errorf("docker: %w: the Docker engine confines containers with AppArmor and the profile %s could not be loaded: %v; %s, and run with %s require",
+				apparmor.ErrProfileMissing, apparmor.Name, err, apparmor.Install, appArmorFlag)
 		}
 	}
 	cfg := runConfig{Name: spec.Name, Image: p.Image, Hostname: spec.Hostname, AgentPath: hp.Agent, Volumes: hp.Volumes, Installs: hp.Installs, AppArmor: e.aa.Profile, Debug: p.Debug}
