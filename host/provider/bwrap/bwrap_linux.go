@@ -43,19 +43,26 @@ func (p *Provider) Check(ctx context.Context) error {
 
 // Detail describes how sandboxes would run here (after a nil Check).
 func (p *Provider) Detail(ctx context.Context) string {
-	m, err := p.mode()
-	if err != nil {
+	f := p.facts()
+	m, ps := Diagnose(f)
+	if len(ps) > 0 {
 		return ""
 	}
+	var detail string
 	switch m {
 	case ModeRoot:
-		return fmt.Sprintf("as root: each guest gets a private host id range from %d", p.idBase())
+		detail = fmt.Sprintf("as root: each guest gets a private host id range from %d", p.idBase())
 	case ModeSubIDs:
-		return "rootless: guest root is your uid, guest ids 1.. are your subordinate ids (newuidmap/newgidmap)"
+		detail = "rootless: guest root is your uid, guest ids 1.. are your subordinate ids (newuidmap/newgidmap)"
+	default:
+		detail = "rootless, " + SingleUIDLoss
+		if bwrapFeatures(f.BwrapPath).DisableUserns {
+			detail += "; user namespaces disabled in the guest (bwrap --disable-userns)"
+		}
 	}
-	detail := "rootless, " + SingleUIDLoss
-	if bw, err := p.bwrap(); err == nil && bwrapFeatures(bw).DisableUserns {
-		detail += "; user namespaces disabled in the guest (bwrap --disable-userns)"
+	if f.ChildLabel != "" {
+		// Which profile the guest runs under where AppArmor is enforced.
+		detail += fmt.Sprintf("; AppArmor: %s runs the guest as %s", f.BwrapPath, f.ChildLabel)
 	}
 	return detail
 }
@@ -75,8 +82,12 @@ func (p *Provider) facts() Facts {
 	f.UnprivUsernsClone = readSysctl("/proc/sys/kernel/unprivileged_userns_clone")
 	f.MaxUserNamespaces = readSysctl("/proc/sys/user/max_user_namespaces")
 	f.AppArmorRestrict = readSysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
-	if f.AppArmorRestrict == 1 {
-		f.BwrapProfileUserns = apparmorAllowsUserns(f.BwrapPath)
+	if f.BwrapPath != "" && appArmorEnabled() {
+		f.BwrapProfile, f.BwrapProfileUserns = attachedProfile(apparmorDir, f.BwrapPath)
+		if f.AppArmorRestrict != 1 || f.BwrapProfileUserns {
+			r := probeChildCaps(f.BwrapPath)
+			f.ChildLabel, f.ChildCapsDenied, f.ProbeErr = r.Label, r.Denied, r.Err
+		}
 	}
 	if f.Root {
 		return f
@@ -114,23 +125,51 @@ func readSubIDs(path, name string, uid int) []IDRangeEntry {
 	return rs
 }
 
-// apparmorAllowsUserns reports whether an AppArmor profile grants bwrap the
-// userns permission (Ubuntu ships bwrap-userns-restrict for this).
-func apparmorAllowsUserns(bwrap string) bool {
-	ents, err := os.ReadDir("/etc/apparmor.d")
+// apparmorDir holds the host's AppArmor profiles.
+const apparmorDir = "/etc/apparmor.d"
+
+// attachedProfile finds the profile file in dir that attaches to bwrap
+// (by its resolved path: the kernel attaches by the path it executes) and
+// reports whether it grants userns. Ubuntu's bwrap-userns-restrict
+// attaches to /usr/bin/bwrap; a bwrap of the app's own has its own.
+func attachedProfile(dir, bwrap string) (file string, userns bool) {
+	paths := []string{bwrap}
+	if r, err := filepath.EvalSymlinks(bwrap); err == nil && r != bwrap {
+		paths = append(paths, r)
+	}
+	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return false
+		return "", false
 	}
 	for _, e := range ents {
-		if e.IsDir() {
+		if !e.Type().IsRegular() {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join("/etc/apparmor.d", e.Name()))
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
 		if err != nil || len(b) > 1<<20 {
 			continue
 		}
-		s := string(b)
-		if (strings.Contains(s, bwrap) || strings.Contains(s, "/usr/bin/bwrap")) && strings.Contains(s, "userns,") {
+		for _, p := range paths {
+			if attaches(string(b), p) {
+				return e.Name(), strings.Contains(string(b), "userns,")
+			}
+		}
+	}
+	return "", false
+}
+
+// attaches reports whether a profile's header in text attaches to path:
+// "profile NAME PATH ... {" or "PATH ... {".
+func attaches(text, path string) bool {
+	for _, line := range strings.Split(text, "\n") {
+		fs := strings.Fields(line)
+		if len(fs) > 0 && fs[0] == "profile" {
+			fs = fs[1:]
+			if len(fs) > 0 && !strings.HasPrefix(fs[0], "/") {
+				fs = fs[1:] // the name
+			}
+		}
+		if len(fs) > 1 && fs[0] == path && strings.HasSuffix(strings.TrimSpace(line), "{") {
 			return true
 		}
 	}

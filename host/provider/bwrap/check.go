@@ -3,6 +3,7 @@ package bwrap
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 )
 
@@ -22,6 +23,15 @@ type Facts struct {
 	NewUIDMap          string // path of newuidmap, empty when missing
 	NewGIDMap          string
 	SingleUIDAllowed   bool // the user passed --single-uid
+
+	// Where the kernel enforces AppArmor. BwrapProfile names the profile
+	// file in /etc/apparmor.d that attaches to bwrap's path ("" none).
+	BwrapProfile string
+	// ChildLabel is the AppArmor label bwrap's child ran under in the
+	// capability probe, ChildCapsDenied the kernel's refusal of its mount
+	// in its own namespace ("" allowed, or no probe), ProbeErr why bwrap
+	// did not run the probe's child ("" it did).
+	ChildLabel, ChildCapsDenied, ProbeErr string
 }
 
 // Mode is how the provider builds the guest's user namespace.
@@ -66,6 +76,11 @@ func Diagnose(f Facts) (Mode, []Problem) {
 		ps = append(ps, Problem{"user namespaces are disabled (user.max_user_namespaces=0)",
 			"sysctl -w user.max_user_namespaces=15000 (and persist it in /etc/sysctl.d)"})
 	}
+	if f.ChildCapsDenied != "" {
+		// Root's bwrap is confined the same way: profiles attach to the
+		// binary, whoever runs it.
+		ps = append(ps, childCapsProblem(f))
+	}
 	if f.Root {
 		return ModeRoot, ps
 	}
@@ -73,9 +88,16 @@ func Diagnose(f Facts) (Mode, []Problem) {
 		ps = append(ps, Problem{"unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0)",
 			"sysctl -w kernel.unprivileged_userns_clone=1 (and persist it in /etc/sysctl.d)"})
 	}
-	if f.AppArmorRestrict == 1 && !f.BwrapProfileUserns {
-		ps = append(ps, Problem{"AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1) and no profile lets bwrap create one",
-			"install the bwrap-userns-restrict AppArmor profile (apparmor package on Ubuntu 24.04: /etc/apparmor.d/bwrap-userns-restrict) and reload AppArmor, or give " + f.BwrapPath + " a profile with 'userns,'"})
+	switch {
+	case f.AppArmorRestrict != 1 || f.ChildCapsDenied != "":
+	case !f.BwrapProfileUserns:
+		ps = append(ps, Problem{"AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1) and no AppArmor profile lets " + f.BwrapPath + " create one",
+			ownBwrapFix(f.BwrapPath)})
+	case f.ProbeErr != "":
+		// The profile's file is there; the kernel did not let bwrap
+		// build the sandbox all the same (not loaded, or not this one).
+		ps = append(ps, Problem{"AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1) and " + f.ProbeErr,
+			fmt.Sprintf("load the profile that should let it: sudo apparmor_parser -r /etc/apparmor.d/%s; or %s", f.BwrapProfile, ownBwrapFix(f.BwrapPath))})
 	}
 	_, uidOK := pickRange(f.SubUIDs)
 	_, gidOK := pickRange(f.SubGIDs)
@@ -94,6 +116,48 @@ func Diagnose(f Facts) (Mode, []Problem) {
 			fmt.Sprintf("sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 %s (pick a range no other user has), or pass --single-uid and accept: %s", f.User, SingleUIDLoss)})
 	}
 	return ModeSubIDs, ps
+}
+
+// OwnBwrap is where a desktop app installs a bwrap of its own: the path
+// its AppArmor profile, examples/apparmor/oac-bwrap, attaches to.
+const OwnBwrap = "/opt/oac/bin/bwrap"
+
+// OwnBwrapProfile is that profile's name and its file in /etc/apparmor.d.
+const OwnBwrapProfile = "oac-bwrap"
+
+// ownBwrapFix says how to give oac a bwrap of its own under
+// examples/apparmor/oac-bwrap (docs/ubuntu.md): the profile Ubuntu
+// recommends for an application (userns, and otherwise unconfined, so the
+// agent keeps its capabilities in its own namespaces). Never Ubuntu's
+// bwrap-userns-restrict: its children run under unpriv_bwrap without them.
+func ownBwrapFix(bwrap string) string {
+	var b strings.Builder
+	if bwrap != OwnBwrap {
+		fmt.Fprintf(&b, "give oac a bwrap of its own at %s (sudo install -D -m 0755 %s %s: a path no profile of the system attaches to), ", OwnBwrap, orDefault(bwrap, "/usr/bin/bwrap"), OwnBwrap)
+	}
+	fmt.Fprintf(&b, "install its AppArmor profile (sudo install -m 0644 examples/apparmor/%[1]s /etc/apparmor.d/%[1]s && sudo apparmor_parser -r /etc/apparmor.d/%[1]s)", OwnBwrapProfile)
+	if bwrap != OwnBwrap {
+		fmt.Fprintf(&b, " and run oac-shim with %s first in PATH", filepath.Dir(OwnBwrap))
+	}
+	b.WriteString("; not Ubuntu's bwrap-userns-restrict, which runs bwrap's children without the capabilities the guest agent needs (docs/ubuntu.md)")
+	return b.String()
+}
+
+// childCapsProblem: a profile runs bwrap's children without capabilities.
+func childCapsProblem(f Facts) Problem {
+	cause := fmt.Sprintf("AppArmor runs bwrap's children without capabilities (the probe ran as %q and the kernel refused it a mount in its own namespace: %s)", orDefault(f.ChildLabel, "unknown"), f.ChildCapsDenied)
+	if f.BwrapProfile != "" {
+		cause += fmt.Sprintf(", the profile in /etc/apparmor.d/%s confines %s", f.BwrapProfile, f.BwrapPath)
+	}
+	cause += ", and the guest agent needs them in its own namespaces (chown, mounts, nftables)"
+	return Problem{cause, ownBwrapFix(f.BwrapPath)}
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // problemsError joins problems into one error message.

@@ -60,8 +60,29 @@ func TestDiagnoseVerdicts(t *testing.T) {
 		{"user namespaces disabled", func(f *Facts) { f.MaxUserNamespaces = 0 }, ModeSubIDs, []string{"user.max_user_namespaces=0"}},
 		{"unprivileged clone disabled", func(f *Facts) { f.UnprivUsernsClone = 0 }, ModeSubIDs, []string{"kernel.unprivileged_userns_clone=1"}},
 		{"unprivileged clone enabled", func(f *Facts) { f.UnprivUsernsClone = 1 }, ModeSubIDs, nil},
-		{"apparmor restricts, no profile", func(f *Facts) { f.AppArmorRestrict = 1 }, ModeSubIDs, []string{"bwrap-userns-restrict"}},
+		{"apparmor restricts, no profile", func(f *Facts) { f.AppArmorRestrict = 1 }, ModeSubIDs, []string{"no AppArmor profile lets /usr/bin/bwrap create one"}},
 		{"apparmor restricts, profile allows", func(f *Facts) { f.AppArmorRestrict = 1; f.BwrapProfileUserns = true }, ModeSubIDs, nil},
+		{"apparmor restricts, profile not loaded", func(f *Facts) {
+			f.AppArmorRestrict, f.BwrapProfileUserns, f.BwrapProfile = 1, true, "oac-bwrap"
+			f.ProbeErr = "/usr/bin/bwrap did not run the capability probe: bwrap: setting up uid map: Permission denied"
+		}, ModeSubIDs, []string{"sudo apparmor_parser -r /etc/apparmor.d/oac-bwrap"}},
+		{"a probe quirk blocks nothing without the restriction", func(f *Facts) { f.ProbeErr = "bwrap: something" }, ModeSubIDs, nil},
+		{"bwrap's children without capabilities", func(f *Facts) {
+			f.BwrapProfile, f.BwrapProfileUserns = "bwrap-userns-restrict", true
+			f.ChildLabel, f.ChildCapsDenied = "bwrap//&unpriv_bwrap (enforce)", "mount: permission denied"
+		}, ModeSubIDs, []string{"AppArmor runs bwrap's children without capabilities"}},
+		{"bwrap's children without capabilities, as root", func(f *Facts) {
+			f.Root = true
+			f.ChildLabel, f.ChildCapsDenied = "bwrap//&unpriv_bwrap (enforce)", "mount: permission denied"
+		}, ModeRoot, []string{"AppArmor runs bwrap's children without capabilities"}},
+		{"bwrap's children without capabilities, restriction on", func(f *Facts) {
+			f.AppArmorRestrict, f.BwrapProfile, f.BwrapProfileUserns = 1, "bwrap-userns-restrict", true
+			f.ChildLabel, f.ChildCapsDenied = "bwrap//&unpriv_bwrap (enforce)", "mount: permission denied"
+		}, ModeSubIDs, []string{"/etc/apparmor.d/bwrap-userns-restrict confines /usr/bin/bwrap"}},
+		{"the app's own bwrap under its profile", func(f *Facts) {
+			f.AppArmorRestrict, f.BwrapPath, f.BwrapProfile, f.BwrapProfileUserns = 1, OwnBwrap, "oac-bwrap", true
+			f.ChildLabel = "oac-bwrap (unconfined)"
+		}, ModeSubIDs, nil},
 		{"no helpers", func(f *Facts) { f.NewUIDMap = "" }, ModeSubIDs, []string{"apt-get install uidmap"}},
 		{"no subordinate ids", func(f *Facts) { f.SubUIDs = nil }, ModeSubIDs, []string{"usermod --add-subuids"}},
 		{"no subordinate gids", func(f *Facts) { f.SubGIDs = []IDRangeEntry{{5, 10}} }, ModeSubIDs, []string{"no subordinate id range"}},
@@ -94,4 +115,44 @@ func TestRootlessArgsLetBwrapBlockUntilTheHelpersMapIDs(t *testing.T) {
 	assert.Contains(t, a, "--cap-add CAP_SETPCAP --disable-userns")
 	a = strings.Join(buildArgs(argsConfig{RootFD: -1, AgentFD: 3, SocketFD: 4, Mode: ModeSubIDs, DisableUserns: true}), " ")
 	assert.NotContains(t, a, "--disable-userns", "it would map one id: guest root and uid 1000 need two")
+}
+
+// Ubuntu's bwrap-userns-restrict takes the capabilities the guest agent
+// needs (seen in a VM enforcing it: chown, net_bind_service and sys_admin
+// refused to the agent): check must never recommend it, and must say
+// exactly what to install instead.
+func TestCheckRecommendsTheAppsOwnBwrapProfileNeverBwrapUsernsRestrict(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Facts)
+	}{
+		{"restriction on, no profile", func(f *Facts) { f.AppArmorRestrict = 1 }},
+		{"children without capabilities", func(f *Facts) {
+			f.BwrapProfile, f.ChildLabel, f.ChildCapsDenied = "bwrap-userns-restrict", "bwrap//&unpriv_bwrap (enforce)", "mount: permission denied"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := rootlessFacts()
+			tc.edit(&f)
+			_, ps := Diagnose(f)
+			require.Len(t, ps, 1)
+			fix := ps[0].Fix
+			assert.NotContains(t, fix, "install the bwrap-userns-restrict")
+			assert.Contains(t, fix, "not Ubuntu's bwrap-userns-restrict")
+			assert.Contains(t, fix, "sudo install -D -m 0755 /usr/bin/bwrap /opt/oac/bin/bwrap")
+			assert.Contains(t, fix, "sudo install -m 0644 examples/apparmor/oac-bwrap /etc/apparmor.d/oac-bwrap && sudo apparmor_parser -r /etc/apparmor.d/oac-bwrap")
+			assert.Contains(t, fix, "run oac-shim with /opt/oac/bin first in PATH")
+			assert.Contains(t, fix, "docs/ubuntu.md")
+		})
+	}
+}
+
+func TestCheckAsksOnlyForTheProfileWhenBwrapIsAlreadyTheAppsOwn(t *testing.T) {
+	f := rootlessFacts()
+	f.BwrapPath, f.AppArmorRestrict = OwnBwrap, 1
+	_, ps := Diagnose(f)
+	require.Len(t, ps, 1)
+	assert.NotContains(t, ps[0].Fix, "sudo install -D -m 0755")
+	assert.NotContains(t, ps[0].Fix, "first in PATH")
+	assert.Contains(t, ps[0].Fix, "sudo apparmor_parser -r /etc/apparmor.d/oac-bwrap")
 }

@@ -25,6 +25,15 @@
 // read-only under /usr/local/bin from O_PATH descriptors; in the default root
 // /usr/local is then a tmpfs of its own, remounted read-only.
 //
+// Where the kernel enforces AppArmor, a profile attached to the bwrap
+// binary may run bwrap's children without capabilities (Ubuntu's
+// bwrap-userns-restrict: its unpriv_bwrap denies them all), and the agent
+// needs them in its own namespaces. Before anything is created, oac-shim
+// runs bwrap once with itself as the child (probe_linux.go); when the
+// kernel refuses that child a mount the provider is unavailable, and
+// check names the fix: a bwrap of the app's own at OwnBwrap under the
+// profile examples/apparmor/oac-bwrap (docs/ubuntu.md).
+//
 // It owns the bwrap command line, the per-sandbox state directory and the id
 // range. It must not speak the protocol (the sandbox package does) nor create
 // anything inside the guest's runtime directories (the agent does).
