@@ -97,14 +97,15 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 	}
 	// Destroy's rm is repeated while the engine's own --rm removal of the
 	// stopped container is under way ("removal ... already in progress").
-	require.GreaterOrEqual(t, len(verbs), 6)
-	assert.Equal(t, []string{"version", "image", "container", "rm", "run", "rm"}, verbs[:6])
-	for _, c := range calls[6:] {
+	require.GreaterOrEqual(t, len(verbs), 7)
+	assert.Equal(t, []string{"version", "image", "info", "container", "rm", "run", "rm"}, verbs[:7])
+	for _, c := range calls[7:] {
 		assert.Equal(t, []string{"rm", "--force", cname}, c, "only destroy's rm, repeated")
 	}
 	assert.Equal(t, []string{"image", "inspect", "--format", "{{.Id}}", image}, calls[1])
-	assert.Equal(t, []string{"container", "inspect"}, calls[2][:2], "a container of the name is looked at first: a kept sandbox's is never removed")
-	assert.Equal(t, []string{"rm", "--force", cname}, calls[3], "a stale container of the name is removed first")
+	assert.Equal(t, []string{"info", "--format", "{{json .SecurityOptions}}"}, calls[2], "the engine says whether it confines with AppArmor (this one does not: no profile is named below)")
+	assert.Equal(t, []string{"container", "inspect"}, calls[3][:2], "a container of the name is looked at first: a kept sandbox's is never removed")
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[4], "a stale container of the name is removed first")
 	assert.Equal(t, []string{
 		"run", "--rm", "--name", cname, "--label", "oac.sandbox=" + name, "--pull", "never", "--user", "0:0",
 		"--network", "none", "--sysctl", "net.ipv6.conf.all.disable_ipv6=0", "--sysctl", "net.ipv6.conf.lo.disable_ipv6=0", "--read-only",
@@ -119,8 +120,8 @@ func TestDockerRunsTheGuestWithTheExactHardenedArgv(t *testing.T) {
 		"--mount", "type=bind,src=" + bins.daemon + ",dst=/usr/local/bin/oac-daemon-standin,readonly",
 		"--hostname", "dock",
 		"--entrypoint", "/run/oac/oac-guest", image, "--transport", "unix:///run/oac/agent.sock",
-	}, calls[4])
-	assert.Equal(t, []string{"rm", "--force", cname}, calls[5])
+	}, calls[5])
+	assert.Equal(t, []string{"rm", "--force", cname}, calls[6])
 	assert.NoDirExists(t, stateDir)
 }
 
