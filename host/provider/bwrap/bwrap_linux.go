@@ -79,6 +79,11 @@ func (p *Provider) mode() (Mode, error) {
 func (p *Provider) facts() Facts {
 	f := Facts{Root: os.Geteuid() == 0, UID: os.Getuid(), GID: os.Getgid(), SingleUIDAllowed: p.SingleUID}
 	f.BwrapPath, _ = p.bwrap()
+	if r, err := filepath.EvalSymlinks(f.BwrapPath); err == nil && f.BwrapPath != "" {
+		// The path the kernel executes, and attaches profiles by (PATH
+		// may find /bin/bwrap, a link to /usr/bin/bwrap).
+		f.BwrapPath = r
+	}
 	f.UnprivUsernsClone = readSysctl("/proc/sys/kernel/unprivileged_userns_clone")
 	f.MaxUserNamespaces = readSysctl("/proc/sys/user/max_user_namespaces")
 	f.AppArmorRestrict = readSysctl("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
