@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
 # Debian packages the build, the demo and the tests use (qemu-system-arm and
 # qemu-efi-aarch64 boot the arm64 image; qemu-system-x86 brings virtiofsd).
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun docker.io iproute2 etcd-server containerd containernetworking-plugins iptables
+APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun docker.io iproute2 etcd-server containerd containernetworking-plugins iptables apparmor busybox-static
 # The bench's peer, sandbox-runtime from the npm registry, runs on Node.js
 # with socat and ripgrep.
 BENCH_PKGS := socat ripgrep

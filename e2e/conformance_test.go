@@ -49,6 +49,7 @@ func TestConformance(t *testing.T) {
 			})
 		}
 	})
+	writeVMRowResults(t, res) // inside the AppArmor VM only
 	table := res.table()
 	table += "\ncrash points (each command killed at each point it passes; the next command on the name):\n\n" + res.crashTable()
 	fmt.Printf("\nconformance (%s):\n%s\n", time.Now().UTC().Format("2006-01-02"), table)
@@ -98,6 +99,7 @@ var confRows = []confRow{
 	{"oci runc (default root)", rowOCI("runc")},
 	{"oci crun (oac-image rootfs)", rowOCI("crun")},
 	{"docker (real engine)", rowDocker},
+	{appArmorRow, rowDockerAppArmor},
 	{"qemu (TCG)", rowQemu},
 	{"wsl (fake wsl.exe)", rowWSL},
 	{"kubernetes (real single-node cluster)", rowKubernetes},
@@ -129,6 +131,11 @@ type confEnv struct {
 	// rules and cgroup v2, with a root shim, and a guest root with no
 	// capability in the host's user namespace): it must be on.
 	direct bool
+	// onLive, when set, looks at the row's sandbox once it is ready.
+	onLive func(t *testing.T, c *confCase)
+	// crashCell, when set, picks the crash cells the row runs (the others
+	// are "not run"); nil: every cell.
+	crashCell func(cell crashCell) bool
 }
 
 // rawVia is the via of the workload's raw connections on the row: direct
@@ -299,6 +306,9 @@ func (c *confCase) live(t *testing.T) *shim {
 	c.procs = sandboxProcs(s, c.name)
 	require.NotEmpty(t, c.procs, "the sandbox's processes are found on the host")
 	t.Logf("%s: %d host processes: %v", c.name, len(c.procs), c.procs)
+	if c.env.onLive != nil {
+		c.env.onLive(t, c)
+	}
 	return s
 }
 
@@ -376,6 +386,10 @@ func runConfRow(t *testing.T, row confRow, fix *confFixtures, res *confResults) 
 			}
 		}
 	})
+	if row.name == appArmorRow && !inAppArmorVM() {
+		setupOK = runRowInAppArmorVM(t, row, res)
+		return
+	}
 	c.env = row.setup(t, fix)
 	// After the setup: the row's own environment (a test cluster's
 	// bridge) is not what a sandbox left.
