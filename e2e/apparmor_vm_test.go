@@ -20,6 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/internal/dockerd"
 	"github.com/oac/sandbox-agent/internal/hostvm"
 )
@@ -57,10 +59,7 @@ const (
 	appArmorVMBoot = 2 * time.Minute
 	// guestProfile is the AppArmor profile the docker provider confines
 	// the guest with on such a host.
-	guestProfile = "oac-guest"
-	// codeAppArmorProfileMissing is the failure of --docker-apparmor
-	// require with no such profile loaded.
-	codeAppArmorProfileMissing = "apparmor_profile_missing"
+	guestProfile = apparmor.Name
 	// requireRefusesCheck names the row's check of that failure.
 	requireRefusesCheck = "--docker-apparmor require with no oac-guest profile loaded: apparmor_profile_missing, nothing created"
 )
@@ -188,7 +187,7 @@ func requireRefusesWithoutProfile(t *testing.T, env confEnv) {
 	spec.env = append(append([]string(nil), spec.env...), d.env...)
 	spec.args = append(append([]string(nil), spec.args...), "--docker", bins.dockerRec, "--docker-apparmor", "require")
 	s := startShim(t, spec)
-	failed := s.exitFailed(codeAppArmorProfileMissing, appArmorVMBoot)
+	failed := s.exitFailed(api.CodeAppArmorMissing, appArmorVMBoot)
 	t.Logf("the failure: %s", failed.Message)
 	assert.Contains(t, failed.Message, guestProfile, "the failure names the profile to install")
 	for _, c := range d.calls(t) {
