@@ -107,7 +107,10 @@ func Find(src Sources) ([]Door, Plan) {
 		if kind == "" {
 			continue
 		}
-		doors = append(doors, Door{Kind: kind, Path: mp, What: what, Close: "detached from the workload's mount namespace"})
+		// The launcher covers it with an empty read-only tmpfs where the
+		// workload's user namespace locks the mount (it cannot be
+		// detached there).
+		doors = append(doors, Door{Kind: kind, Path: mp, What: what, Close: "detached from the workload's mount namespace (or covered, where the namespace locks it)"})
 		plan.Detach = append(plan.Detach, mp)
 	}
 	plan.Detach = topmost(plan.Detach)

@@ -210,8 +210,22 @@ const WorkspaceShare = "/home/runtime"
 // WSLg), and any mount whose mount point is a socket (a bind-mounted host
 // socket; isSocket reports that of a path).
 func MountFindings(ms []Mount, isSocket func(path string) bool) []string {
+	// A mount another is stacked on at the same point is out of reach
+	// (a guest covers a door it cannot detach, as in a user namespace
+	// that locks it): what is there is the top one.
+	covered := map[int]bool{}
+	for _, m := range ms {
+		for _, under := range ms {
+			if under.ID == m.Parent && path.Clean(under.Point) == path.Clean(m.Point) {
+				covered[under.ID] = true
+			}
+		}
+	}
 	var out []string
 	for _, m := range ms {
+		if covered[m.ID] {
+			continue
+		}
 		p := path.Clean(m.Point)
 		share := HostShareType(m.FSType) && !Under(p, WorkspaceShare)
 		drive := Below(p, "/mnt") || Below(p, "/media")

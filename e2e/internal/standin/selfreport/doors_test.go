@@ -101,6 +101,17 @@ func TestMountFindings(t *testing.T) {
 	}, got, "the workspace's shares, /media itself and local filesystems are no door")
 }
 
+func TestACoveredMountIsNoDoor(t *testing.T) {
+	ms, err := ParseMountinfo(`20 1 0:20 / / rw - ext4 /dev/vda rw
+30 20 0:30 / /usr/lib/modules ro - virtiofs modules rw
+31 30 0:31 / /usr/lib/modules ro - tmpfs tmpfs ro
+40 20 0:40 / /srv/share rw - virtiofs share rw
+`)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"mount /srv/share (virtiofs)"}, MountFindings(ms, nil),
+		"a share covered by an empty tmpfs at the same point is out of reach; an uncovered one is a door")
+}
+
 func TestHostShareType(t *testing.T) {
 	for _, fs := range []string{"9p", "drvfs", "virtiofs", "nfs", "nfs4", "cifs", "smb3", "vboxsf", "fuse", "fuseblk", "fuse.sshfs", "fuse.vmhgfs-fuse"} {
 		assert.True(t, HostShareType(fs), fs)
