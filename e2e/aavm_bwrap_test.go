@@ -54,8 +54,9 @@ const (
 	bwrapAAVMTimeout = 12 * time.Minute
 	// restrictProfile is Ubuntu's profile for /usr/bin/bwrap.
 	restrictProfile = "bwrap-userns-restrict"
-	// ownBwrapPATH puts the app's own bwrap first.
-	ownBwrapPATH = "PATH=/opt/oac/bin:/usr/local/bin:/usr/bin:/bin"
+	// plainPATH does not name the app's own bwrap: oac-shim takes it
+	// from /opt/oac/bin by itself.
+	plainPATH = "PATH=/usr/local/bin:/usr/bin:/bin"
 )
 
 // The checks of the run in the VM, by name; the host mirrors each.
@@ -318,7 +319,7 @@ func restrictRefuses(t *testing.T) {
 		assert.Contains(t, line, "the profile in /etc/apparmor.d/bwrap-userns-restrict confines /usr/bin/bwrap")
 		assert.Contains(t, line, "sudo install -D -m 0755 /usr/bin/bwrap /opt/oac/bin/bwrap")
 		assert.Contains(t, line, "sudo install -m 0644 examples/apparmor/oac-bwrap /etc/apparmor.d/oac-bwrap && sudo apparmor_parser -r /etc/apparmor.d/oac-bwrap")
-		assert.Contains(t, line, "run oac-shim with /opt/oac/bin first in PATH")
+		assert.Contains(t, line, "oac-shim takes that bwrap before any in PATH")
 		assert.NotContains(t, line, "install the bwrap-userns-restrict")
 	}
 	kmsg := kernelLog(t)
@@ -348,8 +349,9 @@ func restrictRefuses(t *testing.T) {
 	}
 }
 
-// runOwnBwrapRow runs the rootless row with the app's own bwrap first in
-// PATH, after check has seen the guest run as oac-bwrap.
+// runOwnBwrapRow runs the rootless row with the app's own bwrap installed
+// at /opt/oac/bin (PATH names /usr/bin's only: oac-shim takes it by
+// itself), after check has seen the guest run as oac-bwrap.
 func runOwnBwrapRow(t *testing.T, name, version string) {
 	ok := t.Run(name, func(t *testing.T) {
 		out, err := exec.Command(bwrap.OwnBwrap, "--version").CombinedOutput()
@@ -360,7 +362,7 @@ func runOwnBwrapRow(t *testing.T, name, version string) {
 		require.Contains(t, profiles, bwrap.OwnBwrapProfile+" (unconfined)")
 		require.Contains(t, profiles, "unpriv_bwrap (enforce)", "Ubuntu's profile stays on /usr/bin/bwrap")
 		out, _ = exec.Command("setpriv", "--reuid", subIDUser, "--regid", subIDUser, "--init-groups", "--reset-env",
-			"env", ownBwrapPATH, bins.shim, "check").CombinedOutput()
+			"env", plainPATH, bins.shim, "check").CombinedOutput()
 		line := grepLine(string(out), "bwrap: ")
 		bwrapVMFact("check as %s: %s", subIDUser, line)
 		require.Contains(t, line, "bwrap: available (rootless")
@@ -370,7 +372,7 @@ func runOwnBwrapRow(t *testing.T, name, version string) {
 		res := newConfResults()
 		row := confRow{name: name, setup: func(t *testing.T, f *confFixtures) confEnv {
 			env := rowBwrapRootless(t, f)
-			env.spec.env = append(env.spec.env, ownBwrapPATH)
+			env.spec.env = append(env.spec.env, plainPATH)
 			env.bootTimeout = appArmorVMBoot
 			env.onLive = recordOwnBwrapLabels
 			// Not the crash cells: the rootless row runs them on the

@@ -25,7 +25,11 @@ import (
 func (p *Provider) driver() provider.Provider { return p }
 
 func (p *Provider) bwrap() (string, error) {
-	return kit.Binary("bwrap", p.Bwrap, "bwrap", "bubblewrap is not installed (apt-get install bubblewrap)")
+	given := p.Bwrap
+	if given == "" && unix.Access(OwnBwrap, unix.X_OK) == nil {
+		given = OwnBwrap // a desktop app's own, under its own profile
+	}
+	return kit.Binary("bwrap", given, "bwrap", "bubblewrap is not installed (apt-get install bubblewrap)")
 }
 
 func (p *Provider) idBase() int {

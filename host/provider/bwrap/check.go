@@ -3,7 +3,6 @@ package bwrap
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"strings"
 )
 
@@ -137,7 +136,7 @@ func ownBwrapFix(bwrap string) string {
 	}
 	fmt.Fprintf(&b, "install its AppArmor profile (sudo install -m 0644 examples/apparmor/%[1]s /etc/apparmor.d/%[1]s && sudo apparmor_parser -r /etc/apparmor.d/%[1]s)", OwnBwrapProfile)
 	if bwrap != OwnBwrap {
-		fmt.Fprintf(&b, " and run oac-shim with %s first in PATH", filepath.Dir(OwnBwrap))
+		b.WriteString(" (oac-shim takes that bwrap before any in PATH)")
 	}
 	b.WriteString("; not Ubuntu's bwrap-userns-restrict, which runs bwrap's children without the capabilities the guest agent needs (docs/ubuntu.md)")
 	return b.String()

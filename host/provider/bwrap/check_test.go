@@ -141,7 +141,7 @@ func TestCheckRecommendsTheAppsOwnBwrapProfileNeverBwrapUsernsRestrict(t *testin
 			assert.Contains(t, fix, "not Ubuntu's bwrap-userns-restrict")
 			assert.Contains(t, fix, "sudo install -D -m 0755 /usr/bin/bwrap /opt/oac/bin/bwrap")
 			assert.Contains(t, fix, "sudo install -m 0644 examples/apparmor/oac-bwrap /etc/apparmor.d/oac-bwrap && sudo apparmor_parser -r /etc/apparmor.d/oac-bwrap")
-			assert.Contains(t, fix, "run oac-shim with /opt/oac/bin first in PATH")
+			assert.Contains(t, fix, "oac-shim takes that bwrap before any in PATH")
 			assert.Contains(t, fix, "docs/ubuntu.md")
 		})
 	}
@@ -153,6 +153,6 @@ func TestCheckAsksOnlyForTheProfileWhenBwrapIsAlreadyTheAppsOwn(t *testing.T) {
 	_, ps := Diagnose(f)
 	require.Len(t, ps, 1)
 	assert.NotContains(t, ps[0].Fix, "sudo install -D -m 0755")
-	assert.NotContains(t, ps[0].Fix, "first in PATH")
+	assert.NotContains(t, ps[0].Fix, "before any in PATH")
 	assert.Contains(t, ps[0].Fix, "sudo apparmor_parser -r /etc/apparmor.d/oac-bwrap")
 }

@@ -9,8 +9,10 @@ import (
 // Provider runs guests under bubblewrap (Linux only; elsewhere the
 // registered driver is unavailable).
 type Provider struct {
-	// Bwrap is the bwrap binary; default: found in PATH.
-	Bwrap string
+	// Bwrap is the bwrap binary; default: OwnBwrap, an application's own
+	// (where Ubuntu's AppArmor restricts user namespaces), when it is
+	// there, else bwrap in PATH.
+	Bwrap string `flag:"bwrap,path" meta:"FILE" usage:"the bwrap binary (default: /opt/oac/bin/bwrap when it exists, oac's own under its AppArmor profile, else bwrap in PATH)"`
 	// StateRoot holds per-sandbox state; default kit.UserStateRoot's.
 	StateRoot string
 	// IDBase is the first host id of the id slots; default
