@@ -316,10 +316,10 @@ func startAppArmorVM() chan struct{} {
 }
 
 // startAppArmorVMEarly starts the VM when the whole suite runs (no
-// -test.run) on a host that can run it (TestMain).
+// -test.run or -test.skip) on a host that can run it (TestMain).
 func startAppArmorVMEarly() {
 	for _, a := range os.Args[1:] {
-		if strings.HasPrefix(a, "-test.run") || strings.HasPrefix(a, "-test.list") {
+		if strings.HasPrefix(a, "-test.run") || strings.HasPrefix(a, "-test.skip") || strings.HasPrefix(a, "-test.list") {
 			return
 		}
 	}
