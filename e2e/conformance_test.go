@@ -99,12 +99,10 @@ var confRows = []confRow{
 	{"oci runc (default root)", rowOCI("runc")},
 	{"oci crun (oac-image rootfs)", rowOCI("crun")},
 	{"docker (real engine)", rowDocker},
+	{appArmorRow, rowDockerAppArmor},
 	{"qemu (TCG)", rowQemu},
 	{"wsl (fake wsl.exe)", rowWSL},
 	{"kubernetes (real single-node cluster)", rowKubernetes},
-	// Last: rows run two at a time, and this one mostly waits for its VM,
-	// started with the run (apparmor_vm_test.go).
-	{appArmorRow, rowDockerAppArmor},
 }
 
 // confEnv is how a row runs a sandbox.
