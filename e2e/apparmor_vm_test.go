@@ -73,8 +73,10 @@ type vmRowResults struct {
 	Cells map[string]string `json:"cells"`
 	Crash map[string]string `json:"crash"`
 	Note  string            `json:"note"`
-	// Checks are the row's subtests beside the columns.
-	Checks map[string]string `json:"checks"`
+	// Checks are the row's subtests beside the columns; Refusal is the
+	// failure --docker-apparmor require gave.
+	Checks  map[string]string `json:"checks"`
+	Refusal string            `json:"refusal"`
 	// Kernel is the kernel, its LSMs and AppArmor's state; Engine the
 	// engine's security options.
 	Kernel string `json:"kernel"`
@@ -189,6 +191,9 @@ func requireRefusesWithoutProfile(t *testing.T, env confEnv) {
 	s := startShim(t, spec)
 	failed := s.exitFailed(api.CodeAppArmorMissing, appArmorVMBoot)
 	t.Logf("the failure: %s", failed.Message)
+	vmFacts.mu.Lock()
+	vmFacts.Refusal = fmt.Sprintf("%s (exit %d): %s", failed.Code, s.cmd.ProcessState.ExitCode(), failed.Message)
+	vmFacts.mu.Unlock()
 	assert.Contains(t, failed.Message, guestProfile, "the failure names the profile to install")
 	for _, c := range d.calls(t) {
 		assert.NotContains(t, []string{"run", "create"}, c[0], "nothing was created: docker %s", strings.Join(c, " "))
@@ -427,6 +432,7 @@ func runRowInAppArmorVM(t *testing.T, row confRow, res *confResults) bool {
 			}
 		})
 	}
+	t.Logf("with no %s profile loaded, --docker-apparmor require failed %s", guestProfile, got.Refusal)
 	mirror(requireRefusesCheck, got.Checks[requireRefusesCheck])
 	t.Run("the kernel confines the guest with "+guestProfile+" (enforce)", func(t *testing.T) {
 		assert.Contains(t, strings.Split(got.Profiles, "\n"), guestProfile+" (enforce)", "the provider's profile is loaded, enforcing")
