@@ -180,5 +180,5 @@ func TestDockerWithoutEngineOrImageFailsClearly(t *testing.T) {
 	cmd = exec.Command(bins.shim, "check", "--docker-image", dockerImage(t))
 	cmd.Env = append(os.Environ(), needDocker(t).Env()...)
 	out, _ = cmd.Output()
-	assert.Regexp(t, `docker: available \(client \S+docker, engine \S+ at unix://\S+, image oac-e2e/guest:\S+ \(sha256:[0-9a-f]{12}\); the engine runs without userns-remap: guest root is host root with capabilities CHOWN, DAC_OVERRIDE, KILL, NET_ADMIN, NET_BIND_SERVICE, SETFCAP, SETGID, SETUID only\); honours --sandbox-io, --install, --volume`, string(out))
+	assert.Regexp(t, `docker: available \(client \S+docker, engine \S+ at unix://\S+, image oac-e2e/guest:\S+ \(sha256:[0-9a-f]{12}\); the engine runs without userns-remap: guest root is host root with capabilities CHOWN, DAC_OVERRIDE, KILL, NET_ADMIN, NET_BIND_SERVICE, SETFCAP, SETGID, SETUID only(; the Docker engine (does not confine containers with AppArmor|confines containers with AppArmor[^)]*))?\); honours --sandbox-io, --install, --volume`, string(out))
 }

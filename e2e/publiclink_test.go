@@ -83,7 +83,10 @@ func startPublic(cert tls.Certificate) error {
 	if _, err := egress.LinkRule("wss://" + publicAddr + "/"); err != nil {
 		return err
 	}
-	// A namespace left by a killed run goes first.
+	// What a killed run left goes first: its namespace, and its host end
+	// of the pair, which outlives the namespace while anything still
+	// holds that.
+	_ = exec.Command("ip", "link", "del", pubVeth).Run()
 	_ = exec.Command("ip", "netns", "del", pubNS).Run()
 	for _, args := range [][]string{
 		{"netns", "add", pubNS},
