@@ -27,7 +27,7 @@ import (
 
 	"github.com/oac/sandbox-agent/egress"
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )

@@ -21,7 +21,7 @@ import (
 
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
 	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/kcluster"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )

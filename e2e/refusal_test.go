@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 )
 
 // whyLine is the daemon stand-in's why: probe's answer.

@@ -17,8 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/host/api"
-	"github.com/oac/sandbox-agent/host/client"
+	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/client"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/schema"
 )

@@ -23,7 +23,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

@@ -21,7 +21,7 @@ import (
 
 	gegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/transparent"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/reaper"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"

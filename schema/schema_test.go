@@ -19,7 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/egress"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
@@ -120,7 +120,7 @@ func eventConsts(d docs) (kinds, states []string) {
 func TestEveryEventKindHasASchema(t *testing.T) {
 	d := loadDocs(t)
 	kinds, states := eventConsts(d)
-	assert.Equal(t, values(goConsts(t, "../host/api", "Kind")), kinds)
+	assert.Equal(t, values(goConsts(t, "../api", "Kind")), kinds)
 	assert.Equal(t, values(goConsts(t, "../protocol", "State")), states, "the one lifecycle State type's values")
 }
 
@@ -132,7 +132,7 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	}
 	sort.Strings(codes)
 	assert.Equal(t, codes, enum(t, d.def(schema.Event, "FailureCode")), "failure codes")
-	assert.Equal(t, values(goConsts(t, "../host/api", "Code")), codes, "every Code* constant is a listed failure")
+	assert.Equal(t, values(goConsts(t, "../api", "Code")), codes, "every Code* constant is a listed failure")
 
 	var answerCodes []string
 	for _, c := range api.AnswerCodes {
@@ -140,7 +140,7 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	}
 	sort.Strings(answerCodes)
 	assert.Equal(t, answerCodes, enum(t, d.def(schema.Answer, "AnswerCode")), "answer codes")
-	assert.Equal(t, values(goConsts(t, "../host/api", "Answer")), answerCodes, "every Answer* constant is a listed answer code")
+	assert.Equal(t, values(goConsts(t, "../api", "Answer")), answerCodes, "every Answer* constant is a listed answer code")
 
 	var egressCodes []string
 	for c := protocol.EgressInvalidArgument; c.Valid(); c++ {
@@ -153,7 +153,7 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	decision := d.def(schema.Event, "EgressEvent").n["properties"].(node)["decision"].(node)
 	assert.Equal(t, values(goConsts(t, "../egress", "Decision")), enum(t, at{schema.Event, decision}))
 	trigger := d.def(schema.Event, "ClockEvent").n["properties"].(node)["trigger"].(node)
-	assert.Equal(t, values(goConsts(t, "../host/api", "ClockTrigger")), enum(t, at{schema.Event, trigger}))
+	assert.Equal(t, values(goConsts(t, "../api", "ClockTrigger")), enum(t, at{schema.Event, trigger}))
 
 	names := append([]string(nil), api.Commands()...)
 	sort.Strings(names)

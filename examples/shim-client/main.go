@@ -1,4 +1,4 @@
-// Command shim-client is the runnable example of package host/client: a
+// Command shim-client is the runnable example of package client: a
 // parent written in Go that drives one sandbox from start to ready, reaches
 // its daemon through a forward with Basic auth, and stops it.
 //
@@ -19,8 +19,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
-	"github.com/oac/sandbox-agent/host/client"
+	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/client"
 )
 
 func main() {

@@ -5,7 +5,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/stretchr/testify/require"
 )
 

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 )
 
 // MaxConns bounds the control socket's concurrent connections; the next

@@ -9,7 +9,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/strictjson"
 )

@@ -26,7 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/egress"
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/muxinject"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
-	"github.com/oac/sandbox-agent/host/client"
+	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/client"
 )
 
 // A parent drives one sandbox: start, wait for ready, reach the daemon

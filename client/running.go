@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 )
 
 // Sandboxes says where a parent's running sandboxes are: the sandboxes

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oac/sandbox-agent/host/api"
+	"github.com/oac/sandbox-agent/api"
 )
 
 // Options say how to launch oac-shim.

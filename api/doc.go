@@ -1,5 +1,5 @@
 // Package api is the published schema of oac-shim's output and control
-// API, the one its callers (TypeScript programs, host/client) code
+// API, the one its callers (TypeScript programs, client) code
 // against: the events, one JSON object per line (Event, the event kinds,
 // the lifecycle State), the control commands and their strict decoder
 // (Command, Decode: at most MaxLine bytes a line; exactly one JSON
