@@ -3,9 +3,15 @@ GO      ?= go
 BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
-# Debian packages the build, the demo and the tests use (qemu-system-arm and
-# qemu-efi-aarch64 boot the arm64 image; qemu-system-x86 brings virtiofsd).
-APT_PKGS := bubblewrap ca-certificates uidmap qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod curl util-linux mount e2fsprogs erofs-utils tar runc crun docker.io iproute2 etcd-server containerd containernetworking-plugins iptables apparmor busybox-static
+# Debian packages the demo uses: bubblewrap guests and curl. A demo never
+# installs a container engine, a VM or a cluster on a user's desktop (one
+# with Docker's own containerd.io would see its engine fought over).
+DEMO_PKGS := bubblewrap ca-certificates uidmap curl util-linux mount iproute2
+# What the tests add (qemu-system-arm and qemu-efi-aarch64 boot the arm64
+# image; qemu-system-x86 brings virtiofsd; docker.io, containerd, runc, crun
+# and etcd-server the container and Kubernetes rows; apparmor and
+# busybox-static the AppArmor VM).
+TEST_PKGS := $(DEMO_PKGS) qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod e2fsprogs erofs-utils tar runc crun docker.io etcd-server containerd containernetworking-plugins iptables apparmor busybox-static
 # The bench's peer, sandbox-runtime from the npm registry, runs on Node.js
 # with socat and ripgrep.
 BENCH_PKGS := socat ripgrep
@@ -23,7 +29,7 @@ GUEST_BIN = $(if $(filter $(HOST_ARCH),$(ARCH)),$(BIN)/oac-guest,$(BIN)/linux-$(
 # disk, erofs, overlay, virtio-fs, nftables).
 VM_MODULES ?=
 
-.PHONY: all build guest fixtures deps test k8s-bins fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image k8s-cluster-test
+.PHONY: all build guest fixtures deps test-deps test k8s-bins fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image k8s-cluster-test
 
 all: build
 
@@ -81,10 +87,16 @@ image: guest kernel
 	$(BIN)/oac-image build --arch $(ARCH) $(if $(BASE),--base $(BASE)) --agent $(GUEST_BIN) --sandbox-io $(SANDBOX_IO) \
 	  --kernel $(KERNEL_CACHE)/vmlinuz --kernel-modules $(KERNEL_CACHE)/modules $(if $(VM_MODULES),--module $(VM_MODULES)) -o $(IMAGE_OUT)
 
+# What the demo needs; test-deps adds the rest and checks what apt cannot
+# give (Node.js 20 or newer: Debian 12's archive has 18).
 deps:
-	@scripts/deps.sh $(APT_PKGS)
+	@scripts/deps.sh $(DEMO_PKGS)
 
-test: deps fmt-check vet cross unit fuzz-short k8s-bins e2e ts-test
+test-deps:
+	@scripts/deps.sh $(TEST_PKGS)
+	@scripts/node-check.sh
+
+test: test-deps fmt-check vet cross unit fuzz-short k8s-bins e2e ts-test
 
 # The test cluster's kube-apiserver, kubelet, kube-scheduler and
 # kube-controller-manager, built by tools/k8s into the user cache once
@@ -99,7 +111,7 @@ k8s-bins:
 # cache) schedules and runs Pods, binds claims, collects garbage, enforces
 # RBAC, and is stopped leaving nothing. The e2e tests start the same cluster
 # for the kubernetes provider's rows; this target proves the cluster alone.
-k8s-cluster-test: deps
+k8s-cluster-test: test-deps
 	$(GO) test -tags k8s -count=1 -timeout 30m -v -run TestCluster ./internal/kcluster/
 
 fmt-check:
@@ -171,7 +183,7 @@ distclean: clean
 # Speed and memory figures beside their baselines; writes bench/results.md and .json.
 BENCH_RUNS ?= 15
 BENCH_DENSITY ?= 50
-bench: deps build fixtures kernels
+bench: test-deps build fixtures kernels
 	@scripts/deps.sh $(BENCH_PKGS)
 	OAC_KERNEL_CACHE=$(abspath .cache/kernel) OAC_KERNEL_CACHE_ARM64=$(abspath .cache/kernel-arm64) \
 	  $(GO) run ./cmd/oac-bench -bin $(BIN) -out bench -runs $(BENCH_RUNS) -density $(BENCH_DENSITY)
