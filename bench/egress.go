@@ -25,9 +25,9 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
-	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )

@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/guest/netns"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

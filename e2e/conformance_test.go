@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
 	"github.com/oac/sandbox-agent/e2e/internal/standin/selfreport"
-	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/kcluster"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )

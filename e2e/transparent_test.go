@@ -22,8 +22,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/dns/dnsmessage"
 
-	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/e2e/internal/standin/linkrelay"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 

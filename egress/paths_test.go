@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/api"
 	gegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/transparent"
-	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

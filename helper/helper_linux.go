@@ -9,10 +9,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/guest/agent"
 	"github.com/oac/sandbox-agent/guest/reaper"
-	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/sandbox"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
