@@ -3,7 +3,6 @@ package shimcli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/kept"
@@ -23,6 +22,7 @@ import (
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/internal/crashpoint"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
@@ -54,23 +54,15 @@ type runFlags struct {
 	announced *kept.Announcement
 }
 
-// parseRunFlags parses the flags of cmd: "run", or "start", which takes
-// the create flags (provider, rootfs, installs, volumes, the provider's
-// own) from the kept sandbox's record and refuses them here.
-func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int) {
+// parseRun parses the flags and NAME of cmd: "run", or "start", which
+// takes the create flags (provider, rootfs, installs, volumes, the
+// provider's own) from the kept sandbox's record and refuses them here.
+func parseRun(cmd string, args []string, env cli.Env) (*runFlags, int) {
+	stderr := env.Stderr
 	f := &runFlags{installs: installFlag{}, volumes: installFlag{}}
-	fs := flag.NewFlagSet("oac-shim "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		if cmd == "run" {
-			fmt.Fprintln(stderr, "oac-shim run: a throwaway sandbox, created, started and destroyed when the shim exits\n(oac-shim create and start keep one across runs: docs/kept.md). Flags:")
-		} else {
-			fmt.Fprintln(stderr, "oac-shim start: runs the kept sandbox NAME (oac-shim create) until it stops, as run does;\nwhat it writes in /home, /environment and /usr/local outlives the run. Flags:")
-		}
-		fs.PrintDefaults()
-	}
+	fs := cli.FlagSet("oac-shim " + cmd)
 	fs.StringVar(&f.prov, "provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
-	fs.StringVar(&f.name, "name", "", "sandbox name (a-z, 0-9, '-'; required)")
+	fs.StringVar(&f.name, "name", "", "the sandbox's name, as the NAME argument (kept for callers that pass it)")
 	fs.StringVar(&f.rootfs, "rootfs", "", "rootfs directory (default: read-only view of the host's /usr, /bin, /lib*, /etc essentials)")
 	fs.StringVar(&f.bootFile, "bootstrap", "", `bootstrap JSON: a file, "-" for stdin (before the commands with --control stdin) or "fd:N" for an inherited descriptor (default: no daemon)`)
 	fs.StringVar(&f.bootFormat, "bootstrap-format", formatOAC, `"oac" (the bootstrap) or "core" (Core's sandbox.Bootstrap: runtime and sandbox_io)`)
@@ -106,13 +98,15 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	} else {
 		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+"); run refuses the name of one of them")
 	}
-	if err := fs.Parse(args); err != nil {
-		return nil, 2
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return nil, code
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "oac-shim %s: unexpected arguments %q\n", cmd, fs.Args())
-		return nil, 2
+	name, err := cli.Name(fs, args)
+	if err != nil {
+		return nil, cli.Usagef(fs, stderr, "%v", err)
 	}
+	f.name = name
 	if cmd == "start" {
 		if fixed := createFlagsGiven(fs); len(fixed) > 0 {
 			fmt.Fprintf(stderr, "oac-shim start: %s was fixed at create (oac-shim destroy and create the sandbox to change it)\n", strings.Join(fixed, ", "))
@@ -121,10 +115,6 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	}
 	if _, ok := f.providers[f.prov]; !ok {
 		fmt.Fprintf(stderr, "oac-shim "+cmd+": unknown provider %q (have %s)\n", f.prov, strings.Join(provider.Names(), ", "))
-		return nil, 2
-	}
-	if f.name == "" {
-		fmt.Fprintln(stderr, "oac-shim "+cmd+": --name is required")
 		return nil, 2
 	}
 	if _, _, err := bootstrapSource(f.bootFile); err != nil {
@@ -193,8 +183,9 @@ func newLogger(stderr io.Writer, debug bool) *slog.Logger {
 	return slog.New(h).With("component", "oac-shim")
 }
 
-func runCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	f, code := parseRunFlags("run", args, stderr)
+func runCmd(args []string, env cli.Env) int {
+	stdin, stdout, stderr := env.Stdin, env.Stdout, env.Stderr
+	f, code := parseRun("run", args, env)
 	if f == nil {
 		return code
 	}
