@@ -3,7 +3,6 @@ package imagecli
 import (
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/oac/sandbox-agent/imagebuild"
 	"github.com/oac/sandbox-agent/initramfs"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 )
 
@@ -45,14 +45,11 @@ Example (a base from a debootstrap directory, every output):
   sudo oac-image build --base /srv/bookworm --agent bin/oac-guest \
       --sandbox-io bin/oac-sandbox-io --kernel .cache/kernel/vmlinuz \
       --kernel-modules .cache/kernel/modules -o out/
-
-options:
 `
 
-func buildImageCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-image build", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, buildHelp); fs.PrintDefaults() }
+func buildImageCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-image build")
 	base := fs.String("base", "", "base rootfs: a directory, or a .tar or .tar.gz (default: empty, the injected parts only)")
 	agent := fs.String("agent", "", "static oac-guest binary, becomes /sbin/oac-guest (required)")
 	sio := fs.String("sandbox-io", "", "oac-sandbox-io binary, becomes /usr/local/bin/oac-sandbox-io (required)")
@@ -85,16 +82,11 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	wslArgs := fs.String("wsl-installer-args", "", "with --wsl-installer: the arguments after msiexec.exe /i FILE, space-separated (e.g. \"/passive /norestart\"); pinned with the installer")
 	wslRestart := fs.Bool("wsl-installer-restart", true, "with --wsl-installer: whether Windows must restart after installing (pinned with the installer when this or --wsl-installer-args is given)")
 	out := fs.String("o", "", "output directory, new or empty (required)")
-	if wantsHelp(args, fs, buildHelp, stdout) {
-		return 0
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 || *agent == "" || *sio == "" || *out == "" {
+	if len(args) > 0 || *agent == "" || *sio == "" || *out == "" {
 		fmt.Fprintln(stderr, "oac-image build: --agent, --sandbox-io and -o are required and no other arguments are taken (see oac-image build --help)")
 		return 2
 	}
@@ -127,20 +119,4 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s  %s\n", o.SHA256, o.Path)
 	}
 	return 0
-}
-
-// wantsHelp prints help and the flags to stdout when args ask for it.
-func wantsHelp(args []string, fs *flag.FlagSet, help string, stdout io.Writer) bool {
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			fmt.Fprint(stdout, help)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return true
-		}
-		if a == "--" {
-			break
-		}
-	}
-	return false
 }

@@ -2,15 +2,14 @@ package imagecli
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 	"github.com/oac/sandbox-agent/stage"
 )
@@ -45,14 +44,11 @@ each; 2 for usage errors.
 
 Example:
   oac-image stage --store ~/.cache/oac/store --manifest manifest.json --platform linux --arch amd64
-
-options:
 `
 
-func stageCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-image stage", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, stageHelp); fs.PrintDefaults() }
+func stageCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-image stage")
 	store := fs.String("store", "", "the store directory (required)")
 	mf := fs.String("manifest", "", "a pinned manifest to stage from")
 	name := fs.String("name", "", "with --manifest: only this artifact; with --url: the label in events")
@@ -67,16 +63,11 @@ func stageCmd(args []string, stdout, stderr io.Writer) int {
 	idle := fs.Duration("idle-timeout", 30*time.Second, "fail a transfer that receives nothing for this long")
 	quiet := fs.Bool("quiet", false, "no progress output")
 	progress := fs.String("progress", "auto", "progress format: auto (bar on a terminal, else json), bar or json")
-	if wantsHelp(args, fs, stageHelp, stdout) {
-		return 0
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 || *store == "" || (*mf == "") == (*u == "") {
+	if len(args) > 0 || *store == "" || (*mf == "") == (*u == "") {
 		fmt.Fprintln(stderr, "oac-image stage: --store and exactly one of --manifest or --url are required (see oac-image stage --help)")
 		return 2
 	}

@@ -60,16 +60,21 @@ func commandUsage(w io.Writer, c *Command, path string, fs *flag.FlagSet) {
 		}
 		return
 	}
-	flags := ""
-	if len(visibleFlags(fs)) > 0 {
-		flags = " [flags]"
+	// A Help that starts with its own usage lines replaces the generated one.
+	if !strings.HasPrefix(c.Help, "usage:") {
+		flags := ""
+		if len(visibleFlags(fs)) > 0 {
+			flags = " [flags]"
+		}
+		fmt.Fprintf(w, "usage: %s%s", path, flags)
+		if c.Args != "" {
+			fmt.Fprintf(w, " %s", c.Args)
+		}
+		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "usage: %s%s", path, flags)
-	if c.Args != "" {
-		fmt.Fprintf(w, " %s", c.Args)
-	}
-	fmt.Fprintln(w)
 	switch {
+	case strings.HasPrefix(c.Help, "usage:"):
+		fmt.Fprint(w, c.Help)
 	case c.Help != "":
 		fmt.Fprintf(w, "\n%s", strings.TrimLeft(c.Help, "\n"))
 		if !strings.HasSuffix(c.Help, "\n") {
