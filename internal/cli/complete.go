@@ -79,6 +79,18 @@ func (p *Program) table() []compCmd {
 	return append([]compCmd{top}, out...)
 }
 
+// Paths maps every command path of the program ("" for the program
+// itself, "stop", "manifest verify") to the flags and words completion
+// offers there, as they are written: "--grace", "-o", "bash".
+func (p *Program) Paths() map[string][]string {
+	out := map[string][]string{}
+	for _, c := range p.table() {
+		flags, _, words := c.names()
+		out[c.path] = append(flags, words...)
+	}
+	return out
+}
+
 func completionCommand(p *Program) *Command {
 	return &Command{
 		Name: "completion", Args: strings.Join(Shells, "|"),
