@@ -28,10 +28,12 @@ const (
 	// Running is oac-shim list --running --json; Stop oac-shim stop --json.
 	Running = "running.schema.json"
 	Stop    = "stop.schema.json"
+	// Version is version --json of every binary.
+	Version = "version.schema.json"
 )
 
 // Names lists the schema files.
-var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop}
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop, Version}
 
 //go:embed *.schema.json
 var files embed.FS
