@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
+	"github.com/oac/sandbox-agent/schema"
 )
 
 func TestEveryCommandHasHelpOnStdout(t *testing.T) {
@@ -189,4 +191,57 @@ func TestBuildPinsMirrorsAndTheInstallersPlan(t *testing.T) {
 	assert.Contains(t, stderr, "install: arg 1 must be")
 	_, err = os.Stat(filepath.Join(out, "rootfs.tar.gz"))
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// Every command of oac-image's table prints its usage on stdout and exits
+// 0 for -h and --help, and completion names every command and flag.
+func TestEveryPathHasHelpAndCompletion(t *testing.T) {
+	p := &cli.Program{Name: "oac-image", Commands: commands()}
+	paths := p.Paths()
+	require.Contains(t, paths, "manifest verify")
+	for path := range paths {
+		for _, flag := range []string{"-h", "--help"} {
+			args := append(strings.Fields(path), flag)
+			var stdout, stderr bytes.Buffer
+			assert.Equal(t, 0, Main(args, &stdout, &stderr), "%q", args)
+			assert.Empty(t, stderr.String(), "%q", args)
+			assert.True(t, strings.HasPrefix(stdout.String(), "usage: oac-image"), "%q: %s", args, stdout.String())
+		}
+	}
+	for _, sh := range cli.Shells {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, Main([]string{"completion", sh}, &stdout, &stderr), stderr.String())
+		for path, words := range paths {
+			assert.Contains(t, stdout.String(), path, "%s", sh)
+			for _, w := range words {
+				assert.Contains(t, stdout.String(), strings.TrimLeft(w, "-"), "%s: %q of %q", sh, w, path)
+			}
+		}
+	}
+}
+
+func TestFlagsGoAfterTheFileToo(t *testing.T) {
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "oac-guest")
+	require.NoError(t, os.WriteFile(agent, []byte("\x7fELF"), 0o755))
+	out := filepath.Join(dir, "initramfs.img")
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, Main([]string{"initramfs", "-o", out, "--agent", agent}, &stdout, &stderr), stderr.String())
+	stdout.Reset()
+	require.Equal(t, 0, Main([]string{"list", out}, &stdout, &stderr), stderr.String())
+	assert.Contains(t, stdout.String(), "/init\n")
+	for _, args := range [][]string{{"list", out, "extra"}, {"list", out, "--bogus"}} {
+		stderr.Reset()
+		assert.Equal(t, 2, Main(args, &stdout, &stderr), "%q", args)
+		assert.NotEmpty(t, stderr.String())
+	}
+}
+
+func TestVersionOfOacImage(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, Main([]string{"--version"}, &stdout, &stderr))
+	assert.Regexp(t, `^oac-image \S+ \(protocol \d+\.\.\d+\)\n$`, stdout.String())
+	stdout.Reset()
+	require.Equal(t, 0, Main([]string{"version", "--json"}, &stdout, &stderr))
+	assert.NoError(t, schema.Validate(schema.Version, stdout.Bytes()), stdout.String())
 }
