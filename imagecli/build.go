@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/imagebuild"
 	"github.com/oac/sandbox-agent/initramfs"
 	"github.com/oac/sandbox-agent/internal/cli"
@@ -82,6 +83,7 @@ func buildImageCmd(args []string, env cli.Env) int {
 	wslArgs := fs.String("wsl-installer-args", "", "with --wsl-installer: the arguments after msiexec.exe /i FILE, space-separated (e.g. \"/passive /norestart\"); pinned with the installer")
 	wslRestart := fs.Bool("wsl-installer-restart", true, "with --wsl-installer: whether Windows must restart after installing (pinned with the installer when this or --wsl-installer-args is given)")
 	out := fs.String("o", "", "output directory, new or empty (required)")
+	asJSON := fs.Bool("json", false, "print the outputs as one JSON object (schema/image-build.schema.json) instead of SHA256 PATH lines")
 	args, code, ok := cli.Parse(fs, args, env)
 	if !ok {
 		return code
@@ -115,6 +117,14 @@ func buildImageCmd(args []string, env cli.Env) int {
 		return 1
 	}
 	fmt.Fprintf(stderr, "oac-image: built %d outputs of %d entries in %s (tree sha256 %s)\n", len(res.Outputs), res.Entries, time.Since(start).Round(time.Millisecond), res.TreeDigest[:16])
+	if *asJSON {
+		rep := BuildReport{SchemaVersion: api.SchemaVersion, Outputs: []BuiltOutput{}, Entries: res.Entries, TreeSHA256: res.TreeDigest}
+		for _, o := range res.Outputs {
+			rep.Outputs = append(rep.Outputs, BuiltOutput{Kind: o.Kind, Path: o.Path, Size: o.Size, SHA256: o.SHA256})
+		}
+		cli.PrintJSON(stdout, rep)
+		return 0
+	}
 	for _, o := range res.Outputs {
 		fmt.Fprintf(stdout, "%s  %s\n", o.SHA256, o.Path)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -244,4 +245,82 @@ func TestVersionOfOacImage(t *testing.T) {
 	stdout.Reset()
 	require.Equal(t, 0, Main([]string{"version", "--json"}, &stdout, &stderr))
 	assert.NoError(t, schema.Validate(schema.Version, stdout.Bytes()), stdout.String())
+}
+
+// Every --json output of oac-image follows its schema: build, manifest
+// verify (files that check and one that does not), stage (staged, then
+// cached, then a corrupt pin) and list.
+func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"agent", "sio", "ca"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755))
+	}
+	out := filepath.Join(dir, "out")
+	srv := httptest.NewServer(http.FileServer(http.Dir(out)))
+	defer srv.Close()
+	run := func(want int, args ...string) []byte {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, want, Main(args, &stdout, &stderr), "%q: %s", args, stderr.String())
+		return stdout.Bytes()
+	}
+	valid := func(name string, doc []byte, into any) {
+		t.Helper()
+		require.NoError(t, schema.Validate(name, doc), "%s", doc)
+		require.NoError(t, json.Unmarshal(doc, into))
+	}
+
+	var built BuildReport
+	valid(schema.ImageBuild, run(0, "build", "--json", "--agent", filepath.Join(dir, "agent"), "--sandbox-io", filepath.Join(dir, "sio"),
+		"--ca-bundle", filepath.Join(dir, "ca"), "--output", "tar,oci", "--epoch", "1",
+		"--base-url", srv.URL, "--release", "t1", "-o", out), &built)
+	var kinds []string
+	for _, o := range built.Outputs {
+		kinds = append(kinds, o.Kind)
+	}
+	assert.Subset(t, kinds, []string{"tar", "oci"})
+	mf := filepath.Join(out, "manifest.json")
+
+	var verified VerifyReport
+	valid(schema.ImageVerify, run(0, "manifest", "verify", mf, "--dir", out, "--json"), &verified)
+	assert.True(t, verified.AllOK)
+	assert.NotEmpty(t, verified.Artifacts)
+
+	store := filepath.Join(dir, "store")
+	var staged StageReport
+	valid(schema.ImageStage, run(0, "stage", "--json", "--quiet", "--store", store, "--manifest", mf), &staged)
+	require.Len(t, staged.Staged, len(verified.Artifacts))
+	assert.False(t, staged.Staged[0].Cached)
+	assert.Equal(t, staged.Staged[0].Size, staged.Staged[0].Downloaded)
+	valid(schema.ImageStage, run(0, "stage", "--json", "--quiet", "--store", store, "--manifest", mf), &staged)
+	assert.True(t, staged.Staged[0].Cached, "staged already")
+
+	require.NoError(t, os.WriteFile(filepath.Join(out, "rootfs.tar.gz"), []byte("damaged"), 0o644))
+	verified = VerifyReport{}
+	valid(schema.ImageVerify, run(1, "manifest", "verify", "--json", mf, "--dir", out), &verified)
+	assert.False(t, verified.AllOK)
+
+	// A pin of other bytes than the (now 7-byte) file the URL serves.
+	sum := sha256.Sum256([]byte("other"))
+	staged = StageReport{}
+	valid(schema.ImageStage, run(1, "stage", "--json", "--quiet", "--store", store, "--url", srv.URL+"/rootfs.tar.gz", "--size", "7",
+		"--sha256", hex.EncodeToString(sum[:]), "--name", "pinned"), &staged)
+	require.NotNil(t, staged.Error)
+	assert.Equal(t, "corrupt", staged.Error.Code)
+	assert.Equal(t, "pinned", staged.Error.Name)
+
+
+	ird := filepath.Join(dir, "initramfs.img")
+	run(0, "initramfs", "--agent", filepath.Join(dir, "agent"), "-o", ird)
+	var listed ListReport
+	valid(schema.ImageList, run(0, "list", ird, "--json"), &listed)
+	var paths []string
+	for _, e := range listed.Entries {
+		paths = append(paths, e.Path)
+		if e.Path == "/dev/console" {
+			assert.Equal(t, "5:1", e.Device)
+		}
+	}
+	assert.Contains(t, paths, "/init")
+	assert.Contains(t, paths, "/dev/console")
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/initramfs"
 	"github.com/oac/sandbox-agent/internal/cli"
 )
@@ -118,6 +119,7 @@ func initramfsCmd(args []string, env cli.Env) int {
 func listCmd(args []string, env cli.Env) int {
 	stdout, stderr := env.Stdout, env.Stderr
 	fs := cli.FlagSet("oac-image list")
+	asJSON := fs.Bool("json", false, "print the members as one JSON object (schema/image-list.schema.json)")
 	args, code, ok := cli.Parse(fs, args, env)
 	if !ok {
 		return code
@@ -141,12 +143,21 @@ func listCmd(args []string, env cli.Env) int {
 		fmt.Fprintf(stderr, "oac-image: %s: %v\n", args[0], err)
 		return 1
 	}
+	rep := ListReport{SchemaVersion: api.SchemaVersion, Entries: []ListEntry{}}
 	for _, e := range entries {
 		extra := ""
 		if e.Mode&os.ModeDevice != 0 {
 			extra = fmt.Sprintf(" %d:%d", e.RdevMajor, e.RdevMinor)
 		}
+		if *asJSON {
+			rep.Entries = append(rep.Entries, ListEntry{Path: "/" + strings.TrimPrefix(e.Name, "."), Mode: e.Mode.String(),
+				UID: e.UID, GID: e.GID, Size: int64(len(e.Data)), Device: strings.TrimSpace(extra)})
+			continue
+		}
 		fmt.Fprintf(stdout, "%s %5d:%-5d %9d /%s%s\n", e.Mode, e.UID, e.GID, len(e.Data), strings.TrimPrefix(e.Name, "."), extra)
+	}
+	if *asJSON {
+		cli.PrintJSON(stdout, rep)
 	}
 	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 )
@@ -28,6 +29,7 @@ func manifestVerifyCmd(args []string, env cli.Env) int {
 	store := fs.String("store", "", "a staging store (STORE/sha256/HEX) to look for files in")
 	var dirs listFlag
 	fs.Var(&dirs, "dir", "a directory holding the files by their URL's last name (repeatable)")
+	asJSON := fs.Bool("json", false, "print the result as one JSON object (schema/image-verify.schema.json) instead of lines")
 	args, code, ok := cli.Parse(fs, args, env)
 	if !ok {
 		return code
@@ -47,22 +49,34 @@ func manifestVerifyCmd(args []string, env cli.Env) int {
 		fmt.Fprintf(stderr, "oac-image: %s: %v\n", path, err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "manifest %s: schema %d, release %s, %d artifacts: valid\n", path, m.Schema, m.Release, len(m.Artifacts))
-	if *store == "" && len(dirs) == 0 {
-		return 0
+	rep := VerifyReport{SchemaVersion: api.SchemaVersion, Manifest: path, Schema: m.Schema, Release: m.Release, Artifacts: []VerifiedFile{}, AllOK: true}
+	if !*asJSON {
+		fmt.Fprintf(stdout, "manifest %s: schema %d, release %s, %d artifacts: valid\n", path, m.Schema, m.Release, len(m.Artifacts))
 	}
 	bad := 0
 	for _, a := range m.Artifacts {
+		if *store == "" && len(dirs) == 0 {
+			break
+		}
 		p, err := manifest.Locate(a, *store, dirs)
 		if err == nil {
 			err = manifest.VerifyFile(a, p)
 		}
+		f := VerifiedFile{Name: a.Name, OK: err == nil, Path: p, Size: a.Size}
 		if err != nil {
 			bad++
-			fmt.Fprintf(stdout, "%-32s FAIL %v\n", a.Name, err)
-			continue
+			f.Error = err.Error()
+			if !*asJSON {
+				fmt.Fprintf(stdout, "%-32s FAIL %v\n", a.Name, err)
+			}
+		} else if !*asJSON {
+			fmt.Fprintf(stdout, "%-32s ok   %s (%d bytes)\n", a.Name, p, a.Size)
 		}
-		fmt.Fprintf(stdout, "%-32s ok   %s (%d bytes)\n", a.Name, p, a.Size)
+		rep.Artifacts = append(rep.Artifacts, f)
+	}
+	rep.AllOK = bad == 0
+	if *asJSON {
+		cli.PrintJSON(stdout, rep)
 	}
 	if bad > 0 {
 		fmt.Fprintf(stderr, "oac-image: %d of %d artifacts failed verification\n", bad, len(m.Artifacts))

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 	"github.com/oac/sandbox-agent/stage"
@@ -63,6 +64,7 @@ func stageCmd(args []string, env cli.Env) int {
 	idle := fs.Duration("idle-timeout", 30*time.Second, "fail a transfer that receives nothing for this long")
 	quiet := fs.Bool("quiet", false, "no progress output")
 	progress := fs.String("progress", "auto", "progress format: auto (bar on a terminal, else json), bar or json")
+	asJSON := fs.Bool("json", false, "print what was staged as one JSON object on stdout (schema/image-stage.schema.json), a failure too, instead of NAME PATH lines")
 	args, code, ok := cli.Parse(fs, args, env)
 	if !ok {
 		return code
@@ -119,10 +121,15 @@ func stageCmd(args []string, env cli.Env) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	rep := StageReport{SchemaVersion: api.SchemaVersion, Staged: []StagedFile{}}
 	for _, t := range targets {
 		res, err := st.Stage(ctx, t)
 		if err != nil {
 			fmt.Fprintf(stderr, "oac-image: %s: %v\n", stage.Code(err), err)
+			if *asJSON {
+				rep.Error = &StageError{Name: t.Name, Code: string(stage.Code(err)), Message: err.Error()}
+				cli.PrintJSON(stdout, rep)
+			}
 			return 1
 		}
 		label := t.Name
@@ -141,7 +148,16 @@ func stageCmd(args []string, env cli.Env) int {
 			}
 			fmt.Fprintf(stderr, "oac-image: %s: staged from mirror %s\n", label, res.Mirror)
 		}
+		if *asJSON {
+			rep.Staged = append(rep.Staged, StagedFile{Name: t.Name, Path: res.Path, SHA256: t.SHA256, Size: t.Size,
+				Cached: res.Cached, Downloaded: res.Downloaded, Mirror: res.Mirror, Repaired: res.Repaired,
+				FailedMirrors: append([]string{}, res.Failed...)})
+			continue
+		}
 		fmt.Fprintf(stdout, "%s %s\n", label, res.Path)
+	}
+	if *asJSON {
+		cli.PrintJSON(stdout, rep)
 	}
 	return 0
 }
