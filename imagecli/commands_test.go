@@ -309,7 +309,6 @@ func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
 	assert.Equal(t, "corrupt", staged.Error.Code)
 	assert.Equal(t, "pinned", staged.Error.Name)
 
-
 	ird := filepath.Join(dir, "initramfs.img")
 	run(0, "initramfs", "--agent", filepath.Join(dir, "agent"), "-o", ird)
 	var listed ListReport

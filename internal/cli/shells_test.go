@@ -85,7 +85,6 @@ func TestBashCompletesEveryCommandsFlagsAndWords(t *testing.T) {
 	assert.Empty(t, offered(t, "bash", "-c", "source "+file+"; COMP_WORDS=(prog manifest verify --store ''); COMP_CWORD=4; _prog; printf '%s\\n' \"${COMPREPLY[@]}\""))
 }
 
-
 // fish, where installed, completes the same (complete -C).
 func TestFishCompletesEveryCommandsFlagsAndWords(t *testing.T) {
 	if _, err := exec.LookPath("fish"); err != nil {
