@@ -118,9 +118,9 @@ func buildImageCmd(args []string, env cli.Env) int {
 	}
 	fmt.Fprintf(stderr, "oac-image: built %d outputs of %d entries in %s (tree sha256 %s)\n", len(res.Outputs), res.Entries, time.Since(start).Round(time.Millisecond), res.TreeDigest[:16])
 	if *asJSON {
-		rep := BuildReport{SchemaVersion: api.SchemaVersion, Outputs: []BuiltOutput{}, Entries: res.Entries, TreeSHA256: res.TreeDigest}
+		rep := api.ImageBuildReport{SchemaVersion: api.SchemaVersion, Outputs: []api.BuiltOutput{}, Entries: res.Entries, TreeSHA256: res.TreeDigest}
 		for _, o := range res.Outputs {
-			rep.Outputs = append(rep.Outputs, BuiltOutput{Kind: o.Kind, Path: o.Path, Size: o.Size, SHA256: o.SHA256})
+			rep.Outputs = append(rep.Outputs, api.BuiltOutput{Kind: o.Kind, Path: o.Path, Size: o.Size, SHA256: o.SHA256})
 		}
 		cli.PrintJSON(stdout, rep)
 		return 0

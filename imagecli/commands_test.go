@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 	"github.com/oac/sandbox-agent/schema"
@@ -270,7 +271,7 @@ func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
 		require.NoError(t, json.Unmarshal(doc, into))
 	}
 
-	var built BuildReport
+	var built api.ImageBuildReport
 	valid(schema.ImageBuild, run(0, "build", "--json", "--agent", filepath.Join(dir, "agent"), "--sandbox-io", filepath.Join(dir, "sio"),
 		"--ca-bundle", filepath.Join(dir, "ca"), "--output", "tar,oci", "--epoch", "1",
 		"--base-url", srv.URL, "--release", "t1", "-o", out), &built)
@@ -281,13 +282,13 @@ func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
 	assert.Subset(t, kinds, []string{"tar", "oci"})
 	mf := filepath.Join(out, "manifest.json")
 
-	var verified VerifyReport
+	var verified api.ImageVerifyReport
 	valid(schema.ImageVerify, run(0, "manifest", "verify", mf, "--dir", out, "--json"), &verified)
 	assert.True(t, verified.AllOK)
 	assert.NotEmpty(t, verified.Artifacts)
 
 	store := filepath.Join(dir, "store")
-	var staged StageReport
+	var staged api.ImageStageReport
 	valid(schema.ImageStage, run(0, "stage", "--json", "--quiet", "--store", store, "--manifest", mf), &staged)
 	require.Len(t, staged.Staged, len(verified.Artifacts))
 	assert.False(t, staged.Staged[0].Cached)
@@ -296,13 +297,13 @@ func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
 	assert.True(t, staged.Staged[0].Cached, "staged already")
 
 	require.NoError(t, os.WriteFile(filepath.Join(out, "rootfs.tar.gz"), []byte("damaged"), 0o644))
-	verified = VerifyReport{}
+	verified = api.ImageVerifyReport{}
 	valid(schema.ImageVerify, run(1, "manifest", "verify", "--json", mf, "--dir", out), &verified)
 	assert.False(t, verified.AllOK)
 
 	// A pin of other bytes than the (now 7-byte) file the URL serves.
 	sum := sha256.Sum256([]byte("other"))
-	staged = StageReport{}
+	staged = api.ImageStageReport{}
 	valid(schema.ImageStage, run(1, "stage", "--json", "--quiet", "--store", store, "--url", srv.URL+"/rootfs.tar.gz", "--size", "7",
 		"--sha256", hex.EncodeToString(sum[:]), "--name", "pinned"), &staged)
 	require.NotNil(t, staged.Error)
@@ -311,7 +312,7 @@ func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
 
 	ird := filepath.Join(dir, "initramfs.img")
 	run(0, "initramfs", "--agent", filepath.Join(dir, "agent"), "-o", ird)
-	var listed ListReport
+	var listed api.ImageListReport
 	valid(schema.ImageList, run(0, "list", ird, "--json"), &listed)
 	var paths []string
 	for _, e := range listed.Entries {

@@ -143,14 +143,14 @@ func listCmd(args []string, env cli.Env) int {
 		fmt.Fprintf(stderr, "oac-image: %s: %v\n", args[0], err)
 		return 1
 	}
-	rep := ListReport{SchemaVersion: api.SchemaVersion, Entries: []ListEntry{}}
+	rep := api.ImageListReport{SchemaVersion: api.SchemaVersion, Entries: []api.ImageListEntry{}}
 	for _, e := range entries {
 		extra := ""
 		if e.Mode&os.ModeDevice != 0 {
 			extra = fmt.Sprintf(" %d:%d", e.RdevMajor, e.RdevMinor)
 		}
 		if *asJSON {
-			rep.Entries = append(rep.Entries, ListEntry{Path: "/" + strings.TrimPrefix(e.Name, "."), Mode: e.Mode.String(),
+			rep.Entries = append(rep.Entries, api.ImageListEntry{Path: "/" + strings.TrimPrefix(e.Name, "."), Mode: e.Mode.String(),
 				UID: e.UID, GID: e.GID, Size: int64(len(e.Data)), Device: strings.TrimSpace(extra)})
 			continue
 		}

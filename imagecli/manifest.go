@@ -49,7 +49,7 @@ func manifestVerifyCmd(args []string, env cli.Env) int {
 		fmt.Fprintf(stderr, "oac-image: %s: %v\n", path, err)
 		return 1
 	}
-	rep := VerifyReport{SchemaVersion: api.SchemaVersion, Manifest: path, Schema: m.Schema, Release: m.Release, Artifacts: []VerifiedFile{}, AllOK: true}
+	rep := api.ImageVerifyReport{SchemaVersion: api.SchemaVersion, Manifest: path, Schema: m.Schema, Release: m.Release, Artifacts: []api.VerifiedFile{}, AllOK: true}
 	if !*asJSON {
 		fmt.Fprintf(stdout, "manifest %s: schema %d, release %s, %d artifacts: valid\n", path, m.Schema, m.Release, len(m.Artifacts))
 	}
@@ -62,7 +62,7 @@ func manifestVerifyCmd(args []string, env cli.Env) int {
 		if err == nil {
 			err = manifest.VerifyFile(a, p)
 		}
-		f := VerifiedFile{Name: a.Name, OK: err == nil, Path: p, Size: a.Size}
+		f := api.VerifiedFile{Name: a.Name, OK: err == nil, Path: p, Size: a.Size}
 		if err != nil {
 			bad++
 			f.Error = err.Error()

@@ -121,13 +121,13 @@ func stageCmd(args []string, env cli.Env) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep := StageReport{SchemaVersion: api.SchemaVersion, Staged: []StagedFile{}}
+	rep := api.ImageStageReport{SchemaVersion: api.SchemaVersion, Staged: []api.StagedFile{}}
 	for _, t := range targets {
 		res, err := st.Stage(ctx, t)
 		if err != nil {
 			fmt.Fprintf(stderr, "oac-image: %s: %v\n", stage.Code(err), err)
 			if *asJSON {
-				rep.Error = &StageError{Name: t.Name, Code: string(stage.Code(err)), Message: err.Error()}
+				rep.Error = &api.StageError{Name: t.Name, Code: string(stage.Code(err)), Message: err.Error()}
 				cli.PrintJSON(stdout, rep)
 			}
 			return 1
@@ -149,7 +149,7 @@ func stageCmd(args []string, env cli.Env) int {
 			fmt.Fprintf(stderr, "oac-image: %s: staged from mirror %s\n", label, res.Mirror)
 		}
 		if *asJSON {
-			rep.Staged = append(rep.Staged, StagedFile{Name: t.Name, Path: res.Path, SHA256: t.SHA256, Size: t.Size,
+			rep.Staged = append(rep.Staged, api.StagedFile{Name: t.Name, Path: res.Path, SHA256: t.SHA256, Size: t.Size,
 				Cached: res.Cached, Downloaded: res.Downloaded, Mirror: res.Mirror, Repaired: res.Repaired,
 				FailedMirrors: append([]string{}, res.Failed...)})
 			continue

@@ -23,7 +23,6 @@ import (
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
-	"github.com/oac/sandbox-agent/imagecli"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -196,10 +195,10 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "RunningReport", reflect.TypeFor[api.RunningReport](), at{schema.Running, d[schema.Running]}, true)
 	d.agree(t, "StopReport", reflect.TypeFor[api.StopReport](), at{schema.Stop, d[schema.Stop]}, true)
 	d.agree(t, "VersionReport", reflect.TypeFor[api.VersionReport](), at{schema.Version, d[schema.Version]}, true)
-	d.agree(t, "StageReport", reflect.TypeFor[imagecli.StageReport](), at{schema.ImageStage, d[schema.ImageStage]}, true)
-	d.agree(t, "VerifyReport", reflect.TypeFor[imagecli.VerifyReport](), at{schema.ImageVerify, d[schema.ImageVerify]}, true)
-	d.agree(t, "BuildReport", reflect.TypeFor[imagecli.BuildReport](), at{schema.ImageBuild, d[schema.ImageBuild]}, true)
-	d.agree(t, "ListReport", reflect.TypeFor[imagecli.ListReport](), at{schema.ImageList, d[schema.ImageList]}, true)
+	d.agree(t, "StageReport", reflect.TypeFor[api.ImageStageReport](), at{schema.ImageStage, d[schema.ImageStage]}, true)
+	d.agree(t, "VerifyReport", reflect.TypeFor[api.ImageVerifyReport](), at{schema.ImageVerify, d[schema.ImageVerify]}, true)
+	d.agree(t, "BuildReport", reflect.TypeFor[api.ImageBuildReport](), at{schema.ImageBuild, d[schema.ImageBuild]}, true)
+	d.agree(t, "ListReport", reflect.TypeFor[api.ImageListReport](), at{schema.ImageList, d[schema.ImageList]}, true)
 }
 
 // What version --json prints validates for every binary, and a report of

@@ -1,12 +1,13 @@
-package imagecli
+package api
 
-// What oac-image's commands print with --json, one object each; the
+// What oac-image's commands print with --json, one object each (here,
+// beside oac-shim's, so a caller codes against one package); the
 // schema of each is in schema/ (image-*.schema.json), held to these types
 // by its tests.
 
-// StageReport is what oac-image stage --json prints: every artifact
+// ImageStageReport is what oac-image stage --json prints: every artifact
 // staged, in order, and the failure that ended the run (exit status 1).
-type StageReport struct {
+type ImageStageReport struct {
 	SchemaVersion int          `json:"schema_version"`
 	Staged        []StagedFile `json:"staged"`
 	Error         *StageError  `json:"error,omitempty"`
@@ -40,8 +41,8 @@ type StageError struct {
 	Message string `json:"message"`
 }
 
-// VerifyReport is what oac-image manifest verify --json prints.
-type VerifyReport struct {
+// ImageVerifyReport is what oac-image manifest verify --json prints.
+type ImageVerifyReport struct {
 	SchemaVersion int    `json:"schema_version"`
 	Manifest      string `json:"manifest"`
 	// Schema and Release are the manifest's own.
@@ -64,8 +65,8 @@ type VerifiedFile struct {
 	Error string `json:"error,omitempty"`
 }
 
-// BuildReport is what oac-image build --json prints.
-type BuildReport struct {
+// ImageBuildReport is what oac-image build --json prints.
+type ImageBuildReport struct {
 	SchemaVersion int           `json:"schema_version"`
 	Outputs       []BuiltOutput `json:"outputs"`
 	// Entries is the number of entries in the image tree.
@@ -83,16 +84,16 @@ type BuiltOutput struct {
 	SHA256 string `json:"sha256"`
 }
 
-// ListReport is what oac-image list FILE --json prints: the members of
+// ImageListReport is what oac-image list FILE --json prints: the members of
 // an initramfs.
-type ListReport struct {
-	SchemaVersion int         `json:"schema_version"`
-	Entries       []ListEntry `json:"entries"`
+type ImageListReport struct {
+	SchemaVersion int              `json:"schema_version"`
+	Entries       []ImageListEntry `json:"entries"`
 }
 
-// ListEntry is one member: its absolute path in the guest, its mode as
+// ImageListEntry is one member: its absolute path in the guest, its mode as
 // ls shows it, owner, size and, for a device, its number MAJOR:MINOR.
-type ListEntry struct {
+type ImageListEntry struct {
 	Path   string `json:"path"`
 	Mode   string `json:"mode"`
 	UID    int    `json:"uid"`
