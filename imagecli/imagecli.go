@@ -19,7 +19,7 @@ import (
 // scripts are generated from it and from each command's own flags.
 func commands() []*cli.Command {
 	return []*cli.Command{
-		{Name: "build", Summary: "guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (kernel+initramfs)", Help: buildHelp, Run: buildImageCmd},
+		{Name: "build", Summary: "guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (on Linux and macOS build hosts)", Help: buildHelp, Run: buildImageCmd},
 		{Name: "initramfs", Summary: "an initramfs with oac-guest as /init and the modules a VM loads", Run: initramfsCmd},
 		{Name: "list", Args: "FILE", Summary: "the members of a gzip-compressed newc initramfs", Run: listCmd},
 		{Name: "manifest", Summary: "pinned manifests of artifacts", Help: "Example:\n  oac-image manifest verify out/manifest.json --dir out/\n", Sub: []*cli.Command{
