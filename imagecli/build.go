@@ -1,58 +1,26 @@
+//go:build !windows
+
 package imagecli
 
 import (
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/imagebuild"
 	"github.com/oac/sandbox-agent/initramfs"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 )
 
-const buildHelp = `usage: oac-image build --agent PATH --sandbox-io PATH -o DIR [options]
-
-Builds a guest image from a base rootfs and writes every requested output
-into DIR (which must be new or empty), then DIR/SHA256SUMS (every file output and
-every file of the OCI layout and of e2b/, for sha256sum -c):
-
-  dir    DIR/rootfs/        a directory: oac-shim run --provider bwrap --rootfs DIR/rootfs
-  tar    DIR/rootfs.tar.gz  for Windows: wsl --import NAME PATH DIR/rootfs.tar.gz
-  oci    DIR/oci/           an OCI image layout (one gzip layer; tag from --ref)
-  e2b    DIR/e2b/           an E2B template build context: e2b.Dockerfile and rootfs.tar.gz
-         (the tar output's bytes); build it in DIR/e2b with e2b template build or
-         docker build -f e2b.Dockerfile . (docs/hosted.md); not in the manifest
-  ext4   DIR/disk.ext4      a raw ext4 disk (qemu, macOS); needs mkfs.ext4 and debugfs (e2fsprogs)
-  erofs  DIR/disk.erofs     a raw erofs disk, lz4hc; needs mkfs.erofs (erofs-utils)
-  vm     DIR/vmlinuz, DIR/initramfs.img   the kernel and an initramfs with oac-guest as
-         /init and the modules a VM guest loads (virtio transports, disk, erofs,
-         overlay, virtio-fs, nftables); needs --kernel and --kernel-modules
-         (make kernel caches Debian's cloud kernel in .cache/kernel). The VM boots
-         the initramfs, which mounts disk.ext4 or disk.erofs as its root
-
-Every image gets /sbin/oac-guest, /usr/local/bin/oac-sandbox-io, the CA bundle at
-/etc/ssl/certs/ca-certificates.crt, the user and group runtime (1000) with home
-/home/runtime (0700) and /environment/workspace. The same inputs give
-bit-identical outputs: every time is --epoch, owners are numeric, entries sorted,
-filesystem UUIDs derive from the content. Writing owners (dir, ext4, erofs)
-needs root.
-
-Example (a base from a debootstrap directory, every output):
-  sudo oac-image build --base /srv/bookworm --agent bin/oac-guest \
-      --sandbox-io bin/oac-sandbox-io --kernel .cache/kernel/vmlinuz \
-      --kernel-modules .cache/kernel/modules -o out/
-
-options:
-`
-
-func buildImageCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-image build", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, buildHelp); fs.PrintDefaults() }
+// buildImageCmd is oac-image build (on Windows: build_windows.go).
+func buildImageCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-image build")
 	base := fs.String("base", "", "base rootfs: a directory, or a .tar or .tar.gz (default: empty, the injected parts only)")
 	agent := fs.String("agent", "", "static oac-guest binary, becomes /sbin/oac-guest (required)")
 	sio := fs.String("sandbox-io", "", "oac-sandbox-io binary, becomes /usr/local/bin/oac-sandbox-io (required)")
@@ -85,16 +53,12 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 	wslArgs := fs.String("wsl-installer-args", "", "with --wsl-installer: the arguments after msiexec.exe /i FILE, space-separated (e.g. \"/passive /norestart\"); pinned with the installer")
 	wslRestart := fs.Bool("wsl-installer-restart", true, "with --wsl-installer: whether Windows must restart after installing (pinned with the installer when this or --wsl-installer-args is given)")
 	out := fs.String("o", "", "output directory, new or empty (required)")
-	if wantsHelp(args, fs, buildHelp, stdout) {
-		return 0
+	asJSON := fs.Bool("json", false, "print the outputs as one JSON object (schema/image-build.schema.json) instead of SHA256 PATH lines")
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 || *agent == "" || *sio == "" || *out == "" {
+	if len(args) > 0 || *agent == "" || *sio == "" || *out == "" {
 		fmt.Fprintln(stderr, "oac-image build: --agent, --sandbox-io and -o are required and no other arguments are taken (see oac-image build --help)")
 		return 2
 	}
@@ -123,24 +87,16 @@ func buildImageCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stderr, "oac-image: built %d outputs of %d entries in %s (tree sha256 %s)\n", len(res.Outputs), res.Entries, time.Since(start).Round(time.Millisecond), res.TreeDigest[:16])
+	if *asJSON {
+		rep := api.ImageBuildReport{SchemaVersion: api.SchemaVersion, Outputs: []api.BuiltOutput{}, Entries: res.Entries, TreeSHA256: res.TreeDigest}
+		for _, o := range res.Outputs {
+			rep.Outputs = append(rep.Outputs, api.BuiltOutput{Kind: o.Kind, Path: o.Path, Size: o.Size, SHA256: o.SHA256})
+		}
+		cli.PrintJSON(stdout, rep)
+		return 0
+	}
 	for _, o := range res.Outputs {
 		fmt.Fprintf(stdout, "%s  %s\n", o.SHA256, o.Path)
 	}
 	return 0
-}
-
-// wantsHelp prints help and the flags to stdout when args ask for it.
-func wantsHelp(args []string, fs *flag.FlagSet, help string, stdout io.Writer) bool {
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			fmt.Fprint(stdout, help)
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return true
-		}
-		if a == "--" {
-			break
-		}
-	}
-	return false
 }

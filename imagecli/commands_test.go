@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,7 +15,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
+	"github.com/oac/sandbox-agent/schema"
 )
 
 func TestEveryCommandHasHelpOnStdout(t *testing.T) {
@@ -189,4 +193,134 @@ func TestBuildPinsMirrorsAndTheInstallersPlan(t *testing.T) {
 	assert.Contains(t, stderr, "install: arg 1 must be")
 	_, err = os.Stat(filepath.Join(out, "rootfs.tar.gz"))
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// Every command of oac-image's table prints its usage on stdout and exits
+// 0 for -h and --help, and completion names every command and flag.
+func TestEveryPathHasHelpAndCompletion(t *testing.T) {
+	p := &cli.Program{Name: "oac-image", Commands: commands()}
+	paths := p.Paths()
+	require.Contains(t, paths, "manifest verify")
+	for path := range paths {
+		for _, flag := range []string{"-h", "--help"} {
+			args := append(strings.Fields(path), flag)
+			var stdout, stderr bytes.Buffer
+			assert.Equal(t, 0, Main(args, &stdout, &stderr), "%q", args)
+			assert.Empty(t, stderr.String(), "%q", args)
+			assert.True(t, strings.HasPrefix(stdout.String(), "usage: oac-image"), "%q: %s", args, stdout.String())
+		}
+	}
+	for _, sh := range cli.Shells {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, Main([]string{"completion", sh}, &stdout, &stderr), stderr.String())
+		for path, words := range paths {
+			assert.Contains(t, stdout.String(), path, "%s", sh)
+			for _, w := range words {
+				assert.Contains(t, stdout.String(), strings.TrimLeft(w, "-"), "%s: %q of %q", sh, w, path)
+			}
+		}
+	}
+}
+
+func TestFlagsGoAfterTheFileToo(t *testing.T) {
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "oac-guest")
+	require.NoError(t, os.WriteFile(agent, []byte("\x7fELF"), 0o755))
+	out := filepath.Join(dir, "initramfs.img")
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, Main([]string{"initramfs", "-o", out, "--agent", agent}, &stdout, &stderr), stderr.String())
+	stdout.Reset()
+	require.Equal(t, 0, Main([]string{"list", out}, &stdout, &stderr), stderr.String())
+	assert.Contains(t, stdout.String(), "/init\n")
+	for _, args := range [][]string{{"list", out, "extra"}, {"list", out, "--bogus"}} {
+		stderr.Reset()
+		assert.Equal(t, 2, Main(args, &stdout, &stderr), "%q", args)
+		assert.NotEmpty(t, stderr.String())
+	}
+}
+
+func TestVersionOfOacImage(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, Main([]string{"--version"}, &stdout, &stderr))
+	assert.Regexp(t, `^oac-image \S+ \(protocol \d+\.\.\d+\)\n$`, stdout.String())
+	stdout.Reset()
+	require.Equal(t, 0, Main([]string{"version", "--json"}, &stdout, &stderr))
+	assert.NoError(t, schema.Validate(schema.Version, stdout.Bytes()), stdout.String())
+}
+
+// Every --json output of oac-image follows its schema: build, manifest
+// verify (files that check and one that does not), stage (staged, then
+// cached, then a corrupt pin) and list.
+func TestJSONOutputsFollowTheirSchemas(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"agent", "sio", "ca"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(n), 0o755))
+	}
+	out := filepath.Join(dir, "out")
+	srv := httptest.NewServer(http.FileServer(http.Dir(out)))
+	defer srv.Close()
+	run := func(want int, args ...string) []byte {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, want, Main(args, &stdout, &stderr), "%q: %s", args, stderr.String())
+		return stdout.Bytes()
+	}
+	valid := func(name string, doc []byte, into any) {
+		t.Helper()
+		require.NoError(t, schema.Validate(name, doc), "%s", doc)
+		require.NoError(t, json.Unmarshal(doc, into))
+	}
+
+	var built api.ImageBuildReport
+	valid(schema.ImageBuild, run(0, "build", "--json", "--agent", filepath.Join(dir, "agent"), "--sandbox-io", filepath.Join(dir, "sio"),
+		"--ca-bundle", filepath.Join(dir, "ca"), "--output", "tar,oci", "--epoch", "1",
+		"--base-url", srv.URL, "--release", "t1", "-o", out), &built)
+	var kinds []string
+	for _, o := range built.Outputs {
+		kinds = append(kinds, o.Kind)
+	}
+	assert.Subset(t, kinds, []string{"tar", "oci"})
+	mf := filepath.Join(out, "manifest.json")
+
+	var verified api.ImageVerifyReport
+	valid(schema.ImageVerify, run(0, "manifest", "verify", mf, "--dir", out, "--json"), &verified)
+	assert.True(t, verified.AllOK)
+	assert.NotEmpty(t, verified.Artifacts)
+
+	store := filepath.Join(dir, "store")
+	var staged api.ImageStageReport
+	valid(schema.ImageStage, run(0, "stage", "--json", "--quiet", "--store", store, "--manifest", mf), &staged)
+	require.Len(t, staged.Staged, len(verified.Artifacts))
+	assert.False(t, staged.Staged[0].Cached)
+	assert.Equal(t, staged.Staged[0].Size, staged.Staged[0].Downloaded)
+	valid(schema.ImageStage, run(0, "stage", "--json", "--quiet", "--store", store, "--manifest", mf), &staged)
+	assert.True(t, staged.Staged[0].Cached, "staged already")
+
+	require.NoError(t, os.WriteFile(filepath.Join(out, "rootfs.tar.gz"), []byte("damaged"), 0o644))
+	verified = api.ImageVerifyReport{}
+	valid(schema.ImageVerify, run(1, "manifest", "verify", "--json", mf, "--dir", out), &verified)
+	assert.False(t, verified.AllOK)
+
+	// A pin of other bytes than the (now 7-byte) file the URL serves.
+	sum := sha256.Sum256([]byte("other"))
+	staged = api.ImageStageReport{}
+	valid(schema.ImageStage, run(1, "stage", "--json", "--quiet", "--store", store, "--url", srv.URL+"/rootfs.tar.gz", "--size", "7",
+		"--sha256", hex.EncodeToString(sum[:]), "--name", "pinned"), &staged)
+	require.NotNil(t, staged.Error)
+	assert.Equal(t, "corrupt", staged.Error.Code)
+	assert.Equal(t, "pinned", staged.Error.Name)
+
+	ird := filepath.Join(dir, "initramfs.img")
+	run(0, "initramfs", "--agent", filepath.Join(dir, "agent"), "-o", ird)
+	var listed api.ImageListReport
+	valid(schema.ImageList, run(0, "list", ird, "--json"), &listed)
+	var paths []string
+	for _, e := range listed.Entries {
+		paths = append(paths, e.Path)
+		if e.Path == "/dev/console" {
+			assert.Equal(t, "5:1", e.Device)
+		}
+	}
+	assert.Contains(t, paths, "/init")
+	assert.Contains(t, paths, "/dev/console")
 }

@@ -1,6 +1,10 @@
-// Package imagecli is oac-image's command line: it parses flags and calls
+// Package imagecli is oac-image's command line: its command table (parsed,
+// helped and completed by package internal/cli), the flags of each
+// command and its --json reports (types in package api); it calls
 // packages imagebuild, initramfs, manifest and stage. It sits above them:
 // only cmd/oac-image imports it, and none of them imports it, so the image
 // tool's imports run one way (imagecli -> imagebuild -> initramfs,
-// manifest). It owns nothing else.
+// manifest). It owns nothing else. Every command but build runs on
+// Linux, macOS and Windows; build, whose outputs carry Unix owners and
+// device nodes, is compiled out on Windows and says so (help.go).
 package imagecli

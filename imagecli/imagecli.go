@@ -2,7 +2,6 @@ package imagecli
 
 import (
 	"compress/gzip"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -11,45 +10,30 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/initramfs"
+	"github.com/oac/sandbox-agent/internal/cli"
 )
 
-const usage = `usage:
-  oac-image build --agent PATH --sandbox-io PATH [--base DIR|TAR] [--output KIND...] -o DIR
-                      guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (kernel+initramfs)
-  oac-image initramfs --agent PATH [--kernel-modules DIR --module NAME...]
-                      [--file SRC:DST[:MODE]...] -o FILE
-  oac-image list FILE
-  oac-image manifest verify MANIFEST [--store DIR] [--dir DIR]...
-  oac-image stage --store DIR --manifest FILE [filters] | --url URL --size N --sha256 HEX
-
-Run oac-image COMMAND --help for what each command does, with an example.
-`
+// commands is oac-image's command table: help and the completion
+// scripts are generated from it and from each command's own flags.
+func commands() []*cli.Command {
+	return []*cli.Command{
+		{Name: "build", Summary: "guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (on Linux and macOS build hosts)", Help: buildHelp, Run: buildImageCmd},
+		{Name: "initramfs", Summary: "an initramfs with oac-guest as /init and the modules a VM loads", Run: initramfsCmd},
+		{Name: "list", Args: "FILE", Summary: "the members of a gzip-compressed newc initramfs", Run: listCmd},
+		{Name: "manifest", Summary: "pinned manifests of artifacts", Help: "Example:\n  oac-image manifest verify out/manifest.json --dir out/\n", Sub: []*cli.Command{
+			{Name: "verify", Args: "MANIFEST", Summary: "check a manifest and, with --store or --dir, the file of every artifact", Help: manifestHelp, Run: manifestVerifyCmd},
+		}},
+		{Name: "stage", Summary: "download pinned artifacts into a content-addressed store, verified", Help: stageHelp, Run: stageCmd},
+	}
+}
 
 // Main runs oac-image with args (without the program name) and returns the
 // exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return 2
-	}
-	switch args[0] {
-	case "build":
-		return buildImageCmd(args[1:], stdout, stderr)
-	case "manifest":
-		return manifestCmd(args[1:], stdout, stderr)
-	case "stage":
-		return stageCmd(args[1:], stdout, stderr)
-	case "initramfs":
-		return buildCmd(args[1:], stderr)
-	case "list":
-		return listCmd(args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return 0
-	}
-	fmt.Fprintf(stderr, "oac-image: unknown command %q\n%s", args[0], usage)
-	return 2
+	p := &cli.Program{Name: "oac-image", Commands: commands(), Help: "Each command's --help says what it does, with an example.\n"}
+	return p.Main(args, cli.Env{Stdin: os.Stdin, Stdout: stdout, Stderr: stderr})
 }
 
 // listFlag collects a repeated flag; each value may also be a comma list.
@@ -86,9 +70,9 @@ func (f *fileFlag) Set(v string) error {
 	return nil
 }
 
-func buildCmd(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-image initramfs", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func initramfsCmd(args []string, env cli.Env) int {
+	stderr := env.Stderr
+	fs := cli.FlagSet("oac-image initramfs")
 	agent := fs.String("agent", "", "static oac-guest binary, becomes /init (required)")
 	modDir := fs.String("kernel-modules", "", "kernel modules directory with modules.dep (e.g. .cache/kernel/modules)")
 	var modules listFlag
@@ -96,12 +80,12 @@ func buildCmd(args []string, stderr io.Writer) int {
 	var files fileFlag
 	fs.Var(&files, "file", "extra file SRC:DST[:MODE] (repeatable)")
 	out := fs.String("o", "", "output file (required)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if fs.NArg() > 0 || *agent == "" || *out == "" {
-		fmt.Fprint(stderr, "oac-image initramfs: --agent and -o are required and no other arguments are taken\n", usage)
-		return 2
+	if len(args) > 0 || *agent == "" || *out == "" {
+		return cli.Usagef(fs, stderr, "--agent and -o are required and no other arguments are taken (see oac-image initramfs --help)")
 	}
 	if len(modules) == 0 && *modDir != "" {
 		modules = initramfs.DefaultModules
@@ -132,10 +116,16 @@ func buildCmd(args []string, stderr io.Writer) int {
 	return 0
 }
 
-func listCmd(args []string, stdout, stderr io.Writer) int {
+func listCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-image list")
+	asJSON := fs.Bool("json", false, "print the members as one JSON object (schema/image-list.schema.json)")
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
+	}
 	if len(args) != 1 {
-		fmt.Fprint(stderr, usage)
-		return 2
+		return cli.Usagef(fs, stderr, "want one FILE, an initramfs (see oac-image list --help)")
 	}
 	f, err := os.Open(args[0])
 	if err != nil {
@@ -153,12 +143,21 @@ func listCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "oac-image: %s: %v\n", args[0], err)
 		return 1
 	}
+	rep := api.ImageListReport{SchemaVersion: api.SchemaVersion, Entries: []api.ImageListEntry{}}
 	for _, e := range entries {
 		extra := ""
 		if e.Mode&os.ModeDevice != 0 {
 			extra = fmt.Sprintf(" %d:%d", e.RdevMajor, e.RdevMinor)
 		}
+		if *asJSON {
+			rep.Entries = append(rep.Entries, api.ImageListEntry{Path: "/" + strings.TrimPrefix(e.Name, "."), Mode: e.Mode.String(),
+				UID: e.UID, GID: e.GID, Size: int64(len(e.Data)), Device: strings.TrimSpace(extra)})
+			continue
+		}
 		fmt.Fprintf(stdout, "%s %5d:%-5d %9d /%s%s\n", e.Mode, e.UID, e.GID, len(e.Data), strings.TrimPrefix(e.Name, "."), extra)
+	}
+	if *asJSON {
+		cli.PrintJSON(stdout, rep)
 	}
 	return 0
 }

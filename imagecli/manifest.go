@@ -1,11 +1,11 @@
 package imagecli
 
 import (
-	"flag"
 	"fmt"
-	"io"
 	"os"
 
+	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 )
 
@@ -21,47 +21,23 @@ when everything checks, 1 otherwise, 2 for usage errors.
 
 Example:
   oac-image manifest verify out/manifest.json --dir out/
-
-options:
 `
 
-func manifestCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] != "verify" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			fmt.Fprint(stdout, manifestHelp)
-			return 0
-		}
-		fmt.Fprint(stderr, manifestHelp)
-		return 2
-	}
-	fs := flag.NewFlagSet("oac-image manifest verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, manifestHelp); fs.PrintDefaults() }
+func manifestVerifyCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-image manifest verify")
 	store := fs.String("store", "", "a staging store (STORE/sha256/HEX) to look for files in")
 	var dirs listFlag
 	fs.Var(&dirs, "dir", "a directory holding the files by their URL's last name (repeatable)")
-	// The manifest path may come before or after the flags.
-	var path string
-	if len(args) > 1 && len(args[1]) > 0 && args[1][0] != '-' {
-		path, args = args[1], args[2:]
-	} else {
-		args = args[1:]
+	asJSON := fs.Bool("json", false, "print the result as one JSON object (schema/image-verify.schema.json) instead of lines")
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if wantsHelp(args, fs, manifestHelp, stdout) {
-		return 0
+	if len(args) != 1 {
+		return cli.Usagef(fs, stderr, "want exactly one MANIFEST (see oac-image manifest verify --help)")
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if path == "" && fs.NArg() == 1 {
-		path = fs.Arg(0)
-	} else if fs.NArg() > 0 || path == "" {
-		fmt.Fprintln(stderr, "oac-image manifest verify: want exactly one MANIFEST (see --help)")
-		return 2
-	}
+	path := args[0]
 	f, err := os.Open(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "oac-image: %v\n", err)
@@ -73,22 +49,34 @@ func manifestCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "oac-image: %s: %v\n", path, err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "manifest %s: schema %d, release %s, %d artifacts: valid\n", path, m.Schema, m.Release, len(m.Artifacts))
-	if *store == "" && len(dirs) == 0 {
-		return 0
+	rep := api.ImageVerifyReport{SchemaVersion: api.SchemaVersion, Manifest: path, Schema: m.Schema, Release: m.Release, Artifacts: []api.VerifiedFile{}, AllOK: true}
+	if !*asJSON {
+		fmt.Fprintf(stdout, "manifest %s: schema %d, release %s, %d artifacts: valid\n", path, m.Schema, m.Release, len(m.Artifacts))
 	}
 	bad := 0
 	for _, a := range m.Artifacts {
+		if *store == "" && len(dirs) == 0 {
+			break
+		}
 		p, err := manifest.Locate(a, *store, dirs)
 		if err == nil {
 			err = manifest.VerifyFile(a, p)
 		}
+		f := api.VerifiedFile{Name: a.Name, OK: err == nil, Path: p, Size: a.Size}
 		if err != nil {
 			bad++
-			fmt.Fprintf(stdout, "%-32s FAIL %v\n", a.Name, err)
-			continue
+			f.Error = err.Error()
+			if !*asJSON {
+				fmt.Fprintf(stdout, "%-32s FAIL %v\n", a.Name, err)
+			}
+		} else if !*asJSON {
+			fmt.Fprintf(stdout, "%-32s ok   %s (%d bytes)\n", a.Name, p, a.Size)
 		}
-		fmt.Fprintf(stdout, "%-32s ok   %s (%d bytes)\n", a.Name, p, a.Size)
+		rep.Artifacts = append(rep.Artifacts, f)
+	}
+	rep.AllOK = bad == 0
+	if *asJSON {
+		cli.PrintJSON(stdout, rep)
 	}
 	if bad > 0 {
 		fmt.Fprintf(stderr, "oac-image: %d of %d artifacts failed verification\n", bad, len(m.Artifacts))

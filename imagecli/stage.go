@@ -2,15 +2,15 @@ package imagecli
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/manifest"
 	"github.com/oac/sandbox-agent/stage"
 )
@@ -45,14 +45,11 @@ each; 2 for usage errors.
 
 Example:
   oac-image stage --store ~/.cache/oac/store --manifest manifest.json --platform linux --arch amd64
-
-options:
 `
 
-func stageCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-image stage", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, stageHelp); fs.PrintDefaults() }
+func stageCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-image stage")
 	store := fs.String("store", "", "the store directory (required)")
 	mf := fs.String("manifest", "", "a pinned manifest to stage from")
 	name := fs.String("name", "", "with --manifest: only this artifact; with --url: the label in events")
@@ -67,16 +64,12 @@ func stageCmd(args []string, stdout, stderr io.Writer) int {
 	idle := fs.Duration("idle-timeout", 30*time.Second, "fail a transfer that receives nothing for this long")
 	quiet := fs.Bool("quiet", false, "no progress output")
 	progress := fs.String("progress", "auto", "progress format: auto (bar on a terminal, else json), bar or json")
-	if wantsHelp(args, fs, stageHelp, stdout) {
-		return 0
+	asJSON := fs.Bool("json", false, "print what was staged as one JSON object on stdout (schema/image-stage.schema.json), a failure too, instead of NAME PATH lines")
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 || *store == "" || (*mf == "") == (*u == "") {
+	if len(args) > 0 || *store == "" || (*mf == "") == (*u == "") {
 		fmt.Fprintln(stderr, "oac-image stage: --store and exactly one of --manifest or --url are required (see oac-image stage --help)")
 		return 2
 	}
@@ -128,10 +121,15 @@ func stageCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	rep := api.ImageStageReport{SchemaVersion: api.SchemaVersion, Staged: []api.StagedFile{}}
 	for _, t := range targets {
 		res, err := st.Stage(ctx, t)
 		if err != nil {
 			fmt.Fprintf(stderr, "oac-image: %s: %v\n", stage.Code(err), err)
+			if *asJSON {
+				rep.Error = &api.StageError{Name: t.Name, Code: string(stage.Code(err)), Message: err.Error()}
+				cli.PrintJSON(stdout, rep)
+			}
 			return 1
 		}
 		label := t.Name
@@ -150,7 +148,16 @@ func stageCmd(args []string, stdout, stderr io.Writer) int {
 			}
 			fmt.Fprintf(stderr, "oac-image: %s: staged from mirror %s\n", label, res.Mirror)
 		}
+		if *asJSON {
+			rep.Staged = append(rep.Staged, api.StagedFile{Name: t.Name, Path: res.Path, SHA256: t.SHA256, Size: t.Size,
+				Cached: res.Cached, Downloaded: res.Downloaded, Mirror: res.Mirror, Repaired: res.Repaired,
+				FailedMirrors: append([]string{}, res.Failed...)})
+			continue
+		}
 		fmt.Fprintf(stdout, "%s %s\n", label, res.Path)
+	}
+	if *asJSON {
+		cli.PrintJSON(stdout, rep)
 	}
 	return 0
 }

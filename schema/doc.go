@@ -4,7 +4,8 @@
 // command (command.schema.json), the bootstrap and the private file of
 // oac-sandbox-io (bootstrap.schema.json, sandbox-io.schema.json), Core's
 // bootstrap shape (core-bootstrap.schema.json) and the egress policy file
-// (policy.schema.json). docs/schema.md explains them.
+// (policy.schema.json), and what every binary's version --json prints
+// (version.schema.json). docs/schema.md explains them.
 //
 // The Go types are the source of truth: the tests of this package fail when
 // a type and its schema disagree (a field, its JSON type, whether it is

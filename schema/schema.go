@@ -28,10 +28,18 @@ const (
 	// Running is oac-shim list --running --json; Stop oac-shim stop --json.
 	Running = "running.schema.json"
 	Stop    = "stop.schema.json"
+	// Version is version --json of every binary.
+	Version = "version.schema.json"
+	// ImageStage, ImageVerify, ImageBuild and ImageList are oac-image
+	// stage, manifest verify, build and list with --json.
+	ImageStage  = "image-stage.schema.json"
+	ImageVerify = "image-verify.schema.json"
+	ImageBuild  = "image-build.schema.json"
+	ImageList   = "image-list.schema.json"
 )
 
 // Names lists the schema files.
-var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop}
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop, Version, ImageStage, ImageVerify, ImageBuild, ImageList}
 
 //go:embed *.schema.json
 var files embed.FS

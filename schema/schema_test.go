@@ -23,6 +23,7 @@ import (
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/schema"
@@ -193,6 +194,27 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "Record", reflect.TypeFor[persist.Record](), at{schema.Record, d[schema.Record]}, true)
 	d.agree(t, "RunningReport", reflect.TypeFor[api.RunningReport](), at{schema.Running, d[schema.Running]}, true)
 	d.agree(t, "StopReport", reflect.TypeFor[api.StopReport](), at{schema.Stop, d[schema.Stop]}, true)
+	d.agree(t, "VersionReport", reflect.TypeFor[api.VersionReport](), at{schema.Version, d[schema.Version]}, true)
+	d.agree(t, "StageReport", reflect.TypeFor[api.ImageStageReport](), at{schema.ImageStage, d[schema.ImageStage]}, true)
+	d.agree(t, "VerifyReport", reflect.TypeFor[api.ImageVerifyReport](), at{schema.ImageVerify, d[schema.ImageVerify]}, true)
+	d.agree(t, "BuildReport", reflect.TypeFor[api.ImageBuildReport](), at{schema.ImageBuild, d[schema.ImageBuild]}, true)
+	d.agree(t, "ListReport", reflect.TypeFor[api.ImageListReport](), at{schema.ImageList, d[schema.ImageList]}, true)
+}
+
+// What version --json prints validates for every binary, and a report of
+// another schema version does not.
+func TestVersionReportsValidate(t *testing.T) {
+	for _, program := range []string{"oac-shim", "oac-image", "oac-guest", "oac-bench"} {
+		out, err := json.Marshal(cli.Version(program))
+		require.NoError(t, err)
+		assert.NoError(t, schema.Validate(schema.Version, out), "%s", out)
+	}
+	v := cli.Version("oac-shim")
+	v.SchemaVersion++
+	out, err := json.Marshal(v)
+	require.NoError(t, err)
+	assert.Error(t, schema.Validate(schema.Version, out))
+	assert.Error(t, schema.Validate(schema.Version, []byte(`{"program":"oac-shim","version":"dev"}`)))
 }
 
 // The running sandboxes a registry lists and a stop report validate, and

@@ -21,6 +21,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/helper"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/internal/systemd"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -35,39 +36,50 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == workload.LaunchArg {
 		return workload.Main()
 	}
+	env := cli.Env{Stdin: os.Stdin, Stdout: stdout, Stderr: stderr}
+	if len(args) > 0 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version") {
+		return versionCmd(args[1:], env)
+	}
 	if len(args) > 0 && args[0] == BridgeArg {
-		return bridge(args[1:], os.Stdin, os.Stdout, stderr)
+		return bridge(args[1:], os.Stdin, os.Stdout, env)
 	}
 	if len(args) > 0 && args[0] == HelperArg {
-		return runHelper(args, stdout, stderr)
+		return runHelper(args, env)
 	}
 	if len(args) > 0 && args[0] == SeedKeptArg {
-		if len(args) != 2 {
-			fmt.Fprintln(stderr, "usage: oac-guest seed-kept DIR (a kept sandbox's volume, before the agent starts)")
-			return 2
+		fs := cli.FlagSet("oac-guest seed-kept")
+		env.Usage = func(w io.Writer, _ *flag.FlagSet) {
+			fmt.Fprintln(w, "usage: oac-guest seed-kept DIR\n\nPrepares a kept sandbox's volume DIR from the image, before the agent starts\n(a Pod's init container).")
 		}
-		if err := vminit.SeedKept(args[1]); err != nil {
+		pos, code, ok := cli.Parse(fs, args[1:], env)
+		if !ok {
+			return code
+		}
+		if len(pos) != 1 {
+			return cli.Usagef(fs, stderr, "want one DIR, a kept sandbox's volume (see oac-guest seed-kept --help)")
+		}
+		if err := vminit.SeedKept(pos[0]); err != nil {
 			fmt.Fprintln(stderr, "oac-guest:", err)
 			return 1
 		}
 		return 0
 	}
-	fs := flag.NewFlagSet("oac-guest", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := cli.FlagSet("oac-guest")
+	env.Usage = guestUsage
 	transportURL := fs.String("transport", "", "endpoint URL of the host (unix:///PATH, vsock://CID:PORT, stdio://, serial:///DEV); default: detect")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	debug := fs.Bool("debug", false, "log debug messages")
 	offline := fs.Bool("offline", false, "the host reaches this guest over its transport alone: delete every network interface but lo before anything starts (a Kubernetes Pod)")
 	kept := fs.Bool("kept", false, "a kept sandbox's container: give /usr/local (but bin and sbin) to uid 1000, whose installs outlive the run")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	pos, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "oac-guest: unexpected arguments; see oac-guest -h")
-		return 2
+	if len(pos) > 0 {
+		return cli.Usagef(fs, stderr, "unexpected arguments %q (oac-guest --help says what it takes)", pos)
 	}
 	if *showVersion {
-		fmt.Fprintf(stdout, "oac-guest %s (protocol %d..%d)\n", buildinfo.Version, protocol.MinVersion, protocol.MaxVersion)
+		cli.PrintVersion(stdout, "oac-guest", false)
 		return 0
 	}
 	level := slog.LevelInfo
@@ -217,10 +229,18 @@ const bridgeWait = 30 * time.Second
 
 // bridge connects to the agent's socket (unix:///PATH) and relays in and
 // out to it until either ends.
-func bridge(args []string, in io.Reader, out io.Writer, stderr io.Writer) int {
+func bridge(args []string, in io.Reader, out io.Writer, env cli.Env) int {
+	stderr := env.Stderr
+	fs := cli.FlagSet("oac-guest bridge")
+	env.Usage = func(w io.Writer, _ *flag.FlagSet) {
+		fmt.Fprintln(w, "usage: oac-guest bridge unix:///PATH\n\nRelays stdin and stdout to the agent's socket (its --transport unix+listen:///PATH).")
+	}
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
+	}
 	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: oac-guest bridge unix:///PATH (the agent's --transport unix+listen:///PATH)")
-		return 2
+		return cli.Usagef(fs, stderr, "want one unix:///PATH, the agent's --transport unix+listen:///PATH")
 	}
 	ep, err := transport.Parse(args[0])
 	if err == nil && ep.Scheme != transport.SchemeUnix {
@@ -257,9 +277,13 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 // runHelper parses the helper's flags and runs it in a mount namespace of
 // its own, as the subreaper of what it starts.
-func runHelper(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-guest helper", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func runHelper(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-guest helper")
+	env.Usage = func(w io.Writer, fs *flag.FlagSet) {
+		fmt.Fprintln(w, "usage: oac-guest helper [flags]\n\nThe helper of a hosted sandbox with no shim beside it: the payload on stdin,\nevents as JSON lines on stdout, diagnostics on stderr.\n\nflags:")
+		cli.PrintFlags(w, fs)
+	}
 	name := fs.String("name", helper.DefaultName, "the sandbox's name in the events")
 	policy := fs.String("policy", "", "egress policy file (default: "+helper.DefaultPolicyFile+" when the image has it)")
 	var allow, upstreams listFlag
@@ -269,12 +293,12 @@ func runHelper(args []string, stdout, stderr io.Writer) int {
 	environment := fs.String("environment", "", "the sandbox's environment UUID")
 	allocation := fs.String("allocation", "", "the sandbox's allocation UUID")
 	debug := fs.Bool("debug", false, "log debug messages")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	pos, code, ok := cli.Parse(fs, args[1:], env)
+	if !ok {
+		return code
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintln(stderr, "oac-guest helper: unexpected arguments; the payload comes on stdin (see oac-guest helper -h)")
-		return 2
+	if len(pos) > 0 {
+		return cli.Usagef(fs, stderr, "unexpected arguments %q; the payload comes on stdin (see oac-guest helper --help)", pos)
 	}
 	var id *bootstrap.Identity
 	if *tenant != "" || *environment != "" || *allocation != "" {
@@ -307,4 +331,32 @@ func runHelper(args []string, stdout, stderr io.Writer) int {
 		Reaper: reaper.New(), AgentVersion: buildinfo.Version,
 		PolicyFile: *policy, Allow: allow, Upstreams: upstreams, Identity: id,
 	})
+}
+
+// guestUsage is oac-guest --help.
+func guestUsage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `usage: oac-guest [flags]            the agent (PID 1 of a VM or container, a service, a child)
+       oac-guest helper [flags]     a hosted sandbox's helper: the payload on stdin (--help)
+       oac-guest bridge unix:///PATH
+       oac-guest seed-kept DIR
+       oac-guest version [--json]   the version (--json: schema/version.schema.json)
+
+flags:
+`)
+	cli.PrintFlags(w, fs)
+}
+
+// versionCmd is oac-guest version [--json] (and --version).
+func versionCmd(args []string, env cli.Env) int {
+	fs := cli.FlagSet("oac-guest version")
+	asJSON := fs.Bool("json", false, "print one JSON object (schema/version.schema.json)")
+	pos, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
+	}
+	if len(pos) > 0 {
+		return cli.Usagef(fs, env.Stderr, "takes no arguments, not %q", pos)
+	}
+	cli.PrintVersion(env.Stdout, "oac-guest", *asJSON)
+	return 0
 }

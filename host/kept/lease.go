@@ -180,7 +180,7 @@ func (s *Service) Reserve(ctx context.Context, name string) (*Reservation, error
 }
 
 func keptName(name string) error {
-	return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s, nothing created (oac-shim start --name %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
+	return failure.With(failure.ErrInvalidConfig, fmt.Errorf("%w: a kept sandbox named %s, nothing created (oac-shim start %s runs it; give this throwaway sandbox another name)", provider.ErrExists, name, name))
 }
 
 func cannotTell(name string, err error) error {

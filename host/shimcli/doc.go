@@ -1,6 +1,8 @@
-// Package shimcli is the command line of oac-shim: flag parsing (each
-// provider's own flags come from its registered driver; drivers.go lists
-// the providers built in), the OS policy (evaluated once, for run and
+// Package shimcli is the command line of oac-shim: its command table
+// (commands.go; package internal/cli parses, prints help and generates
+// the completion scripts from it), each command's flags (each provider's
+// own flags come from its registered driver; drivers.go lists the
+// providers built in), the OS policy (evaluated once, for run and
 // check), signal handling, exit codes, and the wiring of one running shim
 // (shim.go): the lifecycle state machine (package lifecycle) runs the
 // sandbox's attempts (package sandbox), whose state events pass through

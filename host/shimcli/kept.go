@@ -13,6 +13,7 @@ import (
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/internal/cli"
 )
 
 // The commands of kept sandboxes (create, start, reset, destroy, list):
@@ -64,6 +65,7 @@ func recordedProviderFlags(fs *flag.FlagSet) []string {
 type keptCmd struct {
 	name, keepRoot string
 	stdout, stderr io.Writer
+	env            cli.Env
 }
 
 func (c *keptCmd) service() *kept.Service { return keptService(c.keepRoot, c.stderr) }
@@ -76,34 +78,38 @@ func (c *keptCmd) fail(err error) int {
 	return failure.Exit(err)
 }
 
-func keptFlagSet(cmd string, c *keptCmd, stdout, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("oac-shim "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func keptFlagSet(cmd string, c *keptCmd, env cli.Env) *flag.FlagSet {
+	fs := cli.FlagSet("oac-shim " + cmd)
 	fs.StringVar(&c.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+")")
 	if cmd != "list" {
-		fs.StringVar(&c.name, "name", "", "sandbox name (required)")
+		fs.StringVar(&c.name, "name", "", "the sandbox's name, as the NAME argument (kept for callers that pass it)")
 	}
-	c.stdout, c.stderr = stdout, stderr
+	c.stdout, c.stderr, c.env = env.Stdout, env.Stderr, env
 	return fs
 }
 
-func parseKept(fs *flag.FlagSet, c *keptCmd, args []string, needName bool) int {
-	if err := fs.Parse(args); err != nil {
-		return 2
+// parseKept parses a kept command's flags and its NAME (needName), or
+// no argument (list). ok false: return code.
+func parseKept(fs *flag.FlagSet, c *keptCmd, args []string, needName bool) (code int, ok bool) {
+	args, code, ok = cli.Parse(fs, args, c.env)
+	if !ok {
+		return code, false
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(c.stderr, "%s: unexpected arguments %q\n", fs.Name(), fs.Args())
-		return 2
+	if !needName {
+		if len(args) > 0 {
+			return cli.Usagef(fs, c.stderr, "takes no arguments, not %q", args), false
+		}
+		return 0, true
 	}
-	if needName && c.name == "" {
-		fmt.Fprintf(c.stderr, "%s: --name is required\n", fs.Name())
-		return 2
+	name, err := cli.Name(fs, args)
+	if err != nil {
+		return cli.Usagef(fs, c.stderr, "%v", err), false
 	}
-	if needName && !provider.ValidName(c.name) {
-		fmt.Fprintf(c.stderr, "%s: --name must be 1 to 63 characters of a-z, 0-9 and '-', not starting with '-'\n", fs.Name())
-		return 2
+	if !provider.ValidName(name) {
+		return cli.Usagef(fs, c.stderr, "%q is not a sandbox name: 1 to 63 characters of a-z, 0-9 and '-', not starting with '-'", name), false
 	}
-	return 0
+	c.name = name
+	return 0, true
 }
 
 func osAllows(stderr io.Writer) error {
@@ -132,9 +138,10 @@ func agentOr(agent string) (string, error) {
 
 // createCmd is oac-shim create: a record and the provider's kept state,
 // nothing booted.
-func createCmd(args []string, stdout, stderr io.Writer) int {
+func createCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
 	c := &keptCmd{}
-	fs := keptFlagSet("create", c, stdout, stderr)
+	fs := keptFlagSet("create", c, env)
 	prov := fs.String("provider", "bwrap", "provider: "+strings.Join(provider.Names(), ", "))
 	rootfs := fs.String("rootfs", "", "rootfs directory (default: the provider's default root)")
 	agent := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
@@ -142,7 +149,8 @@ func createCmd(args []string, stdout, stderr io.Writer) int {
 	installs := installFlag{}
 	fs.Var(installs, "install", "NAME=PATH: install a host binary as /usr/local/bin/NAME in the guest at every start (repeatable)")
 	providers := provider.Declare(fs)
-	if code := parseKept(fs, c, args, true); code != 0 {
+	asJSON := fs.Bool("json", false, "print the record made, one JSON object (schema/record.schema.json)")
+	if code, ok := parseKept(fs, c, args, true); !ok {
 		return code
 	}
 	if _, ok := providers[*prov]; !ok {
@@ -167,13 +175,18 @@ func createCmd(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
+	if *asJSON {
+		cli.PrintJSON(stdout, rec)
+		return 0
+	}
 	fmt.Fprintf(stdout, "created %s (%s, image %s)\n", c.name, rec.Provider, rec.Image.Ref)
 	return 0
 }
 
 // startCmd is oac-shim start: oac-shim run on a kept sandbox.
-func startCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	f, code := parseRunFlags("start", args, stderr)
+func startCmd(args []string, env cli.Env) int {
+	stdin, stdout, stderr := env.Stdin, env.Stdout, env.Stderr
+	f, code := parseRun("start", args, env)
 	if f == nil {
 		return code
 	}
@@ -195,11 +208,13 @@ func startCmd(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 // resetCmd is oac-shim reset: the kept sandbox back to its image, name
 // and record kept.
-func resetCmd(args []string, stdout, stderr io.Writer) int {
+func resetCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
 	c := &keptCmd{}
-	fs := keptFlagSet("reset", c, stdout, stderr)
+	fs := keptFlagSet("reset", c, env)
 	agent := fs.String("agent", "", "oac-guest binary (default: oac-guest beside oac-shim)")
-	if code := parseKept(fs, c, args, true); code != 0 {
+	asJSON := fs.Bool("json", false, "print the record, one JSON object (schema/record.schema.json)")
+	if code, ok := parseKept(fs, c, args, true); !ok {
 		return code
 	}
 	if err := osAllows(stderr); err != nil {
@@ -213,15 +228,20 @@ func resetCmd(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return c.fail(err)
 	}
+	if *asJSON {
+		cli.PrintJSON(stdout, rec)
+		return 0
+	}
 	fmt.Fprintf(stdout, "reset %s (%s, image %s)\n", c.name, rec.Provider, rec.Image.Ref)
 	return 0
 }
 
 // destroyCmd is oac-shim destroy: every byte of the kept sandbox.
-func destroyCmd(args []string, stdout, stderr io.Writer) int {
+func destroyCmd(args []string, env cli.Env) int {
+	stdout := env.Stdout
 	c := &keptCmd{}
-	fs := keptFlagSet("destroy", c, stdout, stderr)
-	if code := parseKept(fs, c, args, true); code != 0 {
+	fs := keptFlagSet("destroy", c, env)
+	if code, ok := parseKept(fs, c, args, true); !ok {
 		return code
 	}
 	if err := c.service().Destroy(context.Background(), c.name); err != nil {

@@ -389,7 +389,7 @@ func TestRunRefusesTheNameOfAKeptSandboxBeforeCreatingAnything(t *testing.T) {
 		code, out, errOut := shimMain("run", "--provider", prov, "--name", "k1", "--agent", "/nonexistent/oac-guest", "--keep-root", root)
 		assert.Equal(t, api.FailureOf(api.CodeInvalidConfig).Exit, code, prov)
 		assert.Contains(t, errOut, "sandbox already exists: a kept sandbox named k1, nothing created", prov)
-		assert.Contains(t, errOut, "oac-shim start --name k1", prov)
+		assert.Contains(t, errOut, "oac-shim start k1 runs it", prov)
 		var e api.Event
 		require.NoError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &e), "one event: %s", out)
 		assert.Equal(t, api.StateFailed, e.State)

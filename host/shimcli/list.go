@@ -2,7 +2,6 @@ package shimcli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -13,16 +12,18 @@ import (
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/internal/cli"
 )
 
 // listCmd is oac-shim list: the kept sandboxes, or with --running the
 // running ones (throwaway and kept) with their control endpoints.
-func listCmd(args []string, stdout, stderr io.Writer) int {
+func listCmd(args []string, env cli.Env) int {
+	stdout := env.Stdout
 	c := &keptCmd{}
-	fs := keptFlagSet("list", c, stdout, stderr)
+	fs := keptFlagSet("list", c, env)
 	asJSON := fs.Bool("json", false, "print one JSON object (schema/list.schema.json; with --running schema/running.schema.json)")
 	running := fs.Bool("running", false, "list the sandboxes a shim runs now (oac-shim run and start) under the keep root, with their control sockets")
-	if code := parseKept(fs, c, args, false); code != 0 {
+	if code, ok := parseKept(fs, c, args, false); !ok {
 		return code
 	}
 	if *running {
@@ -49,11 +50,7 @@ func listCmd(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func printJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
+func printJSON(w io.Writer, v any) { cli.PrintJSON(w, v) }
 
 // RunningReport lists the running sandboxes of the registry and removes
 // what dead shims left there (reported as Cleaned).

@@ -2,11 +2,8 @@ package shimcli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,97 +14,8 @@ import (
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/internal/buildinfo"
-	"github.com/oac/sandbox-agent/protocol"
+	"github.com/oac/sandbox-agent/internal/cli"
 )
-
-// usageHead and usageTail frame the providers' own flags in usage.
-const usageHead = `usage:
-  oac-shim run --provider %s --name NAME [--rootfs DIR|FILE]
-               [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
-               [--agent PATH] [--password-file FILE] [--clock-interval DUR]
-               egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
-                       [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
-                       [--data-plane auto|off|fd|dial|direct]
-               contract: [--tenant UUID --environment UUID --allocation UUID] [--allow-loopback-link]
-                       [--sandbox-io PATH] [--install NAME=PATH]... [--volume DIR=HOSTDIR]...
-`
-
-const usageTail = `
-  run is a throwaway sandbox: created, started and destroyed when the shim exits.
-  A kept sandbox outlives its runs (its /home, /environment and /usr/local):
-  oac-shim create --provider P --name NAME [--rootfs DIR|FILE] [--sandbox-io PATH]
-                  [--install NAME=PATH]... [provider flags] [--agent PATH] [--keep-root DIR]
-  oac-shim start --name NAME [--keep-root DIR] [the run flags but --provider, --rootfs,
-                  --sandbox-io, --install, --volume and provider flags, fixed at create]
-  oac-shim reset --name NAME [--keep-root DIR] [--agent PATH]   back to the pristine image
-  oac-shim destroy --name NAME [--keep-root DIR]                every byte it kept
-  oac-shim list [--json] [--keep-root DIR]                      name, provider, image, state, size
-
-  Many sandboxes from one parent (the keep root's running ones, run and start alike):
-  oac-shim list --running [--json] [--keep-root DIR]            name, kind, provider, pid, control socket
-  oac-shim stop [--grace DUR] [--json] [--keep-root DIR] (NAME... | --all)
-                                                                 in order, each within the grace
-
-  oac-shim check [--json] [provider flags]
-  oac-shim version
-`
-
-// usage is oac-shim's usage text, with each registered provider's flags.
-func usage() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, usageHead, strings.Join(provider.Names(), "|"))
-	flags := provider.Usage()
-	for _, name := range provider.Names() {
-		indent := fmt.Sprintf("               %-7s ", name+":")
-		line := indent
-		for _, part := range strings.SplitAfter(flags[name], "] ") {
-			if len(line)+len(part) > 90 && line != indent {
-				b.WriteString(strings.TrimRight(line, " ") + "\n")
-				line = strings.Repeat(" ", len(indent))
-			}
-			line += part
-		}
-		b.WriteString(line + "\n")
-	}
-	b.WriteString(usageTail)
-	return b.String()
-}
-
-// Main runs oac-shim with args (without the program name) and returns the
-// exit code.
-func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage())
-		return 2
-	}
-	switch args[0] {
-	case "run":
-		return runCmd(args[1:], stdin, stdout, stderr)
-	case "create":
-		return createCmd(args[1:], stdout, stderr)
-	case "start":
-		return startCmd(args[1:], stdin, stdout, stderr)
-	case "reset":
-		return resetCmd(args[1:], stdout, stderr)
-	case "destroy":
-		return destroyCmd(args[1:], stdout, stderr)
-	case "list":
-		return listCmd(args[1:], stdout, stderr)
-	case "stop":
-		return stopCmd(args[1:], stdout, stderr)
-	case "check":
-		return checkCmd(args[1:], stdout, stderr)
-	case "version", "--version", "-version":
-		fmt.Fprintf(stdout, "oac-shim %s (protocol %d..%d)\n", buildinfo.Version, protocol.MinVersion, protocol.MaxVersion)
-		return 0
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage())
-		return 0
-	}
-	fmt.Fprintf(stderr, "oac-shim: unknown command %q\n%s", args[0], usage())
-	return 2
-}
 
 // CheckReport is what `oac-shim check --json` prints.
 type CheckReport struct {
@@ -173,16 +81,20 @@ func Check(ctx context.Context, providers map[string]func() provider.Provider) C
 	return r
 }
 
-func checkCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-shim check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func checkCmd(args []string, env cli.Env) int {
+	stdout := env.Stdout
+	fs := cli.FlagSet("oac-shim check")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	providers := provider.Declare(fs)
-	if err := fs.Parse(args); err != nil {
-		return 2
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
+	}
+	if len(args) > 0 {
+		return cli.Usagef(fs, env.Stderr, "takes no arguments, not %q", args)
 	}
 	r := Check(context.Background(), providers)
-	code := 1
+	code = 1
 	for _, p := range r.Providers {
 		if p.Available {
 			code = 0
@@ -192,9 +104,7 @@ func checkCmd(args []string, stdout, stderr io.Writer) int {
 		code = 1
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(r)
+		cli.PrintJSON(stdout, r)
 		return code
 	}
 	fmt.Fprintf(stdout, "os: %s\n", r.OS.Name)

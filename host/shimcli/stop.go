@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/internal/cli"
 )
 
 // oac-shim stop NAME and stop --all: each running sandbox's shim (kept's
@@ -248,21 +248,22 @@ func askStop(ctx context.Context, path string) error {
 }
 
 // stopCmd is oac-shim stop NAME... or stop --all.
-func stopCmd(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("oac-shim stop", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func stopCmd(args []string, env cli.Env) int {
+	stdout, stderr := env.Stdout, env.Stderr
+	fs := cli.FlagSet("oac-shim stop")
 	keepRoot := fs.String("keep-root", "", "the keep root whose running sandboxes to stop (default "+persist.DefaultRoot()+")")
 	all := fs.Bool("all", false, "stop every running sandbox of the keep root")
 	grace := fs.Duration("grace", DefaultStopGrace, "how long each shim gets to exit once asked; one that outlives it is killed")
 	asJSON := fs.Bool("json", false, "print one JSON object (schema/stop.schema.json)")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: oac-shim stop [--grace DUR] [--json] [--keep-root DIR] (NAME... | --all)\n  stops running sandboxes in order and waits for each within the grace. Flags:")
-		fs.PrintDefaults()
+	fs.String("name", "", "the sandbox's name, as a NAME argument (as the other commands take it)")
+	args, code, ok := cli.Parse(fs, args, env)
+	if !ok {
+		return code
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	names, err := cli.Names(fs, args)
+	if err != nil {
+		return cli.Usagef(fs, stderr, "%v", err)
 	}
-	names := fs.Args()
 	switch {
 	case *all && len(names) > 0:
 		fmt.Fprintln(stderr, "oac-shim stop: give NAME... or --all, not both")
