@@ -88,7 +88,10 @@ func TestBashCompletesEveryCommandsFlagsAndWords(t *testing.T) {
 // fish, where installed, completes the same (complete -C).
 func TestFishCompletesEveryCommandsFlagsAndWords(t *testing.T) {
 	if _, err := exec.LookPath("fish"); err != nil {
-		t.Skip("fish is not installed here")
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("fish is not installed: make test-deps installs it (apt-get install fish)")
+		}
+		t.Skip("fish is not installed here: apt-get install fish")
 	}
 	var g got
 	p := testProgram(&g)
@@ -116,7 +119,10 @@ func TestFishCompletesEveryCommandsFlagsAndWords(t *testing.T) {
 // functions that print what they are given).
 func TestZshCompletesEveryCommandsFlagsAndWords(t *testing.T) {
 	if _, err := exec.LookPath("zsh"); err != nil {
-		t.Skip("zsh is not installed here")
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("zsh is not installed: make test-deps installs it (apt-get install zsh)")
+		}
+		t.Skip("zsh is not installed here: apt-get install zsh")
 	}
 	var g got
 	p := testProgram(&g)
