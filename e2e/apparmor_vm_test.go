@@ -416,6 +416,10 @@ func runRowInAppArmorVM(t *testing.T, row confRow, res *confResults) bool {
 	var got vmRowResults
 	require.NoError(t, json.Unmarshal(b, &got))
 
+	if got.Kernel == "" {
+		// The row's own setup stopped before any cell: its output says why.
+		t.Errorf("the row's setup in the VM did not finish:\n%s", testOutput(string(log), "TestConformance/rows/"+testName(row.name)))
+	}
 	t.Logf("in the VM: %s; the engine's security options: %s", got.Kernel, got.Engine)
 	t.Logf("AppArmor profiles loaded while the row's sandbox ran:\n%s", got.Profiles)
 	t.Logf("the sandbox's processes as the kernel confines them (/proc/PID/attr/current):\n%s", confinementText(got.Confinement))
