@@ -48,6 +48,9 @@ const usageTail = `
   oac-shim list --running [--json] [--keep-root DIR]            name, kind, provider, pid, control socket
   oac-shim stop [--grace DUR] [--json] [--keep-root DIR] (NAME... | --all)
                                                                  in order, each within the grace
+  oac-shim attach NAME [--from SEQ|now] [--keep-root DIR]        a sandbox run with --outlive-parent:
+                                                                 its events replayed and followed,
+                                                                 commands on stdin, answers on stdout
 
   oac-shim check [--json] [provider flags]
   oac-shim version
@@ -96,6 +99,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return listCmd(args[1:], stdout, stderr)
 	case "stop":
 		return stopCmd(args[1:], stdout, stderr)
+	case "attach":
+		return attachCmd(args[1:], stdin, stdout, stderr)
 	case "check":
 		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
