@@ -96,6 +96,7 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 		hello = hello || (e.Event == api.KindLog && e.Line == "outlive-hello")
 	}
 	deadline.Stop()
+	t.Logf("the parent saw %d events, the last: %s", len(seen), seen[len(seen)-1])
 	procs := append(descendants(shimPID), shimPID)
 
 	// The parent dies.
@@ -179,6 +180,7 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 		last = e.Seq
 		stopped = e.Event == api.KindState && e.State == api.StateStopped
 	}
+	t.Logf("attach gave events %d to %d", from, last)
 	rest, _ := io.ReadAll(ar)
 	assert.Empty(t, string(rest), "nothing after the stopped state")
 	require.NoError(t, attach.Wait(), "attach exits 0 after stopped: %s", aerr.String())
@@ -235,6 +237,7 @@ func TestAttachReadsAKilledOutlivingShimToTheKillAndSaysItDied(t *testing.T) {
 	// The journal has every line stdout got (it is written first), and
 	// may have a few the killed shim had not yet handed its parent.
 	require.GreaterOrEqual(t, len(got), len(printed))
+	t.Logf("stdout got %d lines, attach %d; attach's stderr: %s", len(printed), len(got), aerr.String())
 	assert.Equal(t, printed, got[:len(printed)], "attach gives the lines the shim printed, as it printed them")
 	for i, l := range got {
 		e := lineSeq(t, l)
