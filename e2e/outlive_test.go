@@ -110,6 +110,7 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 	require.Len(t, listed.Sandboxes, 1, "%s", raw)
 	assert.Equal(t, name, listed.Sandboxes[0].Name)
 	assert.Equal(t, shimPID, listed.Sandboxes[0].PID)
+	assert.True(t, listed.Sandboxes[0].OutliveParent, "listed as one attach takes up")
 	assert.Equal(t, filepath.Join(keep, "running", "sandboxes", name, "control.sock"), listed.Sandboxes[0].ControlSocket,
 		"a control socket in its registry entry, the caller having named none")
 	assert.Len(t, hostProcs(marker), 1, "the daemon runs on")

@@ -49,8 +49,11 @@ type ShimRecord struct {
 	// ProcStart is when the process started as the OS counts it (Linux:
 	// clock ticks after boot, /proc/PID/stat's 22nd field), so a reused
 	// pid is never taken for the shim's; 0 where the OS does not say.
-	ProcStart     uint64    `json:"proc_start"`
-	ControlSocket string    `json:"control_socket,omitempty"`
+	ProcStart     uint64 `json:"proc_start"`
+	ControlSocket string `json:"control_socket,omitempty"`
+	// OutliveParent: the shim runs with --outlive-parent (its journal is
+	// in the entry).
+	OutliveParent bool      `json:"outlive_parent,omitempty"`
 	Started       time.Time `json:"started"`
 	Version       string    `json:"version"`
 }
@@ -58,7 +61,7 @@ type ShimRecord struct {
 var shimSchema = func() *strictjson.Schema {
 	s := strictjson.ForType(reflect.TypeFor[ShimRecord]())
 	for i := range s.Fields {
-		if s.Fields[i].Name != "control_socket" {
+		if s.Fields[i].Name != "control_socket" && s.Fields[i].Name != "outlive_parent" {
 			s.Fields[i].Required = true
 		}
 	}
@@ -229,8 +232,8 @@ func (r Running) Entry() api.RunningEntry {
 		e.Message = r.Err.Error()
 		return e
 	}
-	e.Kind, e.Provider, e.PID, e.ControlSocket, e.Started, e.Version =
-		r.Record.Kind, r.Record.Provider, r.Record.PID, r.Record.ControlSocket, r.Record.Started, r.Record.Version
+	e.Kind, e.Provider, e.PID, e.ControlSocket, e.OutliveParent, e.Started, e.Version =
+		r.Record.Kind, r.Record.Provider, r.Record.PID, r.Record.ControlSocket, r.Record.OutliveParent, r.Record.Started, r.Record.Version
 	return e
 }
 
