@@ -39,6 +39,10 @@ const (
 // ErrBadShimRecord wraps every refusal of a shim's record.
 var ErrBadShimRecord = errors.New("unreadable shim record")
 
+// ErrNoRecord: a live shim holds the entry and has written no record yet
+// (an outliving shim between its claim and its publish).
+var ErrNoRecord = errors.New("its shim has written none yet")
+
 // ShimRecord is what a running shim says about itself.
 type ShimRecord struct {
 	Schema   int    `json:"schema"`
@@ -369,6 +373,8 @@ func (g *Registry) Open(name string) (*Watched, error) {
 		if err == nil {
 			return &Watched{Record: rec, holder: h}, nil
 		}
+	} else if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: %w", ErrBadShimRecord, ErrNoRecord)
 	} else {
 		err = fmt.Errorf("%w: %v", ErrBadShimRecord, err)
 	}
