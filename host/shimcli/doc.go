@@ -16,7 +16,11 @@
 // now) and the running shim's announcement; stop.go is oac-shim stop
 // (NAME... or --all): each shim asked on its control socket or, proven
 // by a pidfd and its start time (stop_linux.go), by SIGTERM, waited for
-// within the grace, killed past it.
+// within the grace, killed past it. outlive.go is --outlive-parent: the
+// journal on the events sink (package journal), the control socket in
+// the registry entry, the parent's stdout that never holds the shim up;
+// attach.go is oac-shim attach NAME: the journal replayed and followed,
+// stdin's commands carried to the control socket.
 // cmd/oac-shim only calls Main.
 //
 // It must not know a provider's settings, contain sandbox logic (package
