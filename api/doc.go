@@ -10,9 +10,10 @@
 // with what each means to a caller (Failures: exit status, HTTP status,
 // action), the answer codes a refused or failed command's answer carries
 // (AnswerCodes; CommandError, Refuse and AnswerCode mark and read them on
-// errors), SchemaVersion, which every line carries, what every binary's
-// version --json prints (VersionReport) and what oac-image prints with
-// --json (image.go). The JSON Schema
+// errors), SchemaVersion, which every line carries, with Seq, the
+// line's number on its events output, which the sink sets, what every
+// binary's version --json prints (VersionReport) and what oac-image prints
+// with --json (image.go). The JSON Schema
 // files in schema/ describe the same JSON, and their tests hold the two
 // together. docs/events-and-control.md and docs/schema.md document it.
 //

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"sync"
@@ -44,6 +45,13 @@ const (
 	// KindClock reports a VM guest's clock stepped by more than a second
 	// to the host's (after the host slept, say): correction_ms, trigger.
 	KindClock = "clock"
+	// KindEventsLost is written by oac-shim attach, never by a shim: the
+	// events lost_from to lost_to (seqs, both included) are not in the
+	// journal it replays (older than the journal keeps, or a line its
+	// shim never wrote whole): message says which. Its seq is lost_to:
+	// the line stands for the lost ones, so a caller that resumes after
+	// the last seq it saw does not ask for them again.
+	KindEventsLost = "events_lost"
 )
 
 // State is a sandbox's lifecycle state: starting, ready, failed or
@@ -65,7 +73,7 @@ const ModeHelper = "helper"
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // Event is one line of oac-shim output.
 type Event struct {
@@ -74,6 +82,11 @@ type Event struct {
 	Event   string    `json:"event"`
 	// SchemaVersion is set by the sink (JSONLines) when zero.
 	SchemaVersion int `json:"schema_version"`
+	// Seq numbers the lines of one events output: 1 on the first, one
+	// more on each next (answers written there included), set by the
+	// sink (JSONLines). A gap means lines were lost; an attach replays
+	// from it (docs/events-and-control.md).
+	Seq uint64 `json:"seq"`
 	// Mode is ModeHelper on the events oac-guest helper writes (a hosted
 	// sandbox with no shim beside it, docs/hosted.md); absent on
 	// oac-shim's.
@@ -133,22 +146,39 @@ type Event struct {
 	// (interval, host_wake, guest_jump). Clock events.
 	CorrectionMS int64  `json:"correction_ms,omitempty"`
 	Trigger      string `json:"trigger,omitempty"`
+	// LostFrom and LostTo are the seqs an events_lost line stands for.
+	LostFrom uint64 `json:"lost_from,omitempty"`
+	LostTo   uint64 `json:"lost_to,omitempty"`
 }
 
 // Sink receives events. Emit must be safe for concurrent use.
 type Sink interface{ Emit(Event) }
 
-// JSONLines writes each event as one JSON object per line.
+// JSONLines writes each event as one JSON object per line, numbering
+// the lines it writes (Event.Seq, Answer.Seq) from 1.
 type JSONLines struct {
 	mu  sync.Mutex
+	w   io.Writer
+	buf bytes.Buffer
 	enc *json.Encoder
+	seq uint64
+	tap func(seq uint64, line []byte)
 }
 
 // NewJSONLines returns a sink writing to w.
 func NewJSONLines(w io.Writer) *JSONLines {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return &JSONLines{enc: enc}
+	j := &JSONLines{w: w}
+	j.enc = json.NewEncoder(&j.buf)
+	j.enc.SetEscapeHTML(false)
+	return j
+}
+
+// Tap gives every numbered line, as written, to fn too, in order and
+// under the sink's lock (an outliving shim's journal); fn must not block.
+func (j *JSONLines) Tap(fn func(seq uint64, line []byte)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.tap = fn
 }
 
 // Emit writes e; a write error is dropped (events must never block or fail
@@ -159,15 +189,44 @@ func (j *JSONLines) Emit(e Event) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	_ = j.enc.Encode(e)
+	j.seq++
+	e.Seq = j.seq
+	_ = j.write(e, e.Seq)
 }
 
-// Encode writes any other value (a control answer) as one line, in order
-// with the events.
+// Encode writes any other value as one line, in order with the events;
+// an Answer is numbered like an event (its Seq set).
 func (j *JSONLines) Encode(v any) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.enc.Encode(v)
+	var seq uint64
+	switch a := v.(type) {
+	case Answer:
+		j.seq++
+		a.Seq, seq = j.seq, j.seq
+		v = a
+	case *Answer:
+		j.seq++
+		c := *a
+		c.Seq, seq = j.seq, j.seq
+		v = c
+	}
+	return j.write(v, seq)
+}
+
+// write encodes v as one line and writes it with one Write; a numbered
+// line goes to the tap too.
+func (j *JSONLines) write(v any, seq uint64) error {
+	j.buf.Reset()
+	if err := j.enc.Encode(v); err != nil {
+		return err
+	}
+	line := j.buf.Bytes()
+	if seq != 0 && j.tap != nil {
+		j.tap(seq, line)
+	}
+	_, err := j.w.Write(line)
+	return err
 }
 
 // Func adapts a function to Sink.

@@ -22,6 +22,7 @@ func commands() []*cli.Command {
 		{Name: "destroy", Args: "NAME", Summary: "every byte a kept sandbox kept", Run: destroyCmd},
 		{Name: "list", Summary: "the kept sandboxes (--running: the sandboxes shims run now)", Run: listCmd},
 		{Name: "stop", Args: "(NAME... | --all)", Summary: "stop running sandboxes in order, each within the grace", Help: stopHelp, Run: stopCmd},
+		{Name: "attach", Args: "NAME", Summary: "a sandbox run with --outlive-parent: its events replayed and followed, commands on stdin", Help: attachHelp, Run: attachCmd},
 		{Name: "check", Summary: "the OS policy, and which providers work here and why not", Run: checkCmd},
 	}
 }
@@ -40,6 +41,13 @@ const startHelp = `Runs the kept sandbox NAME (oac-shim create) until it stops, 
 same events, control API and exit statuses. It takes run's flags but the create
 flags, which the record holds; what it writes in /home, /environment and
 /usr/local outlives the run.
+`
+
+const attachHelp = `The events of the sandbox NAME, started with --outlive-parent, from its journal
+(--from SEQ, or now) and then live, on stdout; control commands on stdin (JSON
+lines), their answers on stdout. Exits 0 after the final stopped state, the
+failure's status after failed, 10 when nothing runs NAME (or it runs without
+--outlive-parent), 11 when its shim died.
 `
 
 const stopHelp = `Asks each running sandbox's shim to stop in order (its control socket, else
