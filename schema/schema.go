@@ -28,10 +28,14 @@ const (
 	// Running is oac-shim list --running --json; Stop oac-shim stop --json.
 	Running = "running.schema.json"
 	Stop    = "stop.schema.json"
+	// Check is oac-shim check --json; StageProgress a line of oac-image
+	// stage --progress json.
+	Check         = "check.schema.json"
+	StageProgress = "stage-progress.schema.json"
 )
 
 // Names lists the schema files.
-var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop}
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop, Check, StageProgress}
 
 //go:embed *.schema.json
 var files embed.FS

@@ -22,10 +22,12 @@ import (
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
-	"github.com/oac/sandbox-agent/host/persist"
+		"github.com/oac/sandbox-agent/host/persist"
+	"github.com/oac/sandbox-agent/host/shimcli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/schema"
+	"github.com/oac/sandbox-agent/stage"
 )
 
 func TestEverySchemaCompiles(t *testing.T) {
@@ -193,6 +195,8 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "Record", reflect.TypeFor[persist.Record](), at{schema.Record, d[schema.Record]}, true)
 	d.agree(t, "RunningReport", reflect.TypeFor[api.RunningReport](), at{schema.Running, d[schema.Running]}, true)
 	d.agree(t, "StopReport", reflect.TypeFor[api.StopReport](), at{schema.Stop, d[schema.Stop]}, true)
+	d.agree(t, "CheckReport", reflect.TypeFor[shimcli.CheckReport](), at{schema.Check, d[schema.Check]}, true)
+	d.agree(t, "StageEvent", reflect.TypeFor[stage.Event](), at{schema.StageProgress, d[schema.StageProgress]}, true)
 }
 
 // The running sandboxes a registry lists and a stop report validate, and
