@@ -18,11 +18,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
-		"github.com/oac/sandbox-agent/host/persist"
+	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/shimcli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
