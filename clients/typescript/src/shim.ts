@@ -101,8 +101,10 @@ export interface StartOptions extends ProcessOptions {
   coreBootstrap?: CoreBootstrap;
   /**
    * The daemon's password, handed over as the first line of stdin
-   * (--password-stdin). Default: 32 random bytes, base64url, made here.
-   * password() returns it; it is never in argv, environment or events.
+   * (--password-stdin) before the bootstrap; with a bootstrap that has
+   * credentials only. Default: 32 random bytes, base64url, made
+   * here. password() returns it; it is never in argv, environment, a file
+   * or an event. The same for every attempt.
    */
   password?: string;
   /**
@@ -174,16 +176,26 @@ interface Spec {
 
 function runSpec(opts: StartOptions): Spec {
   const path = findBinary('oac-shim', opts.shim, opts.env);
-  const password = opts.password ?? randomBytes(32).toString('base64url');
-  if (password.includes('\n') || password.includes('\r') || password === '') throw new TypeError('the password is one non-empty line');
-  const args = [opts.kept ? 'start' : 'run', '--name', opts.name, '--control', 'stdin', '--password-stdin'];
+  if (opts.bootstrap && opts.coreBootstrap) throw new TypeError('give bootstrap or coreBootstrap, not both');
+  const input = opts.bootstrap ?? opts.coreBootstrap;
+  // A bootstrap with credentials gets the daemon's password: its own, or
+  // one this client makes and hands in first on stdin (--password-stdin).
+  // Without credentials the daemon has no password.
+  const credentials = !!opts.bootstrap?.credentials || !!opts.coreBootstrap?.runtime?.password_env;
+  const own = opts.bootstrap?.credentials?.password || opts.coreBootstrap?.runtime?.password || undefined;
+  if (own !== undefined && opts.password !== undefined) throw new TypeError('give the password option or a bootstrap password, not both');
+  if (!credentials && opts.password !== undefined) throw new TypeError('the password option needs a bootstrap with credentials (username_env, password_env)');
+  const password = own ?? (credentials ? (opts.password ?? randomBytes(32).toString('base64url')) : undefined);
+  if (password !== undefined && !/^[\x21-\x7e]{16,1024}$/.test(password)) {
+    throw new TypeError('the password is 16 to 1024 printable ASCII characters without spaces');
+  }
+  const args = [opts.kept ? 'start' : 'run', '--name', opts.name, '--control', 'stdin'];
+  if (password !== undefined && own === undefined) args.push('--password-stdin');
   if (opts.kept && opts.provider) throw new TypeError('a kept sandbox has its provider from createKept');
   const keepRoot = opts.kept?.keepRoot ?? opts.keepRoot;
   if (keepRoot) args.push('--keep-root', keepRoot);
   if (opts.provider) args.push('--provider', opts.provider);
   if (opts.outlive) args.push(OUTLIVE_FLAG);
-  if (opts.bootstrap && opts.coreBootstrap) throw new TypeError('give bootstrap or coreBootstrap, not both');
-  const input = opts.bootstrap ?? opts.coreBootstrap;
   if (input) args.push('--bootstrap', '-');
   if (opts.coreBootstrap) args.push('--bootstrap-format', 'core');
   if (opts.identity) {
@@ -198,9 +210,10 @@ function runSpec(opts: StartOptions): Spec {
   if (opts.timeoutMs !== undefined) args.push('--timeout', `${opts.timeoutMs}ms`);
   args.push(...(opts.args ?? []));
   // The password first, then the bootstrap, then commands: the order the shim reads them in.
-  const prelude = [password];
+  const prelude: string[] = [];
+  if (password !== undefined && own === undefined) prelude.push(password);
   if (input) prelude.push(JSON.stringify(input));
-  return { name: opts.name, path, args, prelude, password, o: opts };
+  return { name: opts.name, path, args, prelude, ...(password !== undefined ? { password } : {}), o: opts };
 }
 
 function attachSpec(name: string, o: AttachOptions): Spec {
@@ -469,7 +482,7 @@ export class Shim {
    * argv or in an event. The same for every attempt.
    */
   async password(): Promise<string> {
-    if (this.pw === undefined) throw new OacError(`${this.name}: no password: an attached sandbox knows the one its creator gave (the password option of attach)`, 'no_password', false);
+    if (this.pw === undefined) throw new OacError(`${this.name}: no password: a bootstrap without credentials gives the daemon none, and an attached sandbox knows only what its creator gave (the password option of attach)`, 'no_password', false);
     return this.pw;
   }
 
