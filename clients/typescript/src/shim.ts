@@ -80,6 +80,8 @@ export interface ProcessOptions {
   onStderr?: (line: string) => void;
   /** How many events are kept for events(), waitForEvent() and received (default DEFAULT_HISTORY_SIZE, 1024). */
   historySize?: number;
+  /** Receives every event as it arrives (the progress of a create, before it resolves). */
+  onEvent?: (e: Event) => void;
 }
 
 /** How to start oac-shim. */
@@ -239,6 +241,7 @@ export class Shim {
   private nextId = 0;
   private readonly pw: string | undefined;
   private readonly exitPromise: Promise<Exit>;
+  private readonly onEvent: ((e: Event) => void) | undefined;
 
   /** Starts `oac-shim run --name NAME --control stdin --password-stdin ...` (`oac-shim start` with opts.kept). Does not wait: see Sandbox.create. */
   static start(opts: StartOptions): Shim {
@@ -249,6 +252,7 @@ export class Shim {
     this.name = spec.name;
     this.path = spec.path;
     this.pw = spec.password;
+    this.onEvent = spec.o.onEvent;
     this.history = new Ring<Event>(spec.o.historySize ?? DEFAULT_HISTORY_SIZE);
     this.child = spawn(spec.path, spec.args, {
       env: spec.o.env ?? process.env,
@@ -328,6 +332,7 @@ export class Shim {
     }
     if (v.event === 'state') this.states.push(v);
     this.history.push(v);
+    this.onEvent?.(v);
   }
 
   private lastState(): StateEvent | undefined {
