@@ -173,6 +173,8 @@ interface Spec {
   args: string[];
   prelude: string[];
   password?: string;
+  /** A session of its own (POSIX): a terminal's Ctrl-C to this process's group does not reach a sandbox that outlives it. */
+  detached?: boolean;
   o: ProcessOptions;
 }
 
@@ -215,12 +217,12 @@ function runSpec(opts: StartOptions): Spec {
   const prelude: string[] = [];
   if (password !== undefined && own === undefined) prelude.push(password);
   if (input) prelude.push(JSON.stringify(input));
-  return { name: opts.name, path, args, prelude, ...(password !== undefined ? { password } : {}), o: opts };
+  return { name: opts.name, path, args, prelude, ...(password !== undefined ? { password } : {}), detached: !!opts.outlive && process.platform !== 'win32', o: opts };
 }
 
 function attachSpec(name: string, o: AttachOptions): Spec {
   const path = findBinary('oac-shim', o.shim, o.env);
-  const args = ['attach', name, '--from', String(o.from === undefined || o.from === 'start' ? 0 : o.from)];
+  const args = ['attach', name, '--from', String(o.from === undefined || o.from === 'start' ? 1 : o.from)];
   if (o.keepRoot) args.push('--keep-root', o.keepRoot);
   return { name, path, args, prelude: [], ...(o.password !== undefined ? { password: o.password } : {}), o };
 }
@@ -258,6 +260,7 @@ export class Shim {
       env: spec.o.env ?? process.env,
       stdio: ['pipe', 'pipe', 'pipe'],
       windowsHide: true,
+      detached: spec.detached ?? false,
     });
     // A shim that is gone makes writes fail with EPIPE: its exit says why.
     this.child.stdin!.on('error', () => {});
