@@ -130,7 +130,7 @@ export interface StartOptions extends ProcessOptions {
 
 /** How to attach to a running sandbox that outlives its parent. */
 export interface AttachOptions extends ProcessOptions, WaitOptions {
-  /** The first event: every one the sandbox still journals ('start', default), only new ones ('now'), or from this seq on. */
+  /** The first event: every one the sandbox still journals ('start', default), only new ones ('now'), or from this seq on (--from). */
   from?: From;
   /** The daemon's password, as its creator made it (an attach cannot learn it). */
   password?: string;
@@ -152,10 +152,17 @@ interface Pending {
 }
 
 /** The flag of `oac-shim run|start` for a sandbox that outlives its parent. */
-export const OUTLIVE_FLAG = '--outlive';
+export const OUTLIVE_FLAG = '--outlive-parent';
 
 /** How many state events are kept for waitFor (each attempt has a few). */
 const STATE_HISTORY = 64;
+
+/** How many lines of the shim's stderr are kept for error messages. */
+const STDERR_TAIL = 8;
+
+/** oac-shim attach's exit statuses of its own (docs/events-and-control.md#oac-shim-attach). */
+const ATTACH_NOT_RUNNING = 10;
+const ATTACH_SHIM_DIED = 11;
 
 /** How long a sandbox that failed to become ready gets to stop in order before it is killed. */
 const CLEANUP_GRACE_MS = 10_000;
@@ -222,7 +229,9 @@ function runSpec(opts: StartOptions): Spec {
 
 function attachSpec(name: string, o: AttachOptions): Spec {
   const path = findBinary('oac-shim', o.shim, o.env);
-  const args = ['attach', name, '--from', String(o.from === undefined || o.from === 'start' ? 1 : o.from)];
+  const args = ['attach', name];
+  // Default: from the oldest line the journal keeps.
+  if (o.from !== undefined && o.from !== 'start') args.push('--from', String(o.from));
   if (o.keepRoot) args.push('--keep-root', o.keepRoot);
   return { name, path, args, prelude: [], ...(o.password !== undefined ? { password: o.password } : {}), o };
 }
@@ -244,6 +253,8 @@ export class Shim {
   private readonly pw: string | undefined;
   private readonly exitPromise: Promise<Exit>;
   private readonly onEvent: ((e: Event) => void) | undefined;
+  /** The shim's last lines of diagnostics, for the errors that have no event to say why. */
+  private readonly stderrTail = new Ring<string>(STDERR_TAIL);
 
   /** Starts `oac-shim run --name NAME --control stdin --password-stdin ...` (`oac-shim start` with opts.kept). Does not wait: see Sandbox.create. */
   static start(opts: StartOptions): Shim {
@@ -273,7 +284,10 @@ export class Shim {
     });
     const stderr = createInterface({ input: this.child.stderr!, crlfDelay: Infinity });
     const onStderr = spec.o.onStderr;
-    stderr.on('line', (l) => onStderr?.(l));
+    stderr.on('line', (l) => {
+      this.stderrTail.push(l);
+      onStderr?.(l);
+    });
 
     const exited = new Promise<{ status: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
       this.child.on('error', (err) => {
@@ -346,7 +360,20 @@ export class Shim {
     if (this.broken) return this.broken;
     const last = this.lastState();
     if (last?.state === 'failed') return new ShimError(`${message}: ${last.message ?? last.code}`, last.code, last, status);
-    return new ShimError(message, 'exited', undefined, status);
+    const said = this.stderrTail.items().at(-1);
+    return new ShimError(said ? `${message}: ${said}` : message, 'exited', undefined, status);
+  }
+
+  /** What the shim last said on stderr. */
+  protected get lastDiagnostic(): string | undefined {
+    return this.stderrTail.items().at(-1);
+  }
+
+  /** The last ready state kept. */
+  protected lastReady(): ReadyEvent | undefined {
+    const s = this.states.items();
+    for (let i = s.length - 1; i >= 0; i--) if (s[i]!.state === 'ready') return s[i] as ReadyEvent;
+    return undefined;
   }
 
   /** Rejects as soon as the signal fires (never resolves). */
@@ -582,34 +609,44 @@ export class Sandbox extends Shim {
   /**
    * Attaches to a running sandbox that outlives its parent (created with
    * outlive: true), by name, through `oac-shim attach`: its events from
-   * `from` on (replayed from its journal), then the live ones, and its
-   * control (commands, stop). Resolves once the first event arrived.
+   * `from` on (replayed from its journal; an events_lost event says what
+   * it no longer has), then the live ones, and its control (commands,
+   * stop). Resolves once a status command was answered through it;
+   * rejects with an OacError coded not_running when no such sandbox runs
+   * (or it does not outlive its parent), shim_died when its shim died.
    */
   static async attach(name: string, o: AttachOptions = {}): Promise<Sandbox> {
     const s = new Sandbox(attachSpec(name, o));
     try {
-      await s.waitForEvent(() => true, o);
-      for (const e of s.received) if (e.event === 'state' && e.state === 'ready') s.readyEvent = e;
+      // A status answered through the attach: the sandbox runs and its control is reached.
+      await s.status(o);
       return s;
     } catch (e) {
       await s.kill();
+      const x = await s.exited().catch(() => undefined);
+      if (x?.status === ATTACH_NOT_RUNNING) {
+        throw new OacError(`attach ${name}: ${s.lastDiagnostic ?? 'no sandbox of that name outlives its parent under the keep root'}`, 'not_running', false, { cause: e });
+      }
+      if (x?.status === ATTACH_SHIM_DIED) {
+        throw new OacError(`attach ${name}: ${s.lastDiagnostic ?? 'its shim died before its final state'}`, 'shim_died', false, { cause: e });
+      }
       throw e;
     }
   }
 
-  /** The ready event create resolved on (or the last one an attach replayed). */
+  /** The ready event create resolved on, or the last one an attach has seen. */
   get ready(): ReadyEvent | undefined {
-    return this.readyEvent;
+    return this.readyEvent ?? this.lastReady();
   }
 
   /** The daemon's URL on this host (the forward's, or the guest's). */
   get url(): string | undefined {
-    return this.readyEvent?.url;
+    return this.ready?.url;
   }
 
   /** The daemon's Basic auth user. */
   get username(): string | undefined {
-    return this.readyEvent?.username;
+    return this.ready?.username;
   }
 }
 

@@ -42,8 +42,11 @@ test('attach after the parent was SIGKILLed: the events since its last seq, cont
 
   const sbx = await attach(name, { shim: shimPath, keepRoot: root, from: p.line.seq, signal: AbortSignal.timeout(10_000) });
   try {
-    const first = sbx.received[0]!;
+    const first = await sbx.waitForEvent(() => true, { timeoutMs: 5_000 });
     assert.equal(first.seq, p.line.seq, 'the replay starts at the seq asked for');
+    const started = await sbx.waitForEvent((e) => e.event === 'log' && e.line === 'daemon=started', { timeoutMs: 5_000 });
+    assert.ok(started.seq <= p.line.seq, 'what the parent saw last is replayed');
+    assert.equal(sbx.ready?.state ?? 'ready', 'ready');
     for (const e of sbx.received) assert.equal(e.sandbox, name);
     assert.equal((await sbx.status({ timeoutMs: 5_000 })).state, 'ready', 'control reaches the sandbox');
     const fw = await sbx.addForward('127.0.0.1:0', 4096, { timeoutMs: 5_000 });
@@ -62,7 +65,7 @@ test('attach after the parent was SIGKILLed: the events since its last seq, cont
   }
 
   // An attach to a name that does not run, and an aborted one, reject typed.
-  await assert.rejects(attach(name, { shim: shimPath, keepRoot: root, timeoutMs: 5_000 }), OacError);
+  await assert.rejects(attach(name, { shim: shimPath, keepRoot: root, timeoutMs: 5_000 }), (e: unknown) => e instanceof OacError && e.code === 'not_running');
   const ac = new AbortController();
   ac.abort();
   await assert.rejects(attach(name, { shim: shimPath, keepRoot: root, signal: ac.signal }), AbortError);

@@ -3,7 +3,7 @@
 // fails), and the bootstraps they boot.
 import { randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -81,11 +81,19 @@ export function shellSandbox(name: string, line: string, more: Partial<StartOpti
   return { name, shim: shimPath, bootstrap: { version: 1, daemon: { argv: ['/bin/sh', '-c', line] } }, ...more };
 }
 
-/** Whether a process runs. */
+/**
+ * Whether a process runs: it exists and is not a zombie (an orphan whose
+ * parent was killed is reaped by init, in its own time).
+ */
 export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
+  } catch {
+    return false;
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
   } catch {
     return false;
   }
