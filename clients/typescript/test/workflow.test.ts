@@ -5,9 +5,9 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync, chmodSync } from 'node:fs';
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, sep } from 'node:path';
+import { dirname, join, sep } from 'node:path';
 import { promisify } from 'node:util';
 
 import {
@@ -23,7 +23,9 @@ import {
   SchemaVersionError,
   ShimError,
   TimeoutError,
+  besidePackage,
   check,
+  findBinary,
   list,
   unpacked,
   type Event,
@@ -49,6 +51,21 @@ test('check: the OS policy and every provider, typed; the shim found through OAC
     assert.ok(r.toFix.some((l) => l.startsWith(`${p.name}: `)), `what to fix for ${p.name}`);
   }
   await assert.rejects(check({ shim: '/nonexistent/oac-shim' }), (e: unknown) => e instanceof LaunchError && e.errno === 'ENOENT');
+});
+
+test('the binary beside the package: found when neither the option nor OAC_SHIM names one', async (t) => {
+  if (skip) return t.skip(skip);
+  const beside = besidePackage('oac-shim');
+  assert.equal(beside, join(process.cwd(), 'bin', 'oac-shim'));
+  assert.equal(besidePackage('oac-shim', 'win32'), join(process.cwd(), 'bin', 'oac-shim.exe'), 'Windows: the .exe');
+  mkdirSync(dirname(beside), { recursive: true });
+  symlinkSync(shimPath, beside);
+  t.after(() => rmSync(beside));
+  const env = { ...process.env, OAC_SHIM: '' };
+  assert.equal(findBinary('oac-shim', undefined, env), beside);
+  assert.equal(findBinary('oac-shim', undefined, { ...env, OAC_SHIM: '/x/oac-shim' }), '/x/oac-shim', 'OAC_SHIM before the package');
+  assert.equal(findBinary('oac-shim', '/y/oac-shim', { ...env, OAC_SHIM: '/x/oac-shim' }), '/y/oac-shim', 'the option first');
+  assert.equal((await check({ env })).ok, true, 'check ran the one beside the package');
 });
 
 test('the binary beside the package inside an Electron asar is the unpacked one', () => {
