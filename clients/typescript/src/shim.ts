@@ -197,8 +197,8 @@ function runSpec(opts: StartOptions): Spec {
   if (own !== undefined && opts.password !== undefined) throw new TypeError('give the password option or a bootstrap password, not both');
   if (!credentials && opts.password !== undefined) throw new TypeError('the password option needs a bootstrap with credentials (username_env, password_env)');
   const password = own ?? (credentials ? (opts.password ?? randomBytes(32).toString('base64url')) : undefined);
-  if (password !== undefined && !/^[\x21-\x7e]{16,1024}$/.test(password)) {
-    throw new TypeError('the password is 16 to 1024 printable ASCII characters without spaces');
+  if (own === undefined && password !== undefined && !/^[\x21-\x7e]{16,1024}$/.test(password)) {
+    throw new TypeError('the password is 16 to 1024 printable ASCII characters without spaces (the rule of --password-stdin)');
   }
   const args = [opts.kept ? 'start' : 'run', '--name', opts.name, '--control', 'stdin'];
   if (password !== undefined && own === undefined) args.push('--password-stdin');

@@ -98,6 +98,19 @@ test('create resolves on ready: the URL answers to the password made here; stop 
   } finally {
     await sbx.kill();
   }
+
+  // The caller's own password, kept where the app keeps its secrets, is the daemon's.
+  const mine = `callers-own-${'x'.repeat(20)}`;
+  const own = await Sandbox.create(daemonSandbox(uniqueName('ts-own'), { password: mine }), { timeoutMs: 30_000 });
+  try {
+    assert.equal(await own.password(), mine);
+    const auth = 'Basic ' + Buffer.from(`runtime:${mine}`).toString('base64');
+    assert.equal((await fetch(`${own.url}/global/health`, { headers: { authorization: auth } })).status, 200);
+    await own.stop({ timeoutMs: 20_000 });
+  } finally {
+    await own.kill();
+  }
+  await assert.rejects(Sandbox.create(daemonSandbox(uniqueName('ts-short'), { password: 'short' })), TypeError, 'a password the shim would refuse starts nothing');
 });
 
 test('abort at each wait: create, waitFor, waitForEvent, events, a command, stop; timeouts are TimeoutErrors', async (t) => {
