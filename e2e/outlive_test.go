@@ -96,6 +96,7 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 		hello = hello || (e.Event == api.KindLog && e.Line == "outlive-hello")
 	}
 	deadline.Stop()
+	t.Logf("the parent saw %d events, the last: %s", len(seen), seen[len(seen)-1])
 	procs := append(descendants(shimPID), shimPID)
 
 	// The parent dies.
@@ -109,6 +110,7 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 	require.Len(t, listed.Sandboxes, 1, "%s", raw)
 	assert.Equal(t, name, listed.Sandboxes[0].Name)
 	assert.Equal(t, shimPID, listed.Sandboxes[0].PID)
+	assert.True(t, listed.Sandboxes[0].OutliveParent, "listed as one attach takes up")
 	assert.Equal(t, filepath.Join(keep, "running", "sandboxes", name, "control.sock"), listed.Sandboxes[0].ControlSocket,
 		"a control socket in its registry entry, the caller having named none")
 	assert.Len(t, hostProcs(marker), 1, "the daemon runs on")
@@ -179,6 +181,7 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 		last = e.Seq
 		stopped = e.Event == api.KindState && e.State == api.StateStopped
 	}
+	t.Logf("attach gave events %d to %d", from, last)
 	rest, _ := io.ReadAll(ar)
 	assert.Empty(t, string(rest), "nothing after the stopped state")
 	require.NoError(t, attach.Wait(), "attach exits 0 after stopped: %s", aerr.String())
@@ -235,6 +238,7 @@ func TestAttachReadsAKilledOutlivingShimToTheKillAndSaysItDied(t *testing.T) {
 	// The journal has every line stdout got (it is written first), and
 	// may have a few the killed shim had not yet handed its parent.
 	require.GreaterOrEqual(t, len(got), len(printed))
+	t.Logf("stdout got %d lines, attach %d; attach's stderr: %s", len(printed), len(got), aerr.String())
 	assert.Equal(t, printed, got[:len(printed)], "attach gives the lines the shim printed, as it printed them")
 	for i, l := range got {
 		e := lineSeq(t, l)

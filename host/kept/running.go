@@ -39,6 +39,10 @@ const (
 // ErrBadShimRecord wraps every refusal of a shim's record.
 var ErrBadShimRecord = errors.New("unreadable shim record")
 
+// ErrNoRecord: a live shim holds the entry and has written no record yet
+// (an outliving shim between its claim and its publish).
+var ErrNoRecord = errors.New("its shim has written none yet")
+
 // ShimRecord is what a running shim says about itself.
 type ShimRecord struct {
 	Schema   int    `json:"schema"`
@@ -49,8 +53,11 @@ type ShimRecord struct {
 	// ProcStart is when the process started as the OS counts it (Linux:
 	// clock ticks after boot, /proc/PID/stat's 22nd field), so a reused
 	// pid is never taken for the shim's; 0 where the OS does not say.
-	ProcStart     uint64    `json:"proc_start"`
-	ControlSocket string    `json:"control_socket,omitempty"`
+	ProcStart     uint64 `json:"proc_start"`
+	ControlSocket string `json:"control_socket,omitempty"`
+	// OutliveParent: the shim runs with --outlive-parent (its journal is
+	// in the entry).
+	OutliveParent bool      `json:"outlive_parent,omitempty"`
 	Started       time.Time `json:"started"`
 	Version       string    `json:"version"`
 }
@@ -58,7 +65,7 @@ type ShimRecord struct {
 var shimSchema = func() *strictjson.Schema {
 	s := strictjson.ForType(reflect.TypeFor[ShimRecord]())
 	for i := range s.Fields {
-		if s.Fields[i].Name != "control_socket" {
+		if s.Fields[i].Name != "control_socket" && s.Fields[i].Name != "outlive_parent" {
 			s.Fields[i].Required = true
 		}
 	}
@@ -229,8 +236,8 @@ func (r Running) Entry() api.RunningEntry {
 		e.Message = r.Err.Error()
 		return e
 	}
-	e.Kind, e.Provider, e.PID, e.ControlSocket, e.Started, e.Version =
-		r.Record.Kind, r.Record.Provider, r.Record.PID, r.Record.ControlSocket, r.Record.Started, r.Record.Version
+	e.Kind, e.Provider, e.PID, e.ControlSocket, e.OutliveParent, e.Started, e.Version =
+		r.Record.Kind, r.Record.Provider, r.Record.PID, r.Record.ControlSocket, r.Record.OutliveParent, r.Record.Started, r.Record.Version
 	return e
 }
 
@@ -366,6 +373,8 @@ func (g *Registry) Open(name string) (*Watched, error) {
 		if err == nil {
 			return &Watched{Record: rec, holder: h}, nil
 		}
+	} else if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: %w", ErrBadShimRecord, ErrNoRecord)
 	} else {
 		err = fmt.Errorf("%w: %v", ErrBadShimRecord, err)
 	}

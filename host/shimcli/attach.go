@@ -129,7 +129,7 @@ func Attach(reg *kept.Registry, opts AttachOptions, stdin io.Reader, stdout, std
 	dir := reg.EntryDir(name)
 	var live *kept.Watched
 	var left kept.Left
-	w, err := reg.Open(name)
+	w, err := openPublished(reg, name)
 	switch {
 	case err == nil:
 		live = w
@@ -200,6 +200,24 @@ func Attach(reg *kept.Registry, opts AttachOptions, stdin io.Reader, stdout, std
 		wait = min(2*wait, attachPollMax)
 	}
 	return attachEnd(reg, name, r, live, left, stderr)
+}
+
+// recordWait bounds the wait for the record of an entry whose shim has
+// claimed it and not yet written it (an outliving shim claims its entry
+// first, and publishes its record once it serves its control socket).
+const recordWait = 2 * time.Second
+
+// openPublished opens the live shim of name, waiting up to recordWait
+// for a record it is about to write.
+func openPublished(reg *kept.Registry, name string) (*kept.Watched, error) {
+	deadline := time.Now().Add(recordWait)
+	for {
+		w, err := reg.Open(name)
+		if !errors.Is(err, kept.ErrNoRecord) || time.Now().After(deadline) {
+			return w, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // attachEnd says how the shim ended and gives the exit status.

@@ -340,3 +340,28 @@ func TestAttachCommandLine(t *testing.T) {
 	assert.Equal(t, 0, Main([]string{"attach", "-h"}, strings.NewReader(""), &out, &errOut))
 	assert.Contains(t, errOut.String(), "usage: oac-shim attach NAME")
 }
+
+func TestAttachWaitsForTheRecordOfAShimThatHasJustClaimedItsEntry(t *testing.T) {
+	reg := kept.OpenRegistry(t.TempDir())
+	a, err := reg.Claim("s")
+	require.NoError(t, err)
+	defer a.Close()
+	jw, err := journal.Create(a.Dir())
+	require.NoError(t, err)
+	defer jw.Close()
+	_, err = reg.Open("s")
+	require.ErrorIs(t, err, kept.ErrNoRecord)
+	begin := time.Now()
+	_, err = openPublished(reg, "s")
+	assert.ErrorIs(t, err, kept.ErrNoRecord, "a record that never comes")
+	assert.GreaterOrEqual(t, time.Since(begin), recordWait, "after the wait")
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		assert.NoError(t, a.Publish(kept.ShimRecord{Name: "s", Kind: api.RunThrowaway, Provider: "bwrap", PID: os.Getpid(), Started: time.Now().UTC(), Version: "test"}))
+	}()
+	w, err := openPublished(reg, "s")
+	require.NoError(t, err, "found once published, within the wait")
+	w.Close()
+	<-published
+}

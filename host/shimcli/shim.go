@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"

@@ -80,7 +80,7 @@ var (
 
 	// An outliving shim's (--outlive-parent) journal: oac-shim attach
 	// reads what a killed shim wrote, a torn final line included.
-	OutliveTornLine = declare("outlive/torn-line", boots, Before, "the guest is ready (--outlive-parent) and the journal holds the first half of the ready event's line, which stdout never got")
+	OutliveTornLine = declare("outlive/torn-line", run, Before, "the guest is ready (--outlive-parent) and the journal holds the first half of the ready event's line, which stdout never got")
 
 	ResetMarked        = declare("reset/marked", reset, Nothing, `the record says "resetting"`)
 	ResetDiscarded     = declare("reset/discarded", reset, Nothing, "the provider's kept state is discarded")
