@@ -21,6 +21,7 @@ import {
   SCHEMA_VERSION,
   Sandbox,
   SchemaVersionError,
+  Shim,
   ShimError,
   TimeoutError,
   besidePackage,
@@ -241,6 +242,28 @@ test('the event history is bounded: events from now, from a seq, and a HistoryEr
     await sbx.stop({ timeoutMs: 20_000 });
   } finally {
     await sbx.kill();
+  }
+});
+
+test('an iterator that falls behind the bounded history ends with a HistoryError', async (t) => {
+  // A stand-in shim that prints an event of this schema, and nine more at
+  // once when a line comes on its stdin.
+  const dir = mkdtempSync(join(tmpdir(), 'oac-ts-behind-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const fake = join(dir, 'oac-shim');
+  const line = (seq: number) => JSON.stringify({ time: '2026-01-02T03:04:05Z', sandbox: 'x', event: 'log', schema_version: SCHEMA_VERSION, seq, stream: 'stdout', process: 'daemon', line: `l${seq}` });
+  writeFileSync(fake, `#!/bin/sh\necho '${line(1)}'\nread x\ncat <<'EOF'\n${Array.from({ length: 9 }, (_, i) => line(i + 2)).join('\n')}\nEOF\nexec sleep 1000\n`);
+  chmodSync(fake, 0o755);
+  const shim = Shim.start({ name: 'x', shim: fake, historySize: 2 });
+  try {
+    const it = shim.events();
+    assert.equal((await it.next()).value?.seq, 1, 'the first event, while it is kept');
+    shim.status().catch(() => {}); // the line that lets the stand-in print the rest (it answers none)
+    await shim.waitForEvent((e) => e.seq === 10, { timeoutMs: 10_000 });
+    assert.deepEqual(shim.received.map((e) => e.seq), [9, 10], 'two kept');
+    await assert.rejects(it.next(), (e: unknown) => e instanceof HistoryError && e.code === 'history_lost' && /fell 7 events behind/.test(e.message));
+  } finally {
+    await shim.kill();
   }
 });
 
