@@ -40,6 +40,7 @@ for (const [schema, module] of Object.entries(files)) {
 // whether a retry can help (schema/codes.json, written from the Go tables).
 const event = JSON.parse(await readFile(join(schemaDir, 'event.schema.json'), 'utf8'));
 const codes = JSON.parse(await readFile(join(schemaDir, 'codes.json'), 'utf8'));
+const pkg = JSON.parse(await readFile(join(here, '..', 'package.json'), 'utf8'));
 const table = (rows) => Object.fromEntries(rows.map(({ code, ...rest }) => [code, rest]));
 await writeFile(
   join(out, 'codes.ts'),
@@ -47,6 +48,9 @@ await writeFile(
 
 /** The schema version of the events this client reads (schema_version on every line). */
 export const SCHEMA_VERSION = ${JSON.stringify(event.$defs.SchemaVersion.const)} as const;
+
+/** This client's name and version (its package.json), for the messages that say which oac-shim to install. */
+export const CLIENT = ${JSON.stringify(`${pkg.name} ${pkg.version}`)};
 
 /** Every failure code of a failed sandbox: oac-shim's exit status, whether the same request may succeed later, what to do. */
 export const FAILURES = ${JSON.stringify(table(codes.failures), null, 2)} as const;

@@ -2,7 +2,7 @@
 // (stable), ask `retryable` whether the same call may succeed later, never
 // parse the message. The failure, answer and stage codes and their
 // retryability come from schema/codes.json (generated from the Go tables).
-import { ANSWERS, FAILURES, SCHEMA_VERSION, STAGE } from './generated/codes.js';
+import { ANSWERS, CLIENT, FAILURES, SCHEMA_VERSION, STAGE } from './generated/codes.js';
 import type { ErrorAnswer, FailedEvent } from './generated/event.js';
 import type { StageEvent } from './generated/stage-progress.js';
 
@@ -109,7 +109,7 @@ export class SchemaVersionError extends OacError {
   ) {
     super(
       `${path} writes events of schema version ${String(got)}, this client reads version ${SCHEMA_VERSION}: ` +
-        `install the oac-shim of this client's release (one whose events carry schema_version ${SCHEMA_VERSION}), ` +
+        `install the oac-shim of this client's release (${CLIENT}; its events carry schema_version ${SCHEMA_VERSION}), ` +
         'or point the shim option or OAC_SHIM at it',
       'schema_version',
       false,
