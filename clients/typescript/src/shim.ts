@@ -192,7 +192,8 @@ function runSpec(opts: StartOptions): Spec {
   // A bootstrap with credentials gets the daemon's password: its own, or
   // one this client makes and hands in first on stdin (--password-stdin).
   // Without credentials the daemon has no password.
-  const credentials = !!opts.bootstrap?.credentials || !!opts.coreBootstrap?.runtime?.password_env;
+  const rt = opts.coreBootstrap?.runtime;
+  const credentials = !!opts.bootstrap?.credentials || !!(rt && (rt.username || rt.password || rt.username_env || rt.password_env));
   const own = opts.bootstrap?.credentials?.password || opts.coreBootstrap?.runtime?.password || undefined;
   if (own !== undefined && opts.password !== undefined) throw new TypeError('give the password option or a bootstrap password, not both');
   if (!credentials && opts.password !== undefined) throw new TypeError('the password option needs a bootstrap with credentials (username_env, password_env)');
