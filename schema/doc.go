@@ -3,9 +3,14 @@
 // control answer (event.schema.json, answer.schema.json), every control
 // command (command.schema.json), the bootstrap and the private file of
 // oac-sandbox-io (bootstrap.schema.json, sandbox-io.schema.json), Core's
-// bootstrap shape (core-bootstrap.schema.json) and the egress policy file
-// (policy.schema.json), and what every binary's version --json prints
-// (version.schema.json). docs/schema.md explains them.
+// bootstrap shape (core-bootstrap.schema.json), the egress policy file
+// (policy.schema.json), what every binary's version --json prints
+// (version.schema.json), oac-image's --json reports (image-*.schema.json),
+// the report of oac-shim check --json (check.schema.json) and the progress
+// lines of oac-image stage (stage-progress.schema.json). Beside them,
+// codes.json is the table of failure, answer and stage codes with their
+// retryability, written from the Go tables by a test. docs/schema.md
+// explains them.
 //
 // The Go types are the source of truth: the tests of this package fail when
 // a type and its schema disagree (a field, its JSON type, whether it is

@@ -36,10 +36,14 @@ const (
 	ImageVerify = "image-verify.schema.json"
 	ImageBuild  = "image-build.schema.json"
 	ImageList   = "image-list.schema.json"
+	// Check is oac-shim check --json; StageProgress a line of oac-image
+	// stage --progress json.
+	Check         = "check.schema.json"
+	StageProgress = "stage-progress.schema.json"
 )
 
 // Names lists the schema files.
-var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop, Version, ImageStage, ImageVerify, ImageBuild, ImageList}
+var Names = []string{Event, Answer, Command, Bootstrap, SandboxIO, CoreBootstrap, Policy, List, Record, Running, Stop, Version, ImageStage, ImageVerify, ImageBuild, ImageList, Check, StageProgress}
 
 //go:embed *.schema.json
 var files embed.FS

@@ -23,10 +23,12 @@ import (
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
+	"github.com/oac/sandbox-agent/host/shimcli"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/schema"
+	"github.com/oac/sandbox-agent/stage"
 )
 
 func TestEverySchemaCompiles(t *testing.T) {
@@ -199,6 +201,8 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 	d.agree(t, "VerifyReport", reflect.TypeFor[api.ImageVerifyReport](), at{schema.ImageVerify, d[schema.ImageVerify]}, true)
 	d.agree(t, "BuildReport", reflect.TypeFor[api.ImageBuildReport](), at{schema.ImageBuild, d[schema.ImageBuild]}, true)
 	d.agree(t, "ListReport", reflect.TypeFor[api.ImageListReport](), at{schema.ImageList, d[schema.ImageList]}, true)
+	d.agree(t, "CheckReport", reflect.TypeFor[shimcli.CheckReport](), at{schema.Check, d[schema.Check]}, true)
+	d.agree(t, "StageEvent", reflect.TypeFor[stage.Event](), at{schema.StageProgress, d[schema.StageProgress]}, true)
 }
 
 // What version --json prints validates for every binary, and a report of

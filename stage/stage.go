@@ -197,28 +197,61 @@ type Event struct {
 	Error       string    `json:"error,omitempty"`
 }
 
-// Code names an error for machines: corrupt, truncated, wrong_size,
-// http, stalled, store, canceled or other.
+// Codes of a failure, as Code returns them and the error events carry.
+const (
+	CodeCorrupt   = "corrupt"
+	CodeTruncated = "truncated"
+	CodeWrongSize = "wrong_size"
+	CodeHTTP      = "http"
+	CodeStalled   = "stalled"
+	CodeStore     = "store"
+	CodeCanceled  = "canceled"
+	CodeOther     = "other"
+)
+
+// CodeInfo describes one code for callers (schema/codes.json publishes
+// this table; the TypeScript client generates its own from that file).
+type CodeInfo struct {
+	Code string
+	// Retry: staging again, unchanged, may succeed (and resumes what was kept).
+	Retry bool
+	// Meaning says when it is given and what a caller should do.
+	Meaning string
+}
+
+// Codes lists every code Code returns.
+var Codes = []CodeInfo{
+	{CodeCorrupt, false, "All the bytes arrived but their sha256 is not the pinned one; nothing was kept. The mirror serves other bytes: fix the mirror or the manifest."},
+	{CodeTruncated, true, "The server ended the transfer early; the partial file is kept and the next stage resumes it."},
+	{CodeWrongSize, false, "The server announced or sent a size other than the pinned one; nothing was kept. Fix the mirror or the manifest."},
+	{CodeHTTP, true, "The server answered with an error status (the message says which): a 5xx may pass; a 404 means the URL is wrong."},
+	{CodeStalled, true, "No byte arrived for the idle timeout; the partial file is kept and the next stage resumes it."},
+	{CodeStore, false, "The store could not be written or locked: check its directory, its permissions and the free space."},
+	{CodeCanceled, true, "Staging was canceled (a signal); the partial file is kept and the next stage resumes it."},
+	{CodeOther, false, "Any other failure (the message says what): report it."},
+}
+
+// Code names an error for machines: one of Codes.
 func Code(err error) string {
 	switch {
 	case err == nil:
 		return ""
 	case errors.Is(err, ErrCorrupt):
-		return "corrupt"
+		return CodeCorrupt
 	case errors.Is(err, ErrTruncated):
-		return "truncated"
+		return CodeTruncated
 	case errors.Is(err, ErrWrongSize):
-		return "wrong_size"
+		return CodeWrongSize
 	case errors.Is(err, ErrHTTP):
-		return "http"
+		return CodeHTTP
 	case errors.Is(err, ErrStalled):
-		return "stalled"
+		return CodeStalled
 	case errors.Is(err, ErrStore):
-		return "store"
+		return CodeStore
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return "canceled"
+		return CodeCanceled
 	}
-	return "other"
+	return CodeOther
 }
 
 func (s *Stager) emit(e Event) {

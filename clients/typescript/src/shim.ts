@@ -1,34 +1,40 @@
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+// One oac-shim process and the sandbox it runs (or attaches to): its
+// events, kept in a bounded history; its control commands and their
+// answers, matched by id; its password, made here and handed over on
+// stdin; its end. Only stdio 0-2 are used, so it works the same on Linux,
+// macOS and Windows.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
-import type { Readable } from 'node:stream';
 
+import { findBinary, launchError } from './binary.js';
+import { HistoryError, OacError, SchemaVersionError, ShimError, CommandError } from './errors.js';
+import type { AnswerCode } from './errors.js';
+import { SCHEMA_VERSION } from './generated/codes.js';
 import type {
   Answer,
   ErrorAnswer,
   Event as AnyLine,
-  FailedEvent,
-  FailureCode,
   ForwardResult,
   PolicyResult,
   ReadyEvent,
   StartingEvent,
+  FailedEvent,
   StartResult,
   StatusResult,
   StoppedEvent,
   TimeResult,
 } from './generated/event.js';
 import type { Command } from './generated/command.js';
+import type { Bootstrap } from './generated/bootstrap.js';
+import type { CoreBootstrap } from './generated/core-bootstrap.js';
+import { DEFAULT_HISTORY_SIZE, Ring } from './history.js';
+import { abortError, bounded, type WaitOptions } from './wait.js';
 
-/** Why a command was refused or failed: the error answer's code (docs/schema.md#answer-codes). */
-export type AnswerCode = ErrorAnswer['code'];
+export type { AnswerCode };
 
 /** The name of a control command. */
 export type CommandName = Command['cmd'];
-import type { Bootstrap } from './generated/bootstrap.js';
-import type { CoreBootstrap } from './generated/core-bootstrap.js';
-import type { ListReport } from './generated/list.js';
-import type { RunningReport } from './generated/running.js';
-import type { StopReport } from './generated/stop.js';
 
 /** An event: any line of oac-shim's output but an answer. */
 export type Event = Exclude<AnyLine, Answer>;
@@ -59,10 +65,27 @@ export interface Identity {
   allowLoopbackLink?: boolean;
 }
 
-/** How to start oac-shim. */
-export interface StartOptions {
-  /** The oac-shim binary (default "oac-shim", found in PATH). */
+/** Where events start: the oldest kept (default), only new ones, or the first whose seq is at least this. */
+export type From = 'start' | 'now' | number;
+
+/** What every oac-shim process of this client shares. */
+export interface ProcessOptions {
+  /** The oac-shim binary (default: OAC_SHIM, then bin/oac-shim beside this package, then PATH). */
   shim?: string;
+  /** --keep-root: where running sandboxes are registered (default: the shim's). */
+  keepRoot?: string;
+  /** The shim's environment, and where OAC_SHIM is looked up (default: this process's). */
+  env?: NodeJS.ProcessEnv;
+  /** Receives the shim's diagnostics (stderr), line by line. */
+  onStderr?: (line: string) => void;
+  /** How many events are kept for events(), waitForEvent() and received (default DEFAULT_HISTORY_SIZE, 1024). */
+  historySize?: number;
+  /** Receives every event as it arrives (the progress of a create, before it resolves). */
+  onEvent?: (e: Event) => void;
+}
+
+/** How to start oac-shim. */
+export interface StartOptions extends ProcessOptions {
   /** The sandbox's name (--name). */
   name: string;
   /** --provider (default bwrap); not with kept, whose provider was fixed at create. */
@@ -78,6 +101,20 @@ export interface StartOptions {
   bootstrap?: Bootstrap;
   /** Core's sandbox.Bootstrap instead, on standard input (--bootstrap-format core). */
   coreBootstrap?: CoreBootstrap;
+  /**
+   * The daemon's password, handed over as the first line of stdin
+   * (--password-stdin) before the bootstrap; with a bootstrap that has
+   * credentials only. Default: 32 random bytes, base64url, made
+   * here. password() returns it; it is never in argv, environment, a file
+   * or an event. The same for every attempt.
+   */
+  password?: string;
+  /**
+   * The sandbox outlives this process: when it exits or is killed, the
+   * sandbox keeps running, and attach(name) reaches its events and control
+   * again. Stop it with stop() (or stopNamed) when done.
+   */
+  outlive?: boolean;
   identity?: Identity;
   /** --forward LISTEN=GUESTPORT, e.g. "127.0.0.1:0=4096". */
   forwards?: string[];
@@ -89,40 +126,14 @@ export interface StartOptions {
   timeoutMs?: number;
   /** More flags of `oac-shim run`. */
   args?: string[];
-  /** The shim's environment (default: this process's). */
-  env?: NodeJS.ProcessEnv;
-  /** Receives the shim's diagnostics (stderr), line by line. */
-  onStderr?: (line: string) => void;
 }
 
-/** Why a sandbox failed or a shim ended: code is the failed event's (docs/schema.md), or "exited" when the shim ended without one. */
-export class ShimError extends Error {
-  override readonly name = 'ShimError';
-  constructor(
-    message: string,
-    readonly code: FailureCode | 'exited',
-    /** The failed event, when there was one. */
-    readonly event?: FailedEvent,
-    /** The shim's exit status, when it has exited. */
-    readonly exitStatus?: number | null,
-  ) {
-    super(message);
-  }
-}
-
-/** A control command the shim refused or could not carry out: branch on code (docs/schema.md#answer-codes), never on the message. */
-export class CommandError extends Error {
-  override readonly name = 'CommandError';
-  /** The answer's code. */
-  readonly code: AnswerCode;
-  constructor(
-    message: string,
-    readonly command: CommandName,
-    readonly answer: ErrorAnswer,
-  ) {
-    super(message);
-    this.code = answer.code;
-  }
+/** How to attach to a running sandbox that outlives its parent. */
+export interface AttachOptions extends ProcessOptions, WaitOptions {
+  /** The first event: every one the sandbox still journals ('start', default), only new ones ('now'), or from this seq on (--from). */
+  from?: From;
+  /** The daemon's password, as its creator made it (an attach cannot learn it). */
+  password?: string;
 }
 
 /** How a shim ended. */
@@ -140,101 +151,173 @@ interface Pending {
   reject: (e: Error) => void;
 }
 
-/** PASSWORD_FD is the descriptor the shim writes each attempt's password to. */
-const PASSWORD_FD = 3;
+/** The flag of `oac-shim run|start` for a sandbox that outlives its parent. */
+export const OUTLIVE_FLAG = '--outlive-parent';
 
-/** One running oac-shim. */
+/** How many state events are kept for waitFor (each attempt has a few). */
+const STATE_HISTORY = 64;
+
+/** How many lines of the shim's stderr are kept for error messages. */
+const STDERR_TAIL = 8;
+
+/** oac-shim attach's exit statuses of its own (docs/events-and-control.md#oac-shim-attach). */
+const ATTACH_NOT_RUNNING = 10;
+const ATTACH_SHIM_DIED = 11;
+
+/** How long a sandbox that failed to become ready gets to stop in order before it is killed. */
+const CLEANUP_GRACE_MS = 10_000;
+
+/** The seq of an event, when the shim numbers them. */
+function seqOf(e: Event): number | undefined {
+  const s = (e as { seq?: unknown }).seq;
+  return typeof s === 'number' ? s : undefined;
+}
+
+/** What to spawn: the binary, its arguments, the lines stdin starts with. */
+interface Spec {
+  name: string;
+  path: string;
+  args: string[];
+  prelude: string[];
+  password?: string;
+  /** A session of its own (POSIX): a terminal's Ctrl-C to this process's group does not reach a sandbox that outlives it. */
+  detached?: boolean;
+  o: ProcessOptions;
+}
+
+function runSpec(opts: StartOptions): Spec {
+  const path = findBinary('oac-shim', opts.shim, opts.env);
+  if (opts.bootstrap && opts.coreBootstrap) throw new TypeError('give bootstrap or coreBootstrap, not both');
+  const input = opts.bootstrap ?? opts.coreBootstrap;
+  // A bootstrap with credentials gets the daemon's password: its own, or
+  // one this client makes and hands in first on stdin (--password-stdin).
+  // Without credentials the daemon has no password.
+  const rt = opts.coreBootstrap?.runtime;
+  const credentials = !!opts.bootstrap?.credentials || !!(rt && (rt.username || rt.password || rt.username_env || rt.password_env));
+  const own = opts.bootstrap?.credentials?.password || opts.coreBootstrap?.runtime?.password || undefined;
+  if (own !== undefined && opts.password !== undefined) throw new TypeError('give the password option or a bootstrap password, not both');
+  if (!credentials && opts.password !== undefined) throw new TypeError('the password option needs a bootstrap with credentials (username_env, password_env)');
+  const password = own ?? (credentials ? (opts.password ?? randomBytes(32).toString('base64url')) : undefined);
+  if (own === undefined && password !== undefined && !/^[\x21-\x7e]{16,1024}$/.test(password)) {
+    throw new TypeError('the password is 16 to 1024 printable ASCII characters without spaces (the rule of --password-stdin)');
+  }
+  const args = [opts.kept ? 'start' : 'run', '--name', opts.name, '--control', 'stdin'];
+  if (password !== undefined && own === undefined) args.push('--password-stdin');
+  if (opts.kept && opts.provider) throw new TypeError('a kept sandbox has its provider from createKept');
+  const keepRoot = opts.kept?.keepRoot ?? opts.keepRoot;
+  if (keepRoot) args.push('--keep-root', keepRoot);
+  if (opts.provider) args.push('--provider', opts.provider);
+  if (opts.outlive) args.push(OUTLIVE_FLAG);
+  if (input) args.push('--bootstrap', '-');
+  if (opts.coreBootstrap) args.push('--bootstrap-format', 'core');
+  if (opts.identity) {
+    const id = opts.identity;
+    args.push('--tenant', id.tenant, '--environment', id.environment, '--allocation', id.allocation);
+    if (id.allowLoopbackLink) args.push('--allow-loopback-link');
+  }
+  for (const f of opts.forwards ?? []) args.push('--forward', f);
+  for (const a of opts.allow ?? []) args.push('--allow', a);
+  for (const u of opts.upstreams ?? []) args.push('--upstream', u);
+  if (opts.bootTimeoutMs !== undefined) args.push('--boot-timeout', `${opts.bootTimeoutMs}ms`);
+  if (opts.timeoutMs !== undefined) args.push('--timeout', `${opts.timeoutMs}ms`);
+  args.push(...(opts.args ?? []));
+  // The password first, then the bootstrap, then commands: the order the shim reads them in.
+  const prelude: string[] = [];
+  if (password !== undefined && own === undefined) prelude.push(password);
+  if (input) prelude.push(JSON.stringify(input));
+  return { name: opts.name, path, args, prelude, ...(password !== undefined ? { password } : {}), detached: !!opts.outlive && process.platform !== 'win32', o: opts };
+}
+
+function attachSpec(name: string, o: AttachOptions): Spec {
+  const path = findBinary('oac-shim', o.shim, o.env);
+  const args = ['attach', name];
+  // Default: from the oldest line the journal keeps.
+  if (o.from !== undefined && o.from !== 'start') args.push('--from', String(o.from));
+  if (o.keepRoot) args.push('--keep-root', o.keepRoot);
+  return { name, path, args, prelude: [], ...(o.password !== undefined ? { password: o.password } : {}), o };
+}
+
+/** One running oac-shim: `run`, `start`, or `attach` to a sandbox another one runs. */
 export class Shim {
   readonly name: string;
+  /** The oac-shim binary this runs. */
+  readonly path: string;
   private readonly child: ChildProcess;
-  private readonly all: Event[] = [];
-  private wake: () => void = () => {};
-  private woken: Promise<void>;
+  private readonly history: Ring<Event>;
+  private readonly states = new Ring<StateEvent>(STATE_HISTORY);
   private ended = false;
+  /** Why the shim cannot be used, when it is for a reason of its own: it could not be started, or speaks another schema. */
+  private broken: OacError | undefined;
+  private checked = false;
   private readonly pending = new Map<string, Pending>();
   private nextId = 0;
-  private readonly passwords = new Map<number, string>();
+  private readonly pw: string | undefined;
   private readonly exitPromise: Promise<Exit>;
+  private readonly onEvent: ((e: Event) => void) | undefined;
+  /** The shim's last lines of diagnostics, for the errors that have no event to say why. */
+  private readonly stderrTail = new Ring<string>(STDERR_TAIL);
 
-  /** Starts `oac-shim run --name NAME --control stdin ...` (`oac-shim start` with opts.kept). */
+  /** Starts `oac-shim run --name NAME --control stdin --password-stdin ...` (`oac-shim start` with opts.kept). Does not wait: see Sandbox.create. */
   static start(opts: StartOptions): Shim {
-    return new Shim(opts);
+    return new Shim(runSpec(opts));
   }
 
-  private constructor(opts: StartOptions) {
-    this.name = opts.name;
-    this.woken = new Promise((r) => (this.wake = r));
-    const args = [opts.kept ? 'start' : 'run', '--name', opts.name, '--control', 'stdin', '--password-fd', String(PASSWORD_FD)];
-    if (opts.kept && opts.provider) throw new TypeError('a kept sandbox has its provider from createKept');
-    if (opts.kept?.keepRoot) args.push('--keep-root', opts.kept.keepRoot);
-    if (opts.provider) args.push('--provider', opts.provider);
-    if (opts.bootstrap && opts.coreBootstrap) throw new TypeError('give bootstrap or coreBootstrap, not both');
-    const input = opts.bootstrap ?? opts.coreBootstrap;
-    if (input) args.push('--bootstrap', '-');
-    if (opts.coreBootstrap) args.push('--bootstrap-format', 'core');
-    if (opts.identity) {
-      const id = opts.identity;
-      args.push('--tenant', id.tenant, '--environment', id.environment, '--allocation', id.allocation);
-      if (id.allowLoopbackLink) args.push('--allow-loopback-link');
-    }
-    for (const f of opts.forwards ?? []) args.push('--forward', f);
-    for (const a of opts.allow ?? []) args.push('--allow', a);
-    for (const u of opts.upstreams ?? []) args.push('--upstream', u);
-    if (opts.bootTimeoutMs !== undefined) args.push('--boot-timeout', `${opts.bootTimeoutMs}ms`);
-    if (opts.timeoutMs !== undefined) args.push('--timeout', `${opts.timeoutMs}ms`);
-    args.push(...(opts.args ?? []));
-
-    this.child = spawn(opts.shim ?? 'oac-shim', args, {
-      env: opts.env ?? process.env,
-      stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+  protected constructor(spec: Spec) {
+    this.name = spec.name;
+    this.path = spec.path;
+    this.pw = spec.password;
+    this.onEvent = spec.o.onEvent;
+    this.history = new Ring<Event>(spec.o.historySize ?? DEFAULT_HISTORY_SIZE);
+    this.child = spawn(spec.path, spec.args, {
+      env: spec.o.env ?? process.env,
+      stdio: ['pipe', 'pipe', 'pipe'],
+      windowsHide: true,
+      detached: spec.detached ?? false,
     });
     // A shim that is gone makes writes fail with EPIPE: its exit says why.
     this.child.stdin!.on('error', () => {});
-    if (input) this.child.stdin!.write(JSON.stringify(input) + '\n');
+    for (const l of spec.prelude) this.child.stdin!.write(l + '\n');
 
     const closed = new Promise<void>((resolve) => {
       const lines = createInterface({ input: this.child.stdout!, crlfDelay: Infinity });
       lines.on('line', (l) => this.onLine(l));
       lines.on('close', resolve);
     });
-    const pw = createInterface({ input: this.child.stdio[PASSWORD_FD] as Readable, crlfDelay: Infinity });
-    pw.on('line', (l) => {
-      const sp = l.indexOf(' ');
-      if (sp > 0) {
-        this.passwords.set(Number(l.slice(0, sp)), l.slice(sp + 1));
-        this.notify();
-      }
-    });
     const stderr = createInterface({ input: this.child.stderr!, crlfDelay: Infinity });
-    stderr.on('line', (l) => opts.onStderr?.(l));
+    const onStderr = spec.o.onStderr;
+    stderr.on('line', (l) => {
+      this.stderrTail.push(l);
+      onStderr?.(l);
+    });
 
     const exited = new Promise<{ status: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
-      this.child.on('error', reject);
+      this.child.on('error', (err) => {
+        // Only a launch error rejects: a failed kill of a process that is gone does not.
+        if (this.child.pid === undefined) reject(launchError('oac-shim', spec.path, err));
+      });
       this.child.on('exit', (status, signal) => resolve({ status, signal }));
     });
     this.exitPromise = Promise.all([exited, closed]).then(([x]) => {
-      this.ended = true;
-      for (const [, p] of this.pending) p.reject(this.exitedError(`${p.command}: oac-shim has exited`, x.status));
-      this.pending.clear();
-      this.notify();
+      this.end();
       return { ...x, last: this.lastState() };
     });
-    // Launch errors (ENOENT) surface through exited() and every wait.
-    this.exitPromise.catch(() => {
-      this.ended = true;
-      this.notify();
+    this.exitPromise.catch((e: unknown) => {
+      this.broken ??= e instanceof OacError ? e : new OacError(String(e), 'launch_failed', false, { cause: e });
+      this.end();
     });
   }
 
-  /** The shim's pid. */
-  get pid(): number | undefined {
-    return this.child.pid;
+  private end(): void {
+    this.ended = true;
+    for (const [, p] of this.pending) p.reject(this.exitedError(`${p.command}: oac-shim has exited`));
+    this.pending.clear();
+    this.history.notify();
+    this.states.notify();
   }
 
-  private notify(): void {
-    const wake = this.wake;
-    this.woken = new Promise((r) => (this.wake = r));
-    wake();
+  /** The shim's pid (of the attach process, for an attached sandbox). */
+  get pid(): number | undefined {
+    return this.child.pid;
   }
 
   private onLine(line: string): void {
@@ -244,6 +327,19 @@ export class Shim {
     } catch {
       return; // not a line of the schema: ignored
     }
+    if (typeof v !== 'object' || v === null) return;
+    if (!this.checked) {
+      // The first line says which schema the shim speaks: another one's
+      // lines would be misread, so nothing of it is used.
+      this.checked = true;
+      if (v.schema_version !== SCHEMA_VERSION) {
+        this.broken = new SchemaVersionError(this.path, v.schema_version);
+        this.child.kill('SIGKILL');
+        this.history.notify();
+        return;
+      }
+    }
+    if (this.broken) return;
     if (v.event === 'answer') {
       const p = v.id === undefined ? undefined : this.pending.get(v.id);
       if (p && v.id !== undefined) {
@@ -252,288 +348,310 @@ export class Shim {
       }
       return;
     }
-    this.all.push(v);
-    this.notify();
+    if (v.event === 'state') this.states.push(v);
+    this.history.push(v);
+    this.onEvent?.(v);
   }
 
   private lastState(): StateEvent | undefined {
-    for (let i = this.all.length - 1; i >= 0; i--) {
-      const e = this.all[i]!;
-      if (e.event === 'state') return e;
-    }
+    return this.states.items().at(-1);
+  }
+
+  private exitedError(message: string, status?: number | null): OacError {
+    if (this.broken) return this.broken;
+    const last = this.lastState();
+    if (last?.state === 'failed') return new ShimError(`${message}: ${last.message ?? last.code}`, last.code, last, status);
+    const said = this.stderrTail.items().at(-1);
+    return new ShimError(said ? `${message}: ${said}` : message, 'exited', undefined, status);
+  }
+
+  /** What the shim last said on stderr. */
+  protected get lastDiagnostic(): string | undefined {
+    return this.stderrTail.items().at(-1);
+  }
+
+  /** The last ready state kept. */
+  protected lastReady(): ReadyEvent | undefined {
+    const s = this.states.items();
+    for (let i = s.length - 1; i >= 0; i--) if (s[i]!.state === 'ready') return s[i] as ReadyEvent;
     return undefined;
   }
 
-  private exitedError(message: string, status?: number | null): ShimError {
-    const last = this.lastState();
-    if (last?.state === 'failed') return new ShimError(`${message}: ${last.message ?? last.code}`, last.code, last, status);
-    return new ShimError(message, 'exited', undefined, status);
+  /** Rejects as soon as the signal fires (never resolves). */
+  private aborted(signal: AbortSignal | undefined, what: string): { p: Promise<never>; done: () => void } {
+    if (!signal) return { p: new Promise<never>(() => {}), done: () => {} };
+    let onAbort = (): void => {};
+    const p = new Promise<never>((_, reject) => {
+      onAbort = () => reject(abortError(signal, what));
+      if (signal.aborted) onAbort();
+      else signal.addEventListener('abort', onAbort, { once: true });
+    });
+    p.catch(() => {});
+    return { p, done: () => signal.removeEventListener('abort', onAbort) };
   }
 
-  /** Every event since the start, in order, then each new one until the shim's output ends. Each call iterates on its own. */
-  async *events(): AsyncGenerator<Event, void, undefined> {
-    let i = 0;
-    for (;;) {
-      while (i < this.all.length) yield this.all[i++]!;
-      if (this.ended) return;
-      await this.woken;
+  /**
+   * The events, in order, from `from` on, then each new one until the
+   * shim's output ends. `from`: 'start' (default) every event still kept
+   * (the last historySize), 'now' only new ones, a number the first kept
+   * event whose seq is at least it. Each call iterates on its own. An
+   * iterator asked for (or falling behind to) events no longer kept ends
+   * with a HistoryError; the signal ends it with an AbortError.
+   */
+  async *events(o: { from?: From; signal?: AbortSignal } = {}): AsyncGenerator<Event, void, undefined> {
+    const from = o.from ?? 'start';
+    let i = this.history.oldest;
+    if (from === 'now') i = this.history.next;
+    else if (typeof from === 'number') {
+      const kept = this.history.items();
+      const first = kept[0] && seqOf(kept[0]);
+      if (this.history.oldest > 0 && first !== undefined && first > from) {
+        throw new HistoryError(`events from seq ${from}: the oldest kept is seq ${first} (the last ${this.history.size} are kept: raise historySize)`);
+      }
+      const k = kept.findIndex((e) => (seqOf(e) ?? -1) >= from);
+      i = k < 0 ? this.history.next : this.history.oldest + k;
+    }
+    const abort = this.aborted(o.signal, 'events');
+    try {
+      for (;;) {
+        while (i < this.history.next) {
+          if (i < this.history.oldest) {
+            throw new HistoryError(`events: this iterator fell ${this.history.oldest - i} events behind the kept history (the last ${this.history.size}): read faster or raise historySize`);
+          }
+          yield this.history.at(i++)!;
+        }
+        if (this.ended || this.broken) {
+          if (this.broken) throw this.broken;
+          return;
+        }
+        await Promise.race([this.history.changed(), abort.p]);
+      }
+    } finally {
+      abort.done();
     }
   }
 
-  /** The events received so far. */
+  /** The events kept so far (the last historySize), oldest first. */
   get received(): readonly Event[] {
-    return this.all;
+    return this.history.items();
   }
 
-  /** The first event since the start that matches pred. Rejects when the shim exits first, or on timeout. */
-  async waitForEvent<E extends Event>(pred: (e: Event) => e is E, opts?: { timeoutMs?: number }): Promise<E>;
-  async waitForEvent(pred: (e: Event) => boolean, opts?: { timeoutMs?: number }): Promise<Event>;
-  async waitForEvent(pred: (e: Event) => boolean, opts: { timeoutMs?: number } = {}): Promise<Event> {
-    return this.withTimeout(opts.timeoutMs, 'an event', async () => {
-      for await (const e of this.events()) if (pred(e)) return e;
-      throw this.exitedError('oac-shim exited before the event');
+  /** The first kept or new event that matches pred. Rejects when the shim exits first, on timeout, or when the signal fires. */
+  async waitForEvent<E extends Event>(pred: (e: Event) => e is E, opts?: WaitOptions): Promise<E>;
+  async waitForEvent(pred: (e: Event) => boolean, opts?: WaitOptions): Promise<Event>;
+  async waitForEvent(pred: (e: Event) => boolean, opts: WaitOptions = {}): Promise<Event> {
+    return bounded('an event', opts, async () => {
+      let i = this.history.oldest;
+      for (;;) {
+        i = Math.max(i, this.history.oldest); // what is no longer kept cannot match
+        while (i < this.history.next) {
+          const e = this.history.at(i++)!;
+          if (pred(e)) return e;
+        }
+        if (this.ended || this.broken) throw this.exitedError('oac-shim exited before the event');
+        await this.history.changed();
+      }
     });
   }
 
   /**
-   * Waits for a state event (of attempt, when given). A failed state that was
-   * not asked for rejects with a ShimError carrying its code.
+   * Waits for a state event (of attempt, when given), among the last ones
+   * and the new ones. A failed state that was not asked for rejects with a
+   * ShimError carrying its code.
    */
-  async waitFor<S extends State>(state: S, opts: { attempt?: number; timeoutMs?: number } = {}): Promise<StateEventOf<S>> {
-    return this.withTimeout(opts.timeoutMs, `state ${state}`, async () => {
-      for await (const e of this.events()) {
-        if (e.event !== 'state' || (opts.attempt !== undefined && e.attempt !== undefined && e.attempt !== opts.attempt)) continue;
-        if (e.state === state) return e as StateEventOf<S>;
-        if (e.state === 'failed') throw new ShimError(`sandbox failed: ${e.message ?? e.code}`, e.code, e);
+  async waitFor<S extends State>(state: S, opts: WaitOptions & { attempt?: number } = {}): Promise<StateEventOf<S>> {
+    return bounded(`state ${state}`, opts, async () => {
+      let i = this.states.oldest;
+      for (;;) {
+        i = Math.max(i, this.states.oldest);
+        while (i < this.states.next) {
+          const e = this.states.at(i++)!;
+          if (opts.attempt !== undefined && e.attempt !== undefined && e.attempt !== opts.attempt) continue;
+          if (e.state === state) return e as StateEventOf<S>;
+          if (e.state === 'failed') throw new ShimError(`sandbox failed: ${e.message ?? e.code}`, e.code, e);
+        }
+        if (this.ended || this.broken) throw this.exitedError(`oac-shim exited before state ${state}`);
+        await this.states.changed();
       }
-      throw this.exitedError(`oac-shim exited before state ${state}`);
     });
   }
 
-  private async withTimeout<T>(ms: number | undefined, what: string, f: () => Promise<T>): Promise<T> {
-    if (ms === undefined) return f();
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error(`no ${what} within ${ms} ms`)), ms);
-    });
-    try {
-      return await Promise.race([f(), timeout]);
-    } finally {
-      clearTimeout(timer);
-    }
-  }
-
-  /** Sends one command and resolves with its typed result; a refusal rejects with a CommandError. */
-  async command<C extends CommandName>(cmd: C, args?: Omit<CommandOf<C>, 'cmd'>): Promise<ResultOf[C]> {
-    if (this.ended) throw this.exitedError(`${cmd}: oac-shim has exited`);
+  /**
+   * Sends one command and resolves with its typed result; a refusal
+   * rejects with a CommandError. The signal or timeout ends the wait for
+   * the answer (the shim may still carry the command out).
+   */
+  async command<C extends CommandName>(cmd: C, args?: Omit<CommandOf<C>, 'cmd'>, opts: WaitOptions = {}): Promise<ResultOf[C]> {
+    if (this.ended || this.broken) throw this.exitedError(`${cmd}: oac-shim has exited`);
+    if (opts.signal?.aborted) throw abortError(opts.signal, cmd);
     const id = `c${++this.nextId}`;
     const answer = new Promise<Answer>((resolve, reject) => this.pending.set(id, { command: cmd, resolve, reject }));
     this.child.stdin!.write(JSON.stringify({ id, cmd, ...args }) + '\n');
-    const a = await answer;
+    const a = await bounded(cmd, opts, () => answer, () => this.pending.delete(id));
     if (!a.ok) throw new CommandError(`${cmd}: ${a.error}`, cmd, a as ErrorAnswer);
     return (a as Extract<Answer, { ok: true }>).result as ResultOf[C];
   }
 
-  status(): Promise<StatusResult> {
-    return this.command('status');
+  status(opts?: WaitOptions): Promise<StatusResult> {
+    return this.command('status', undefined, opts);
   }
-  addForward(listen: string, guestPort: number): Promise<ForwardResult> {
-    return this.command('add_forward', { listen, guest_port: guestPort });
+  addForward(listen: string, guestPort: number, opts?: WaitOptions): Promise<ForwardResult> {
+    return this.command('add_forward', { listen, guest_port: guestPort }, opts);
   }
-  removeForward(listen: string): Promise<Record<string, never>> {
-    return this.command('remove_forward', { listen });
+  removeForward(listen: string, opts?: WaitOptions): Promise<Record<string, never>> {
+    return this.command('remove_forward', { listen }, opts);
   }
-  setPolicy(allow: string[], upstreams: string[] = []): Promise<PolicyResult> {
-    return this.command('set_policy', { allow, upstreams });
+  setPolicy(allow: string[], upstreams: string[] = [], opts?: WaitOptions): Promise<PolicyResult> {
+    return this.command('set_policy', { allow, upstreams }, opts);
   }
   /** A new attempt (aborts the one in flight); resolves with its number. */
-  async restart(): Promise<number> {
-    return (await this.command('start')).attempt;
+  async restart(opts?: WaitOptions): Promise<number> {
+    return (await this.command('start', undefined, opts)).attempt;
   }
-  pushTime(): Promise<TimeResult> {
-    return this.command('push_time');
-  }
-
-  /** The daemon's password of an attempt (default: the latest), from the descriptor the shim writes it to: never on disk. */
-  async password(attempt?: number, opts: { timeoutMs?: number } = {}): Promise<string> {
-    return this.withTimeout(opts.timeoutMs, 'password', async () => {
-      for (;;) {
-        const a = attempt ?? Math.max(0, ...this.passwords.keys());
-        const p = this.passwords.get(a);
-        if (p !== undefined) return p;
-        if (this.ended) throw this.exitedError('oac-shim exited before it gave a password');
-        await this.woken;
-      }
-    });
+  pushTime(opts?: WaitOptions): Promise<TimeResult> {
+    return this.command('push_time', undefined, opts);
   }
 
-  /** Resolves when the shim has exited (it never rejects but for a failed launch). */
+  /**
+   * The daemon's password: made by this client (or given as the password
+   * option) and handed to the shim on stdin, so it is never on disk, in
+   * argv or in an event. The same for every attempt.
+   */
+  async password(): Promise<string> {
+    if (this.pw === undefined) throw new OacError(`${this.name}: no password: a bootstrap without credentials gives the daemon none, and an attached sandbox knows only what its creator gave (the password option of attach)`, 'no_password', false);
+    return this.pw;
+  }
+
+  /** Resolves when the shim has exited (it rejects only when it could not be started: a LaunchError). */
   exited(): Promise<Exit> {
     return this.exitPromise;
   }
 
   /**
-   * Stops the sandbox in order and waits for the shim to exit. Resolves after
-   * a clean stop; rejects with a ShimError (and the code) when it failed.
+   * Stops the sandbox in order and waits for the shim to exit. Resolves
+   * after a clean stop; rejects with a ShimError (and the code) when it
+   * failed. When the signal fires or the timeout passes first, the shim is
+   * killed and waited for, and the call rejects with an AbortError or a
+   * TimeoutError. On an attached sandbox, the attach process is what is
+   * killed then: the sandbox may still be stopping.
    */
-  async stop(opts: { timeoutMs?: number } = {}): Promise<Exit> {
-    if (!this.ended) {
-      await this.command('stop').catch((e: unknown) => {
-        if (!(e instanceof ShimError)) throw e;
-      });
-    }
+  async stop(opts: WaitOptions = {}): Promise<Exit> {
     let x: Exit;
     try {
-      x = await this.withTimeout(opts.timeoutMs, 'exit after stop', () => this.exitPromise);
+      x = await bounded(
+        'stop',
+        opts,
+        async () => {
+          if (!this.ended && !this.broken) {
+            await this.command('stop').catch((e: unknown) => {
+              // Exited already, or stopping already: the exit says how it ended.
+              if (!(e instanceof ShimError) && !(e instanceof CommandError && e.code === 'stopping')) throw e;
+            });
+          }
+          return this.exitPromise;
+        },
+        () => this.child.kill('SIGKILL'),
+      );
     } catch (e) {
-      await this.kill();
+      await this.exitPromise.catch(() => {});
       throw e;
     }
     if (x.status !== 0) throw this.exitedError(`oac-shim exited with status ${x.status ?? x.signal}`, x.status);
     return x;
   }
 
-  /** Kills the shim at once (its runtime dies with it) and waits for it. */
+  /** Kills the shim at once (its runtime dies with it) and waits for it. On an attached sandbox it ends the attach only. */
   async kill(): Promise<Exit> {
     if (!this.ended) this.child.kill('SIGKILL');
-    return this.exitPromise;
+    return this.exitPromise.catch(() => ({ status: null, signal: null }));
   }
-}
 
-/** Where the short commands on kept sandboxes run. */
-export interface KeptOptions {
-  /** The oac-shim binary (default "oac-shim", found in PATH). */
-  shim?: string;
-  /** --keep-root (default: the shim's, /var/lib/oac for root). */
-  keepRoot?: string;
-  /** The shim's environment (default: this process's). */
-  env?: NodeJS.ProcessEnv;
-}
-
-/** How to create a kept sandbox (`oac-shim create`). */
-export interface CreateOptions extends KeptOptions {
-  name: string;
-  /** --provider (default bwrap). */
-  provider?: string;
-  /** More create flags: --rootfs, --sandbox-io, --install, --agent, the provider's own. */
-  args?: string[];
-}
-
-/** A short oac-shim command that failed: its exit status and what it said. */
-export class KeptError extends Error {
-  override readonly name = 'KeptError';
-  constructor(
-    message: string,
-    readonly exitStatus: number | null,
-    readonly stderr: string,
-  ) {
-    super(message);
+  /**
+   * Gives up on a sandbox that is not wanted (a create that failed or was
+   * aborted): stops it in order, kills it when that takes longer than
+   * graceMs, and waits for the shim to exit. Never rejects.
+   */
+  protected async discard(graceMs = CLEANUP_GRACE_MS): Promise<void> {
+    if (this.ended) {
+      await this.exitPromise.catch(() => {});
+      return;
+    }
+    await this.stop({ timeoutMs: graceMs }).catch(() => {});
   }
-}
-
-function runKept(o: KeptOptions, args: string[]): Promise<string> {
-  if (o.keepRoot) args.push('--keep-root', o.keepRoot);
-  return new Promise((resolve, reject) => {
-    execFile(o.shim ?? 'oac-shim', args, { env: o.env ?? process.env, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
-      if (err) {
-        const status = typeof err.code === 'number' ? err.code : null;
-        reject(new KeptError(`oac-shim ${args[0]}: ${stderr.trim() || err.message}`, status, stderr));
-        return;
-      }
-      resolve(stdout);
-    });
-  });
-}
-
-/** Creates a kept sandbox (`oac-shim create`): its record and kept state, nothing booted. Start it with Shim.start({ name, kept: {} }). */
-export async function createKept(o: CreateOptions): Promise<void> {
-  await runKept(o, ['create', '--name', o.name, '--provider', o.provider ?? 'bwrap', ...(o.args ?? [])]);
-}
-
-/** Takes a kept sandbox back to its image (`oac-shim reset`), keeping its name and record. */
-export async function resetKept(name: string, o: KeptOptions & { agent?: string } = {}): Promise<void> {
-  const args = ['reset', '--name', name];
-  if (o.agent) args.push('--agent', o.agent);
-  await runKept(o, args);
-}
-
-/** Removes every byte of a kept sandbox (`oac-shim destroy`). */
-export async function destroyKept(name: string, o: KeptOptions = {}): Promise<void> {
-  await runKept(o, ['destroy', '--name', name]);
-}
-
-/** Lists the kept sandboxes (`oac-shim list --json`). */
-export async function listKept(o: KeptOptions = {}): Promise<ListReport> {
-  return JSON.parse(await runKept(o, ['list', '--json'])) as ListReport;
-}
-
-/** Runs a short oac-shim command; resolves with its exit status and output (a launch error rejects). */
-function runShort(o: KeptOptions, args: string[]): Promise<{ status: number | null; stdout: string; stderr: string }> {
-  if (o.keepRoot) args.push('--keep-root', o.keepRoot);
-  return new Promise((resolve, reject) => {
-    execFile(o.shim ?? 'oac-shim', args, { env: o.env ?? process.env, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
-      if (err && typeof err.code !== 'number') {
-        reject(err);
-        return;
-      }
-      resolve({ status: err ? (err.code as number) : 0, stdout, stderr });
-    });
-  });
 }
 
 /**
- * Lists the sandboxes a shim runs now under the keep root, throwaway and
- * kept alike, with each shim's pid and control socket (`oac-shim list
- * --running --json`). Records of shims that died are removed and listed in
- * `cleaned`, never as running.
+ * A sandbox, in the shape of the E2B SDK: `Sandbox.create(opts, { signal })`
+ * resolves once it is ready (or rejects, leaving nothing running),
+ * `Sandbox.attach(name)` reaches one that outlives its parent, and the
+ * instance is a Shim (events, commands, password, stop, kill).
  */
-export async function list(o: KeptOptions = {}): Promise<RunningReport> {
-  return JSON.parse(await runKept(o, ['list', '--running', '--json'])) as RunningReport;
-}
+export class Sandbox extends Shim {
+  private readyEvent: ReadyEvent | undefined;
 
-/** A stop that did not stop every sandbox in order: report says what happened to each (killed, failed). */
-export class StopError extends Error {
-  override readonly name = 'StopError';
-  constructor(
-    message: string,
-    readonly report: StopReport,
-  ) {
-    super(message);
+  /**
+   * Starts a sandbox and resolves when it is ready. It rejects with a
+   * typed error (a LaunchError for a binary that cannot be started, a
+   * ShimError with the failure code, a SchemaVersionError, an AbortError
+   * or a TimeoutError), after the shim is stopped and has exited: nothing
+   * is left running.
+   */
+  static async create(opts: StartOptions, o: WaitOptions = {}): Promise<Sandbox> {
+    const s = new Sandbox(runSpec(opts));
+    try {
+      s.readyEvent = await s.waitFor('ready', o);
+      return s;
+    } catch (e) {
+      await s.discard();
+      throw e;
+    }
+  }
+
+  /**
+   * Attaches to a running sandbox that outlives its parent (created with
+   * outlive: true), by name, through `oac-shim attach`: its events from
+   * `from` on (replayed from its journal; an events_lost event says what
+   * it no longer has), then the live ones, and its control (commands,
+   * stop). Resolves once a status command was answered through it;
+   * rejects with an OacError coded not_running when no such sandbox runs
+   * (or it does not outlive its parent), shim_died when its shim died.
+   */
+  static async attach(name: string, o: AttachOptions = {}): Promise<Sandbox> {
+    const s = new Sandbox(attachSpec(name, o));
+    try {
+      // A status answered through the attach: the sandbox runs and its control is reached.
+      await s.status(o);
+      return s;
+    } catch (e) {
+      await s.kill();
+      const x = await s.exited().catch(() => undefined);
+      if (x?.status === ATTACH_NOT_RUNNING) {
+        throw new OacError(`attach ${name}: ${s.lastDiagnostic ?? 'no sandbox of that name outlives its parent under the keep root'}`, 'not_running', false, { cause: e });
+      }
+      if (x?.status === ATTACH_SHIM_DIED) {
+        throw new OacError(`attach ${name}: ${s.lastDiagnostic ?? 'its shim died before its final state'}`, 'shim_died', false, { cause: e });
+      }
+      throw e;
+    }
+  }
+
+  /** The ready event create resolved on, or the last one an attach has seen. */
+  get ready(): ReadyEvent | undefined {
+    return this.readyEvent ?? this.lastReady();
+  }
+
+  /** The daemon's URL on this host (the forward's, or the guest's). */
+  get url(): string | undefined {
+    return this.ready?.url;
+  }
+
+  /** The daemon's Basic auth user. */
+  get username(): string | undefined {
+    return this.ready?.username;
   }
 }
 
-/** How long each shim gets to exit once asked (--grace; default the shim's, 30 s). */
-export interface StopOptions extends KeptOptions {
-  graceMs?: number;
-}
-
-async function stopWith(o: StopOptions, what: string[]): Promise<StopReport> {
-  const args = ['stop', '--json'];
-  if (o.graceMs !== undefined) args.push('--grace', `${o.graceMs}ms`);
-  args.push(...what);
-  const r = await runShort(o, args);
-  if (r.status !== 0 && r.status !== 1) throw new KeptError(`oac-shim stop: ${r.stderr.trim()}`, r.status, r.stderr);
-  const report = JSON.parse(r.stdout) as StopReport;
-  if (!report.all_stopped) {
-    const not = report.sandboxes.filter((e) => e.outcome !== 'stopped' && e.outcome !== 'not_running');
-    throw new StopError(`not every sandbox stopped in order: ${not.map((e) => `${e.name} ${e.outcome}`).join(', ')}`, report);
-  }
-  return report;
-}
-
-/**
- * Stops every running sandbox of the keep root in order with one call
- * (`oac-shim stop --all`): each shim is asked on its control socket, or by
- * SIGTERM when it serves none, and waited for within the grace. Resolves
- * with the report when every one stopped; rejects with a StopError (and the
- * report) when one was killed or could not be stopped.
- */
-export function stopAll(o: StopOptions = {}): Promise<StopReport> {
-  return stopWith(o, ['--all']);
-}
-
-/** stopAll for the named sandboxes only (`oac-shim stop NAME...`); a name not running is reported not_running. */
-export function stopNamed(names: string[], o: StopOptions = {}): Promise<StopReport> {
-  if (names.length === 0) return Promise.reject(new TypeError('name the sandboxes to stop (stopAll stops every one)'));
-  return stopWith(o, [...names]);
+/** Attaches to a running sandbox that outlives its parent: Sandbox.attach. */
+export function attach(name: string, o: AttachOptions = {}): Promise<Sandbox> {
+  return Sandbox.attach(name, o);
 }

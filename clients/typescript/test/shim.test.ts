@@ -95,7 +95,7 @@ function logLine(events: readonly Event[], prefix: string): string | undefined {
   return undefined;
 }
 
-test('ready with url and username, typed and ordered events, status, the password on a descriptor, stop', async (t) => {
+test('ready with url and username, typed and ordered events, status, the password made here and handed over on stdin, stop', async (t) => {
   if (skip) return t.skip(skip);
   const name = uniqueName('ts');
   const shim = start({ name, bootstrap: contract(), forwards: ['127.0.0.1:0=4096'] });
@@ -107,9 +107,9 @@ test('ready with url and username, typed and ordered events, status, the passwor
     assert.equal(ready.username, 'runtime');
     assert.equal(ready.attempt, 1);
 
-    // The daemon answers through the forward with the password the shim
-    // wrote to a descriptor (never a file).
-    const password = await shim.password(1, { timeoutMs: 5_000 });
+    // The daemon answers through the forward with the password this client
+    // made and handed over on stdin (never a file, argv or a descriptor).
+    const password = await shim.password();
     assert.equal(password.length, 43);
     const res = await fetch(`${ready.url}/global/health`, {
       headers: { authorization: 'Basic ' + Buffer.from(`runtime:${password}`).toString('base64') },
