@@ -103,7 +103,7 @@ func run(shim, name string, guestPort int, path string, timeout time.Duration, r
 	if err := s.Stop(ctx); err != nil {
 		return err
 	}
-	evs := s.Events()
+	evs := s.History()
 	last := evs[len(evs)-1]
 	fmt.Printf("%s: %s\n", last.State, last.Message)
 	return nil
