@@ -74,7 +74,8 @@ func (s *shim) handle(ctx context.Context, c api.Command) (any, error) {
 		if s.stopping() {
 			return nil, errStopping
 		}
-		// A reset is a fresh start with a new password, which first
+		// A reset is a fresh start (with a new password unless the
+		// caller made it: --password-stdin, the bootstrap's), which first
 		// removes what the provider left of the sandbox and, for a kept
 		// sandbox (oac-shim start), everything it kept (resetFirst).
 		// Volumes are the caller's and stay.

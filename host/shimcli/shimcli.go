@@ -25,7 +25,8 @@ import (
 const usageHead = `usage:
   oac-shim run --provider %s --name NAME [--rootfs DIR|FILE]
                [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
-               [--agent PATH] [--password-file FILE] [--clock-interval DUR]
+               [--agent PATH] [--password-stdin | --password-file FILE | --password-fd N]
+               [--clock-interval DUR]
                egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                        [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
                        [--data-plane auto|off|fd|dial|direct]

@@ -490,8 +490,19 @@ func validUsername(u string) bool {
 	return true
 }
 
+// The daemon's password is MinPassword to MaxPassword printable ASCII
+// characters without spaces, wherever it comes from (the bootstrap, or
+// the caller on oac-shim's stdin).
+const (
+	MinPassword = 16
+	MaxPassword = 1024
+)
+
+// ValidPassword reports whether p follows the password rules.
+func ValidPassword(p string) bool { return validPassword(p) }
+
 func validPassword(p string) bool {
-	if len(p) < 16 || len(p) > 1024 {
+	if len(p) < MinPassword || len(p) > MaxPassword {
 		return false
 	}
 	for i := 0; i < len(p); i++ {
