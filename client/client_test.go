@@ -243,24 +243,32 @@ func TestTypedOptionsBecomeFlagsWithArgsLastAndThePasswordAndBootstrapGoOnStdin(
 	require.NoError(t, err, "commands follow the bootstrap")
 	assert.Equal(t, "sandbox:fake", st.ServerID)
 
-	k := Options{Shim: os.Args[0], Name: "work", Kept: true, Password: "a-password-of-the-callers", Env: o.Env}
+	k := Options{Shim: os.Args[0], Name: "work", Kept: true, Password: "a-password-of-the-callers", Env: o.Env, Bootstrap: strings.NewReader("{}")}
 	s2, err := Start(context.Background(), k)
 	require.NoError(t, err)
 	defer s2.Kill()
-	assert.Equal(t, "start --name work --control stdin --password-stdin", logOf(t, s2, "fake/argv"))
+	assert.Equal(t, "start --name work --control stdin --password-stdin --bootstrap -", logOf(t, s2, "fake/argv"))
 	assert.Equal(t, "a-password-of-the-callers", s2.Password())
 	assert.Equal(t, "daemon: password-sha256="+sha("a-password-of-the-callers"), logOf(t, s2, "daemon/stdout"))
 	assert.NotEqual(t, s.Password(), NewPassword())
+
+	// No bootstrap: no daemon, no password; stdin carries commands only.
+	s3 := start(t, "ok", nil)
+	assert.Equal(t, "run --name fake --control stdin", logOf(t, s3, "fake/argv"))
+	assert.Empty(t, s3.Password())
+	_, err = s3.Status(ctx(t))
+	require.NoError(t, err)
 }
 
 func TestWhatCannotWorkIsRefusedBeforeAnythingIsLaunched(t *testing.T) {
 	never := Options{Shim: "/nonexistent/oac-shim", Name: "x"}
 	cases := map[string]func(o *Options){
-		"no name":             func(o *Options) { o.Name = "" },
-		"short password":      func(o *Options) { o.Password = "short" },
-		"password with space": func(o *Options) { o.Password = "sixteen chars or more" },
-		"huge bootstrap":      func(o *Options) { o.Bootstrap = strings.NewReader(strings.Repeat(" ", maxBootstrap+1)) },
-		"kept with provider":  func(o *Options) { o.Kept, o.Provider = true, "bwrap" },
+		"no name":                func(o *Options) { o.Name = "" },
+		"short password":         func(o *Options) { o.Password, o.Bootstrap = "short", strings.NewReader("{}") },
+		"password with space":    func(o *Options) { o.Password, o.Bootstrap = "sixteen chars or more", strings.NewReader("{}") },
+		"password, no bootstrap": func(o *Options) { o.Password = "a-password-of-the-callers" },
+		"huge bootstrap":         func(o *Options) { o.Bootstrap = strings.NewReader(strings.Repeat(" ", maxBootstrap+1)) },
+		"kept with provider":     func(o *Options) { o.Kept, o.Provider = true, "bwrap" },
 		"bootstrap read fails": func(o *Options) {
 			o.Bootstrap = io.MultiReader(strings.NewReader("{"), iotestErr{})
 		},
@@ -287,11 +295,13 @@ type iotestErr struct{}
 func (iotestErr) Read([]byte) (int, error) { return 0, errors.New("disk on fire") }
 
 func TestStartReadyReturnsTheReadyEventAndThePassword(t *testing.T) {
-	s, ready, err := StartReady(ctx(t), fake("ok"))
+	o := fake("ok")
+	o.Bootstrap = strings.NewReader(`{"version": 1}`)
+	s, ready, err := StartReady(ctx(t), o)
 	require.NoError(t, err)
 	assert.Equal(t, "http://127.0.0.1:4096", ready.URL)
 	assert.Equal(t, "runtime", ready.Username)
-	assert.NotEmpty(t, s.Password())
+	assert.Equal(t, "daemon: password-sha256="+sha(s.Password()), logOf(t, s, "daemon/stdout"))
 	require.NoError(t, s.Stop(ctx(t)))
 }
 

@@ -41,8 +41,9 @@ type Options struct {
 	Bootstrap     io.Reader
 	CoreBootstrap bool
 	// Password is the daemon's password, handed to the shim as the first
-	// line of its stdin (--password-stdin): never in argv, environment or
-	// a file. Empty: one is generated (Shim.Password returns it).
+	// line of its stdin (--password-stdin, with Bootstrap): never in argv,
+	// environment or a file. Empty: one is generated with crypto/rand
+	// (Shim.Password returns it). Every attempt (restart, reset) uses it.
 	Password string
 	// Identity makes a hosted sandbox (--tenant, --environment,
 	// --allocation): the bootstrap's resource must name them.
@@ -102,7 +103,12 @@ func (o *Options) args() ([]string, error) {
 			return nil, errors.New("client: a kept sandbox has its provider and installs from CreateKept: leave Provider, SandboxIO and Install empty")
 		}
 	}
-	a := []string{cmd, "--name", o.Name, "--control", "stdin", "--password-stdin"}
+	a := []string{cmd, "--name", o.Name, "--control", "stdin"}
+	if o.Bootstrap != nil {
+		a = append(a, "--password-stdin")
+	} else if o.Password != "" {
+		return nil, errors.New("client: Options.Password goes with Options.Bootstrap: the password is the daemon's, whose credentials the bootstrap names")
+	}
 	add := func(flag, v string) {
 		if v != "" {
 			a = append(a, flag, v)
@@ -152,23 +158,24 @@ func (o *Options) args() ([]string, error) {
 // then the bootstrap. The caller's reader is read here, before anything
 // is launched, so a reader that fails or is too long starts nothing.
 func (o *Options) stdinPrelude() (prelude []byte, password string, err error) {
+	if o.Bootstrap == nil {
+		return nil, "", nil
+	}
 	password = o.Password
 	if password == "" {
 		password = NewPassword()
 	} else if err := checkPassword(password); err != nil {
 		return nil, "", err
 	}
-	prelude = append([]byte(password), '\n')
-	if o.Bootstrap != nil {
-		b, err := io.ReadAll(io.LimitReader(o.Bootstrap, maxBootstrap+1))
-		if err != nil {
-			return nil, "", fmt.Errorf("client: read the bootstrap: %w", err)
-		}
-		if len(b) > maxBootstrap {
-			return nil, "", fmt.Errorf("client: the bootstrap is over %d KiB, the shim's bound: make it smaller", maxBootstrap>>10)
-		}
-		prelude = append(append(prelude, b...), '\n')
+	b, err := io.ReadAll(io.LimitReader(o.Bootstrap, maxBootstrap+1))
+	if err != nil {
+		return nil, "", fmt.Errorf("client: read the bootstrap: %w", err)
 	}
+	if len(b) > maxBootstrap {
+		return nil, "", fmt.Errorf("client: the bootstrap is over %d KiB, the shim's bound: make it smaller", maxBootstrap>>10)
+	}
+	prelude = append([]byte(password), '\n')
+	prelude = append(append(prelude, b...), '\n')
 	return prelude, password, nil
 }
 
