@@ -75,9 +75,9 @@ func Start(ctx context.Context, o Options) (*Shim, error) {
 // StartReady starts the sandbox and waits until it is ready: it returns
 // the shim and the ready event (URL, Username; the password is
 // s.Password()). When the sandbox fails first, the shim exits or ctx
-// ends, it leaves nothing running (the shim is killed when it does not
-// exit by itself) and returns the *FailedError, *ExitedError or ctx's
-// error.
+// ends, it leaves nothing running (the sandbox is stopped in order, the
+// shim killed when it does not exit within 30 s) and returns the
+// *FailedError, *ExitedError or ctx's error.
 func StartReady(ctx context.Context, o Options) (*Shim, api.Event, error) {
 	s, err := Start(ctx, o)
 	if err != nil {
@@ -85,19 +85,24 @@ func StartReady(ctx context.Context, o Options) (*Shim, api.Event, error) {
 	}
 	ready, err := s.WaitState(ctx, api.StateReady)
 	if err != nil {
-		if ctx.Err() != nil {
-			s.Kill()
-		} else {
-			// A failed sandbox's shim exits once everything of it ended.
-			select {
-			case <-s.done:
-			case <-time.After(30 * time.Second):
-				s.Kill()
-			}
-		}
+		s.abandon()
 		return nil, api.Event{}, err
 	}
 	return s, ready, nil
+}
+
+// abandonGrace bounds how long StartReady waits for a shim it gives up
+// on to stop in order before it kills it.
+const abandonGrace = 30 * time.Second
+
+// abandon stops a shim nobody will use, in order when it can: a failed
+// sandbox's shim exits by itself once everything of it ended; one that
+// is still starting is sent the stop command (which an outliving one
+// needs too). Either is killed after abandonGrace.
+func (s *Shim) abandon() {
+	c, cancel := context.WithTimeout(context.Background(), abandonGrace)
+	defer cancel()
+	_ = s.Stop(c)
 }
 
 type launchSpec struct {
@@ -591,33 +596,51 @@ func (s *Shim) Close(d time.Duration) error {
 	}
 }
 
-// tail keeps the last bytes written to it: the end of the shim's stderr.
+// tail keeps the first and the last bytes written to it: what the shim
+// said first (a usage error's line, before the flags it lists) and last.
 type tail struct {
-	mu  sync.Mutex
-	buf []byte
+	mu    sync.Mutex
+	head  []byte
+	buf   []byte
+	wrote int
 }
 
-const tailMax = 4 << 10
+const (
+	headMax = 1 << 10
+	tailMax = 3 << 10
+)
 
 func (t *tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	n := len(p)
+	t.wrote += n
+	if room := headMax - len(t.head); room > 0 {
+		k := min(room, len(p))
+		t.head = append(t.head, p[:k]...)
+		p = p[k:]
+	}
 	t.buf = append(t.buf, p...)
 	if len(t.buf) > tailMax {
 		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailMax:]...)
 	}
-	return len(p), nil
+	return n, nil
 }
 
-// String is the kept text from the first whole line, trimmed.
+// String is the text kept, in whole lines, trimmed: the head, and the
+// tail when more was written than both hold.
 func (t *tail) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	b := t.buf
-	if len(b) == tailMax {
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			b = b[i+1:]
-		}
+	if t.wrote <= headMax+tailMax {
+		return strings.TrimSpace(string(t.head) + string(t.buf))
 	}
-	return strings.TrimSpace(string(b))
+	head, rest := t.head, t.buf
+	if i := bytes.LastIndexByte(head, '\n'); i >= 0 {
+		head = head[:i]
+	}
+	if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	return strings.TrimSpace(string(head)) + "\n...\n" + strings.TrimSpace(string(rest))
 }

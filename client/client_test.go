@@ -47,7 +47,7 @@ func sha(s string) string {
 }
 
 // fakeShim plays oac-shim run: ok gets ready and serves commands; fail
-// fails with boot_timeout; slow never gets ready; mute gets ready and
+// fails with boot_timeout; slow serves commands but never gets ready; mute gets ready and
 // answers no command (nor stop); usage refuses its command line as the
 // real one does (status 2, no event); chatty writes $FAKE_CHATTY log
 // events before ready.
@@ -95,10 +95,6 @@ func fakeShim(mode string, args []string) int {
 		ev(api.Event{Event: api.KindState, State: "failed", Message: "guest not ready within 1s", Code: api.CodeBootTimeout, Attempt: attempt})
 		fmt.Fprintln(os.Stderr, "oac-shim: guest not ready within 1s")
 		return api.FailureOf(api.CodeBootTimeout).Exit
-	case "slow":
-		_, _ = io.Copy(io.Discard, rest)
-		state("stopped", "stopped: control input closed", "", attempt)
-		return 0
 	case "chatty":
 		var n int
 		fmt.Sscan(os.Getenv("FAKE_CHATTY"), &n)
@@ -106,7 +102,9 @@ func fakeShim(mode string, args []string) int {
 			ev(api.Event{Event: api.KindLog, Stream: "daemon/stdout", Line: fmt.Sprint("line ", i), Attempt: attempt})
 		}
 	}
-	state("ready", "guest ready", "http://127.0.0.1:4096", attempt)
+	if mode != "slow" {
+		state("ready", "guest ready", "http://127.0.0.1:4096", attempt)
+	}
 	if mode == "mute" {
 		_, _ = io.Copy(io.Discard, rest)
 		select {} // only a kill ends it
@@ -359,7 +357,7 @@ func TestEveryWaitEndsWithItsContext(t *testing.T) {
 		assert.ErrorIs(t, err, context.DeadlineExceeded)
 		assert.Equal(t, "timeout", Code(err))
 		assert.True(t, Retryable(err))
-		assert.True(t, gone(pid), "the shim was killed and reaped")
+		assert.True(t, gone(pid), "the shim was stopped and reaped")
 	})
 	t.Run("a command", func(t *testing.T) {
 		s := start(t, "mute", nil)
@@ -472,13 +470,16 @@ func TestClosingStdinStopsTheShim(t *testing.T) {
 	assert.ErrorIs(t, err, ErrExited)
 }
 
-func TestTheStderrTailKeepsWholeLastLines(t *testing.T) {
+func TestTheStderrTailKeepsWholeFirstAndLastLines(t *testing.T) {
 	var tl tail
+	fmt.Fprintln(&tl, "flag provided but not defined: -frobnicate")
+	assert.Equal(t, "flag provided but not defined: -frobnicate", tl.String())
 	for i := range 1000 {
 		fmt.Fprintf(&tl, "line %d\n", i)
 	}
 	s := tl.String()
-	assert.True(t, strings.HasPrefix(s, "line "), "%q", s[:20])
+	assert.True(t, strings.HasPrefix(s, "flag provided but not defined: -frobnicate\nline 0\n"), "%q", s[:60])
+	assert.Contains(t, s, "\n...\nline ")
 	assert.True(t, strings.HasSuffix(s, "line 999"))
-	assert.LessOrEqual(t, len(s), tailMax)
+	assert.LessOrEqual(t, len(s), headMax+tailMax+5)
 }
