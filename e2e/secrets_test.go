@@ -5,7 +5,9 @@ package e2e
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"strings"
 	"syscall"
@@ -96,4 +98,99 @@ func TestCoresBootstrapOnStdinBeforeTheCommands(t *testing.T) {
 	assert.Equal(t, api.KindAnswer, answer.Event)
 	s.waitState(api.StateStopped, 15*time.Second)
 	assert.Equal(t, 0, s.exit(10*time.Second))
+}
+
+// stdinPasswordShim starts a shim whose stdin is a pipe the test writes:
+// the daemon's password line, then what args say follows it.
+func stdinPasswordShim(t *testing.T, spec sandboxSpec) (*shim, *os.File) {
+	t.Helper()
+	in, stdin, err := os.Pipe() // an *os.File: exec copies no goroutine to wait for
+	require.NoError(t, err)
+	t.Cleanup(func() { stdin.Close() })
+	spec.stdin = in
+	s := startShim(t, spec)
+	in.Close()
+	return s, stdin
+}
+
+// The caller makes the daemon's password and hands it in on stdin, ahead
+// of the bootstrap and the commands: the way that works on every OS. The
+// daemon gets exactly it, on the first attempt and after a reset; the
+// ready URL answers to it; it is in no argv, no environment of the shim,
+// no event and no diagnostic.
+func TestThePasswordOnStdinIsTheDaemonsOnEveryAttempt(t *testing.T) {
+	needBwrap(t)
+	const password = "caller-made_Pa55word-e2e-4b1d7c0a9e"
+	s, stdin := stdinPasswordShim(t, sandboxSpec{
+		args: append(identityArgs(), "--password-stdin", "--bootstrap", "-", "--control", "stdin",
+			"--forward", "127.0.0.1:0=4096"),
+	})
+	_, err := io.WriteString(stdin, password+"\n"+encode(t, contract("link.example.com"))+"\n")
+	require.NoError(t, err)
+
+	ready := s.waitState(api.StateReady, bootTimeout)
+	daemonSaw := func(attempt uint64) string {
+		return s.waitFor(func(e api.Event) bool {
+			return e.Event == api.KindLog && e.Attempt == attempt && strings.HasPrefix(e.Line, "daemon: password-sha256=")
+		}, bootTimeout, "the daemon's password digest").Line
+	}
+	assert.Equal(t, "daemon: password-sha256="+sha(password), daemonSaw(1))
+	hc := &http.Client{Timeout: 10 * time.Second}
+	code, body := get(t, hc, ready.URL+"/global/health", ready.Username, password)
+	assert.Equal(t, http.StatusOK, code, "the ready URL answers to the caller's password")
+	assert.Equal(t, `{"healthy":true}`, body)
+	code, _ = get(t, hc, ready.URL+"/global/health", ready.Username, password+"x")
+	assert.Equal(t, http.StatusUnauthorized, code)
+
+	// Nowhere a process listing or another user could read it.
+	for _, pid := range append([]int{s.cmd.Process.Pid}, descendants(s.cmd.Process.Pid)...) {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err == nil {
+			assert.NotContains(t, string(cmdline), password, "argv of pid %d", pid)
+		}
+	}
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", s.cmd.Process.Pid))
+	require.NoError(t, err)
+	assert.NotContains(t, string(environ), password, "the shim's environment")
+
+	// A reset is a new attempt with the same password: the caller made it.
+	_, err = io.WriteString(stdin, `{"id":"r","cmd":"reset"}`+"\n")
+	require.NoError(t, err)
+	again := s.waitFor(func(e api.Event) bool {
+		return e.Event == api.KindState && e.State == api.StateReady && e.Attempt == 2
+	}, bootTimeout, "ready of attempt 2")
+	assert.Equal(t, "daemon: password-sha256="+sha(password), daemonSaw(2), "attempt 2's daemon has the same password")
+	code, _ = get(t, hc, again.URL+"/global/health", again.Username, password)
+	assert.Equal(t, http.StatusOK, code)
+
+	_, err = io.WriteString(stdin, `{"id":"s","cmd":"stop"}`+"\n")
+	require.NoError(t, err)
+	s.waitState(api.StateStopped, 15*time.Second)
+	assert.Equal(t, 0, s.exit(10*time.Second))
+	_, raw := s.allEvents()
+	for _, l := range append(raw, s.stderr.String()) {
+		assert.NotContains(t, l, password)
+	}
+}
+
+// A password line that breaks the rules: one failed event saying which
+// rule, without the line, and nothing created (the bootstrap is a file
+// here: stdin is the password line alone).
+func TestABadPasswordLineOnStdinCreatesNothing(t *testing.T) {
+	needBwrap(t)
+	const bad = "has spaces in-the-password-line"
+	s, stdin := stdinPasswordShim(t, sandboxSpec{
+		bootstrap: encode(t, contract("link.example.com")),
+		args:      append(identityArgs(), "--password-stdin"),
+	})
+	_, err := io.WriteString(stdin, bad+"\n")
+	require.NoError(t, err)
+	require.NoError(t, stdin.Close())
+	failed := s.exitFailed(api.CodeInvalidConfig, 15*time.Second)
+	assert.Equal(t, "nothing created: --password-stdin: character 4 of the password line is a space (the first line of stdin is the daemon's password: 16 to 1024 printable ASCII characters without spaces, then a newline)", failed.Message)
+	evs, raw := s.allEvents()
+	assert.Len(t, evs, 1, "the failed event alone: no sandbox was created")
+	for _, l := range append(raw, s.stderr.String()) {
+		assert.NotContains(t, l, "in-the-password-line")
+	}
 }

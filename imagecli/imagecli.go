@@ -16,7 +16,8 @@ import (
 
 const usage = `usage:
   oac-image build --agent PATH --sandbox-io PATH [--base DIR|TAR] [--output KIND...] -o DIR
-                      guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (kernel+initramfs)
+                      guest images: dir, tar (WSL), oci, e2b, ext4, erofs, vm (kernel+initramfs);
+                      on Linux and macOS build hosts (stage and manifest verify run everywhere)
   oac-image initramfs --agent PATH [--kernel-modules DIR --module NAME...]
                       [--file SRC:DST[:MODE]...] -o FILE
   oac-image list FILE
