@@ -65,7 +65,7 @@ const ModeHelper = "helper"
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // Event is one line of oac-shim output.
 type Event struct {
@@ -74,6 +74,11 @@ type Event struct {
 	Event   string    `json:"event"`
 	// SchemaVersion is set by the sink (JSONLines) when zero.
 	SchemaVersion int `json:"schema_version"`
+	// Seq numbers the lines of one events output: 1 on the first, one
+	// more on each next (answers written there included), set by the
+	// sink (JSONLines). A gap means lines were lost; an attach replays
+	// from it (docs/events-and-control.md).
+	Seq uint64 `json:"seq"`
 	// Mode is ModeHelper on the events oac-guest helper writes (a hosted
 	// sandbox with no shim beside it, docs/hosted.md); absent on
 	// oac-shim's.
@@ -138,10 +143,12 @@ type Event struct {
 // Sink receives events. Emit must be safe for concurrent use.
 type Sink interface{ Emit(Event) }
 
-// JSONLines writes each event as one JSON object per line.
+// JSONLines writes each event as one JSON object per line, numbering
+// the lines it writes (Event.Seq, Answer.Seq) from 1.
 type JSONLines struct {
 	mu  sync.Mutex
 	enc *json.Encoder
+	seq uint64
 }
 
 // NewJSONLines returns a sink writing to w.
@@ -159,14 +166,27 @@ func (j *JSONLines) Emit(e Event) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	j.seq++
+	e.Seq = j.seq
 	_ = j.enc.Encode(e)
 }
 
-// Encode writes any other value (a control answer) as one line, in order
-// with the events.
+// Encode writes any other value as one line, in order with the events;
+// an Answer is numbered like an event (its Seq set).
 func (j *JSONLines) Encode(v any) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	switch a := v.(type) {
+	case Answer:
+		j.seq++
+		a.Seq = j.seq
+		v = a
+	case *Answer:
+		j.seq++
+		c := *a
+		c.Seq = j.seq
+		v = c
+	}
 	return j.enc.Encode(v)
 }
 

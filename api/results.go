@@ -42,11 +42,15 @@ type Answer struct {
 	Sandbox string    `json:"sandbox"`
 	Event   string    `json:"event"`
 	// SchemaVersion is SchemaVersion, as on every event.
-	SchemaVersion int    `json:"schema_version"`
-	ID            string `json:"id,omitempty"`
-	Command       string `json:"command,omitempty"`
-	OK            bool   `json:"ok"`
-	Error         string `json:"error,omitempty"`
+	SchemaVersion int `json:"schema_version"`
+	// Seq is the line's number on the events output (Event.Seq) when the
+	// answer is written there (--control stdin); absent on the control
+	// socket, whose answers are not events of the run.
+	Seq     uint64 `json:"seq,omitempty"`
+	ID      string `json:"id,omitempty"`
+	Command string `json:"command,omitempty"`
+	OK      bool   `json:"ok"`
+	Error   string `json:"error,omitempty"`
 	// Code is the answer code when OK is false (AnswerCodes): what a
 	// caller branches on.
 	Code string `json:"code,omitempty"`

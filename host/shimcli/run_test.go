@@ -138,7 +138,7 @@ func TestHandlerStatusPolicyForwardsAndTime(t *testing.T) {
 	_, err = s.Handle(ctx, api.Command{Cmd: api.CmdSetPolicy, Allow: []string{"0.0.0.0/0:443"}})
 	assert.Error(t, err)
 	assert.Equal(t, []string{"a.example.com:443"}, s.broker.Policy().Rules(), "a refused policy keeps the old one")
-	assert.Contains(t, out.String(), `"event":"egress_policy","schema_version":`+strconv.Itoa(api.SchemaVersion)+`,"message":"egress policy replaced by a control command`)
+	assert.Contains(t, out.String(), `"event":"egress_policy","schema_version":`+strconv.Itoa(api.SchemaVersion)+`,"seq":1,"message":"egress policy replaced by a control command`)
 	assert.Contains(t, out.String(), "policy replacement refused, previous policy kept")
 
 	res, err = s.Handle(ctx, api.Command{Cmd: api.CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096})
