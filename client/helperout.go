@@ -20,6 +20,9 @@ import (
 // escape to six bytes a byte.
 const MaxHelperLine = 64 << 10
 
+// seqSince is the schema version from which every line carries seq.
+const seqSince = 7
+
 // helperKinds are the events oac-guest helper writes: it has no control
 // API, no forwards and no kept state.
 var helperKinds = map[string]bool{
@@ -76,7 +79,8 @@ func (e *HelperError) Unwrap() error { return e.Err }
 // an E2B process or a `msb exec --stream` delivers them (docs/hosted.md):
 // one JSON event a line, strictly. Every line must be an event of the
 // published schema the helper writes ("mode":"helper", a schema version
-// no newer than this client's, one sandbox, attempt 1) within
+// no newer than this client's, one sandbox, attempt 1, seq 1, 2, 3 ...
+// from schema version 7) within
 // MaxHelperLine; nothing may follow the last state (stopped or failed),
 // and the output must not end before it. The first line that breaks a
 // rule is a *HelperError, returned again by every later call.
@@ -87,7 +91,8 @@ type HelperOutput struct {
 	r       *bufio.Reader
 	line    int
 	sandbox string
-	last    bool // the last state was read
+	seq     uint64 // the last line's seq
+	last    bool   // the last state was read
 	err     error
 }
 
@@ -154,6 +159,14 @@ func (h *HelperOutput) next() (api.Event, error) {
 		return api.Event{}, h.fail("a state on a %s event", e.Event)
 	case e.Attempt > 1:
 		return api.Event{}, h.fail("attempt %d: the helper has only attempt 1", e.Attempt)
+	}
+	if e.SchemaVersion >= seqSince || e.Seq != 0 {
+		// Every line of the helper's is an event (it writes no answers):
+		// the seqs follow one another from 1, and a gap is a lost line.
+		if e.Seq != h.seq+1 {
+			return api.Event{}, h.fail("seq %d after %d: a line was lost or the stream is not one helper's from its start", e.Seq, h.seq)
+		}
+		h.seq = e.Seq
 	}
 	h.sandbox = e.Sandbox
 	if e.Event == api.KindState {

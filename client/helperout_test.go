@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -45,6 +46,39 @@ func TestHelperOutputGivesTheReadyEventThenEveryEventToTheStop(t *testing.T) {
 	assert.Equal(t, api.StateStopped, e.State)
 	_, err = h.Next()
 	assert.ErrorIs(t, err, io.EOF)
+}
+
+// helperSession7 is helperSession as schema version 7 writes it: seq on
+// every line.
+func helperSession7() string {
+	var b strings.Builder
+	for i, l := range strings.Split(strings.TrimSuffix(helperSession, "\n"), "\n") {
+		l = strings.Replace(l, `"schema_version":3`, fmt.Sprintf(`"schema_version":7,"seq":%d`, i+1), 1)
+		b.WriteString(l + "\n")
+	}
+	return b.String()
+}
+
+func TestHelperOutputOfSchema7FollowsTheSeqAndSaysWhenALineWasLost(t *testing.T) {
+	h := NewHelperOutput(strings.NewReader(helperSession7()))
+	n := 0
+	for {
+		e, err := h.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		n++
+		assert.Equal(t, uint64(n), e.Seq)
+	}
+	assert.Equal(t, 8, n)
+
+	lines := strings.Split(helperSession7(), "\n")
+	lost := strings.Join(append(lines[:2:2], lines[3:]...), "\n")
+	_, err := NewHelperOutput(strings.NewReader(lost)).WaitReady(nil)
+	assert.EqualError(t, err, "client: oac-guest helper output, line 3: seq 4 after 2: a line was lost or the stream is not one helper's from its start")
+	_, err = NewHelperOutput(strings.NewReader(strings.Join(lines[1:], "\n"))).WaitReady(nil)
+	assert.EqualError(t, err, "client: oac-guest helper output, line 1: seq 2 after 0: a line was lost or the stream is not one helper's from its start")
 }
 
 func TestAFailedHelperIsAFailedErrorWithItsCode(t *testing.T) {
