@@ -38,6 +38,9 @@ type Shim struct {
 	eof     bool
 	pending map[string]chan answer
 	nextID  uint64
+	// mismatch is set when the shim's first line is of another schema
+	// version than this client's.
+	mismatch *SchemaError
 
 	done    chan struct{} // closed when the process has exited
 	waitErr error
@@ -198,12 +201,22 @@ func (s *Shim) read(r io.ReadCloser, onEvent func(api.Event)) {
 	}()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLine)
+	first := true
 	for sc.Scan() {
 		var kind struct {
-			Event string `json:"event"`
+			Event         string `json:"event"`
+			SchemaVersion int    `json:"schema_version"`
 		}
 		if json.Unmarshal(sc.Bytes(), &kind) != nil {
 			continue
+		}
+		if first {
+			first = false
+			if kind.SchemaVersion != api.SchemaVersion {
+				s.mu.Lock()
+				s.mismatch = &SchemaError{Shim: kind.SchemaVersion, Client: api.SchemaVersion}
+				s.mu.Unlock()
+			}
 		}
 		if kind.Event == api.KindAnswer {
 			var a answer
@@ -270,14 +283,22 @@ func (s *Shim) History() []api.Event {
 }
 
 // From says where Events begins: the zero From is the oldest event kept.
-type From struct{ now bool }
+type From struct {
+	now bool
+	seq uint64
+}
 
 // FromNow begins with the next event to arrive after Events is called.
 func FromNow() From { return From{now: true} }
 
+// FromSeq begins with the event of seq n (api.Event.Seq), or the first
+// after it: to go on from where a reader stopped, give its last seq + 1.
+func FromSeq(n uint64) From { return From{seq: n} }
+
 // MissedError is yielded by Events when the iteration fell behind the
-// bounded history: Missed events were dropped before it read them. The
-// iteration goes on with the oldest event kept.
+// bounded history: Missed events were dropped before it read them (with
+// FromSeq, Missed counts seqs, which answers take too). The iteration
+// goes on with the oldest event kept.
 type MissedError struct{ Missed uint64 }
 
 func (e *MissedError) Error() string {
@@ -285,7 +306,7 @@ func (e *MissedError) Error() string {
 }
 
 // Events iterates over the events, in order, from the oldest kept (or
-// FromNow), then each new one until the shim's output ends. It yields a
+// FromNow, FromSeq), then each new one until the shim's output ends. It yields a
 // non-nil error, with a zero event, when ctx ends (and stops) or when it
 // fell behind the history (a *MissedError; it goes on). Each call
 // iterates on its own.
@@ -298,6 +319,7 @@ func (s *Shim) Events(ctx context.Context, from From) iter.Seq2[api.Event, error
 	s.mu.Unlock()
 	return func(yield func(api.Event, error) bool) {
 		i := start
+		skip := from.seq > 0 // until the event of that seq
 		for {
 			s.mu.Lock()
 			if old := s.oldest(); i < old {
@@ -313,6 +335,16 @@ func (s *Shim) Events(ctx context.Context, from From) iter.Seq2[api.Event, error
 				e := s.ring[i%uint64(len(s.ring))]
 				i++
 				s.mu.Unlock()
+				if skip && e.Seq < from.seq {
+					continue
+				}
+				if skip && i-1 == start && e.Seq > from.seq && i-1 > 0 {
+					// Dropped from the history before Events was called.
+					if !yield(api.Event{}, &MissedError{Missed: e.Seq - from.seq}) {
+						return
+					}
+				}
+				skip = false
 				if !yield(e, nil) {
 					return
 				}
@@ -341,6 +373,9 @@ func (s *Shim) WaitEvent(ctx context.Context, pred func(api.Event) bool) (api.Ev
 
 func (s *Shim) waitEvent(ctx context.Context, what string, pred func(api.Event) bool) (api.Event, error) {
 	for e, err := range s.Events(ctx, From{}) {
+		if err := s.schemaErr(); err != nil {
+			return api.Event{}, err
+		}
 		var missed *MissedError
 		if errors.As(err, &missed) {
 			continue
@@ -353,6 +388,15 @@ func (s *Shim) waitEvent(ctx context.Context, what string, pred func(api.Event) 
 		}
 	}
 	return api.Event{}, s.exitedError(ctx, what)
+}
+
+func (s *Shim) schemaErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.mismatch != nil {
+		return s.mismatch
+	}
+	return nil
 }
 
 // exitedError says how the shim ended, once its process has (or ctx ended).

@@ -57,12 +57,14 @@ func fakeShim(mode string, args []string) int {
 		fmt.Fprintln(os.Stderr, "Usage of oac-shim run: ...")
 		return api.ExitUsage
 	}
-	enc := json.NewEncoder(os.Stdout)
-	var mu sync.Mutex
-	out := func(v any) { mu.Lock(); _ = enc.Encode(v); mu.Unlock() }
+	sink := api.NewJSONLines(os.Stdout) // numbers the lines (seq), as the shim's
+	out := func(a api.Answer) { _ = sink.Encode(a) }
 	ev := func(e api.Event) {
 		e.Time, e.Sandbox, e.SchemaVersion = time.Now().UTC(), "fake", api.SchemaVersion
-		out(e)
+		if v := os.Getenv("FAKE_SCHEMA"); v != "" {
+			fmt.Sscan(v, &e.SchemaVersion)
+		}
+		sink.Emit(e)
 	}
 	attempt := uint64(1)
 	state := func(st api.State, msg, url string, a uint64) {
@@ -415,6 +417,25 @@ func TestEventsIterateFromTheOldestKeptOrFromNowAndSayWhatTheyMissed(t *testing.
 	assert.Equal(t, "line 35", got[0])
 	assert.Len(t, got, 16)
 
+	// From a seq: from that event on; one the history dropped is missed.
+	var seqs []uint64
+	for e, err := range s.Events(ctx(t), FromSeq(h[3].Seq)) {
+		require.NoError(t, err)
+		seqs = append(seqs, e.Seq)
+		if e.State == api.StateReady {
+			break
+		}
+	}
+	assert.Equal(t, h[3].Seq, seqs[0])
+	assert.Len(t, seqs, 13)
+	for e, err := range s.Events(ctx(t), FromSeq(h[0].Seq-5)) {
+		var missed *MissedError
+		require.ErrorAs(t, err, &missed, "the five before the oldest kept were dropped")
+		assert.Equal(t, uint64(5), missed.Missed)
+		_ = e
+		break
+	}
+
 	// From now: the next event is the stop's.
 	next, stop := iterPull(s.Events(ctx(t), FromNow()))
 	defer stop()
@@ -482,4 +503,22 @@ func TestTheStderrTailKeepsWholeFirstAndLastLines(t *testing.T) {
 	assert.Contains(t, s, "\n...\nline ")
 	assert.True(t, strings.HasSuffix(s, "line 999"))
 	assert.LessOrEqual(t, len(s), headMax+tailMax+5)
+}
+
+func TestAShimOfAnotherSchemaVersionIsRefusedAndStopped(t *testing.T) {
+	o := fake("ok")
+	o.Env = append(o.Env, "FAKE_SCHEMA=99")
+	var pid int
+	o.OnEvent = func(e api.Event) {
+		if e.State == api.StateStarting {
+			pid = e.PID
+		}
+	}
+	s, _, err := StartReady(ctx(t), o)
+	assert.Nil(t, s)
+	var se *SchemaError
+	require.ErrorAs(t, err, &se)
+	assert.Equal(t, SchemaError{Shim: 99, Client: api.SchemaVersion}, *se)
+	assert.Contains(t, err.Error(), "install the oac-shim of this client's release")
+	assert.True(t, gone(pid), "the shim was stopped")
 }

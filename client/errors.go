@@ -61,6 +61,15 @@ func (e *ExitedError) Error() string {
 // Is makes errors.Is(err, ErrExited) true.
 func (e *ExitedError) Is(target error) bool { return target == ErrExited }
 
+// SchemaError is a shim whose first line is of another schema version
+// than this client's (api.SchemaVersion): a shim and a client of two
+// releases. Every wait returns it; StartReady stops the shim.
+type SchemaError struct{ Shim, Client int }
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("client: oac-shim writes schema version %d and this client reads %d: install the oac-shim of this client's release (or the client of the shim's)", e.Shim, e.Client)
+}
+
 // CommandError is a control command the shim refused or could not carry
 // out: Code is the answer code (api.AnswerCodes). It unwraps to an
 // *api.CommandError, so api.AnswerCode(err) gives the code too.
