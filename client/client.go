@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +40,9 @@ type Shim struct {
 	eof     bool
 	pending map[string]chan answer
 	nextID  uint64
+	// idPrefix makes this Shim's command ids its own: an attach replays
+	// the answers to another parent's commands too.
+	idPrefix string
 	// mismatch is set when the shim's first line is of another schema
 	// version than this client's.
 	mismatch *SchemaError
@@ -156,8 +161,10 @@ func launch(ctx context.Context, l launchSpec) (*Shim, error) {
 	if n <= 0 {
 		n = DefaultHistory
 	}
+	var id [6]byte
+	_, _ = rand.Read(id[:])
 	s := &Shim{cmd: cmd, stdin: stdin, stderr: t, ring: make([]api.Event, n), notify: make(chan struct{}),
-		pending: map[string]chan answer{}, done: make(chan struct{})}
+		pending: map[string]chan answer{}, idPrefix: "c" + hex.EncodeToString(id[:]) + "-", done: make(chan struct{})}
 	if len(l.prelude) > 0 {
 		// Commands wait for it: the shim reads the password and the
 		// bootstrap before any command line. A shim that exits early makes
@@ -467,7 +474,7 @@ func (s *Shim) Do(ctx context.Context, c api.Command, result any) error {
 		return s.exitedError(ctx, "the answer to "+c.Cmd)
 	}
 	s.nextID++
-	c.ID = "c" + strconv.FormatUint(s.nextID, 10)
+	c.ID = s.idPrefix + strconv.FormatUint(s.nextID, 10)
 	ch := make(chan answer, 1)
 	s.pending[c.ID] = ch
 	s.mu.Unlock()

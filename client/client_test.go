@@ -235,7 +235,7 @@ func TestTypedOptionsBecomeFlagsWithArgsLastAndThePasswordAndBootstrapGoOnStdin(
 	assert.Equal(t, "run --name fake --control stdin --password-stdin --keep-root /keep --provider bwrap --agent /bin/oac-guest "+
 		"--sandbox-io /bin/sio --install d=/bin/d --bootstrap - --bootstrap-format core --tenant t --environment e --allocation a "+
 		"--allow-loopback-link --forward 127.0.0.1:0=4096 --allow api.example.com:443 --upstream gw:443=127.0.0.1:8443 "+
-		"--boot-timeout 5s --timeout 1m0s --outlive --debug", logOf(t, s, "fake/argv"))
+		"--boot-timeout 5s --timeout 1m0s --outlive-parent --debug", logOf(t, s, "fake/argv"))
 	assert.Equal(t, `{"runtime": {}}`, logOf(t, s, "fake/bootstrap"), "the bootstrap came after the password line")
 	assert.Equal(t, "daemon: password-sha256="+sha(s.Password()), logOf(t, s, "daemon/stdout"))
 	assert.Len(t, s.Password(), 43, "32 random bytes, base64url")
@@ -521,4 +521,19 @@ func TestAShimOfAnotherSchemaVersionIsRefusedAndStopped(t *testing.T) {
 	assert.Equal(t, SchemaError{Shim: 99, Client: api.SchemaVersion}, *se)
 	assert.Contains(t, err.Error(), "install the oac-shim of this client's release")
 	assert.True(t, gone(pid), "the shim was stopped")
+}
+
+func TestAttachRunsOacShimAttachFromWhereItIsToldAndDrivesTheSandbox(t *testing.T) {
+	o := fake("ok")
+	for from, want := range map[From]string{{}: "attach fake --keep-root /keep", FromNow(): "attach fake --from now --keep-root /keep", FromSeq(7): "attach fake --from 7 --keep-root /keep"} {
+		s, err := Attach(context.Background(), AttachOptions{Shim: o.Shim, Name: "fake", KeepRoot: "/keep", From: from, Env: o.Env})
+		require.NoError(t, err)
+		assert.Equal(t, want, logOf(t, s, "fake/argv"))
+		assert.Empty(t, s.Password(), "the parent that started it made the password")
+		_, err = s.Status(ctx(t))
+		require.NoError(t, err)
+		require.NoError(t, s.Stop(ctx(t)))
+	}
+	_, err := Attach(context.Background(), AttachOptions{})
+	assert.Error(t, err)
 }

@@ -58,9 +58,11 @@ type Options struct {
 	// shim's defaults).
 	BootTimeout time.Duration
 	Timeout     time.Duration
-	// Outlive lets the sandbox outlive this process (--outlive): the end
-	// of the shim's stdin no longer stops it, and Attach reaches it again
-	// by name. Stop it with Stop, StopNamed or StopAll.
+	// Outlive lets the sandbox outlive this process (--outlive-parent):
+	// the end of the shim's stdin no longer stops it, its events are kept
+	// in a bounded journal, and Attach reaches it again by name, events
+	// and control API. Stop it with Stop (of this Shim or an attached
+	// one), StopNamed or StopAll.
 	Outlive bool
 	// History is how many events the Shim keeps for Events, WaitEvent and
 	// History (default 1024): the oldest are dropped first.
@@ -149,7 +151,7 @@ func (o *Options) args() ([]string, error) {
 		a = append(a, "--timeout", o.Timeout.String())
 	}
 	if o.Outlive {
-		a = append(a, "--outlive")
+		a = append(a, "--outlive-parent")
 	}
 	return append(a, o.Args...), nil
 }
