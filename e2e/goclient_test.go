@@ -8,6 +8,7 @@ package e2e
 // output read as an exec stream delivers it.
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -305,4 +308,87 @@ func TestGoClientReadsOacGuestHelperOutputFromAnExecStream(t *testing.T) {
 	require.ErrorAs(t, err, &fe)
 	assert.Equal(t, api.CodeInvalidBootstrap, fe.Code)
 	_ = bad.Wait()
+}
+
+func TestGoClientAttachesToASandboxAfterItsParentWasKilled(t *testing.T) {
+	needBwrap(t)
+	name := uniqueName("goclient-attach")
+	bootFile := filepath.Join(t.TempDir(), "bootstrap.json")
+	require.NoError(t, os.WriteFile(bootFile, []byte(encode(t, contract("link.example.com"))), 0o600))
+	parent := exec.Command(bins.goParent, append([]string{"-shim", bins.shim, "-name", name, "-bootstrap", bootFile, "--",
+		"--provider", "bwrap", "--agent", bins.guest}, identityArgs()...)...)
+	parent.Stderr = testWriter{t}
+	out, err := parent.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, parent.Start())
+	t.Cleanup(func() {
+		_ = parent.Process.Kill()
+		_, _ = client.StopNamed(context.Background(), client.Sandboxes{Shim: bins.shim}, 10*time.Second, name)
+	})
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Scan()
+		line <- sc.Text()
+	}()
+	var fields []string
+	select {
+	case l := <-line:
+		fields = strings.Fields(l)
+	case <-time.After(bootTimeout):
+		t.Fatal("the parent did not say ready")
+	}
+	require.Len(t, fields, 5, "ready SEQ URL USERNAME PASSWORD")
+	readySeq, err := strconv.ParseUint(fields[1], 10, 64)
+	require.NoError(t, err)
+	url, user, password := fields[2], fields[3], fields[4]
+
+	require.NoError(t, parent.Process.Kill(), "SIGKILL: the parent cannot stop anything")
+	_ = parent.Wait()
+	get := func() int {
+		req, err := http.NewRequestWithContext(timeout(t, 10*time.Second), http.MethodGet, url+"/global/health", nil)
+		require.NoError(t, err)
+		req.SetBasicAuth(user, password)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	assert.Equal(t, http.StatusOK, get(), "the sandbox outlived its parent, with the password the parent made")
+
+	ctx := timeout(t, time.Minute)
+	s, err := client.Attach(ctx, client.AttachOptions{Shim: bins.shim, Name: name, From: client.FromSeq(readySeq), Stderr: testWriter{t}})
+	require.NoError(t, err)
+	defer s.Kill()
+	var first api.Event
+	for e, err := range s.Events(ctx, client.From{}) {
+		require.NoError(t, err)
+		first = e
+		break
+	}
+	assert.Equal(t, readySeq, first.Seq, "the events since the parent's last")
+	assert.Equal(t, api.StateReady, first.State)
+	assert.Equal(t, url, first.URL)
+	st, err := s.Status(ctx)
+	require.NoError(t, err, "the control API through the attach")
+	assert.Equal(t, api.StateReady, st.State)
+	assert.Equal(t, "sandbox:"+name, st.ServerID)
+
+	// A second attach from now sees the stop too.
+	now, err := client.Attach(ctx, client.AttachOptions{Shim: bins.shim, Name: name, From: client.FromNow()})
+	require.NoError(t, err)
+	defer now.Kill()
+	require.NoError(t, s.Stop(ctx), "the attached stop stops the sandbox; the attach exits 0")
+	stopped, err := now.WaitState(ctx, api.StateStopped)
+	require.NoError(t, err)
+	assert.Equal(t, "stopped: stop command", stopped.Message)
+	require.NoError(t, now.Wait())
+	noneLeft(t, name)
+
+	gone, err := client.Attach(ctx, client.AttachOptions{Shim: bins.shim, Name: name})
+	require.NoError(t, err)
+	_, err = gone.WaitState(ctx, api.StateReady)
+	var xe *client.ExitedError
+	require.ErrorAs(t, err, &xe, "nothing runs it any more")
+	assert.Equal(t, 10, xe.Status)
 }
