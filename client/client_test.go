@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -163,8 +162,6 @@ func logOf(t *testing.T, s *Shim, stream string) string {
 	require.NoError(t, err)
 	return e.Line
 }
-
-func gone(pid int) bool { return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) }
 
 func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 	var mu sync.Mutex
