@@ -11,7 +11,7 @@ import (
 
 // AttachOptions say which sandbox to attach to and from where.
 type AttachOptions struct {
-	// Shim is the oac-shim binary (default "oac-shim", found in PATH).
+	// Shim is the oac-shim binary (default: $OAC_SHIM, else oac-shim in PATH).
 	Shim string
 	// Name is the sandbox's name: one started with Options.Outlive.
 	Name string

@@ -124,10 +124,7 @@ type launchSpec struct {
 }
 
 func launch(ctx context.Context, l launchSpec) (*Shim, error) {
-	shim := l.shim
-	if shim == "" {
-		shim = "oac-shim"
-	}
+	shim := shimPath(l.shim)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -154,7 +151,7 @@ func launch(ctx context.Context, l launchSpec) (*Shim, error) {
 		r.Close()
 		w.Close()
 		stdin.Close()
-		return nil, fmt.Errorf("client: start %s (give Options.Shim or put oac-shim in PATH): %w", shim, err)
+		return nil, fmt.Errorf("client: start %s (give Options.Shim, set OAC_SHIM or put oac-shim in PATH): %w", shim, err)
 	}
 	w.Close()
 	n := l.history
@@ -187,6 +184,18 @@ func launch(ctx context.Context, l launchSpec) (*Shim, error) {
 		close(s.done)
 	}()
 	return s, nil
+}
+
+// shimPath is the oac-shim to run: the caller's, else $OAC_SHIM, else
+// oac-shim from PATH.
+func shimPath(s string) string {
+	if s != "" {
+		return s
+	}
+	if v := os.Getenv("OAC_SHIM"); v != "" {
+		return v
+	}
+	return "oac-shim"
 }
 
 // maxLine bounds one line of the shim's output: a log event carries at

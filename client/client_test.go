@@ -282,7 +282,7 @@ func TestWhatCannotWorkIsRefusedBeforeAnythingIsLaunched(t *testing.T) {
 	}
 	_, err := Start(context.Background(), never)
 	assert.ErrorIs(t, err, fs.ErrNotExist, "a wrong binary path is the OS's own error")
-	assert.Contains(t, err.Error(), "give Options.Shim or put oac-shim in PATH")
+	assert.Contains(t, err.Error(), "give Options.Shim, set OAC_SHIM or put oac-shim in PATH")
 	_, err = Start(context.Background(), Options{Shim: "oac-shim-not-in-path", Name: "x"})
 	assert.ErrorIs(t, err, exec.ErrNotFound)
 }
@@ -533,4 +533,21 @@ func TestAttachRunsOacShimAttachFromWhereItIsToldAndDrivesTheSandbox(t *testing.
 	}
 	_, err := Attach(context.Background(), AttachOptions{})
 	assert.Error(t, err)
+}
+
+func TestTheShimIsTheOptionsThenOAC_SHIMThenPATHs(t *testing.T) {
+	t.Setenv("OAC_SHIM", os.Args[0])
+	o := fake("ok")
+	o.Shim = ""
+	s, err := Start(context.Background(), o)
+	require.NoError(t, err, "found by $OAC_SHIM")
+	require.NoError(t, s.Stop(ctx(t)))
+	o.Shim = "/nonexistent/oac-shim"
+	_, err = Start(context.Background(), o)
+	assert.ErrorIs(t, err, fs.ErrNotExist, "the option comes first")
+	t.Setenv("OAC_SHIM", "")
+	o.Shim = ""
+	t.Setenv("PATH", t.TempDir())
+	_, err = Start(context.Background(), o)
+	assert.ErrorIs(t, err, exec.ErrNotFound, "then oac-shim in PATH")
 }

@@ -16,7 +16,7 @@ import (
 // `oac-shim run` (or `start` with Kept); Args come last, for any flag
 // without a field.
 type Options struct {
-	// Shim is the oac-shim binary (default "oac-shim", found in PATH).
+	// Shim is the oac-shim binary (default: $OAC_SHIM, else oac-shim in PATH).
 	Shim string
 	// Name is the sandbox's name (--name).
 	Name string
