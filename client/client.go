@@ -644,9 +644,7 @@ func (s *Shim) Kill() {
 // stops the sandbox in order; with Outlive, or for an attached shim, it
 // only lets this process go (the sandbox runs on).
 func (s *Shim) Close(d time.Duration) error {
-	s.wmu.Lock()
-	s.stdin.Close()
-	s.wmu.Unlock()
+	s.stdin.Close() // a write in flight fails with it
 	select {
 	case <-s.done:
 		return s.Wait()
