@@ -134,15 +134,27 @@ demo: deps build fixtures
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/demo-upstream ./examples/demo-upstream
 	@scripts/demo.sh $(BIN)
 
-# Everything builds and vets for the desktop OSes without cgo (the guest,
-# the e2e tests and the benchmarks are Linux-only and excluded by build
-# tags); the darwin-only Virtualization.framework code of the vz provider
-# is type-checked as a cgo build on macOS would compile it (it is built and
-# tested for real only by .github/workflows/macos.yml).
-# The image builder (oac-image build) runs on Linux and macOS build hosts:
-# its outputs carry Unix owners, modes and device nodes.
-WINDOWS_PKGS = $(shell GOOS=windows $(GO) list ./... | grep -v -e /imagebuild -e /imagecli -e /cmd/oac-image)
+# Every command a user is told to run is linked for each OS and arch where
+# they are told to run it (static, no cgo): on Linux all of cmd/ (oac-guest
+# runs in Linux guests, oac-bench drives bwrap and /proc), on macOS and
+# Windows oac-shim and oac-image (whose build command, writing Unix owners and
+# device nodes, is compiled out on Windows with package imagebuild). Every
+# package builds and vets for the desktop OSes (the guest, the e2e tests and
+# the benchmarks are Linux-only and excluded by build tags); the darwin-only
+# Virtualization.framework code of the vz provider is type-checked as a cgo
+# build on macOS would compile it (it is built and tested for real only by
+# .github/workflows/macos.yml).
+WINDOWS_PKGS = $(shell GOOS=windows $(GO) list ./... | grep -v -e /imagebuild)
+CROSS_CMDS_linux = ./cmd/...
+CROSS_CMDS_darwin = ./cmd/oac-shim ./cmd/oac-image
+CROSS_CMDS_windows = ./cmd/oac-shim ./cmd/oac-image
 cross:
+	@set -e; out=$$(mktemp -d); trap 'rm -rf "$$out"' EXIT; \
+	for os in linux darwin windows; do for arch in amd64 arm64; do \
+	  case $$os in linux) cmds="$(CROSS_CMDS_linux)";; darwin) cmds="$(CROSS_CMDS_darwin)";; windows) cmds="$(CROSS_CMDS_windows)";; esac; \
+	  echo "GOOS=$$os GOARCH=$$arch go build $$cmds"; \
+	  GOOS=$$os GOARCH=$$arch CGO_ENABLED=0 $(GO) build -o "$$out/$$os-$$arch/" $$cmds; \
+	done; done
 	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) build $(WINDOWS_PKGS)
 	GOOS=windows GOARCH=amd64 CGO_ENABLED=0 $(GO) vet $(WINDOWS_PKGS)
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...

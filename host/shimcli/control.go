@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/lifecycle"
 	"github.com/oac/sandbox-agent/host/sandbox"

@@ -16,7 +16,10 @@
 // now) and the running shim's announcement; stop.go is oac-shim stop
 // (NAME... or --all): each shim asked on its control socket or, proven
 // by a pidfd and its start time (stop_linux.go), by SIGTERM, waited for
-// within the grace, killed past it.
+// within the grace, killed past it. secret.go takes the daemon's password
+// the caller made from the first line of stdin (--password-stdin, the way
+// that works on every OS) and refuses the descriptor flags on Windows,
+// where no descriptor beyond stdio is inherited.
 // cmd/oac-shim only calls Main.
 //
 // It must not know a provider's settings, contain sandbox logic (package

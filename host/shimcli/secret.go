@@ -23,6 +23,9 @@ var passwordRule = fmt.Sprintf("the first line of stdin is the daemon's password
 // end of r.
 // Errors never carry the line's bytes.
 func readPasswordLine(r io.Reader) (string, io.Reader, error) {
+	if r == nil {
+		return "", r, passwordError(errors.New("stdin ended before the password line"))
+	}
 	buf := make([]byte, 0, bootstrap.MaxPassword+1)
 	one := make([]byte, 1)
 	for {

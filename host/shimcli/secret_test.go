@@ -109,6 +109,11 @@ func TestThePasswordLineIsReadNoFurtherThanItsBound(t *testing.T) {
 	assert.Equal(t, bootstrap.MaxPassword+2, r.n, "the longest line it takes is the password, '\\r' and one byte more")
 }
 
+func TestNoStdinAtAllIsAnEmptyOne(t *testing.T) {
+	_, _, err := readPasswordLine(nil)
+	assert.ErrorContains(t, err, "--password-stdin: stdin ended before the password line")
+}
+
 func TestAStdinThatFailsIsReported(t *testing.T) {
 	_, _, err := readPasswordLine(iotest.ErrReader(errors.New("pipe broke")))
 	assert.ErrorContains(t, err, "--password-stdin: read stdin: pipe broke")

@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
