@@ -51,6 +51,12 @@ type Failure struct {
 const (
 	ExitOK    = 0 // the sandbox stopped cleanly
 	ExitUsage = 2 // the command line is wrong; nothing was started and no event written
+	// ExitNotRunning: oac-shim attach found nothing to attach to (no
+	// shim runs the name, or its shim runs without --outlive-parent).
+	ExitNotRunning = 10
+	// ExitShimDied: oac-shim attach read the journal of a shim that
+	// died (killed or crashed) before its final state.
+	ExitShimDied = 11
 )
 
 // Failures lists every failure code, in the order of the documentation.

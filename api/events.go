@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"sync"
@@ -44,6 +45,13 @@ const (
 	// KindClock reports a VM guest's clock stepped by more than a second
 	// to the host's (after the host slept, say): correction_ms, trigger.
 	KindClock = "clock"
+	// KindEventsLost is written by oac-shim attach, never by a shim: the
+	// events lost_from to lost_to (seqs, both included) are not in the
+	// journal it replays (older than the journal keeps, or a line its
+	// shim never wrote whole): message says which. Its seq is lost_to:
+	// the line stands for the lost ones, so a caller that resumes after
+	// the last seq it saw does not ask for them again.
+	KindEventsLost = "events_lost"
 )
 
 // State is a sandbox's lifecycle state: starting, ready, failed or
@@ -138,6 +146,9 @@ type Event struct {
 	// (interval, host_wake, guest_jump). Clock events.
 	CorrectionMS int64  `json:"correction_ms,omitempty"`
 	Trigger      string `json:"trigger,omitempty"`
+	// LostFrom and LostTo are the seqs an events_lost line stands for.
+	LostFrom uint64 `json:"lost_from,omitempty"`
+	LostTo   uint64 `json:"lost_to,omitempty"`
 }
 
 // Sink receives events. Emit must be safe for concurrent use.
@@ -147,15 +158,27 @@ type Sink interface{ Emit(Event) }
 // the lines it writes (Event.Seq, Answer.Seq) from 1.
 type JSONLines struct {
 	mu  sync.Mutex
+	w   io.Writer
+	buf bytes.Buffer
 	enc *json.Encoder
 	seq uint64
+	tap func(seq uint64, line []byte)
 }
 
 // NewJSONLines returns a sink writing to w.
 func NewJSONLines(w io.Writer) *JSONLines {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	return &JSONLines{enc: enc}
+	j := &JSONLines{w: w}
+	j.enc = json.NewEncoder(&j.buf)
+	j.enc.SetEscapeHTML(false)
+	return j
+}
+
+// Tap gives every numbered line, as written, to fn too, in order and
+// under the sink's lock (an outliving shim's journal); fn must not block.
+func (j *JSONLines) Tap(fn func(seq uint64, line []byte)) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.tap = fn
 }
 
 // Emit writes e; a write error is dropped (events must never block or fail
@@ -168,7 +191,7 @@ func (j *JSONLines) Emit(e Event) {
 	defer j.mu.Unlock()
 	j.seq++
 	e.Seq = j.seq
-	_ = j.enc.Encode(e)
+	_ = j.write(e, e.Seq)
 }
 
 // Encode writes any other value as one line, in order with the events;
@@ -176,18 +199,34 @@ func (j *JSONLines) Emit(e Event) {
 func (j *JSONLines) Encode(v any) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	var seq uint64
 	switch a := v.(type) {
 	case Answer:
 		j.seq++
-		a.Seq = j.seq
+		a.Seq, seq = j.seq, j.seq
 		v = a
 	case *Answer:
 		j.seq++
 		c := *a
-		c.Seq = j.seq
+		c.Seq, seq = j.seq, j.seq
 		v = c
 	}
-	return j.enc.Encode(v)
+	return j.write(v, seq)
+}
+
+// write encodes v as one line and writes it with one Write; a numbered
+// line goes to the tap too.
+func (j *JSONLines) write(v any, seq uint64) error {
+	j.buf.Reset()
+	if err := j.enc.Encode(v); err != nil {
+		return err
+	}
+	line := j.buf.Bytes()
+	if seq != 0 && j.tap != nil {
+		j.tap(seq, line)
+	}
+	_, err := j.w.Write(line)
+	return err
 }
 
 // Func adapts a function to Sink.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 
@@ -67,4 +68,17 @@ func TestJSONLinesLeavesOtherValuesUnnumbered(t *testing.T) {
 	j.Emit(Event{Event: KindState})
 	assert.Equal(t, "{\"a\":1}\n", b.String()[:8])
 	assert.Contains(t, b.String(), `"seq":1`)
+}
+
+func TestATapGetsEveryNumberedLineAsWritten(t *testing.T) {
+	var b bytes.Buffer
+	j := NewJSONLines(&b)
+	var tapped bytes.Buffer
+	var seqs []uint64
+	j.Tap(func(seq uint64, line []byte) { seqs = append(seqs, seq); tapped.Write(line) })
+	j.Emit(Event{Event: KindState, State: StateStarting})
+	require.NoError(t, j.Encode(map[string]int{"a": 1}))
+	require.NoError(t, j.Encode(Answer{Event: KindAnswer, OK: true}))
+	assert.Equal(t, []uint64{1, 2}, seqs)
+	assert.Equal(t, strings.Replace(b.String(), "{\"a\":1}\n", "", 1), tapped.String(), "the numbered lines, byte for byte")
 }

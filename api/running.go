@@ -23,7 +23,10 @@ type RunningEntry struct {
 	PID int `json:"pid"`
 	// ControlSocket is the shim's control socket (--control-socket), an
 	// absolute path; absent when it serves none.
-	ControlSocket string    `json:"control_socket,omitempty"`
+	ControlSocket string `json:"control_socket,omitempty"`
+	// OutliveParent: the shim runs with --outlive-parent, so oac-shim
+	// attach takes it up (absent otherwise).
+	OutliveParent bool      `json:"outlive_parent,omitempty"`
 	Started       time.Time `json:"started"`
 	// Version is the shim's oac-shim version.
 	Version string `json:"version"`

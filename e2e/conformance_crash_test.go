@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -111,6 +112,10 @@ func (c *confCase) crashedBoot(t *testing.T, cell crashCell, name string) {
 	}
 	spec.shim = spec.crashShim()
 	spec.env = append(append([]string(nil), spec.env...), crashEnv(cell)...)
+	if strings.HasPrefix(cell.point.Name(), "outlive/") {
+		// The outliving shim's points: its journal is what they crash.
+		spec.args = append(append([]string(nil), spec.args...), "--outlive-parent")
+	}
 	s := startShim(c.rowT, spec)
 	s.t = t
 	if strings.HasPrefix(cell.point.Name(), "stop/") {
@@ -190,6 +195,9 @@ func crashRun(t *testing.T, c *confCase, cell crashCell) {
 	require.Equal(t, crashpoint.Before, cell.point.Leaves(), "a throwaway sandbox's crash leaves the name free")
 	name := uniqueName("crash-r")
 	c.crashedBoot(t, cell, name)
+	if strings.HasPrefix(cell.point.Name(), "outlive/") {
+		c.attachFindsTheShimDead(t, name)
+	}
 	again := startShim(c.rowT, c.runSpec(t, name))
 	again.t = t
 	again.waitState(api.StateReady, c.env.bootTimeout)
@@ -306,4 +314,25 @@ func (r *confResults) setCrash(row, cell, outcome string) {
 		r.crash[cell] = map[string]string{}
 	}
 	r.crash[cell][row] = outcome
+}
+
+// attachFindsTheShimDead: oac-shim attach of an outliving shim killed at
+// outlive/torn-line gives the journal's whole lines, none of them the
+// torn ready, says the last line is torn and the shim died, and exits
+// api.ExitShimDied; the next run of the name finds what the shim left.
+func (c *confCase) attachFindsTheShimDead(t *testing.T, name string) {
+	t.Helper()
+	out, errOut, code := c.shimCmd(t, "attach", name, "--keep-root", c.keepRoot(t))
+	assert.Equal(t, api.ExitShimDied, code, "attach of a killed shim: %s", errOut)
+	assert.Contains(t, errOut, "the journal's last line is torn")
+	assert.Contains(t, errOut, "died without a final state")
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	require.NotEmpty(t, lines[0], "the events before the kill")
+	for i, l := range lines {
+		validLine(t, []byte(l))
+		var e api.Event
+		require.NoError(t, json.Unmarshal([]byte(l), &e))
+		assert.Equal(t, uint64(i+1), e.Seq, "%s", l)
+		assert.NotEqual(t, api.StateReady, e.State, "the torn ready line is not given")
+	}
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
@@ -402,6 +402,7 @@ func TestEventsOfEveryKindValidate(t *testing.T) {
 			BytesOut: &n, BytesIn: &n, DurationMS: &n, Message: "egress closed", Attempt: 1},
 		{Event: api.KindForward, Listen: "127.0.0.1:41123", GuestPort: 4096, Message: "listening"},
 		{Event: api.KindKept, Message: "reset: the kept state was discarded; the sandbox starts afresh from its image", Attempt: 2},
+		{Event: api.KindEventsLost, LostFrom: 5, LostTo: 70, Message: "events 5 to 70 are older than the journal keeps"},
 	} {
 		line := encodeEvent(t, e)
 		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)
@@ -412,6 +413,8 @@ func TestEventsOfEveryKindValidate(t *testing.T) {
 		"a state with an egress field": {Event: api.KindState, State: api.StateStopped, Attempt: 1, Conn: 3},
 		"an unknown kind":              {Event: "mystery"},
 		"a code on a ready state":      {Event: api.KindState, State: api.StateReady, Attempt: 1, Code: api.CodeInternal},
+		"events lost without a range":  {Event: api.KindEventsLost, Message: "x"},
+		"a lost range on a log":        {Event: api.KindLog, Stream: "daemon/stdout", Line: "x", LostFrom: 1, LostTo: 2},
 	} {
 		line := encodeEvent(t, e)
 		assert.Error(t, schema.Validate(schema.Event, line), "%s: %s", name, line)

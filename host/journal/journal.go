@@ -98,8 +98,9 @@ type Writer struct {
 }
 
 // Create starts a journal in dir, which must exist (the registry's
-// directory of the shim, 0700). Segments left there by an earlier run are
-// removed first.
+// directory of the shim, 0700), with its first segment, empty. Segments
+// left there by an earlier run are removed first. A segment's name is at
+// most the seq of its first line.
 func Create(dir string) (*Writer, error) {
 	old, err := segments(dir)
 	if err != nil {
@@ -110,7 +111,13 @@ func Create(dir string) (*Writer, error) {
 			return nil, fmt.Errorf("start the events journal: remove an earlier run's %s: %w", segName(f), err)
 		}
 	}
-	return &Writer{dir: dir, SegmentBytes: SegmentBytes, Segments: Segments}, nil
+	w := &Writer{dir: dir, SegmentBytes: SegmentBytes, Segments: Segments}
+	// The first segment exists from the start, so a reader finds a
+	// journal before its first line.
+	if err := w.rotate(1); err != nil {
+		return nil, err
+	}
+	return w, nil
 }
 
 // TearNext makes the next Write stop half way through its line and call

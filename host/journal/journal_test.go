@@ -211,8 +211,15 @@ func TestCreateRemovesAnEarlierRunsSegmentsAndNothingElse(t *testing.T) {
 	w2, err := Create(dir)
 	require.NoError(t, err)
 	defer w2.Close()
-	assert.False(t, Exists(dir))
-	assert.FileExists(t, filepath.Join(dir, "shim.json"))
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	assert.Equal(t, []string{segName(1), "shim.json"}, names, "the new journal's first segment, empty, and what is not a segment")
+	assert.True(t, Exists(dir), "a journal is there before its first line")
+	assert.Empty(t, drain(t, Open(dir, 0)))
 	require.NoError(t, w2.Write(1, line(1)))
 	assert.Equal(t, seqs(1, 1), drain(t, Open(dir, 0)))
 }

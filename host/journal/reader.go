@@ -44,6 +44,8 @@ type Reader struct {
 	held     *Item  // a line that comes after the gap just given
 	damaged  int
 	chunk    []byte
+	// state and code are those of the last state event read.
+	state, code string
 }
 
 // Open reads the journal in dir from seq from (0: from the oldest line it
@@ -80,6 +82,10 @@ func (r *Reader) Torn() int { return len(r.pending) }
 
 // Last is the seq of the last line read.
 func (r *Reader) Last() uint64 { return r.last }
+
+// LastState is the state (and failure code) of the last state event read,
+// those before the reader's seq included: a follower's outcome.
+func (r *Reader) LastState() (state, code string) { return r.state, r.code }
 
 // Close closes the open segment.
 func (r *Reader) Close() {
@@ -136,6 +142,9 @@ func (r *Reader) Next() (Item, error) {
 		if !ok {
 			r.damaged++
 			continue
+		}
+		if it.Event == "state" {
+			r.state, r.code = it.State, it.Code
 		}
 		want := r.last + 1
 		if r.last == 0 && r.from == 0 {

@@ -39,6 +39,10 @@ const (
 // ErrBadShimRecord wraps every refusal of a shim's record.
 var ErrBadShimRecord = errors.New("unreadable shim record")
 
+// ErrNoRecord: a live shim holds the entry and has written no record yet
+// (an outliving shim between its claim and its publish).
+var ErrNoRecord = errors.New("its shim has written none yet")
+
 // ShimRecord is what a running shim says about itself.
 type ShimRecord struct {
 	Schema   int    `json:"schema"`
@@ -49,8 +53,11 @@ type ShimRecord struct {
 	// ProcStart is when the process started as the OS counts it (Linux:
 	// clock ticks after boot, /proc/PID/stat's 22nd field), so a reused
 	// pid is never taken for the shim's; 0 where the OS does not say.
-	ProcStart     uint64    `json:"proc_start"`
-	ControlSocket string    `json:"control_socket,omitempty"`
+	ProcStart     uint64 `json:"proc_start"`
+	ControlSocket string `json:"control_socket,omitempty"`
+	// OutliveParent: the shim runs with --outlive-parent (its journal is
+	// in the entry).
+	OutliveParent bool      `json:"outlive_parent,omitempty"`
 	Started       time.Time `json:"started"`
 	Version       string    `json:"version"`
 }
@@ -58,7 +65,7 @@ type ShimRecord struct {
 var shimSchema = func() *strictjson.Schema {
 	s := strictjson.ForType(reflect.TypeFor[ShimRecord]())
 	for i := range s.Fields {
-		if s.Fields[i].Name != "control_socket" {
+		if s.Fields[i].Name != "control_socket" && s.Fields[i].Name != "outlive_parent" {
 			s.Fields[i].Required = true
 		}
 	}
@@ -116,44 +123,103 @@ func OpenRegistry(keepRoot string) *Registry {
 }
 
 // Announcement is a shim's entry in the registry, held until Close.
-type Announcement struct{ dir *statedir.Dir }
+type Announcement struct {
+	dir  *statedir.Dir
+	name string
+	// keep names the files Close leaves for a reader (an outliving
+	// shim's journal); nil: Close removes everything.
+	keep func(string) bool
+}
 
 // Announce claims rec.Name in the registry and writes rec there. Another
 // live shim of the name is refused (provider.ErrExists); a dead one's
 // leftover is taken over.
 func (g *Registry) Announce(rec ShimRecord) (*Announcement, error) {
-	rec.Schema = ShimRecordSchema
-	if err := rec.validate(); err != nil {
+	if err := rec.validateNew(); err != nil {
 		return nil, err
 	}
+	a, err := g.Claim(rec.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.Publish(rec); err != nil {
+		a.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// Claim takes name's entry in the registry without a record yet: an
+// outliving shim keeps its journal and control socket in the entry's
+// directory (Dir) from its start, and Publishes its record once it
+// serves them. Until then it is not listed (Scan waits a moment for the
+// record of a held entry, then says it has none).
+func (g *Registry) Claim(name string) (*Announcement, error) {
 	// The keep root as persist makes it (0711: a kept sandbox's guest
 	// root reaches its state/ through it); the registry is the user's own.
 	if err := os.MkdirAll(filepath.Dir(g.Root), 0o711); err != nil {
-		return nil, fmt.Errorf("announce the running sandbox %s: %w", rec.Name, err)
+		return nil, fmt.Errorf("announce the running sandbox %s: %w", name, err)
 	}
 	if err := os.Mkdir(g.Root, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-		return nil, fmt.Errorf("announce the running sandbox %s: %w", rec.Name, err)
+		return nil, fmt.Errorf("announce the running sandbox %s: %w", name, err)
 	}
-	d, err := statedir.Claim(g.Root, rec.Name)
+	d, err := statedir.Claim(g.Root, name)
 	if err != nil {
-		return nil, fmt.Errorf("announce the running sandbox %s: %w", rec.Name, err)
+		return nil, fmt.Errorf("announce the running sandbox %s: %w", name, err)
 	}
-	data, err := json.MarshalIndent(rec, "", "  ")
-	if err == nil {
-		err = d.WriteFile(shimFile, append(data, '\n'))
-	}
-	if err != nil {
-		d.Release()
-		return nil, fmt.Errorf("announce the running sandbox %s: %w", rec.Name, err)
-	}
-	return &Announcement{dir: d}, nil
+	return &Announcement{dir: d, name: name}, nil
 }
 
-// Close removes the entry; safe on nil and more than once.
-func (a *Announcement) Close() {
-	if a != nil {
-		a.dir.Release()
+// Dir is the entry's directory, the shim's own (0700).
+func (a *Announcement) Dir() string { return a.dir.Path }
+
+// Publish writes the shim's record in its entry: from now on it is
+// listed, and stop reaches it.
+func (a *Announcement) Publish(rec ShimRecord) error {
+	if err := rec.validateNew(); err != nil {
+		return err
 	}
+	if rec.Name != a.name {
+		return fmt.Errorf("announce the running sandbox %s: the record names %q", a.name, rec.Name)
+	}
+	rec.Schema = ShimRecordSchema
+	data, err := json.MarshalIndent(rec, "", "  ")
+	if err == nil {
+		err = a.dir.WriteFile(shimFile, append(data, '\n'))
+	}
+	if err != nil {
+		return fmt.Errorf("announce the running sandbox %s: %w", rec.Name, err)
+	}
+	return nil
+}
+
+// KeepOnClose makes Close leave the files keep names (and the free lock)
+// for a reader: an outliving shim's journal, whose final events an
+// oac-shim attach reads after the shim has gone. The next claim, listing
+// or stop under the keep root removes them, as it removes a dead shim's
+// entry, without reporting them.
+func (a *Announcement) KeepOnClose(keep func(string) bool) { a.keep = keep }
+
+// Close removes the entry (but what KeepOnClose names); safe on nil and
+// more than once.
+func (a *Announcement) Close() {
+	if a == nil {
+		return
+	}
+	if a.keep != nil {
+		// The record goes first: an entry without one is an ended
+		// shim's, never taken for a live or a killed one.
+		a.dir.ReleaseKeeping(func(name string) bool { return name != shimFile && a.keep(name) })
+		return
+	}
+	a.dir.Release()
+}
+
+// validateNew checks a record about to be written (its schema is set by
+// Publish).
+func (r ShimRecord) validateNew() error {
+	r.Schema = ShimRecordSchema
+	return r.validate()
 }
 
 // Running is one live shim List found.
@@ -170,8 +236,8 @@ func (r Running) Entry() api.RunningEntry {
 		e.Message = r.Err.Error()
 		return e
 	}
-	e.Kind, e.Provider, e.PID, e.ControlSocket, e.Started, e.Version =
-		r.Record.Kind, r.Record.Provider, r.Record.PID, r.Record.ControlSocket, r.Record.Started, r.Record.Version
+	e.Kind, e.Provider, e.PID, e.ControlSocket, e.OutliveParent, e.Started, e.Version =
+		r.Record.Kind, r.Record.Provider, r.Record.PID, r.Record.ControlSocket, r.Record.OutliveParent, r.Record.Started, r.Record.Version
 	return e
 }
 
@@ -186,7 +252,12 @@ func (g *Registry) List() ([]Running, []api.CleanedEntry, error) {
 	cleaned := []api.CleanedEntry{}
 	for _, f := range found {
 		if !f.Held {
-			cleaned = append(cleaned, api.CleanedEntry{Name: f.Name, Message: deadMessage(f)})
+			// An entry without a record was never listed (a shim killed
+			// before it wrote one) or is an ended outliving shim's
+			// journal (KeepOnClose): removed without a word.
+			if !errors.Is(f.Err, os.ErrNotExist) {
+				cleaned = append(cleaned, api.CleanedEntry{Name: f.Name, Message: deadMessage(f)})
+			}
 			continue
 		}
 		r := Running{Record: ShimRecord{Name: f.Name}, Err: f.Err}
@@ -229,6 +300,46 @@ func (g *Registry) Watch(name string) (*statedir.Holder, error) {
 // Sweep removes what dead shims left in the registry.
 func (g *Registry) Sweep() { statedir.Sweep(g.Root, "") }
 
+// EntryDir is the directory of name's entry (its shim's while it runs).
+func (g *Registry) EntryDir(name string) string { return filepath.Join(g.Root, "sandboxes", name) }
+
+// Left is what an entry whose shim is gone holds: a killed shim's record
+// (Record) or, an ended outliving shim's, none; and the directory, for
+// its journal.
+type Left struct {
+	Dir string
+	// Record is the killed shim's (nil: the shim ended and removed it,
+	// or never wrote one).
+	Record *ShimRecord
+}
+
+// Leftover finds what a gone shim of name left: os.ErrNotExist when there
+// is nothing, or a live shim holds the entry again.
+func (g *Registry) Leftover(name string) (Left, error) {
+	if !provider.ValidName(name) {
+		return Left{}, fmt.Errorf("%w: sandbox name %q", provider.ErrInvalidSpec, name)
+	}
+	h, err := statedir.Watch(g.Root, name)
+	if err != nil {
+		return Left{}, err
+	}
+	defer h.Close()
+	if !h.Gone() {
+		return Left{}, os.ErrNotExist
+	}
+	l := Left{Dir: g.EntryDir(name)}
+	if data, err := statedir.ReadRecord(g.Root, name, shimFile, MaxShimRecord); err == nil {
+		if rec, err := DecodeShimRecord(data); err == nil {
+			l.Record = &rec
+		}
+	}
+	return l, nil
+}
+
+// RemoveLeftover removes name's entry if no shim holds it (what Sweep
+// does to every dead one).
+func (g *Registry) RemoveLeftover(name string) { statedir.SweepName(g.Root, name) }
+
 // Watched is the shim of one name as Open found it: its record, and a
 // watch on its lock that sees that shim, and no later one, let go.
 type Watched struct {
@@ -262,6 +373,8 @@ func (g *Registry) Open(name string) (*Watched, error) {
 		if err == nil {
 			return &Watched{Record: rec, holder: h}, nil
 		}
+	} else if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("%w: %w", ErrBadShimRecord, ErrNoRecord)
 	} else {
 		err = fmt.Errorf("%w: %v", ErrBadShimRecord, err)
 	}

@@ -168,3 +168,76 @@ func FuzzDecodeShimRecord(f *testing.F) {
 		require.Equal(t, r.ControlSocket, r2.ControlSocket)
 	})
 }
+
+func TestAClaimedEntryIsListedOnceItsRecordIsPublished(t *testing.T) {
+	g := OpenRegistry(t.TempDir())
+	a, err := g.Claim("o")
+	require.NoError(t, err)
+	defer a.Close()
+	assert.Equal(t, g.EntryDir("o"), a.Dir())
+	_, err = g.Claim("o")
+	assert.ErrorIs(t, err, provider.ErrExists, "the name is held from the claim")
+	assert.Error(t, a.Publish(shimRecord("other")), "a record of another name")
+	require.NoError(t, a.Publish(shimRecord("o")))
+	w, err := g.Open("o")
+	require.NoError(t, err)
+	defer w.Close()
+	assert.Equal(t, "o", w.Record.Name)
+}
+
+// An outliving shim's end: its record goes, what KeepOnClose names stays
+// with the free lock for a reader (Leftover), and the next listing
+// removes it without reporting it.
+func TestAnEndedEntryKeepsWhatItNamesUntilTheNextListingRemovesItSilently(t *testing.T) {
+	g := OpenRegistry(t.TempDir())
+	a, err := g.Claim("o")
+	require.NoError(t, err)
+	require.NoError(t, a.Publish(shimRecord("o")))
+	require.NoError(t, os.WriteFile(filepath.Join(a.Dir(), "journal-1"), []byte("x\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(a.Dir(), "control.sock"), nil, 0o600))
+	a.KeepOnClose(func(n string) bool { return n == "journal-1" || n == "shim.json" })
+	a.Close()
+
+	left, err := g.Leftover("o")
+	require.NoError(t, err)
+	assert.Nil(t, left.Record, "the record went first: an ended shim's, not a killed one's")
+	assert.FileExists(t, filepath.Join(left.Dir, "journal-1"))
+	assert.NoFileExists(t, filepath.Join(left.Dir, "control.sock"))
+	_, err = g.Open("o")
+	assert.ErrorIs(t, err, os.ErrNotExist, "no shim runs it")
+
+	live, cleaned, err := g.List()
+	require.NoError(t, err)
+	assert.Empty(t, live)
+	assert.Empty(t, cleaned, "an ended shim's journal is not a death to report")
+	assert.NoDirExists(t, g.EntryDir("o"))
+}
+
+func TestLeftoverFindsAKilledShimsRecordAndNothingOfALiveOne(t *testing.T) {
+	g := OpenRegistry(t.TempDir())
+	_, err := g.Leftover("none")
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	a, err := g.Announce(shimRecord("live"))
+	require.NoError(t, err)
+	defer a.Close()
+	_, err = g.Leftover("live")
+	assert.ErrorIs(t, err, os.ErrNotExist, "a live shim's entry is no leftover")
+	g.RemoveLeftover("live")
+	assert.DirExists(t, g.EntryDir("live"), "a live entry is never removed")
+
+	// A killed shim: the lock free, everything else there.
+	k, err := g.Claim("killed")
+	require.NoError(t, err)
+	require.NoError(t, k.Publish(shimRecord("killed")))
+	data, err := os.ReadFile(filepath.Join(k.Dir(), "shim.json"))
+	require.NoError(t, err)
+	k.KeepOnClose(func(string) bool { return true })
+	k.Close()
+	require.NoError(t, os.WriteFile(filepath.Join(g.EntryDir("killed"), "shim.json"), data, 0o600))
+	left, err := g.Leftover("killed")
+	require.NoError(t, err)
+	require.NotNil(t, left.Record)
+	assert.Equal(t, 4242, left.Record.PID)
+	g.RemoveLeftover("killed")
+	assert.NoDirExists(t, g.EntryDir("killed"))
+}

@@ -104,11 +104,19 @@ func (s *shim) announce() {
 	if s.kept != nil {
 		kind = api.RunKept
 	}
-	a, err := kept.OpenRegistry(s.f.keepRoot).Announce(kept.ShimRecord{
+	rec := kept.ShimRecord{
 		Name: s.name, Kind: kind, Provider: s.f.prov, PID: os.Getpid(), ProcStart: selfStart(),
-		ControlSocket: provider.AbsPath(s.f.controlSocket), Started: time.Now().UTC().Truncate(time.Millisecond),
+		ControlSocket: provider.AbsPath(s.f.controlSocket), OutliveParent: s.f.outlive, Started: time.Now().UTC().Truncate(time.Millisecond),
 		Version: buildinfo.Version,
-	})
+	}
+	if s.f.announced != nil {
+		// Claimed at the start (an outliving shim's journal is there).
+		if err := s.f.announced.Publish(rec); err != nil {
+			s.log.Warn("this sandbox is not among the running ones oac-shim list --running and stop find", "err", err)
+		}
+		return
+	}
+	a, err := kept.OpenRegistry(s.f.keepRoot).Announce(rec)
 	if err != nil {
 		s.log.Warn("this sandbox is not among the running ones oac-shim list --running and stop find", "err", err)
 		return

@@ -18,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/journal"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/ospolicy"
 	"github.com/oac/sandbox-agent/host/persist"
@@ -55,6 +56,10 @@ type runFlags struct {
 	// announced is this shim's entry among the keep root's running
 	// sandboxes (list.go), held until runShim returns.
 	announced *kept.Announcement
+	// outlive: --outlive-parent (outlive.go); journal is its events
+	// journal in the announced entry.
+	outlive bool
+	journal *journal.Writer
 }
 
 // parseRunFlags parses the flags of cmd: "run", or "start", which takes
@@ -103,8 +108,9 @@ func parseRunFlags(cmd string, args []string, stderr io.Writer) (*runFlags, int)
 	fs.StringVar(&f.dataPlane, "data-plane", "auto", `how egress and forward connections travel: "auto" (each on a kernel stream of its own beside the session where the transport allows, and direct mode, the workload's connects answered with the host's own sealed sockets with no relay, wherever every guarantee of it holds; see docs/egress.md), "direct" (the same as auto), "off" (as streams of the session), "fd" or "dial" (that carrier only, without direct mode)`)
 	fs.DurationVar(&f.clockInterval, "clock-interval", sandbox.DefaultClockInterval, "how often the host reads a VM guest's clock and steps it when it is off by more than 100ms (0: never; other guests share the host's clock)")
 	fs.IntVar(&f.forwardMaxStreams, "forward-max-streams", forward.DefaultMaxStreams, "concurrent forwarded connections, all forwards together; the next one is closed")
-	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox)`)
+	fs.StringVar(&f.control, "control", "", `"stdin": read control commands as JSON lines on stdin (answers go to the events output; end of input stops the sandbox, unless --outlive-parent)`)
 	fs.StringVar(&f.controlSocket, "control-socket", "", "serve control commands as JSON lines on this unix socket (mode 0600)")
+	fs.BoolVar(&f.outlive, "outlive-parent", false, "keep the sandbox when the parent goes: the end of stdin ends only --control stdin, events are also kept (the newest 4 MiB) for oac-shim attach NAME, and a control socket is served in the keep root's running/sandboxes/NAME/ unless --control-socket names one; stop it with oac-shim stop NAME, its control socket or SIGTERM")
 	if cmd == "start" {
 		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+")")
 	} else {
@@ -235,6 +241,11 @@ func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.
 		return failure.Exit(err)
 	}
 	out := stdout
+	if f.outlive && f.eventsFile == "" {
+		po := newParentOut(stdout)
+		defer po.Close()
+		out = po
+	}
 	if f.eventsFile != "" {
 		ef, err := os.OpenFile(f.eventsFile, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
 		if err != nil {
@@ -325,6 +336,12 @@ func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.
 	prov := f.providers[f.prov]()
 	for _, msg := range prov.Capabilities().Warnings {
 		log.Warn(msg)
+	}
+	if f.outlive {
+		if err := startOutliving(f, sink, log); err != nil {
+			return failedEvent(err)
+		}
+		defer endOutliving(f, sink)
 	}
 	s := newShim(f, sink, log, broker)
 	defer s.fwd.Close()

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/apiserver"
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/forward"
@@ -249,6 +249,10 @@ func (s *shim) run(stdin io.Reader) error {
 		go func() {
 			err := srv.ServeLines(ctx, stdin, s.answerOut)
 			if ctx.Err() == nil && !errors.Is(err, errAnswersClosed) {
+				if s.f.outlive {
+					s.log.Info("control input ended; the sandbox outlives its parent (--outlive-parent): stop it with oac-shim stop, its control socket or SIGTERM", "err", err)
+					return
+				}
 				reason := errors.New("control input closed")
 				if err != nil {
 					reason = fmt.Errorf("control input failed: %w", err)

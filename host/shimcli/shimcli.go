@@ -26,7 +26,7 @@ const usageHead = `usage:
   oac-shim run --provider %s --name NAME [--rootfs DIR|FILE]
                [--bootstrap FILE] [--events FILE] [--timeout DUR] [--boot-timeout DUR]
                [--agent PATH] [--password-stdin | --password-file FILE | --password-fd N]
-               [--clock-interval DUR]
+               [--clock-interval DUR] [--control stdin] [--control-socket PATH] [--outlive-parent]
                egress: [--allow RULE]... [--upstream NAME:PORT=ADDR]... [--policy FILE]
                        [--egress-max-streams N] [--egress-connect-timeout DUR] [--egress-idle-timeout DUR]
                        [--data-plane auto|off|fd|dial|direct]
@@ -49,6 +49,9 @@ const usageTail = `
   oac-shim list --running [--json] [--keep-root DIR]            name, kind, provider, pid, control socket
   oac-shim stop [--grace DUR] [--json] [--keep-root DIR] (NAME... | --all)
                                                                  in order, each within the grace
+  oac-shim attach NAME [--from SEQ|now] [--keep-root DIR]        a sandbox run with --outlive-parent:
+                                                                 its events replayed and followed,
+                                                                 commands on stdin, answers on stdout
 
   oac-shim check [--json] [provider flags]
   oac-shim version
@@ -97,6 +100,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return listCmd(args[1:], stdout, stderr)
 	case "stop":
 		return stopCmd(args[1:], stdout, stderr)
+	case "attach":
+		return attachCmd(args[1:], stdin, stdout, stderr)
 	case "check":
 		return checkCmd(args[1:], stdout, stderr)
 	case "version", "--version", "-version":

@@ -78,6 +78,10 @@ var (
 	BootReady         = declare("boot/ready", boots, Before, "the guest is ready and the ready event written")
 	StopInstanceEnded = declare("stop/instance-ended", boots, Before, "the sandbox stopped and its instance is destroyed; the record (start) still says \"running\"")
 
+	// An outliving shim's (--outlive-parent) journal: oac-shim attach
+	// reads what a killed shim wrote, a torn final line included.
+	OutliveTornLine = declare("outlive/torn-line", run, Before, "the guest is ready (--outlive-parent) and the journal holds the first half of the ready event's line, which stdout never got")
+
 	ResetMarked        = declare("reset/marked", reset, Nothing, `the record says "resetting"`)
 	ResetDiscarded     = declare("reset/discarded", reset, Nothing, "the provider's kept state is discarded")
 	ResetProviderState = declare("reset/provider-state", reset, Nothing, "the provider made the sandbox afresh and holds it")

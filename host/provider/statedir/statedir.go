@@ -140,25 +140,40 @@ func Sweep(root, skip string) {
 		if !e.IsDir() || e.Name() == skip || strings.HasPrefix(e.Name(), claimPrefix) {
 			continue
 		}
-		dir := filepath.Join(base, e.Name())
-		lockPath := filepath.Join(dir, "lock")
-		lock, err := os.OpenFile(lockPath, os.O_RDWR|openFlags, 0)
-		if err != nil {
-			continue // no lock: nothing of ours to judge
-		}
-		if tryLock(lock) != nil || !stillAt(lock, lockPath) {
-			lock.Close() // held (a running sandbox) or already gone
-			continue
-		}
-		// Ours while the lock is held: a Claim of this name fails with
-		// ErrExists or starts over, so only the empty directory is
-		// removed last.
-		d := &Dir{Path: dir, lock: lock}
-		d.clear()
-		os.Remove(lockPath)
-		os.Remove(dir)
-		lock.Close()
+		sweepDir(filepath.Join(base, e.Name()))
 	}
+}
+
+// SweepName removes root/sandboxes/name as Sweep would: only when its
+// lock is free. It reports whether the directory is gone.
+func SweepName(root, name string) bool {
+	if !provider.ValidName(name) {
+		return false
+	}
+	dir := filepath.Join(root, "sandboxes", name)
+	sweepDir(dir)
+	_, err := os.Lstat(dir)
+	return errors.Is(err, os.ErrNotExist)
+}
+
+func sweepDir(dir string) {
+	lockPath := filepath.Join(dir, "lock")
+	lock, err := os.OpenFile(lockPath, os.O_RDWR|openFlags, 0)
+	if err != nil {
+		return // no lock: nothing of ours to judge
+	}
+	if tryLock(lock) != nil || !stillAt(lock, lockPath) {
+		lock.Close() // held (a running sandbox) or already gone
+		return
+	}
+	// Ours while the lock is held: a Claim of this name fails with
+	// ErrExists or starts over, so only the empty directory is
+	// removed last.
+	d := &Dir{Path: dir, lock: lock}
+	d.clear()
+	os.Remove(lockPath)
+	os.Remove(dir)
+	lock.Close()
 }
 
 func (d *Dir) clear() {
@@ -179,6 +194,24 @@ func (d *Dir) Release() {
 	d.clear()
 	removeLocked(d.lock, filepath.Join(d.Path, "lock"))
 	os.Remove(d.Path)
+	d.lock = nil
+}
+
+// ReleaseKeeping removes what keep does not name and drops the lock, but
+// leaves the lock file and the directory: a reader of what was kept finds
+// it with the lock free (its holder ended), and the next Claim, Scan or
+// Sweep removes it all, as it does a dead holder's directory.
+func (d *Dir) ReleaseKeeping(keep func(name string) bool) {
+	if d == nil || d.lock == nil {
+		return
+	}
+	ents, _ := os.ReadDir(d.Path)
+	for _, e := range ents {
+		if e.Name() != "lock" && !keep(e.Name()) {
+			os.RemoveAll(filepath.Join(d.Path, e.Name()))
+		}
+	}
+	d.lock.Close()
 	d.lock = nil
 }
 
