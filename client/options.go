@@ -44,6 +44,8 @@ type Options struct {
 	// line of its stdin (--password-stdin, with Bootstrap): never in argv,
 	// environment or a file. Empty: one is generated with crypto/rand
 	// (Shim.Password returns it). Every attempt (restart, reset) uses it.
+	// A bootstrap that names a password itself is refused by the shim:
+	// give it here instead.
 	Password string
 	// Identity makes a hosted sandbox (--tenant, --environment,
 	// --allocation): the bootstrap's resource must name them.
