@@ -10,7 +10,8 @@
 // with what each means to a caller (Failures: exit status, HTTP status,
 // action), the answer codes a refused or failed command's answer carries
 // (AnswerCodes; CommandError, Refuse and AnswerCode mark and read them on
-// errors), and SchemaVersion, which every line carries. The JSON Schema
+// errors), and SchemaVersion, which every line carries, with Seq, the
+// line's number on its events output, which the sink sets. The JSON Schema
 // files in schema/ describe the same JSON, and their tests hold the two
 // together. docs/events-and-control.md and docs/schema.md document it.
 //

@@ -22,7 +22,11 @@
 // its pid, process start time and control socket it writes itself), so
 // oac-shim list --running and stop find the live ones; a record whose
 // lock is free is a dead shim's, reported and removed, never taken for a
-// live one. Records are read bounded and strictly.
+// live one. Records are read bounded and strictly. An outliving shim
+// (--outlive-parent) Claims its entry first, keeps its journal and control
+// socket there and Publishes its record later; at its end it leaves the
+// journal with the free lock and no record (KeepOnClose), which attach
+// reads (Leftover) and the next claim, listing or stop removes unreported.
 //
 // It must not parse flags or print (package shimcli does), run a sandbox
 // (package sandbox), or know what a provider keeps.

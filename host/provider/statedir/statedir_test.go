@@ -92,3 +92,25 @@ func TestALockLeftAMomentByAKilledShimsChildIsWaitedOut(t *testing.T) {
 	require.NoError(t, err, "the lock was let go within heldWait")
 	d.Release()
 }
+
+func TestReleaseKeepingLeavesWhatItNamesForTheNextSweep(t *testing.T) {
+	root := t.TempDir()
+	d, err := Claim(root, "k")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(d.Path, "keep-me"), []byte("x"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(d.Path, "drop-me"), []byte("x"), 0o600))
+	d.ReleaseKeeping(func(n string) bool { return n == "keep-me" })
+	d.ReleaseKeeping(func(string) bool { return true }) // once only
+	assert.FileExists(t, filepath.Join(d.Path, "keep-me"))
+	assert.NoFileExists(t, filepath.Join(d.Path, "drop-me"))
+	assert.FileExists(t, filepath.Join(d.Path, "lock"), "the free lock stays: what a sweep judges by")
+
+	held, err := Claim(root, "held")
+	require.NoError(t, err)
+	defer held.Release()
+	assert.False(t, SweepName(root, "held"), "a held directory is never swept")
+	assert.False(t, SweepName(root, "../k"), "only a sandbox's name")
+	assert.True(t, SweepName(root, "k"))
+	assert.NoDirExists(t, d.Path)
+	assert.True(t, SweepName(root, "never-there"))
+}
