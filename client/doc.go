@@ -1,16 +1,37 @@
-// Package client launches and drives oac-shim processes for a parent
-// written in Go (the node provider, a desktop app's helper): it starts
-// `oac-shim run --control stdin`, reads its events, sends control
-// commands and matches their answers by id, waits for lifecycle states,
-// and stops the sandbox in order. For many sandboxes from one parent,
-// List and StopAll (and StopNamed) run oac-shim list --running and stop
-// --all and return their reports: every running sandbox of a keep root
-// with its control socket, and each one stopped in order within a grace.
+// Package client is the Go caller's side of oac-shim and of oac-guest
+// helper, for a parent written in Go (the hosted platform, the node
+// provider, a desktop helper), on Linux, macOS and Windows alike.
 //
-// It owns the parent's side of the control API and the event stream: one
-// JSON object per line both ways. It must not interpret the sandbox
-// beyond the documented schema, hold the daemon's password (read it from
-// --password-file when you need it), or outlive its shim's process: the
-// shim stops the sandbox when its stdin ends, so a parent that dies
-// takes its sandboxes down with it.
+// It owns:
+//   - launching `oac-shim run` (or `start` for a kept sandbox) with
+//     typed Options beside the raw Args, the bootstrap and the daemon's
+//     password handed over on stdin (--bootstrap -, --password-stdin: the
+//     one path that works on every OS; the password is made here with
+//     crypto/rand unless the caller gives one, and is never in argv, the
+//     environment, a file or an event), then driving its control API and
+//     event stream on stdio: one JSON object per line both ways, answers
+//     matched to commands by id;
+//   - StartReady, which returns once the sandbox is ready or leaves
+//     nothing running; a bounded event history (Options.History) read as
+//     an iterator (Shim.Events) or waited on (WaitState, WaitEvent), and a
+//     context on every wait, command and stop;
+//   - the errors a caller branches on: *FailedError (a failed state's
+//     failure code), *CommandError (a refused command's answer code),
+//     *ExitedError (a shim that ended otherwise, with its exit status and
+//     what it said); Code and Retryable read the published codes of any
+//     of them (api.Failures, api.AnswerCodes);
+//   - Attach to a sandbox started with Options.Outlive, which outlives
+//     its parent: its events replayed from a seq and its control API,
+//     through `oac-shim attach`;
+//   - the short commands on many sandboxes and on kept ones: List,
+//     StopAll and StopNamed (oac-shim list --running, stop), CreateKept,
+//     ResetKept, DestroyKept and ListKept (create, reset, destroy, list);
+//   - HelperOutput: the events oac-guest helper writes on its stdout in an
+//     E2B or microsandbox sandbox, read strictly and bounded from the exec
+//     stream.
+//
+// It must not interpret the sandbox beyond the published schema (package
+// api), keep the password anywhere but in memory, or outlive its shim's
+// process unless asked: without Outlive the shim stops the sandbox when
+// its stdin ends, so a parent that dies takes its sandboxes down with it.
 package client

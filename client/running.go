@@ -17,7 +17,7 @@ import (
 // its shims run under one keep root (every oac-shim run and start
 // announces itself there), listed and stopped by short oac-shim commands.
 type Sandboxes struct {
-	// Shim is the oac-shim binary (default "oac-shim", found in PATH).
+	// Shim is the oac-shim binary (default: $OAC_SHIM, else oac-shim in PATH).
 	Shim string
 	// KeepRoot is --keep-root (default: the shim's).
 	KeepRoot string
@@ -91,10 +91,7 @@ func (o Sandboxes) stop(ctx context.Context, grace time.Duration, what ...string
 // run runs a short oac-shim command and returns its stdout; a failure's
 // error carries its stderr and, unwrapped, the *exec.ExitError.
 func (o Sandboxes) run(ctx context.Context, args ...string) ([]byte, error) {
-	shim := o.Shim
-	if shim == "" {
-		shim = "oac-shim"
-	}
+	shim := shimPath(o.Shim)
 	if o.KeepRoot != "" {
 		args = append(args[:1:1], append([]string{"--keep-root", o.KeepRoot}, args[1:]...)...)
 	}

@@ -3,7 +3,9 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,7 +25,18 @@ func fakeShort(args []string) int {
 	_ = os.WriteFile(os.Getenv("FAKE_ARGS"), []byte(strings.Join(args, " ")), 0o600)
 	enc := json.NewEncoder(os.Stdout)
 	switch args[0] {
+	case "create", "reset", "destroy":
+		if slices.Contains(args, "busy") {
+			fmt.Fprintln(os.Stderr, "oac-shim: kept sandbox busy: in use by another oac-shim")
+			return 4
+		}
+		fmt.Printf("%sd %s\n", args[0], args[2])
+		return 0
 	case "list":
+		if !slices.Contains(args, "--running") {
+			_ = enc.Encode(api.ListReport{SchemaVersion: api.SchemaVersion, Sandboxes: []api.ListEntry{{Name: "work", Provider: "bwrap", State: api.KeptStopped, SizeBytes: 4096}}})
+			return 0
+		}
 		_ = enc.Encode(api.RunningReport{SchemaVersion: api.SchemaVersion, Cleaned: []api.CleanedEntry{},
 			Sandboxes: []api.RunningEntry{{Name: "a", Kind: api.RunThrowaway, Provider: "bwrap", PID: 10, ControlSocket: "/run/a.ctl", Version: "dev"}}})
 		return 0
@@ -83,4 +96,28 @@ func TestStopAllAndStopNamedReportEachAndErrWhenOneWasNotStoppedInOrder(t *testi
 	assert.Error(t, err, "no names")
 	_, err = List(context.Background(), Sandboxes{Shim: "/nonexistent/oac-shim"})
 	assert.Error(t, err)
+}
+
+func TestKeptSandboxesAreCreatedResetDestroyedAndListedByTheShortCommands(t *testing.T) {
+	o, argv := short(t)
+	require.NoError(t, CreateKept(context.Background(), o, KeptSpec{Name: "work", Provider: "bwrap", Rootfs: "/img", Agent: "/bin/g",
+		SandboxIO: "/bin/sio", Install: []string{"d=/bin/d"}, Args: []string{"--bwrap-foo=1"}}))
+	assert.Equal(t, "create --keep-root /keep --name work --provider bwrap --rootfs /img --agent /bin/g --sandbox-io /bin/sio --install d=/bin/d --bwrap-foo=1", argv())
+	require.NoError(t, ResetKept(context.Background(), o, "work", ""))
+	assert.Equal(t, "reset --keep-root /keep --name work", argv())
+	require.NoError(t, ResetKept(context.Background(), o, "work", "/bin/g"))
+	assert.Equal(t, "reset --keep-root /keep --name work --agent /bin/g", argv())
+	require.NoError(t, DestroyKept(context.Background(), o, "work"))
+	assert.Equal(t, "destroy --keep-root /keep --name work", argv())
+	rep, err := ListKept(context.Background(), o)
+	require.NoError(t, err)
+	assert.Equal(t, "list --keep-root /keep --json", argv())
+	require.Len(t, rep.Sandboxes, 1)
+	assert.Equal(t, api.KeptStopped, rep.Sandboxes[0].State)
+
+	err = DestroyKept(context.Background(), o, "busy")
+	assert.EqualError(t, err, "client: oac-shim destroy: exit status 4 (oac-shim: kept sandbox busy: in use by another oac-shim)", "the shim's own words")
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, 4, ee.ExitCode())
 }

@@ -298,8 +298,8 @@ func TestGoExampleDrivesStartReadyForwardStop(t *testing.T) {
 	needBwrap(t)
 	bootFile := filepath.Join(t.TempDir(), "bootstrap.json")
 	require.NoError(t, os.WriteFile(bootFile, []byte(encode(t, contract("link.example.com"))), 0o600))
-	args := append([]string{"-shim", bins.shim, "-name", uniqueName("goex"), "--", "--provider", "bwrap", "--agent", bins.guest,
-		"--bootstrap", bootFile}, identityArgs()...)
+	args := append([]string{"-shim", bins.shim, "-name", uniqueName("goex"), "-bootstrap", bootFile, "--", "--provider", "bwrap", "--agent", bins.guest},
+		identityArgs()...)
 	out, err := exec.Command(bins.shimClient, args...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	text := string(out)

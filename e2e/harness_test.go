@@ -43,6 +43,8 @@ var bins struct {
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
 	shimClient string
+	// goParent starts a sandbox that outlives it (internal/goparent).
+	goParent string
 	// probe plays a hostile daemon (internal/probe).
 	probe string
 	// crashShim is oac-shim built with -tags crashpoints: it kills
@@ -78,6 +80,7 @@ func TestMain(m *testing.M) {
 	bins.fakeWSL = filepath.Join(dir, "wsl.exe")
 	bins.dockerRec = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
+	bins.goParent = filepath.Join(dir, "goparent")
 	bins.probe = filepath.Join(dir, "probe")
 	bins.crashShim = filepath.Join(dir, "oac-shim-crash")
 	bins.guestDoorsOff = filepath.Join(dir, "oac-guest-doors-off")
@@ -93,6 +96,7 @@ func TestMain(m *testing.M) {
 		{bins.fakeWSL, "./internal/fakewsl", ""},
 		{bins.dockerRec, "./internal/dockerrec", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
+		{bins.goParent, "./internal/goparent", ""},
 		{bins.probe, "./internal/probe", ""},
 		{bins.crashShim, "../cmd/oac-shim", ""},
 		{bins.guestDoorsOff, "../cmd/oac-guest", ""},

@@ -2,11 +2,12 @@
 // parent written in Go that drives one sandbox from start to ready, reaches
 // its daemon through a forward with Basic auth, and stops it.
 //
-//	shim-client -shim bin/oac-shim -name demo -- --provider bwrap --bootstrap examples/demo-bootstrap.json ...
+//	shim-client -shim bin/oac-shim -name demo -bootstrap examples/demo-bootstrap.json -- --provider bwrap ...
 //
-// Everything after "--" goes to `oac-shim run`. The daemon's password is
-// read from a 0600 file the shim writes (--password-file), never from an
-// event.
+// Everything after "--" goes to `oac-shim run`. The bootstrap is handed
+// to the shim on its stdin and the daemon's password is made here and
+// handed over the same way (--password-stdin): it is in no file, argv,
+// environment or event.
 package main
 
 import (
@@ -16,7 +17,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/oac/sandbox-agent/api"
@@ -26,31 +26,34 @@ import (
 func main() {
 	shim := flag.String("shim", "oac-shim", "the oac-shim binary")
 	name := flag.String("name", "example", "sandbox name")
+	boot := flag.String("bootstrap", "", "the bootstrap JSON file (required)")
 	guestPort := flag.Int("guest-port", 4096, "the daemon's port inside the guest")
 	healthPath := flag.String("path", "/global/health", "the daemon path to GET")
 	timeout := flag.Duration("timeout", time.Minute, "give up after this long")
 	flag.Parse()
-	if err := run(*shim, *name, *guestPort, *healthPath, *timeout, flag.Args()); err != nil {
+	if err := run(*shim, *name, *boot, *guestPort, *healthPath, *timeout, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "shim-client:", err)
+		if code := client.Code(err); code != "" {
+			fmt.Fprintf(os.Stderr, "shim-client: code %s, a retry may help: %v\n", code, client.Retryable(err))
+		}
 		os.Exit(1)
 	}
 }
 
-func run(shim, name string, guestPort int, path string, timeout time.Duration, runArgs []string) error {
+func run(shim, name, boot string, guestPort int, path string, timeout time.Duration, runArgs []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "shim-client-")
+	if boot == "" {
+		return fmt.Errorf("give the bootstrap file with -bootstrap")
+	}
+	bf, err := os.Open(boot)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	pwFile := filepath.Join(dir, "password")
+	defer bf.Close()
 
-	// 1. start: oac-shim run --control stdin, the daemon's password to a file.
-	s, err := client.Start(ctx, client.Options{
-		Shim: shim, Name: name, Stderr: os.Stderr,
-		Args: append([]string{"--password-file", pwFile}, runArgs...),
-	})
+	// 1. start: oac-shim run --control stdin --password-stdin --bootstrap -.
+	s, err := client.Start(ctx, client.Options{Shim: shim, Name: name, Bootstrap: bf, Stderr: os.Stderr, Args: runArgs})
 	if err != nil {
 		return err
 	}
@@ -75,16 +78,12 @@ func run(shim, name string, guestPort int, path string, timeout time.Duration, r
 		url = fw.URL
 	}
 
-	// 4. use it: Basic auth with the generated password.
-	password, err := os.ReadFile(pwFile)
-	if err != nil {
-		return err
-	}
+	// 4. use it: Basic auth with the password the client made.
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+path, nil)
 	if err != nil {
 		return err
 	}
-	req.SetBasicAuth(ready.Username, string(password))
+	req.SetBasicAuth(ready.Username, s.Password())
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
@@ -103,7 +102,7 @@ func run(shim, name string, guestPort int, path string, timeout time.Duration, r
 	if err := s.Stop(ctx); err != nil {
 		return err
 	}
-	evs := s.Events()
+	evs := s.History()
 	last := evs[len(evs)-1]
 	fmt.Printf("%s: %s\n", last.State, last.Message)
 	return nil

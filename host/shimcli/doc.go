@@ -21,11 +21,11 @@
 // within the grace, killed past it. secret.go takes the daemon's password
 // the caller made from the first line of stdin (--password-stdin, the way
 // that works on every OS) and refuses the descriptor flags on Windows,
-// where no descriptor beyond stdio is inherited. outlive.go is --outlive-parent: the
-// journal on the events sink (package journal), the control socket in
-// the registry entry, the parent's stdout that never holds the shim up;
-// attach.go is oac-shim attach NAME: the journal replayed and followed,
-// stdin's commands carried to the control socket.
+// where no descriptor beyond stdio is inherited. outlive.go is
+// --outlive-parent: the journal on the events sink (package journal), the
+// control socket in the registry entry, the parent's stdout that never
+// holds the shim up; attach.go is oac-shim attach NAME: the journal
+// replayed and followed, stdin's commands carried to the control socket.
 // cmd/oac-shim only calls Main.
 //
 // It must not know a provider's settings, contain sandbox logic (package
