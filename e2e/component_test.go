@@ -309,6 +309,30 @@ func TestGoExampleDrivesStartReadyForwardStop(t *testing.T) {
 	assert.Contains(t, text, "stopped: stopped: stop command")
 }
 
+// The README's "From Go", as written there (examples/readme-go): the
+// shim it finds through OAC_SHIM is this run's, given the stand-ins and
+// the identity the way a product's image would carry them.
+func TestTheREADMEsGoSnippetStartsUseAndStopsASandbox(t *testing.T) {
+	needBwrap(t)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "bootstrap.json"), []byte(encode(t, contract("link.example.com"))), 0o600))
+	wrapper := filepath.Join(dir, "oac-shim")
+	script := "#!/bin/sh\nexec " + shellQuote(bins.shim) + ` "$@" --provider bwrap --agent ` + shellQuote(bins.guest)
+	for _, a := range identityArgs() {
+		script += " " + shellQuote(a)
+	}
+	require.NoError(t, os.WriteFile(wrapper, []byte(script+"\n"), 0o755))
+	cmd := exec.Command(bins.readmeGo)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "OAC_SHIM="+wrapper)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "stderr:\n%s", stderr.String())
+	assert.Equal(t, "200\n", string(out), "the daemon answered its health check to the client's password")
+	noneLeft(t, "hello")
+}
+
 // The shell one-liner of docs/events-and-control.md.
 func TestShellOneLinerDrivesStartReadyForwardStop(t *testing.T) {
 	needBwrap(t)

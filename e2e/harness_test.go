@@ -43,6 +43,8 @@ var bins struct {
 	sandboxIO, daemon string
 	// shimClient is examples/shim-client, the Go parent of docs/events-and-control.md.
 	shimClient string
+	// readmeGo is examples/readme-go, the README's "From Go".
+	readmeGo string
 	// goParent starts a sandbox that outlives it (internal/goparent).
 	goParent string
 	// probe plays a hostile daemon (internal/probe).
@@ -81,6 +83,7 @@ func TestMain(m *testing.M) {
 	bins.dockerRec = filepath.Join(dir, "docker")
 	bins.shimClient = filepath.Join(dir, "shim-client")
 	bins.goParent = filepath.Join(dir, "goparent")
+	bins.readmeGo = filepath.Join(dir, "readme-go")
 	bins.probe = filepath.Join(dir, "probe")
 	bins.crashShim = filepath.Join(dir, "oac-shim-crash")
 	bins.guestDoorsOff = filepath.Join(dir, "oac-guest-doors-off")
@@ -97,6 +100,7 @@ func TestMain(m *testing.M) {
 		{bins.dockerRec, "./internal/dockerrec", ""},
 		{bins.shimClient, "../examples/shim-client", ""},
 		{bins.goParent, "./internal/goparent", ""},
+		{bins.readmeGo, "../examples/readme-go", ""},
 		{bins.probe, "./internal/probe", ""},
 		{bins.crashShim, "../cmd/oac-shim", ""},
 		{bins.guestDoorsOff, "../cmd/oac-guest", ""},

@@ -1,5 +1,6 @@
-// Package scripts_test holds what make demo and make test install to the
-// Makefile's promises: a demo installs no container engine, VM or cluster.
+// Package scripts_test holds the repository's set-up to its promises: what
+// make demo and make test install (a demo installs no container engine, VM
+// or cluster), and the README's snippets being the programs the tests run.
 package scripts_test
 
 import (
