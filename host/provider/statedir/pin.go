@@ -18,7 +18,9 @@ import (
 // and Claim need the pins file alone (an exclusive lock on NAME/pins),
 // each pin holds it shared. Any number of readers pin at once; the last
 // to unpin may remove the directory (SweepName). A pin held while the
-// holder lives keeps nothing from the holder itself.
+// holder lives keeps nothing from the holder itself. (On Windows a file
+// is removed only once closed, so a pin taken in that moment keeps the
+// pins file, and with it the emptied directory, until the next Claim.)
 
 // pinFile is the file pins lock shared. Claim creates it beside the lock,
 // and replaces it on taking a directory over, so a pin of the earlier
