@@ -131,13 +131,28 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 			t.Logf("oac-shim attach stderr:\n%s", aerr.String())
 		}
 	})
+	// A second caller (a tool watching the same sandbox) attaches at the
+	// same time, from the oldest event, and only reads.
+	watch := exec.Command(bins.shim, "attach", name, "--keep-root", keep)
+	watchIn, err := watch.StdinPipe()
+	require.NoError(t, err)
+	var wout, werr lockedBuffer
+	watch.Stdout, watch.Stderr = &wout, &werr
+	require.NoError(t, watch.Start())
+	t.Cleanup(func() { _ = watch.Process.Kill(); watchIn.Close() })
+
 	ar := bufio.NewReader(aout)
+	var events []string // the event lines attach gave (not the answers)
 	next := func(what string) (string, api.Event) {
 		t.Helper()
 		l, err := ar.ReadString('\n')
 		require.NoError(t, err, "attach's output ended before %s (stderr: %s)", what, aerr.String())
 		l = strings.TrimSuffix(l, "\n")
-		return l, lineSeq(t, l)
+		e := lineSeq(t, l)
+		if e.Event != api.KindAnswer {
+			events = append(events, l)
+		}
+		return l, e
 	}
 	for i := from; i <= len(seen); i++ {
 		l, _ := next(fmt.Sprintf("event %d", i))
@@ -185,6 +200,9 @@ func TestAnOutlivingSandboxSurvivesItsParentAndAttachTakesItUpAndStopsIt(t *test
 	rest, _ := io.ReadAll(ar)
 	assert.Empty(t, string(rest), "nothing after the stopped state")
 	require.NoError(t, attach.Wait(), "attach exits 0 after stopped: %s", aerr.String())
+	require.NoError(t, watch.Wait(), "the watching attach exits 0 after stopped too: %s", werr.String())
+	assert.Equal(t, append(seen[:from-1:from-1], events...), strings.Split(strings.TrimSuffix(wout.String(), "\n"), "\n"),
+		"the watching attach gave every event, the same lines, whichever of the two ended first")
 
 	// Nothing left.
 	assert.Eventually(t, func() bool {

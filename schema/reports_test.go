@@ -35,7 +35,8 @@ func TestCheckReportValidates(t *testing.T) {
 	assert.Error(t, schema.Validate(schema.Check, []byte(`{"os":{"goos":"linux","version":"6","name":"x"},"policy":{"level":"maybe","message":""},"providers":[]}`)))
 }
 
-// Every code stage.Code gives is in the schema, and the events a real
+// The codes of both staging schemas (progress and report) are stage.Codes,
+// both ways, every code stage.Code gives is among them, and the events a real
 // staging prints validate: a corrupt mirror's error, a good one's done.
 func TestStageEventsValidate(t *testing.T) {
 	d := loadDocs(t)
@@ -44,7 +45,10 @@ func TestStageEventsValidate(t *testing.T) {
 		codes = append(codes, c.Code)
 	}
 	sort.Strings(codes)
-	assert.Equal(t, codes, enum(t, d.def(schema.StageProgress, "Code")))
+	assert.Equal(t, codes, enum(t, d.def(schema.StageProgress, "Code")), "stage-progress.schema.json's codes are stage.Codes")
+	stageErr := d.def(schema.ImageStage, "StageError")
+	code := stageErr.n["properties"].(node)["code"].(node)
+	assert.Equal(t, codes, enum(t, d.resolve(at{schema.ImageStage, code})), "image-stage.schema.json's codes are stage.Codes")
 	for _, err := range []error{stage.ErrCorrupt, stage.ErrTruncated, stage.ErrWrongSize, stage.ErrHTTP, stage.ErrStalled, stage.ErrStore, context.Canceled, errors.New("x")} {
 		assert.Contains(t, codes, stage.Code(fmt.Errorf("wrapped: %w", err)))
 	}

@@ -27,6 +27,9 @@
 // socket there and Publishes its record later; at its end it leaves the
 // journal with the free lock and no record (KeepOnClose), which attach
 // reads (Leftover) and the next claim, listing or stop removes unreported.
+// Each attach Pins the entry while it reads, so nothing removes a journal
+// under a reader, and the last reader of an ended shim's journal removes
+// it.
 //
 // It must not parse flags or print (package shimcli does), run a sandbox
 // (package sandbox), or know what a provider keeps.

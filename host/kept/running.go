@@ -336,9 +336,15 @@ func (g *Registry) Leftover(name string) (Left, error) {
 	return l, nil
 }
 
-// RemoveLeftover removes name's entry if no shim holds it (what Sweep
-// does to every dead one).
+// RemoveLeftover removes name's entry if no shim holds it and no reader
+// pins it (what Sweep does to every dead one).
 func (g *Registry) RemoveLeftover(name string) { statedir.SweepName(g.Root, name) }
+
+// Pin keeps name's entry, and what its shim leaves there for attach, from
+// being removed or taken over by another shim until the pin is closed;
+// any number of readers pin one entry at once. It fails with
+// os.ErrNotExist when there is no entry (or it went meanwhile).
+func (g *Registry) Pin(name string) (*statedir.Pinned, error) { return statedir.Pin(g.Root, name) }
 
 // Watched is the shim of one name as Open found it: its record, and a
 // watch on its lock that sees that shim, and no later one, let go.

@@ -18,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 // oac-shim attach NAME: the events of a sandbox whose shim outlives its
@@ -107,6 +108,15 @@ func (o *lineOut) json(v any) {
 func Attach(reg *kept.Registry, opts AttachOptions, stdin io.Reader, stdout, stderr io.Writer) int {
 	out := &lineOut{w: stdout}
 	name := opts.Name
+	// Pinned first: whatever the entry holds now (a live shim's journal,
+	// or the one an ended shim left) stays until this attach is done with
+	// it, whoever else attaches, lists or stops meanwhile.
+	pin, err := reg.Pin(name)
+	if err != nil {
+		fmt.Fprintf(stderr, "oac-shim attach: no sandbox %s runs under %s (oac-shim list --running lists those that do)\n", name, reg.Root)
+		return api.ExitNotRunning
+	}
+	defer pin.Close()
 	dir := reg.EntryDir(name)
 	var live *kept.Watched
 	var left kept.Left
@@ -180,7 +190,7 @@ func Attach(reg *kept.Registry, opts AttachOptions, stdin io.Reader, stdout, std
 		time.Sleep(wait)
 		wait = min(2*wait, attachPollMax)
 	}
-	return attachEnd(reg, name, r, live, left, stderr)
+	return attachEnd(reg, name, r, live, left, pin, stderr)
 }
 
 // recordWait bounds the wait for the record of an entry whose shim has
@@ -202,7 +212,7 @@ func openPublished(reg *kept.Registry, name string) (*kept.Watched, error) {
 }
 
 // attachEnd says how the shim ended and gives the exit status.
-func attachEnd(reg *kept.Registry, name string, r *journal.Reader, live *kept.Watched, left kept.Left, stderr io.Writer) int {
+func attachEnd(reg *kept.Registry, name string, r *journal.Reader, live *kept.Watched, left kept.Left, pin *statedir.Pinned, stderr io.Writer) int {
 	if n := r.Torn(); n > 0 {
 		fmt.Fprintf(stderr, "oac-shim attach: %s: the journal's last line is torn (%d bytes): its shim died while writing it\n", name, n)
 	}
@@ -219,8 +229,10 @@ func attachEnd(reg *kept.Registry, name string, r *journal.Reader, live *kept.Wa
 	switch api.State(state) {
 	case api.StateStopped, api.StateFailed:
 		if left.Record == nil {
-			// The shim ended in order and left its journal for this
-			// attach: read, it goes.
+			// The shim ended in order and left its journal for the
+			// attaches: read, it goes, unless another attach still
+			// reads it (then that one removes it when done).
+			pin.Close()
 			reg.RemoveLeftover(name)
 		}
 		if api.State(state) == api.StateStopped {

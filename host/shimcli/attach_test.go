@@ -365,3 +365,76 @@ func TestAttachWaitsForTheRecordOfAShimThatHasJustClaimedItsEntry(t *testing.T) 
 	w.Close()
 	<-published
 }
+
+// Two callers attach to one sandbox at once (a restarted parent and a
+// tool): each reads the whole journal to the final state, and only the
+// last one done removes it.
+func TestTwoAttachesOfAnEndedShimEachReadItAllAndTheLastRemovesIt(t *testing.T) {
+	reg := kept.OpenRegistry(t.TempDir())
+	f := newFakeOutliving(t, reg, "s", nil)
+	f.logs(3)
+	f.emit(api.Event{Event: api.KindState, State: api.StateStopped})
+	f.end()
+
+	// The second attach has pinned the journal and opened it; the first
+	// runs whole at that point, its removal included.
+	var first *attachRun
+	second := startAttach(t, reg, AttachOptions{Name: "s", following: func() {
+		first = startAttach(t, reg, AttachOptions{Name: "s"})
+		for _, want := range []uint64{1, 2, 3, 4} {
+			assert.Equal(t, want, first.next(t).Seq)
+		}
+		assert.Equal(t, 0, first.exit(t), "stderr: %s", first.stderr)
+		assert.DirExists(t, reg.EntryDir("s"), "the other attach still reads it")
+	}})
+	for _, want := range []uint64{1, 2, 3, 4} {
+		assert.Equal(t, want, second.next(t).Seq)
+	}
+	assert.Equal(t, 0, second.exit(t), "stderr: %s", second.stderr)
+	assert.NoDirExists(t, reg.EntryDir("s"), "the last reader removed it")
+}
+
+func TestTwoAttachesFollowingALiveShimBothSeeItsEnd(t *testing.T) {
+	reg := kept.OpenRegistry(t.TempDir())
+	f := newFakeOutliving(t, reg, "s", nil)
+	f.logs(2)
+	opened := make(chan struct{})
+	slow := startAttach(t, reg, AttachOptions{Name: "s", following: func() { close(opened) }})
+	<-opened
+	fast := startAttach(t, reg, AttachOptions{Name: "s"})
+	f.logs(1)
+	f.emit(api.Event{Event: api.KindState, State: api.StateStopped})
+	f.end()
+	// The fast one reads to the end and exits while the slow one has not
+	// read a line (its output is not read yet).
+	for _, want := range []uint64{1, 2, 3, 4} {
+		assert.Equal(t, want, fast.next(t).Seq)
+	}
+	assert.Equal(t, 0, fast.exit(t), "stderr: %s", fast.stderr)
+	for _, want := range []uint64{1, 2, 3, 4} {
+		assert.Equal(t, want, slow.next(t).Seq)
+	}
+	assert.Equal(t, 0, slow.exit(t), "stderr: %s", slow.stderr)
+	assert.NoDirExists(t, reg.EntryDir("s"))
+}
+
+func TestListingWhileAnAttachReadsAnEndedShimsJournalLeavesItAlone(t *testing.T) {
+	reg := kept.OpenRegistry(t.TempDir())
+	f := newFakeOutliving(t, reg, "s", nil)
+	f.logs(2)
+	f.emit(api.Event{Event: api.KindState, State: api.StateStopped})
+	f.end()
+	a := startAttach(t, reg, AttachOptions{Name: "s", following: func() {
+		running, cleaned, err := reg.List()
+		require.NoError(t, err)
+		assert.Empty(t, running)
+		assert.Empty(t, cleaned, "nothing is reported cleaned while it is read")
+		_, err = reg.Claim("s")
+		assert.ErrorContains(t, err, "still being read", "nor is the name taken over")
+	}})
+	for _, want := range []uint64{1, 2, 3} {
+		assert.Equal(t, want, a.next(t).Seq)
+	}
+	assert.Equal(t, 0, a.exit(t), "stderr: %s", a.stderr)
+	assert.NoDirExists(t, reg.EntryDir("s"))
+}

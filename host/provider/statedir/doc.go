@@ -8,7 +8,9 @@
 // (Dir.WriteFile, atomic); Scan lists a root's directories with their
 // records, live holders (lock held) apart from dead ones (lock free, then
 // removed), and Watch sees one holder let go and never takes a later
-// holder of the name for it.
+// holder of the name for it. A reader of what a holder leaves Pins the
+// directory (a shared lock on NAME/pins): nothing removes or takes over a
+// pinned directory.
 //
 // It also hands out numbered host-wide slots (ClaimSlot), each held by a
 // lock file, for resources such as id ranges and vsock CIDs.

@@ -122,12 +122,9 @@ func Scan(root, record string, max int64) ([]Found, error) {
 			continue
 		}
 		f.Record, f.Err = readRecord(filepath.Join(dir, record), max)
-		d := &Dir{Path: dir, lock: lock}
-		d.clear()
-		os.Remove(lockPath)
-		os.Remove(dir)
-		lock.Close()
-		out = append(out, f)
+		if removeDead(&Dir{Path: dir, lock: lock}) {
+			out = append(out, f)
+		} // else a reader pins it: neither removed nor reported yet
 	}
 	return out, nil
 }

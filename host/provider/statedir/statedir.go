@@ -49,6 +49,9 @@ func Claim(root, name string) (*Dir, error) {
 		if err == nil {
 			err = tryLock(lock)
 		}
+		if err == nil {
+			err = newPins(tmp, nil)
+		}
 		if err != nil {
 			if lock != nil {
 				lock.Close()
@@ -84,8 +87,25 @@ func Claim(root, name string) (*Dir, error) {
 			lock.Close()
 			continue
 		}
+		// A reader may pin what the last holder left (its journal): wait
+		// for it as for a holder, then take the pins over with the rest.
+		var pins *os.File
+		if err := within(func() error {
+			var ok bool
+			if pins, ok = unpinned(dir); !ok {
+				return errPinned
+			}
+			return nil
+		}, heldWait); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("%w: %q is still being read (oac-shim attach, pins %s)", provider.ErrExists, name, filepath.Join(dir, pinFile))
+		}
 		d := &Dir{Path: dir, lock: lock}
 		d.clear() // stale content from a sandbox that died without cleaning up
+		if err := newPins(dir, pins); err != nil {
+			lock.Close()
+			return nil, fmt.Errorf("claim state directory %s: %w", dir, err)
+		}
 		return d, nil
 	}
 	return nil, fmt.Errorf("claim state directory %s: it kept changing under us; retry", dir)
@@ -101,17 +121,11 @@ const heldWait = time.Second
 // lockWithin retries the lock of f for at most d, backing off from 2 ms
 // to 100 ms; it returns the last error.
 func lockWithin(f *os.File, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	backoff := 2 * time.Millisecond
-	for {
-		err := tryLock(f)
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, 100*time.Millisecond)
-	}
+	return within(func() error { return tryLock(f) }, d)
 }
+
+// errPinned says a reader pins a directory.
+var errPinned = errors.New("pinned by a reader")
 
 // claimPrefix names directories a Claim is still building.
 const claimPrefix = ".claim-"
@@ -169,17 +183,31 @@ func sweepDir(dir string) {
 	// Ours while the lock is held: a Claim of this name fails with
 	// ErrExists or starts over, so only the empty directory is
 	// removed last.
-	d := &Dir{Path: dir, lock: lock}
+	removeDead(&Dir{Path: dir, lock: lock})
+}
+
+// removeDead removes d, whose lock is held and whose holder is gone,
+// unless a reader pins it, and says whether it did; it drops the lock
+// either way.
+func removeDead(d *Dir) bool {
+	defer d.lock.Close()
+	pins, ok := unpinned(d.Path)
+	if !ok {
+		return false
+	}
 	d.clear()
-	os.Remove(lockPath)
-	os.Remove(dir)
-	lock.Close()
+	if pins != nil {
+		removeLocked(pins, filepath.Join(d.Path, pinFile))
+	}
+	os.Remove(filepath.Join(d.Path, "lock"))
+	os.Remove(d.Path)
+	return true
 }
 
 func (d *Dir) clear() {
 	ents, _ := os.ReadDir(d.Path)
 	for _, e := range ents {
-		if e.Name() != "lock" {
+		if e.Name() != "lock" && e.Name() != pinFile {
 			os.RemoveAll(filepath.Join(d.Path, e.Name()))
 		}
 	}
@@ -192,6 +220,7 @@ func (d *Dir) Release() {
 		return
 	}
 	d.clear()
+	os.Remove(filepath.Join(d.Path, pinFile))
 	removeLocked(d.lock, filepath.Join(d.Path, "lock"))
 	os.Remove(d.Path)
 	d.lock = nil
@@ -207,7 +236,7 @@ func (d *Dir) ReleaseKeeping(keep func(name string) bool) {
 	}
 	ents, _ := os.ReadDir(d.Path)
 	for _, e := range ents {
-		if e.Name() != "lock" && !keep(e.Name()) {
+		if e.Name() != "lock" && e.Name() != pinFile && !keep(e.Name()) {
 			os.RemoveAll(filepath.Join(d.Path, e.Name()))
 		}
 	}
