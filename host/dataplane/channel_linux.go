@@ -161,8 +161,8 @@ func (ch *Channel) serve() (err error) {
 
 // hand answers one request that handed the workload's own socket: the
 // broker decides; an allowed connection is carried between that socket
-// and the upstream by this process alone (after Reply to the socket and
-// Early to the upstream), a refused one is closed here before the guest
+// and the upstream by this process alone (after Early to the upstream and
+// Reply to the socket, both before the answer), a refused one is closed here before the guest
 // hears of it, so the guest's copy is the socket's last.
 func (ch *Channel) hand(req protocol.Connect, sock *net.TCPConn) {
 	ch.open.Add(1)
@@ -189,12 +189,14 @@ func (ch *Channel) hand(req protocol.Connect, sock *net.TCPConn) {
 		}
 		return ch.send(protocol.TypeConnected, r, -1)
 	}, func(a *egress.Attempt, host net.Conn) {
+		// The client's bytes first: the upstream works on them while the
+		// reply, the answer and its event are written.
+		_ = a.SendUpstream(req.Early)
 		if len(req.Reply) > 0 {
 			_ = sock.SetWriteDeadline(time.Now().Add(ch.cfg.WriteTimeout))
 			_, _ = sock.Write(req.Reply)
 			_ = sock.SetWriteDeadline(time.Time{})
 		}
-		_ = a.SendUpstream(req.Early)
 	})
 }
 

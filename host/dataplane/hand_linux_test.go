@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -261,4 +262,49 @@ func fd(t *testing.T, c interface{ File() (*os.File, error) }) int {
 	require.NoError(t, err)
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
+}
+
+// What the client sent before its socket was handed goes upstream as soon
+// as the upstream connects: while the answer and its event are written,
+// not after them. The event's emission is the point checked: the upstream
+// already has the bytes there.
+func TestAHandedConnectionsEarlyBytesReachTheUpstreamBeforeItsAnswerAndEvent(t *testing.T) {
+	needRoot(t)
+	up, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { up.Close() })
+	atEvent := make(chan string, 1)
+	h := startHost(t, 8, func(cfg *Config) {
+		pol, err := egress.ParsePolicy(nil, []string{"up.test:80=" + up.Addr().String()})
+		require.NoError(t, err)
+		cfg.Broker = egress.New(egress.Config{Policy: pol, MaxStreams: 8})
+		emit := cfg.Emit
+		cfg.Emit = func(e api.Event) {
+			if e.Event == api.KindEgress {
+				// The upstream was dialed before the decision's event:
+				// its connection is waiting to be accepted.
+				_ = up.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+				c, err := up.Accept()
+				if err != nil {
+					atEvent <- "accept: " + err.Error()
+				} else {
+					t.Cleanup(func() { c.Close() })
+					_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+					got := make([]byte, len("GET / HTTP/1.1\r\n"))
+					_, err := io.ReadFull(c, got)
+					if err != nil {
+						atEvent <- "read: " + err.Error()
+					} else {
+						atEvent <- string(got)
+					}
+				}
+			}
+			emit(e)
+		}
+	}, protocol.CapDataFD, protocol.CapDataHand)
+	g, _ := h.openChannel(t)
+	_, accepted := tcpPair(t)
+	r := g.hand(1, "up.test", accepted, nil, []byte("GET / HTTP/1.1\r\n"))
+	require.True(t, r.OK(), "%+v", r)
+	assert.Equal(t, "GET / HTTP/1.1\r\n", <-atEvent, "the upstream had the client's bytes when the event was written")
 }
