@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -49,7 +50,8 @@ func sha(s string) string {
 // fails with boot_timeout; slow serves commands but never gets ready; mute gets ready and
 // answers no command (nor stop); usage refuses its command line as the
 // real one does (status 2, no event); chatty writes $FAKE_CHATTY log
-// events before ready.
+// events before ready (with $FAKE_GATE, the first, then the rest once
+// that file exists).
 func fakeShim(mode string, args []string) int {
 	if mode == "usage" {
 		fmt.Fprintln(os.Stderr, "flag provided but not defined: -frobnicate")
@@ -101,6 +103,12 @@ func fakeShim(mode string, args []string) int {
 		fmt.Sscan(os.Getenv("FAKE_CHATTY"), &n)
 		for i := range n {
 			ev(api.Event{Event: api.KindLog, Stream: "daemon/stdout", Line: fmt.Sprint("line ", i), Attempt: attempt})
+			if gate := os.Getenv("FAKE_GATE"); i == 0 && gate != "" {
+				// The rest only once the test says so (it creates gate).
+				for _, err := os.Stat(gate); err != nil; _, err = os.Stat(gate) {
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
 		}
 	}
 	if mode != "slow" {
@@ -446,7 +454,10 @@ func TestEventsIterateFromTheOldestKeptOrFromNowAndSayWhatTheyMissed(t *testing.
 	_, _, ok = next()
 	assert.False(t, ok, "the iteration ends with the shim's output")
 
-	// An iteration that falls behind is told how far.
+	// An iteration that falls behind is told how far: the shim writes
+	// the rest of its events only once the iteration has its first.
+	gate := filepath.Join(t.TempDir(), "gate")
+	o.Env = append(o.Env, "FAKE_GATE="+gate)
 	s2, err := Start(context.Background(), o)
 	require.NoError(t, err)
 	defer s2.Kill()
@@ -455,6 +466,8 @@ func TestEventsIterateFromTheOldestKeptOrFromNowAndSayWhatTheyMissed(t *testing.
 	for e, err := range s2.Events(ctx(t), From{}) {
 		if first {
 			first = false
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(gate, nil, 0o600))
 			_, werr := s2.WaitState(ctx(t), api.StateReady) // the history turns over meanwhile
 			require.NoError(t, werr)
 			continue
