@@ -308,6 +308,10 @@ func (a *Attempt) Answered(werr error) bool {
 	}
 	if werr != nil {
 		ev.Decision, ev.Code, ev.Effect, ev.Reason = DecisionFailed, protocol.EgressIO.String(), protocol.EffectNone, "the guest went away before the answer"
+		if a.early > 0 {
+			// What the client sent ahead went upstream before the answer.
+			ev.Effect = protocol.EffectPossible
+		}
 		a.emit(ev)
 		a.Close()
 		return false

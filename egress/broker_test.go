@@ -338,3 +338,27 @@ func TestADialsErrorIsTheCodeTheGuestCanActOn(t *testing.T) {
 		assert.Equal(t, code, f.Code, "%v", err)
 	}
 }
+
+// A carrier that sends the client's early bytes upstream before the answer
+// (a handed socket) and then cannot give the answer: the event says the
+// upstream may have acted, as it saw those bytes.
+func TestAnAnswerThatNeverArrivesAfterEarlyBytesSaysTheUpstreamMayHaveActed(t *testing.T) {
+	addr, _ := echoServer(t)
+	pol, err := ParsePolicy(nil, []string{"echo.test:7=" + addr})
+	require.NoError(t, err)
+	b := New(Config{Policy: pol})
+	for _, tc := range []struct {
+		early  string
+		effect string
+	}{{"", protocol.EffectNone}, {"GET / HTTP/1.1\r\n", protocol.EffectPossible}} {
+		var events []api.Event
+		a := b.Open(context.Background(), protocol.StreamHeader{Kind: protocol.KindEgress, Host: "echo.test", Port: 7, Via: protocol.ViaConnect},
+			func(e api.Event) { events = append(events, e) })
+		require.True(t, a.OK())
+		require.NoError(t, a.SendUpstream([]byte(tc.early)))
+		assert.False(t, a.Answered(io.ErrClosedPipe))
+		a.Close()
+		require.Len(t, events, 1)
+		assert.Equal(t, [2]any{DecisionFailed, tc.effect}, [2]any{events[0].Decision, events[0].Effect}, "early bytes %q", tc.early)
+	}
+}

@@ -264,8 +264,9 @@
 // proxy answers its client on success: "200 Connection established", a
 // SOCKS reply) and "early" (at most MaxHandEarly bytes the client sent
 // before that answer). The host answers with a Connected that carries no
-// descriptor. On OK the host writes reply to the socket and early to the
-// upstream and carries the connection between the two itself: no byte of
+// descriptor. On OK the host writes early (and what already waits in the
+// socket) to the upstream and reply to the socket, before it answers, and
+// carries the connection between the two itself: no byte of
 // it passes through the guest, which closes its descriptor. On a failure
 // the host has closed its copy before answering, untouched, and the guest
 // answers its client. The host takes only a connected TCP socket (AF_INET

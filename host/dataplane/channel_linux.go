@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"golang.org/x/time/rate"
 
 	"github.com/oac/sandbox-agent/egress"
@@ -161,8 +162,8 @@ func (ch *Channel) serve() (err error) {
 
 // hand answers one request that handed the workload's own socket: the
 // broker decides; an allowed connection is carried between that socket
-// and the upstream by this process alone (after Reply to the socket and
-// Early to the upstream), a refused one is closed here before the guest
+// and the upstream by this process alone (after Early to the upstream and
+// Reply to the socket, both before the answer), a refused one is closed here before the guest
 // hears of it, so the guest's copy is the socket's last.
 func (ch *Channel) hand(req protocol.Connect, sock *net.TCPConn) {
 	ch.open.Add(1)
@@ -189,12 +190,19 @@ func (ch *Channel) hand(req protocol.Connect, sock *net.TCPConn) {
 		}
 		return ch.send(protocol.TypeConnected, r, -1)
 	}, func(a *egress.Attempt, host net.Conn) {
+		// The client's bytes first: the upstream works on them while the
+		// reply, the answer and its event are written. Those the guest
+		// read (Early), then those waiting in the socket (a captured
+		// client writes its request as soon as it connects).
+		_ = a.SendUpstream(req.Early)
+		if waiting := takeWaiting(sock, maxWaiting); len(waiting) > 0 {
+			_ = a.SendUpstream(waiting)
+		}
 		if len(req.Reply) > 0 {
 			_ = sock.SetWriteDeadline(time.Now().Add(ch.cfg.WriteTimeout))
 			_, _ = sock.Write(req.Reply)
 			_ = sock.SetWriteDeadline(time.Time{})
 		}
-		_ = a.SendUpstream(req.Early)
 	})
 }
 
@@ -301,4 +309,32 @@ func (ch *Channel) Close() error {
 		ch.pairs.stop()
 	})
 	return nil
+}
+
+// maxWaiting bounds what takeWaiting reads ahead of the carry.
+const maxWaiting = 16 << 10
+
+// takeWaiting reads what is already in sock's receive queue, at most max
+// bytes, without waiting. It asks the queue's length first (SIOCINQ) and
+// reads only when there are bytes, so a pending error or end of stream is
+// left for the carry to see.
+func takeWaiting(sock *net.TCPConn, max int) []byte {
+	rc, err := sock.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var out []byte
+	_ = rc.Read(func(fd uintptr) bool {
+		n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+		if err != nil || n <= 0 {
+			return true
+		}
+		buf := make([]byte, min(n, max))
+		got, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+		if err == nil && got > 0 {
+			out = buf[:got]
+		}
+		return true
+	})
+	return out
 }

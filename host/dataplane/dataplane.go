@@ -102,8 +102,11 @@ func (c *Config) defaults() {
 // the guest together with the guest's side of the connection (guest is
 // nil for a refusal) and reports whether it arrived; guest makes that side
 // when the attempt is OK and returns the host's side to carry. prime, when
-// not nil, runs once the guest has an OK answer, before the bytes move.
-// The host's side is closed once carried.
+// not nil, runs as soon as the upstream is connected and the host's side
+// made, before the answer: on a handed socket the host alone holds both
+// ends, so what the client already sent goes upstream while the answer and
+// its event are written (the upstream's reply waits in its socket until
+// the carry starts). The host's side is closed once carried.
 func (cfg *Config) answer(req protocol.Connect, guest func() (net.Conn, error), send func(protocol.Connected) error, prime func(*egress.Attempt, net.Conn)) {
 	if cfg.Broker == nil {
 		_ = send(protocol.Connected{ID: req.ID, EgressReply: protocol.EgressReply{
@@ -122,15 +125,15 @@ func (cfg *Config) answer(req protocol.Connect, guest func() (net.Conn, error), 
 			host = h
 		}
 	}
+	if prime != nil && host != nil {
+		prime(a, host)
+	}
 	err := send(protocol.Connected{ID: req.ID, EgressReply: a.Reply()})
 	if !a.Answered(err) {
 		if host != nil {
 			host.Close()
 		}
 		return
-	}
-	if prime != nil {
-		prime(a, host)
 	}
 	a.Carry(host, func() { host.Close() }, peersGone)
 	host.Close()

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/protocol"
 )
 
@@ -261,4 +262,77 @@ func fd(t *testing.T, c interface{ File() (*os.File, error) }) int {
 	require.NoError(t, err)
 	t.Cleanup(func() { f.Close() })
 	return int(f.Fd())
+}
+
+// What the client sent before its socket was handed goes upstream as soon
+// as the upstream connects: while the answer and its event are written,
+// not after them. Both kinds: the bytes the guest read (a proxy request's
+// Early) and those still waiting in the socket (a captured client writes
+// its request as soon as it connects). The event's emission is the point
+// checked: the upstream already has the bytes there.
+func TestAHandedConnectionsEarlyBytesReachTheUpstreamBeforeItsAnswerAndEvent(t *testing.T) {
+	needRoot(t)
+	const request = "GET / HTTP/1.1\r\n"
+	for _, inSocket := range []bool{false, true} {
+		t.Run(map[bool]string{false: "read by the guest", true: "waiting in the socket"}[inSocket], func(t *testing.T) {
+			up, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			t.Cleanup(func() { up.Close() })
+			atEvent := make(chan string, 1)
+			h := startHost(t, 8, func(cfg *Config) {
+				pol, err := egress.ParsePolicy(nil, []string{"up.test:80=" + up.Addr().String()})
+				require.NoError(t, err)
+				cfg.Broker = egress.New(egress.Config{Policy: pol, MaxStreams: 8})
+				emit := cfg.Emit
+				cfg.Emit = func(e api.Event) {
+					if e.Event == api.KindEgress {
+						atEvent <- upstreamHas(t, up, len(request))
+					}
+					emit(e)
+				}
+			}, protocol.CapDataFD, protocol.CapDataHand)
+			g, _ := h.openChannel(t)
+			client, accepted := tcpPair(t)
+			early := []byte(request)
+			if inSocket {
+				_, err := client.Write(early)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool { return inq(t, accepted) == len(request) }, 5*time.Second, time.Millisecond)
+				early = nil
+			}
+			r := g.hand(1, "up.test", accepted, nil, early)
+			require.True(t, r.OK(), "%+v", r)
+			assert.Equal(t, request, <-atEvent, "the upstream had the client's bytes when the event was written")
+			client.Close()
+			require.Eventually(t, func() bool { return len(h.events.of(api.KindEgressClosed)) == 1 }, 10*time.Second, 10*time.Millisecond)
+			assert.Equal(t, int64(len(request)), *h.events.of(api.KindEgressClosed)[0].BytesOut, "counted once")
+		})
+	}
+}
+
+// upstreamHas accepts the connection the broker dialed on up and reads n
+// bytes from it, waiting at most 5 s, and hangs up; it returns them or
+// what failed.
+func upstreamHas(t *testing.T, up net.Listener, n int) string {
+	_ = up.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+	c, err := up.Accept()
+	if err != nil {
+		return "accept: " + err.Error()
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, n)
+	if _, err := io.ReadFull(c, got); err != nil {
+		return "read: " + err.Error()
+	}
+	return string(got)
+}
+
+// inq is the length of c's receive queue.
+func inq(t *testing.T, c *net.TCPConn) int {
+	rc, err := c.SyscallConn()
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }))
+	return n
 }
