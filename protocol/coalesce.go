@@ -69,3 +69,20 @@ func (c *coalesced) Write(p []byte) (int, error) {
 	// The header was reported written when it was held: count only p.
 	return max(n-len(h), 0), err
 }
+
+// TransportBuffer is the socket buffer asked for a socket transport, each
+// way (the kernel caps it at net.core.wmem_max and rmem_max).
+const TransportBuffer = 1 << 20
+
+// TuneTransport asks for TransportBuffer-sized socket buffers on a socket
+// transport (a no-op on others).
+func TuneTransport(c net.Conn) {
+	type buffered interface {
+		SetReadBuffer(int) error
+		SetWriteBuffer(int) error
+	}
+	if b, ok := c.(buffered); ok {
+		_ = b.SetReadBuffer(TransportBuffer)
+		_ = b.SetWriteBuffer(TransportBuffer)
+	}
+}

@@ -203,3 +203,24 @@ func TestCoalescedSessionsCarryConcurrentStreamsIntact(t *testing.T) {
 	}
 	assert.Equal(t, want, have)
 }
+
+func sndbuf(t *testing.T, c net.Conn) int {
+	t.Helper()
+	raw, err := c.(syscall.Conn).SyscallConn()
+	require.NoError(t, err)
+	var v int
+	var serr error
+	require.NoError(t, raw.Control(func(fd uintptr) { v, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) }))
+	require.NoError(t, serr)
+	return v
+}
+
+func TestTuneTransportGrowsASocketsBuffers(t *testing.T) {
+	a, _ := coalesceSocketpair(t)
+	before := sndbuf(t, a)
+	TuneTransport(a)
+	// The kernel caps the request at net.core.wmem_max and doubles it;
+	// the default is below either.
+	assert.Greater(t, sndbuf(t, a), before)
+	assert.NotPanics(t, func() { TuneTransport(&writesConn{}) }, "not a socket: nothing to tune")
+}

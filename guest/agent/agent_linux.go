@@ -108,6 +108,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// Coalesce: each yamux frame in one write (fewer system calls and
 	// wakeups of the host per frame).
+	protocol.TuneTransport(conn)
 	sess, err := yamux.Client(protocol.Coalesce(conn), protocol.MuxConfig(nil))
 	if err != nil {
 		conn.Close()

@@ -536,6 +536,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	// Coalesce sits on the transport itself, below the guard and the
 	// replayed first byte: each frame goes out in one write (writev on a
 	// socket), within the guard's write deadline.
+	protocol.TuneTransport(conn)
 	conn, err := firstByte(protocol.Coalesce(conn), helloWait)
 	stopWait()
 	if err != nil {
