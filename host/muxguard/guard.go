@@ -511,8 +511,9 @@ func (g *Conn) RemoteAddr() net.Addr { return g.conn.RemoteAddr() }
 // at least KeepAfterRead bytes keeps its buffer until it is idle (Shrink,
 // which pipe.Copy calls when no byte came for its release delay), its
 // reader sees an error, or it is closed; at most MaxKeptBuffers streams of
-// a session do at once, each buffer at most about twice
-// protocol.MaxStreamWindow (yamux grows it while it is not empty).
+// a session do at once, each buffer at most about three times
+// protocol.MaxStreamWindow (yamux grows it to twice its size plus a frame
+// while it is not empty).
 const (
 	MaxKeptBuffers = 4
 	KeepAfterRead  = 32 << 10
