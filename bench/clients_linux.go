@@ -185,14 +185,22 @@ func ClientFigures(r *Report, b Bins, runs int, size int64, kernelCache string) 
 // runs: OAC_BENCH_CLIENTS, when set, lists the labels' prefixes to run
 // (comma-separated labels, or prefixes ending in '*': "bwrap,oci*" leaves
 // out qemu and bwrap's session-only rows), for a quick look at one
-// provider's rows (with -only clients, which writes nothing).
+// provider's rows (with -only clients, which writes nothing). A list with
+// a ';' is split at ';' only, so that labels with commas can be named:
+// "bwrap, session*;" runs the session-only rows alone.
 func clientTargetWanted(label string) bool {
 	only := os.Getenv("OAC_BENCH_CLIENTS")
 	if only == "" {
 		return true
 	}
-	for _, p := range strings.Split(only, ",") {
-		p = strings.TrimSpace(p)
+	sep := ","
+	if strings.Contains(only, ";") {
+		sep = ";"
+	}
+	for _, p := range strings.Split(only, sep) {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
 		if pre, ok := strings.CutSuffix(p, "*"); (ok && strings.HasPrefix(label, pre)) || (!ok && label == p) {
 			return true
 		}

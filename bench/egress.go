@@ -28,6 +28,7 @@ import (
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/internal/pipe"
 	"github.com/oac/sandbox-agent/protocol"
 )
@@ -103,11 +104,16 @@ func stack(upAddr string) (string, *yamux.Session, func(), error) {
 	if err != nil {
 		return "", nil, nil, err
 	}
-	gs, err := yamux.Client(gc, protocol.MuxConfig(nil))
+	// As oac-guest and oac-shim build the session: socket buffers, each
+	// frame in one write, the host's side guarded and its streams tracked.
+	protocol.TuneTransport(gc)
+	protocol.TuneTransport(hc)
+	gs, err := yamux.Client(protocol.Coalesce(gc), protocol.MuxConfig(nil))
 	if err != nil {
 		return "", nil, nil, err
 	}
-	hs, err := yamux.Server(hc, protocol.MuxConfig(nil))
+	guard := muxguard.New(protocol.Coalesce(hc), muxguard.DefaultLimits())
+	hs, err := yamux.Server(guard, protocol.MuxConfig(nil))
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -118,10 +124,11 @@ func stack(upAddr string) (string, *yamux.Session, func(), error) {
 	b := egress.New(egress.Config{Policy: pol, MaxStreams: 4096})
 	go func() {
 		for {
-			st, err := hs.AcceptStream()
+			yst, err := hs.AcceptStream()
 			if err != nil {
 				return
 			}
+			st := guard.Track(yst)
 			go func() {
 				h, err := protocol.ReadStreamHeader(st, 5*time.Second)
 				if err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )
@@ -55,14 +56,19 @@ func pipePair() (net.Conn, net.Conn, error) {
 	return transport.StreamConn(r1, w2, "a"), transport.StreamConn(r2, w1, "b"), nil
 }
 
-// overYamux wraps a raw pair in a yamux session and returns one stream per
-// side, plus a closer.
+// overYamux wraps a raw pair in a yamux session as the binaries build it
+// (a is the guest's side, b the host's: socket buffers, each frame in one
+// write, the host's side guarded and its stream tracked) and returns one
+// stream per side, plus a closer.
 func overYamux(a, b net.Conn) (net.Conn, net.Conn, func(), error) {
-	cs, err := yamux.Client(a, protocol.MuxConfig(nil))
+	protocol.TuneTransport(a)
+	protocol.TuneTransport(b)
+	cs, err := yamux.Client(protocol.Coalesce(a), protocol.MuxConfig(nil))
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	ss, err := yamux.Server(b, protocol.MuxConfig(nil))
+	guard := muxguard.New(protocol.Coalesce(b), muxguard.DefaultLimits())
+	ss, err := yamux.Server(guard, protocol.MuxConfig(nil))
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -71,7 +77,14 @@ func overYamux(a, b net.Conn) (net.Conn, net.Conn, func(), error) {
 		err error
 	}
 	ch := make(chan acc, 1)
-	go func() { c, err := ss.Accept(); ch <- acc{c, err} }()
+	go func() {
+		st, err := ss.AcceptStream()
+		if err != nil {
+			ch <- acc{nil, err}
+			return
+		}
+		ch <- acc{guard.Track(st), nil}
+	}()
 	c, err := cs.Open()
 	if err != nil {
 		return nil, nil, nil, err
@@ -98,7 +111,7 @@ func throughput(a, b net.Conn, size, chunk int) (float64, error) {
 	done := make(chan error, 1)
 	go func() {
 		rb := make([]byte, chunk)
-		_, err := io.CopyBuffer(io.Discard, io.LimitReader(onlyReader{b}, int64(size)), rb)
+		_, err := io.CopyBuffer(onlyWriter{io.Discard}, io.LimitReader(onlyReader{b}, int64(size)), rb)
 		done <- err
 	}()
 	start := time.Now()
@@ -115,6 +128,11 @@ func throughput(a, b net.Conn, size, chunk int) (float64, error) {
 
 // onlyReader hides WriterTo/ReaderFrom so io.CopyBuffer uses our buffer.
 type onlyReader struct{ io.Reader }
+
+// onlyWriter hides io.Discard's ReaderFrom, which reads 8 KiB at a time
+// with a buffer of its own (a stream read that way frees and reallocates
+// its receive buffer per frame: muxguard keeps it for bulk readers).
+type onlyWriter struct{ io.Writer }
 
 // echo serves b: every byte read is written back.
 func echo(b net.Conn) {

@@ -450,6 +450,16 @@ func (c *abortable) SetReadDeadline(t time.Time) error {
 	return c.Conn.SetReadDeadline(t)
 }
 
+// Shrink passes the copy loop's "idle" on to the stream (a guarded
+// session's stream then frees its receive buffer and gives back the slot
+// that kept it, see muxguard.Conn.Track); the embedded interface would
+// hide it.
+func (c *abortable) Shrink() {
+	if s, ok := c.Conn.(interface{ Shrink() }); ok {
+		s.Shrink()
+	}
+}
+
 // joinRaw formats an unvalidated host and port for an event.
 func joinRaw(host string, port int) string {
 	return net.JoinHostPort(host, itoa(port))

@@ -13,6 +13,10 @@
 // connects (or, on stdio and serial, speaks first), so a ready guest never
 // waits for a host dial to time out. Inside the session every stream, in
 // either direction, starts with one StreamHeader frame that names its kind.
+// Neither side changes yamux's bytes; both write each yamux frame, header
+// and body, in one write (Coalesce) and ask for TransportBuffer socket
+// buffers on a socket transport (TuneTransport), so that a frame costs the
+// peer one wakeup, not two.
 //
 // # Frame layout
 //

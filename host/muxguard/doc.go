@@ -11,7 +11,10 @@
 // write to the guest, and holds the session to a receive budget: when the
 // bytes the guest sent that the host has not read yet would pass
 // Limits.RecvBudget, it stops reading the transport until the host reads
-// (streams handed out through Conn.Track report what they read).
+// (streams handed out through Conn.Track report what they read, and free
+// their receive buffer when it is empty, except MaxKeptBuffers streams read
+// in bulk, which keep it while busy: a new buffer per frame was most of the
+// upload's cost).
 //
 // It owns the session's frame-level bounds. It must not read payloads,
 // know stream kinds or decide what a violation does to the sandbox (the

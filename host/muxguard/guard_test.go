@@ -235,3 +235,89 @@ func TestAWriteToAGuestThatReadsNothingTimesOut(t *testing.T) {
 	assert.ErrorIs(t, g.Err(), ErrStalled)
 	assert.True(t, errors.Is(err, ErrStalled) && !errors.Is(err, os.ErrDeadlineExceeded), "the reason names the stall, not the deadline")
 }
+
+// guardedSession is a guest session and a host session over the guard on
+// a net.Pipe.
+func guardedSession(t *testing.T) (*Conn, *yamux.Session, *yamux.Session) {
+	t.Helper()
+	hc, gc := net.Pipe()
+	g := New(hc, DefaultLimits())
+	host, err := yamux.Server(g, protocol.MuxConfig(nil))
+	require.NoError(t, err)
+	guest, err := yamux.Client(gc, protocol.MuxConfig(nil))
+	require.NoError(t, err)
+	t.Cleanup(func() { guest.Close(); host.Close() })
+	return g, guest, host
+}
+
+func (g *Conn) keptBuffers() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.kept
+}
+
+// Streams read in bulk keep their receive buffers, at most MaxKeptBuffers
+// of them; idleness (Shrink), an error or Close gives a slot back.
+func TestBulkStreamsKeepTheirReceiveBuffersUpToTheLimit(t *testing.T) {
+	g, guest, host := guardedSession(t)
+	const streams = MaxKeptBuffers + 2
+	var tracked []net.Conn
+	for range streams {
+		st, err := guest.OpenStream()
+		require.NoError(t, err)
+		_, err = st.Write(bytes.Repeat([]byte("x"), 2*KeepAfterRead))
+		require.NoError(t, err)
+		hst, err := host.AcceptStream()
+		require.NoError(t, err)
+		tr := g.Track(hst)
+		_, err = io.ReadFull(tr, make([]byte, 2*KeepAfterRead))
+		require.NoError(t, err)
+		tracked = append(tracked, tr)
+		defer st.Close()
+	}
+	assert.Equal(t, MaxKeptBuffers, g.keptBuffers(), "bulk readers keep their buffers, up to the limit")
+
+	small, err := guest.OpenStream()
+	require.NoError(t, err)
+	_, err = small.Write([]byte("hello"))
+	require.NoError(t, err)
+	hst, err := host.AcceptStream()
+	require.NoError(t, err)
+	_, err = io.ReadFull(g.Track(hst), make([]byte, 5))
+	require.NoError(t, err)
+	assert.Equal(t, MaxKeptBuffers, g.keptBuffers(), "a small read takes no slot")
+
+	tracked[0].(interface{ Shrink() }).Shrink()
+	assert.Equal(t, MaxKeptBuffers-1, g.keptBuffers(), "an idle stream gives its buffer back")
+	require.NoError(t, tracked[1].Close())
+	assert.Equal(t, MaxKeptBuffers-2, g.keptBuffers(), "a closed stream gives its buffer back")
+	require.NoError(t, tracked[0].Close())
+	assert.Equal(t, MaxKeptBuffers-2, g.keptBuffers(), "a slot is given back once")
+	for _, tr := range tracked {
+		tr.Close()
+	}
+	assert.Zero(t, g.keptBuffers())
+	assert.NoError(t, g.Err())
+}
+
+// A kept slot is given back when the reader sees the end of the stream.
+func TestAStreamsEndGivesItsKeptBufferBack(t *testing.T) {
+	g, guest, host := guardedSession(t)
+	st, err := guest.OpenStream()
+	require.NoError(t, err)
+	go func() {
+		_, _ = st.Write(bytes.Repeat([]byte("y"), 4*KeepAfterRead))
+		st.Close()
+	}()
+	hst, err := host.AcceptStream()
+	require.NoError(t, err)
+	tr := g.Track(hst)
+	buf := make([]byte, 4*KeepAfterRead)
+	_, err = io.ReadFull(tr, buf[:KeepAfterRead])
+	require.NoError(t, err)
+	require.Equal(t, 1, g.keptBuffers())
+	n, err := io.Copy(io.Discard, tr)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3*KeepAfterRead), n)
+	assert.Zero(t, g.keptBuffers(), "EOF gives the slot back")
+}

@@ -533,7 +533,11 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	// A stop request ends the wait.
 	raw := conn
 	stopWait := context.AfterFunc(ctx, func() { raw.Close() })
-	conn, err := firstByte(conn, helloWait)
+	// Coalesce sits on the transport itself, below the guard and the
+	// replayed first byte: each frame goes out in one write (writev on a
+	// socket), within the guard's write deadline.
+	protocol.TuneTransport(conn)
+	conn, err := firstByte(protocol.Coalesce(conn), helloWait)
 	stopWait()
 	if err != nil {
 		return err
