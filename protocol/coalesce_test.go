@@ -2,13 +2,14 @@ package protocol
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"net"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/internal/muxinject"
 )
 
 // writesConn records each Write it gets.
@@ -27,12 +28,7 @@ func (c *writesConn) Write(p []byte) (int, error) {
 }
 
 func yamuxHeader(typ uint8, flags uint16, id, length uint32) []byte {
-	h := make([]byte, yamuxHeaderSize)
-	h[1] = typ
-	binary.BigEndian.PutUint16(h[2:4], flags)
-	binary.BigEndian.PutUint32(h[4:8], id)
-	binary.BigEndian.PutUint32(h[8:12], length)
-	return h
+	return muxinject.Frame(typ, flags, id, length, nil)
 }
 
 func TestCoalesceJoinsADataFramesHeaderWithItsBody(t *testing.T) {
