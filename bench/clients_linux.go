@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/oac/sandbox-agent/bench/internal/probe"
 	"github.com/oac/sandbox-agent/imagebuild"
+	"github.com/oac/sandbox-agent/internal/unprivuser"
 )
 
 // guestProbePort is where the probe listens inside the guest.
@@ -118,7 +120,13 @@ type guestTarget struct {
 	// sameKernel: the data plane's goals apply (a provider whose guest
 	// shares this kernel, with the data plane on).
 	sameKernel bool
+	// user, when set, runs the shim as this unprivileged user (made with a
+	// subordinate id range if missing), as a desktop app runs it.
+	user string
 }
+
+// RootlessUser is the user the rootless rows run oac-shim as.
+const RootlessUser = "oac-bench-subids"
 
 // ClientFigures measures real clients in bwrap and OCI guests (with the
 // data plane and, for bwrap, without it) and in a qemu guest, each beside
@@ -225,11 +233,25 @@ func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*pr
 	}
 	_, _ = bootFile.Write(boot)
 	bootFile.Close()
+	if tg.user != "" {
+		u, err := rootlessOwner(tg.user)
+		if err == nil {
+			err = os.Chown(bootFile.Name(), u, -1)
+		}
+		if err != nil {
+			os.Remove(bootFile.Name())
+			return nil, nil, err
+		}
+	}
 	args := append([]string{"run", "--name", benchName(), "--agent", b.Guest, "--bootstrap", bootFile.Name(),
 		"--install", "oac-netprobe=" + probeBin,
 		"--upstream", "up.test:80=" + srv.web, "--upstream", "echo.test:7=" + srv.echo,
 		"--forward", fmt.Sprintf("%s=%d", fwd, guestProbePort)}, tg.args...)
-	cmd := exec.Command(b.Shim, args...)
+	argv := append([]string{b.Shim}, args...)
+	if tg.user != "" {
+		argv = unprivuser.Argv(tg.user, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		os.Remove(bootFile.Name())
@@ -425,4 +447,17 @@ func clientTargetFigures(r *Report, b Bins, tg guestTarget, srv clientServers, p
 		}
 	}
 	return nil
+}
+
+// rootlessOwner makes sure name exists with a subordinate id range and
+// returns its uid.
+func rootlessOwner(name string) (int, error) {
+	if err := unprivuser.Ensure(name, true); err != nil {
+		return 0, fmt.Errorf("the rootless rows' user: %w", err)
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(u.Uid)
 }

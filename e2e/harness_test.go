@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/internal/unprivuser"
 	"github.com/oac/sandbox-agent/schema"
 )
 
@@ -419,12 +420,10 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 // asUser runs argv as user with a fresh login environment plus env
 // (setpriv --reset-env drops the caller's; env execs, as setpriv does).
 func asUser(user string, env, argv []string) []string {
-	out := []string{"setpriv", "--reuid", user, "--regid", user, "--init-groups", "--reset-env"}
 	if len(env) > 0 {
-		out = append(append(append(out, "env"), env...), argv...)
-		return out
+		return unprivuser.Argv(user, append(append([]string{"env"}, env...), argv...)...)
 	}
-	return append(out, argv...)
+	return unprivuser.Argv(user, argv...)
 }
 
 // validLine checks one line oac-shim printed against the published event

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -12,7 +11,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/internal/unprivuser"
 )
 
 // Unprivileged users the rootless scenarios run the shim as.
@@ -47,58 +46,14 @@ func needRootless(t *testing.T) {
 }
 
 func createUsers() error {
-	if _, err := user.Lookup(subIDUser); err != nil {
-		if out, err := exec.Command("useradd", "--system", "--no-create-home", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", subIDUser).CombinedOutput(); err != nil {
-			return fmt.Errorf("useradd %s: %v: %s", subIDUser, err, out)
-		}
+	if err := unprivuser.Ensure(subIDUser, true); err != nil {
+		return err
 	}
-	if _, err := user.Lookup(singleUser); err != nil {
-		if out, err := exec.Command("useradd", "--system", "--no-create-home", "-K", "SUB_UID_COUNT=0", "-K", "SUB_GID_COUNT=0", singleUser).CombinedOutput(); err != nil {
-			return fmt.Errorf("useradd %s: %v: %s", singleUser, err, out)
-		}
-	}
-	if start, _ := subIDStart(subIDUser); start > 0 {
-		return nil
-	}
-	// The next free range above every range already granted.
-	next := 100000
-	for _, file := range []string{"/etc/subuid", "/etc/subgid"} {
-		f, err := os.Open(file)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			p := strings.Split(sc.Text(), ":")
-			if len(p) == 3 {
-				s, _ := strconv.Atoi(p[1])
-				c, _ := strconv.Atoi(p[2])
-				next = max(next, s+c)
-			}
-		}
-		f.Close()
-	}
-	r := fmt.Sprintf("%d-%d", next, next+65535)
-	if out, err := exec.Command("usermod", "--add-subuids", r, "--add-subgids", r, subIDUser).CombinedOutput(); err != nil {
-		return fmt.Errorf("usermod --add-subuids %s: %v: %s", r, err, out)
-	}
-	return nil
+	return unprivuser.Ensure(singleUser, false)
 }
 
 // subIDStart returns the first subordinate uid of name.
-func subIDStart(name string) (int, error) {
-	b, err := os.ReadFile("/etc/subuid")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		p := strings.Split(line, ":")
-		if len(p) == 3 && p[0] == name {
-			return strconv.Atoi(p[1])
-		}
-	}
-	return 0, fmt.Errorf("%s has no subordinate uids", name)
-}
+func subIDStart(name string) (int, error) { return unprivuser.SubIDStart(name) }
 
 func lookupUID(t *testing.T, name string) int {
 	t.Helper()
