@@ -216,9 +216,16 @@ func clientTargetWanted(label string) bool {
 	return false
 }
 
+// guestRun is a guest's probe and its shim's process (with setpriv, the
+// shim itself: setpriv execs it).
+type guestRun struct {
+	*probe.Client
+	shimPID int
+}
+
 // guestProbe starts a sandbox of tg whose daemon is the probe, reachable
 // through a forward, with up.test:80 and echo.test:7 as named upstreams.
-func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*probe.Client, func(), error) {
+func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*guestRun, func(), error) {
 	fl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, nil, err
@@ -305,7 +312,7 @@ func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*pr
 		cl, err := probe.Dial(fwd)
 		if err == nil {
 			if _, err = cl.Run(probe.Request{Cmd: "ping"}); err == nil {
-				return cl, func() { cl.Close(); stopShim() }, nil
+				return &guestRun{Client: cl, shimPID: cmd.Process.Pid}, func() { cl.Close(); stopShim() }, nil
 			}
 			cl.Close()
 		}
@@ -460,4 +467,61 @@ func rootlessOwner(name string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(u.Uid)
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat's times
+// (100 on every Linux architecture this runs on).
+const clockTicks = 100
+
+// treeCPU is the CPU seconds (user and system) that process pid and its
+// descendants have used: each live one's own and its reaped children's
+// (utime, stime, cutime, cstime), so a child that ended between two
+// readings is counted in its parent's.
+func treeCPU(pid int) (float64, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	parent := map[int]int{}
+	ticks := map[int]int64{}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// The fields after the command name, which may hold spaces.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		pp, _ := strconv.Atoi(f[1])
+		parent[n] = pp
+		var sum int64
+		for _, k := range f[11:15] { // utime stime cutime cstime
+			v, _ := strconv.ParseInt(k, 10, 64)
+			sum += v
+		}
+		ticks[n] = sum
+	}
+	if _, ok := ticks[pid]; !ok {
+		return 0, fmt.Errorf("process %d is gone", pid)
+	}
+	var total int64
+	for n, t := range ticks {
+		for p := n; p > 1; p = parent[p] {
+			if p == pid {
+				total += t
+				break
+			}
+		}
+	}
+	return float64(total) / clockTicks, nil
 }

@@ -10,7 +10,7 @@ package bench
 // dialed data connections (the shim run as an unprivileged user, as the
 // desktop app runs it) and the session stream (--data-plane off, the path
 // of WSL and virtio-serial VMs), all interleaved in every round, so load
-// hits each alike.
+// hits each alike; and what each download costs in CPU seconds per GiB.
 
 import (
 	"encoding/json"
@@ -239,7 +239,7 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 	guests := []struct {
 		what string
 		tg   guestTarget
-		g    *probe.Client
+		g    *guestRun
 	}{
 		{what: "on the handed path", tg: guestTarget{label: "bwrap", args: []string{"--provider", "bwrap", "--data-plane", "fd"}, curl: true, sameKernel: true}},
 		{what: "in direct mode", tg: guestTarget{label: "bwrap-direct", args: []string{"--provider", "bwrap", "--data-plane", "direct"}, curl: true, sameKernel: true}},
@@ -255,17 +255,37 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		guests[i].g = g
 	}
 	handed, direct, rootless, session := guests[0].g, guests[1].g, guests[2].g, guests[3].g
-	host := func(args ...string) func() (float64, error) {
+	// cpu, when not nil, gets the CPU seconds each run used: curl's on
+	// the host; in a guest, all its sandbox's processes' (the shim, bwrap,
+	// the agent, curl), read from /proc around the run.
+	host := func(cpu *[]float64, args ...string) func() (float64, error) {
 		return func() (float64, error) {
 			res := probe.Run(probe.Request{Cmd: "curl", Args: args})
 			if res.Err != "" {
 				return 0, fmt.Errorf("host: %s", res.Err)
 			}
+			if cpu != nil {
+				*cpu = append(*cpu, res.CPU)
+			}
 			return res.Value, nil
 		}
 	}
-	inGuest := func(g *probe.Client, args ...string) func() (float64, error) {
-		return func() (float64, error) { return g.Run(probe.Request{Cmd: "curl", Args: args}) }
+	inGuest := func(g *guestRun, cpu *[]float64, args ...string) func() (float64, error) {
+		return func() (float64, error) {
+			before, err := treeCPU(g.shimPID)
+			if err != nil {
+				return 0, err
+			}
+			v, err := g.Run(probe.Request{Cmd: "curl", Args: args})
+			if err == nil && cpu != nil {
+				after, err := treeCPU(g.shimPID)
+				if err != nil {
+					return 0, err
+				}
+				*cpu = append(*cpu, after-before)
+			}
+			return v, err
+		}
 	}
 	// A path's goals (the issue's): download beside the host by address,
 	// connect + first byte beside the host resolving the same name
@@ -294,7 +314,7 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 	sessionGoals := goals{download: atLeast(0.5, "the host"), connectByName: atMost(5, "the host by name")}
 	paths := []struct {
 		name, flags string
-		g           *probe.Client
+		g           *guestRun
 		goals       goals
 		direct      bool
 	}{
@@ -318,16 +338,22 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		}
 		base := []string{"-sS", "-o", "/dev/null", "-w", f.write}
 		with := func(more ...string) []string { return append(append([]string(nil), base...), more...) }
-		var hostV, nameV, srtV []float64
-		oacV := make([][]float64, len(paths))
+		var hostV, nameV, srtV, hostCPU []float64
+		oacV, oacCPU := make([][]float64, len(paths)), make([][]float64, len(paths))
+		cpuOf := func(c *[]float64) *[]float64 {
+			if f.connect {
+				return nil
+			}
+			return c
+		}
 		for range runs {
 			measure := []func() (float64, error){
-				host(with("http://" + srv.web + f.url)...),
+				host(cpuOf(&hostCPU), with("http://"+srv.web+f.url)...),
 				byName(with("http://" + peerName + ":" + port + f.url)...),
 				srt.curl(with("http://" + srv.web + f.url)...),
 			}
-			for _, p := range paths {
-				measure = append(measure, inGuest(p.g, with(append(strings.Fields(p.flags), "http://"+peerName+f.url)...)...))
+			for i, p := range paths {
+				measure = append(measure, inGuest(p.g, cpuOf(&oacCPU[i]), with(append(strings.Fields(p.flags), "http://"+peerName+f.url)...)...))
 			}
 			vals := make([]float64, len(measure))
 			for i, m := range measure {
@@ -355,6 +381,23 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 			if p.direct {
 				add(p.name+" beside the handed path", oacV[i], "the same curl in the guest on the handed path (transparent)", oacV[0], peerGoal{})
 			}
+		}
+		if f.connect {
+			continue
+		}
+		// CPU seconds per GiB moved: what each path costs the machine
+		// beside what curl alone costs on the host (the server's share,
+		// the same for every row, is left out).
+		perGiB := func(v []float64) []float64 {
+			out := make([]float64, len(v))
+			for i, x := range v {
+				out[i] = x / (float64(size) / (1 << 30))
+			}
+			return out
+		}
+		for i, p := range paths {
+			r.Add(NewResult("peer: "+p.name+": CPU seconds per GiB downloaded (the sandbox's processes: shim, bwrap, agent, curl)", "s/GiB",
+				perGiB(oacCPU[i]), "curl on the host (an address)", perGiB(hostCPU)))
 		}
 	}
 	return nil

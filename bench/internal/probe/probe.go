@@ -51,11 +51,25 @@ type Request struct {
 // Result is a measurement's outcome.
 type Result struct {
 	Value float64 `json:"value"`
-	Err   string  `json:"err,omitempty"`
+	// CPU is the CPU seconds (user and system) curl itself used, for
+	// "curl".
+	CPU float64 `json:"cpu_s,omitempty"`
+	Err string  `json:"err,omitempty"`
 }
 
 // Run measures req in this process.
 func Run(req Request) Result {
+	if req.Cmd == "curl" {
+		out, cpu, err := curl(req.Args, req.Stdin)
+		if err != nil {
+			return Result{Err: err.Error()}
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(out), 64)
+		if err != nil {
+			return Result{Err: err.Error()}
+		}
+		return Result{Value: v, CPU: cpu}
+	}
 	v, err := run(req)
 	if err != nil {
 		return Result{Err: err.Error()}
@@ -67,19 +81,13 @@ func run(req Request) (float64, error) {
 	switch req.Cmd {
 	case "ping":
 		return 1, nil
-	case "curl":
-		out, err := curl(req.Args, req.Stdin)
-		if err != nil {
-			return 0, err
-		}
-		return strconv.ParseFloat(strings.TrimSpace(out), 64)
 	case "curls":
 		start := time.Now()
 		errs := make([]error, req.Flows)
 		var wg sync.WaitGroup
 		for i := range req.Flows {
 			wg.Add(1)
-			go func() { defer wg.Done(); _, errs[i] = curl(req.Args, req.Stdin) }()
+			go func() { defer wg.Done(); _, _, errs[i] = curl(req.Args, req.Stdin) }()
 		}
 		wg.Wait()
 		return time.Since(start).Seconds(), errors.Join(errs...)
@@ -115,14 +123,15 @@ func run(req Request) (float64, error) {
 // zeros feeds curl's standard input.
 var zeros = make([]byte, 1<<20)
 
-func curl(args []string, stdin int64) (string, error) {
+// curl runs curl and returns its output and the CPU seconds it used.
+func curl(args []string, stdin int64) (string, float64, error) {
 	cmd := exec.Command("curl", args...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if stdin > 0 {
 		w, err := cmd.StdinPipe()
 		if err != nil {
-			return "", err
+			return "", 0, err
 		}
 		go func() {
 			defer w.Close()
@@ -136,9 +145,9 @@ func curl(args []string, stdin int64) (string, error) {
 		}()
 	}
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("curl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+		return "", 0, fmt.Errorf("curl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}
-	return out.String(), nil
+	return out.String(), (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(), nil
 }
 
 // dial reaches target directly or through the proxy's CONNECT.
@@ -334,20 +343,26 @@ func Dial(addr string) (*Client, error) {
 
 // Run measures req in the guest.
 func (cl *Client) Run(req Request) (float64, error) {
+	res, err := cl.RunResult(req)
+	return res.Value, err
+}
+
+// RunResult is Run, with the whole result (curl's CPU seconds too).
+func (cl *Client) RunResult(req Request) (Result, error) {
 	if err := json.NewEncoder(cl.c).Encode(req); err != nil {
-		return 0, err
+		return Result{}, err
 	}
 	if !cl.sc.Scan() {
-		return 0, fmt.Errorf("probe: no answer: %v", cl.sc.Err())
+		return Result{}, fmt.Errorf("probe: no answer: %v", cl.sc.Err())
 	}
 	var res Result
 	if err := json.Unmarshal(cl.sc.Bytes(), &res); err != nil {
-		return 0, err
+		return Result{}, err
 	}
 	if res.Err != "" {
-		return 0, errors.New(res.Err)
+		return Result{}, errors.New(res.Err)
 	}
-	return res.Value, nil
+	return res, nil
 }
 
 // Close ends the connection.
