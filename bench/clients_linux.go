@@ -27,6 +27,7 @@ import (
 
 	"github.com/oac/sandbox-agent/bench/internal/probe"
 	"github.com/oac/sandbox-agent/imagebuild"
+	"github.com/oac/sandbox-agent/internal/proctree"
 	"github.com/oac/sandbox-agent/internal/unprivuser"
 )
 
@@ -469,59 +470,22 @@ func rootlessOwner(name string) (int, error) {
 	return strconv.Atoi(u.Uid)
 }
 
-// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat's times
-// (100 on every Linux architecture this runs on).
-const clockTicks = 100
-
 // treeCPU is the CPU seconds (user and system) that process pid and its
-// descendants have used: each live one's own and its reaped children's
-// (utime, stime, cutime, cstime), so a child that ended between two
-// readings is counted in its parent's.
+// descendants have used, the reaped ones included (proctree.Proc.CPUTicks).
 func treeCPU(pid int) (float64, error) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
+	all := proctree.All()
+	var total int64
+	found := false
+	for _, p := range all {
+		if p.PID == pid {
+			total, found = p.CPUTicks, true
+		}
 	}
-	parent := map[int]int{}
-	ticks := map[int]int64{}
-	for _, e := range ents {
-		n, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue // ended meanwhile
-		}
-		// The fields after the command name, which may hold spaces.
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(b[i+1:]))
-		if len(f) < 15 {
-			continue
-		}
-		pp, _ := strconv.Atoi(f[1])
-		parent[n] = pp
-		var sum int64
-		for _, k := range f[11:15] { // utime stime cutime cstime
-			v, _ := strconv.ParseInt(k, 10, 64)
-			sum += v
-		}
-		ticks[n] = sum
-	}
-	if _, ok := ticks[pid]; !ok {
+	if !found {
 		return 0, fmt.Errorf("process %d is gone", pid)
 	}
-	var total int64
-	for n, t := range ticks {
-		for p := n; p > 1; p = parent[p] {
-			if p == pid {
-				total += t
-				break
-			}
-		}
+	for _, p := range proctree.Descendants(all, pid) {
+		total += p.CPUTicks
 	}
-	return float64(total) / clockTicks, nil
+	return float64(total) / proctree.ClockTicks, nil
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/internal/proctree"
 )
 
 // One reaper serves the whole test binary, as it serves the whole agent.
@@ -106,23 +107,10 @@ func TestRefusesNonFileStdio(t *testing.T) {
 
 func zombieChildren(t *testing.T) []int {
 	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	require.NoError(t, err)
-	me := os.Getpid()
 	var z []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		if len(fields) > 1 && fields[0] == "Z" && fields[1] == strconv.Itoa(me) {
-			z = append(z, pid)
+	for _, p := range proctree.Descendants(proctree.All(), os.Getpid()) {
+		if p.PPID == os.Getpid() && p.State == "Z" {
+			z = append(z, p.PID)
 		}
 	}
 	return z
