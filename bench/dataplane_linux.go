@@ -23,7 +23,7 @@ import (
 // dataStack starts the broker behind a data plane listener and the guest
 // proxy on its fd channel; it returns the proxy's address.
 func dataStack(upAddr string) (string, func(), error) {
-	if !dataplane.CanPassFDs() {
+	if !dataplane.CanMakePairs() {
 		return "", nil, fmt.Errorf("the fd channel needs CAP_SYS_ADMIN (root)")
 	}
 	dir, err := os.MkdirTemp("", "oac-bench-dp-")

@@ -35,6 +35,7 @@ import (
 // Carriers a row's guest names in its log.
 const (
 	carrierFD      = "fd channel"
+	carrierHand    = "hand-only fd channel and data connections"
 	carrierDial    = "data connections"
 	carrierSession = "session"
 )
@@ -74,6 +75,8 @@ func rawEcho(t *testing.T) string {
 // carrierOf names the carrier the guest's log says it uses.
 func carrierOf(log string) string {
 	switch {
+	case strings.Contains(log, "data plane: hand-only fd channel up"):
+		return carrierHand
 	case strings.Contains(log, "data plane: fd channel up"):
 		return carrierFD
 	case strings.Contains(log, "data plane: data connections"):
@@ -113,9 +116,15 @@ func promiseDataPlane(t *testing.T, c *confCase) {
 	if c.env.carrier != "" {
 		assert.Equal(t, c.env.carrier, carrier, "the carrier this provider's transport allows")
 	}
-	if carrier == carrierFD {
+	switch carrier {
+	case carrierFD:
 		assert.Contains(t, s.stderr.String(), "handing=true", "the fd channel takes the workload's own sockets")
 		pairEndsReachNothingElse(t, c)
+	case carrierHand:
+		// A shim that cannot make pairs (not root) still takes the
+		// workload's own sockets: both vias above were handed.
+		assert.Contains(t, s.stderr.String(), "handing=true", "the hand-only channel takes the workload's own sockets")
+		assert.Contains(t, s.stderr.String(), "data_connections=true", "and what cannot be handed goes as data connections")
 	}
 }
 

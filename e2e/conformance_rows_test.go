@@ -69,7 +69,7 @@ func rowBwrapRootless(t *testing.T, f *confFixtures) confEnv {
 		stateDir: func(name string) string {
 			return filepath.Join(os.TempDir(), fmt.Sprintf("oac-%d", uid), "sandboxes", name)
 		},
-		carrier: carrierDial,
+		carrier: carrierHand,
 	}
 }
 

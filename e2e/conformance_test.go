@@ -121,7 +121,7 @@ type confEnv struct {
 	// the workload must not (a WSL distribution's interface).
 	peer *confPeer
 	// carrier is what carries the row's egress connections beside the
-	// session (carrierFD, carrierDial), or carrierSession.
+	// session (carrierFD, carrierHand, carrierDial), or carrierSession.
 	carrier string
 	// cluster: the row runs on the test cluster, whose bridge and Pod
 	// veths are its to check; other rows running beside it ignore them.

@@ -79,7 +79,7 @@ func dataPlaneCases() []dataPlaneCase {
 		// where it holds, would take the raw connects before the capture.
 		{name: "bwrap_fd_channel", spec: sandboxSpec{args: []string{"--data-plane", "fd"}}, need: root, log: "data plane: fd channel up", hands: true},
 		{name: "bwrap_dialed", spec: sandboxSpec{args: []string{"--data-plane", "dial"}}, need: root, log: "data plane: data connections"},
-		{name: "bwrap_rootless", spec: sandboxSpec{user: subIDUser}, need: func(t *testing.T) { needRootless(t); needCurl(t) }, log: "data plane: data connections"},
+		{name: "bwrap_rootless", spec: sandboxSpec{user: subIDUser}, need: func(t *testing.T) { needRootless(t); needCurl(t) }, log: "data plane: hand-only fd channel up", hands: true},
 		{name: "oci_runc", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "runc", "--data-plane", "fd"}}, need: func(t *testing.T) { needOCI(t, "runc"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
 		{name: "oci_crun", spec: sandboxSpec{provider: "oci", args: []string{"--runtime", "crun", "--data-plane", "fd"}}, need: func(t *testing.T) { needOCI(t, "crun"); needCurl(t) }, log: "data plane: fd channel up", hands: true},
 		{name: "session_only", spec: sandboxSpec{args: []string{"--data-plane", "off"}}, need: root, moves: true},

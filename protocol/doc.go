@@ -232,7 +232,9 @@
 // dial the host's port). A host offers "data_fd" only when it can make
 // pairs in the guest's network namespace (it joins it with setns, which
 // takes CAP_SYS_ADMIN), "data_dial" when its provider's listener takes
-// more connections. A guest uses data_fd when offered, else (or when
+// more connections. A host that cannot make pairs but can receive
+// descriptors lists "data_hand" without "data_fd": the fd channel for
+// handed sockets only (below). A guest uses data_fd when offered, else (or when
 // the fd channel does not come up) data_dial; whatever the data plane
 // cannot carry (the channel failed, a dial
 // failed, no answer arrived) goes as an egress stream of the session; a
@@ -278,6 +280,12 @@
 // only reads and writes it; anything else, or more than MaxPendingFDs
 // descriptors no handing Connect claimed, fails the guest as hostile. A
 // Connect on a data connection never hands.
+//
+// A hand-only channel (Welcome lists "data_hand" and not "data_fd"): the
+// guest sets the channel up the same way but sends only handing Connects
+// on it; a Connect asking for a pair fails the guest as hostile, and the
+// host sends no Forward on it. What the guest cannot hand goes as a data
+// connection when "data_dial" is offered, else as an egress stream.
 //
 // Direct connections ("data_direct", listed by a host beside "data_fd"
 // only when started with --data-plane direct, and by a guest that can
@@ -408,4 +416,9 @@
 //	     jumps. A 1.11 guest never lists it, so a newer host keeps only
 //	     Welcome's and push_time's clock there; a 1.11 host never lists
 //	     it, so a newer guest sends no jump and gets no Clock.
+//	1.13 the hand-only fd channel: a host that cannot make pairs (not
+//	     root) lists "data_hand" in Welcome without "data_fd". A 1.12
+//	     guest keys the channel on "data_fd", so it dials data
+//	     connections there as before; a 1.12 host never lists
+//	     "data_hand" alone.
 package protocol

@@ -35,8 +35,9 @@ type dataPlane struct {
 	ready   chan struct{}
 	dialer  *egress.Carrier
 	channel *dataplane.Channel
-	// handing: the host takes the workload's own sockets on the channel.
-	handing bool
+	// handing: the host takes the workload's own sockets on the channel;
+	// pairs: it answers Connects with pairs (not on a hand-only channel).
+	handing, pairs bool
 }
 
 // newDataPlane prepares the data plane; begin sets it up, in the
@@ -46,18 +47,26 @@ type dataPlane struct {
 func (a *agent) newDataPlane(ctx context.Context) *dataPlane {
 	d := &dataPlane{ready: make(chan struct{})}
 	w, ep := a.welcome, a.cfg.Endpoint
+	pairs, handing := protocol.HasCapability(w.Capabilities, protocol.CapDataFD), protocol.HasCapability(w.Capabilities, protocol.CapDataHand)
+	dialToo := protocol.HasCapability(w.Capabilities, protocol.CapDataDial)
 	switch {
-	case protocol.HasCapability(w.Capabilities, protocol.CapDataFD):
+	case pairs || handing:
+		// The fd channel; offered for handed sockets only (a host that
+		// cannot make pairs here), the rest goes as data connections.
 		d.setup = func() {
 			defer close(d.ready)
-			ch, err := dataplane.DialChannel(ctx, ep, w.DataToken, func(f protocol.Forward, c net.Conn) {
-				defer c.Close()
-				if err := joinForward(ctx, c, f.Port, a.wl.dialLoopback); err != nil {
-					a.cfg.Log.Warn("forward", "err", err)
+			var forward dataplane.Forwarded
+			if pairs {
+				forward = func(f protocol.Forward, c net.Conn) {
+					defer c.Close()
+					if err := joinForward(ctx, c, f.Port, a.wl.dialLoopback); err != nil {
+						a.cfg.Log.Warn("forward", "err", err)
+					}
 				}
-			}, a.cfg.Log)
+			}
+			ch, err := dataplane.DialChannel(ctx, ep, w.DataToken, forward, a.cfg.Log)
 			if err != nil {
-				if protocol.HasCapability(w.Capabilities, protocol.CapDataDial) {
+				if dialToo {
 					a.cfg.Log.Warn("fd channel unavailable; connections go as data connections", "err", err)
 					d.dial(ep, w.DataToken)
 					return
@@ -65,11 +74,17 @@ func (a *agent) newDataPlane(ctx context.Context) *dataPlane {
 				a.cfg.Log.Warn("data plane unavailable; connections go over the session", "err", err)
 				return
 			}
-			d.channel = ch
-			d.handing = protocol.HasCapability(w.Capabilities, protocol.CapDataHand)
-			a.cfg.Log.Info("data plane: fd channel up", "handing", d.handing)
+			d.channel, d.pairs, d.handing = ch, pairs, handing
+			if pairs {
+				a.cfg.Log.Info("data plane: fd channel up", "handing", d.handing)
+				return
+			}
+			if dialToo {
+				d.dial(ep, w.DataToken)
+			}
+			a.cfg.Log.Info("data plane: hand-only fd channel up; the rest as data connections", "handing", d.handing, "data_connections", dialToo)
 		}
-	case protocol.HasCapability(w.Capabilities, protocol.CapDataDial):
+	case dialToo:
 		d.setup = func() {
 			d.dial(ep, w.DataToken)
 			a.cfg.Log.Info("data plane: data connections", "endpoint", ep.String())
@@ -128,7 +143,7 @@ func (d *dataPlane) carriers() []egress.Carrier {
 			if !d.up(ctx) {
 				return nil, errCancelled, true
 			}
-			if d.channel == nil {
+			if d.channel == nil || !d.pairs {
 				return nil, protocol.EgressReply{}, false
 			}
 			return d.channel.Open(ctx, t.Host, t.Port, t.Via)
@@ -137,7 +152,7 @@ func (d *dataPlane) carriers() []egress.Carrier {
 			if !d.up(ctx) {
 				return nil, errCancelled, true
 			}
-			if d.channel == nil {
+			if d.channel == nil || !d.pairs {
 				return nil, protocol.EgressReply{}, false
 			}
 			return d.channel.Direct(ctx, t)

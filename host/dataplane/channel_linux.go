@@ -35,20 +35,26 @@ type Channel struct {
 }
 
 // serveChannel runs the fd channel on c, the guest's connection whose
-// Channel frame presented the token: the channel's pairs are made in the
-// network namespace c was dialed from (the guest's), by a thread of this
-// process that joins it, which takes CAP_SYS_ADMIN (a root shim; the host
-// offers the fd channel only then). The guest is told (an empty Channel),
-// cfg.OnChannel gets the channel, and its requests are answered until it
-// ends. A guest whose channel fails here carries its connections as
-// egress streams.
+// Channel frame presented the token. With protocol.CapDataFD offered the
+// channel's pairs are made in the network namespace c was dialed from
+// (the guest's), by a thread of this process that joins it, which takes
+// CAP_SYS_ADMIN (a root shim); cfg.OnChannel gets the channel (forwards
+// use its pairs). Offered protocol.CapDataHand alone (a shim without that
+// privilege), the channel takes handed sockets only: receiving a
+// descriptor needs no privilege, and a handed socket is only read and
+// written. The guest is told (an empty Channel) and its requests are
+// answered until it ends. A guest whose channel fails here carries its
+// connections as data connections or egress streams.
 func serveChannel(c *net.UnixConn, cfg Config) error {
-	pm, err := newPairMaker(c)
-	if err != nil {
-		c.Close()
-		return fmt.Errorf("fd channel: %w", err)
+	ch := &Channel{c: c, r: c, cfg: cfg, limit: rate.NewLimiter(MaxRequestRate, MaxRequestBurst), done: make(chan struct{})}
+	if protocol.HasCapability(cfg.Offer, protocol.CapDataFD) {
+		pm, err := newPairMaker(c)
+		if err != nil {
+			c.Close()
+			return fmt.Errorf("fd channel: %w", err)
+		}
+		ch.pairs = pm
 	}
-	ch := &Channel{c: c, r: c, cfg: cfg, pairs: pm, limit: rate.NewLimiter(MaxRequestRate, MaxRequestBurst), done: make(chan struct{})}
 	if protocol.HasCapability(cfg.Offer, protocol.CapDataHand) {
 		// Descriptors the guest sends are received (at most
 		// protocol.MaxPendingFDs at once) and must each be claimed by the
@@ -60,7 +66,9 @@ func serveChannel(c *net.UnixConn, cfg Config) error {
 		ch.Close()
 		return fmt.Errorf("fd channel: %w", err)
 	}
-	cfg.OnChannel(ch)
+	if ch.pairs != nil {
+		cfg.OnChannel(ch)
+	}
 	stop := context.AfterFunc(cfg.Ctx, func() { ch.Close() })
 	defer stop()
 	_ = ch.serve()
@@ -125,6 +133,9 @@ func (ch *Channel) serve() (err error) {
 			// the reader (protocol.MaxPendingFDs).
 			if len(req.Reply) > 0 || len(req.Early) > 0 {
 				return fmt.Errorf("%w: a Connect that hands no socket carries reply or early bytes", ErrViolation)
+			}
+			if ch.pairs == nil {
+				return fmt.Errorf("%w: a Connect asking for a pair on a channel that was offered %s only", ErrViolation, protocol.CapDataHand)
 			}
 			ch.wg.Add(1)
 			go func() {
@@ -253,6 +264,9 @@ func (ch *Channel) pair() (net.Conn, int, error) {
 // Forward hands the guest a connection to 127.0.0.1:port inside it and
 // returns the host's end. name is informational.
 func (ch *Channel) Forward(port int, name string) (net.Conn, error) {
+	if ch.pairs == nil {
+		return nil, fmt.Errorf("forward to guest port %d: this fd channel takes handed sockets only", port)
+	}
 	fw := protocol.Forward{Port: port, Name: name}
 	if err := fw.Header().Validate(); err != nil {
 		return nil, err
@@ -306,7 +320,9 @@ func (ch *Channel) Close() error {
 		if ch.fr != nil {
 			ch.fr.Close()
 		}
-		ch.pairs.stop()
+		if ch.pairs != nil {
+			ch.pairs.stop()
+		}
 	})
 	return nil
 }

@@ -26,9 +26,12 @@ func (*Channel) Done() <-chan struct{} { c := make(chan struct{}); close(c); ret
 // Close does nothing.
 func (*Channel) Close() error { return nil }
 
-// CanPassFDs is false off Linux.
-func CanPassFDs() bool { return false }
+// CanMakePairs is false off Linux.
+func CanMakePairs() bool { return false }
 
 // peersGone is not known off Linux: a failed connection is reported as
 // failed.
 func peersGone(net.Conn, net.Conn) bool { return false }
+
+// CanTakeHanded is false off Linux.
+func CanTakeHanded() bool { return false }

@@ -23,7 +23,7 @@ import (
 // as root, where this never skips.
 func needRoot(t *testing.T) {
 	t.Helper()
-	if !CanPassFDs() {
+	if !CanMakePairs() {
 		if os.Getenv("CI") != "" {
 			t.Fatal("the fd channel needs CAP_SYS_ADMIN; CI runs the tests as root")
 		}

@@ -26,8 +26,8 @@ const MaxPendingData = protocol.MaxStreams
 // Serve accepts the guest's data plane connections with accept until it
 // fails (the sandbox ending). Each must name itself with its first frame
 // within cfg.HeaderTimeout, presenting cfg.Token: Channel sets up the fd
-// channel (once, when cfg.Offer lists protocol.CapDataFD; handed to
-// cfg.OnChannel, then served), Connect makes it a data connection (when
+// channel (once, when cfg.Offer lists protocol.CapDataFD or
+// protocol.CapDataHand; then served), Connect makes it a data connection (when
 // cfg.Offer lists protocol.CapDataDial). Anything else is closed. Accepts
 // are paced to MaxRequestRate and at most MaxPendingData connections wait
 // for their first frame at once. It returns when accepting has ended and
@@ -82,7 +82,7 @@ func serveConn(c net.Conn, cfg Config, read func(), channelTaken *atomic.Bool) e
 		return fmt.Errorf("data connection: %w", violation(err))
 	}
 	switch {
-	case f.Type == protocol.TypeChannel && protocol.HasCapability(cfg.Offer, protocol.CapDataFD):
+	case f.Type == protocol.TypeChannel && (protocol.HasCapability(cfg.Offer, protocol.CapDataFD) || protocol.HasCapability(cfg.Offer, protocol.CapDataHand)):
 		var hello protocol.Channel
 		if err := f.Decode(&hello); err != nil || !protocol.TokenMatches(hello.Token, cfg.Token) {
 			c.Close()

@@ -12,9 +12,11 @@
 //     way. The host keeps its end and the upstream socket and splices
 //     between them. A Connect that hands the workload's own TCP socket
 //     over (protocol.CapDataHand) is carried between that socket and the
-//     upstream, with no pair;
+//     upstream, with no pair. A shim that cannot join the namespace
+//     (not root) offers the channel for handed sockets only (CapDataHand
+//     without CapDataFD): receiving a descriptor takes no privilege;
 //   - dialed data connections (a vsock transport, or a rootless shim on a
-//     unix one): the guest dials the transport's listener once per
+//     unix one, for what the guest cannot hand): the guest dials the transport's listener once per
 //     connection and names its target; the connection then carries the
 //     bytes.
 //

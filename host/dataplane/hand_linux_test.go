@@ -336,3 +336,64 @@ func inq(t *testing.T, c *net.TCPConn) int {
 	require.NoError(t, rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }))
 	return n
 }
+
+// openHandOnly dials and sets up a channel offered CapDataHand alone (a
+// shim that cannot make pairs): the host answers the Channel frame but,
+// holding no pairs, never gives the channel to OnChannel (forwards).
+func (h *host) openHandOnly(t *testing.T) *guest {
+	t.Helper()
+	g := h.dial(t)
+	g.send(protocol.TypeChannel, protocol.Channel{Token: testToken})
+	var ack protocol.Channel
+	require.NoError(t, g.recv(protocol.TypeChannel, &ack))
+	select {
+	case <-h.channel:
+		t.Fatal("a hand-only channel has no pairs for forwards, so OnChannel is not told of it")
+	default:
+	}
+	return g
+}
+
+func TestAHandOnlyChannelCarriesHandedSocketsWithoutMakingPairs(t *testing.T) {
+	h := startHost(t, 8, nil, protocol.CapDataHand, protocol.CapDataDial)
+	g := h.openHandOnly(t)
+	client, accepted := tcpPair(t)
+	r := g.hand(7, "up.test", accepted, []byte("OK\n"), nil)
+	require.True(t, r.OK(), "%+v", r)
+	require.NoError(t, accepted.Close())
+	head := make([]byte, 3)
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.ReadFull(client, head)
+	require.NoError(t, err)
+	assert.Equal(t, "OK\n", string(head))
+	echoes(t, client)
+	client.Close()
+	require.Eventually(t, func() bool { return len(h.events.of(api.KindEgressClosed)) == 1 }, 10*time.Second, 10*time.Millisecond)
+	assert.Empty(t, h.events.of(api.KindEgressClosed)[0].Code, "closed cleanly")
+}
+
+func TestAskingAHandOnlyChannelForAPairIsAViolation(t *testing.T) {
+	h := startHost(t, 8, nil, protocol.CapDataHand, protocol.CapDataDial)
+	g := h.openHandOnly(t)
+	g.send(protocol.TypeConnect, protocol.Connect{ID: 1, Host: "up.test", Port: 80, Via: protocol.ViaTransparent})
+	select {
+	case err := <-h.violations:
+		assert.ErrorIs(t, err, ErrViolation)
+		assert.Contains(t, err.Error(), "offered data_hand only")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no violation reported")
+	}
+	assert.True(t, closedSoon(g.c, 5*time.Second), "the channel is closed")
+	assert.Equal(t, int32(0), h.accepted.Load(), "nothing dialed for it")
+}
+
+func TestAHandOnlyChannelStillServesDataConnections(t *testing.T) {
+	h := startHost(t, 8, nil, protocol.CapDataHand, protocol.CapDataDial)
+	_ = h.openHandOnly(t)
+	d := h.dial(t)
+	d.send(protocol.TypeConnect, protocol.Connect{Token: testToken, Host: "up.test", Port: 80, Via: protocol.ViaTransparent})
+	var r protocol.Connected
+	require.NoError(t, d.recv(protocol.TypeConnected, &r))
+	require.True(t, r.OK(), "%+v", r)
+	echoes(t, d.c)
+}

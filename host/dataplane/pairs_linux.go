@@ -162,11 +162,12 @@ func (pm *pairMaker) stop() {
 
 func closeFD(fd int) error { return unix.Close(fd) }
 
-// CanPassFDs reports whether this process can run fd channels: it makes
-// their pairs in the guest's network namespace, which takes
-// CAP_SYS_ADMIN (a root shim). A shim without it offers dialed data
-// connections only.
-func CanPassFDs() bool {
+// CanMakePairs reports whether this process can make an fd channel's
+// pairs: it makes them in the guest's network namespace, which takes
+// CAP_SYS_ADMIN (a root shim). A shim without it offers the fd channel
+// for handed sockets only (protocol.CapDataHand without
+// protocol.CapDataFD) beside dialed data connections.
+func CanMakePairs() bool {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
@@ -174,6 +175,11 @@ func CanPassFDs() bool {
 	}
 	return data[0].Effective&(1<<unix.CAP_SYS_ADMIN) != 0
 }
+
+// CanTakeHanded reports whether this process can run an fd channel that
+// takes handed sockets: receiving a descriptor needs no privilege, so on
+// Linux it always can.
+func CanTakeHanded() bool { return true }
 
 // peersGone reports whether the guest's side of a failed connection went
 // away (its peer closed or reset it: the guest's client died and the guest

@@ -13,10 +13,14 @@ import (
 )
 
 // dataCarriers returns the data plane carriers to offer: what the
-// provider's transport allows, the fd channel only to a shim that can
-// make pairs in the guest's namespace, narrowed by Config.DataPlane, and
-// with it protocol.CapDataHand, and protocol.CapDataDirect unless another
-// carrier was asked for, wherever every guarantee holds (openDirect).
+// provider's transport allows, narrowed by Config.DataPlane. Where the
+// transport passes descriptors (protocol.CapDataFD) the fd channel comes
+// with protocol.CapDataHand (the workload's own sockets, carried here
+// with no copy in the guest); a shim that cannot make pairs in the
+// guest's namespace (not root) offers the channel for handed sockets
+// only: CapDataHand without CapDataFD. protocol.CapDataDirect is added
+// unless another carrier was asked for, wherever every guarantee holds
+// (openDirect).
 func (s *run) dataCarriers() []string {
 	dp, ok := s.inst.(provider.DataPlane)
 	if !ok || s.cfg.DataPlane == DataPlaneOff {
@@ -27,17 +31,17 @@ func (s *run) dataCarriers() []string {
 	}
 	var offer []string
 	for _, c := range dp.DataCarriers() {
-		if c == protocol.CapDataFD && !dataplane.CanPassFDs() {
+		if s.cfg.DataPlane != "" && s.cfg.DataPlane != DataPlaneDirect && s.cfg.DataPlane != c {
 			continue
 		}
-		if s.cfg.DataPlane == "" || s.cfg.DataPlane == DataPlaneDirect || s.cfg.DataPlane == c {
+		switch {
+		case c == protocol.CapDataFD && dataplane.CanMakePairs():
+			offer = append(offer, c, protocol.CapDataHand)
+		case c == protocol.CapDataFD && dataplane.CanTakeHanded():
+			offer = append(offer, protocol.CapDataHand)
+		case c != protocol.CapDataFD:
 			offer = append(offer, c)
 		}
-	}
-	if slices.Contains(offer, protocol.CapDataFD) {
-		// The fd channel also takes the workload's own sockets, carried
-		// here with no copy in the guest.
-		offer = append(offer, protocol.CapDataHand)
 	}
 	if s.wantsDirect() {
 		if s.direct, s.directOff = s.openDirect(offer); s.direct != nil {
@@ -110,7 +114,7 @@ func (s *run) closeDirect() {
 
 func fallbackPath(offer []string) string {
 	switch {
-	case protocol.HasCapability(offer, protocol.CapDataFD):
+	case protocol.HasCapability(offer, protocol.CapDataHand):
 		return "handed"
 	case protocol.HasCapability(offer, protocol.CapDataDial):
 		return "data connection"
