@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/oac/sandbox-agent/bench/internal/probe"
@@ -473,19 +474,39 @@ func rootlessOwner(name string) (int, error) {
 // treeCPU is the CPU seconds (user and system) that process pid and its
 // descendants have used, the reaped ones included (proctree.Proc.CPUTicks).
 func treeCPU(pid int) (float64, error) {
+	by, err := treeCPUBy(pid)
+	var total float64
+	for _, v := range by {
+		total += v
+	}
+	return total, err
+}
+
+// treeCPUBy is treeCPU by process name: a process that ended is counted
+// in its parent's (the client in the probe daemon that reaped it).
+func treeCPUBy(pid int) (map[string]float64, error) {
 	all := proctree.All()
-	var total int64
+	by := map[string]float64{}
 	found := false
 	for _, p := range all {
 		if p.PID == pid {
-			total, found = p.CPUTicks, true
+			by[p.Comm] += float64(p.CPUTicks) / proctree.ClockTicks
+			found = true
 		}
 	}
 	if !found {
-		return 0, fmt.Errorf("process %d is gone", pid)
+		return nil, fmt.Errorf("process %d is gone", pid)
 	}
 	for _, p := range proctree.Descendants(all, pid) {
-		total += p.CPUTicks
+		by[p.Comm] += float64(p.CPUTicks) / proctree.ClockTicks
 	}
-	return float64(total) / proctree.ClockTicks, nil
+	return by, nil
+}
+
+// selfCPU is the CPU seconds this process has used (the bench's servers
+// run in it).
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 }

@@ -22,6 +22,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -260,31 +262,52 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 	// cpu, when not nil, gets the CPU seconds each run used: curl's on
 	// the host; in a guest, all its sandbox's processes' (the shim, bwrap,
 	// the agent, curl), read from /proc around the run.
-	host := func(cpu *[]float64, args ...string) func() (float64, error) {
+	// cpuUse is what one path's downloads cost: the client's (or the
+	// sandbox's processes', by name) and the server's (this process).
+	type cpuUse struct {
+		total, server []float64
+		by            map[string][]float64
+	}
+	host := func(cpu *cpuUse, args ...string) func() (float64, error) {
 		return func() (float64, error) {
+			s0 := selfCPU()
 			res := probe.Run(probe.Request{Cmd: "curl", Args: args})
 			if res.Err != "" {
 				return 0, fmt.Errorf("host: %s", res.Err)
 			}
 			if cpu != nil {
-				*cpu = append(*cpu, res.CPU)
+				// The probe runs curl as a child of this process: its
+				// own CPU is reported apart, not in selfCPU.
+				cpu.total = append(cpu.total, res.CPU)
+				cpu.server = append(cpu.server, selfCPU()-s0)
 			}
 			return res.Value, nil
 		}
 	}
-	inGuest := func(g *guestRun, cpu *[]float64, args ...string) func() (float64, error) {
+	inGuest := func(g *guestRun, cpu *cpuUse, args ...string) func() (float64, error) {
 		return func() (float64, error) {
-			before, err := treeCPU(g.shimPID)
+			before, err := treeCPUBy(g.shimPID)
 			if err != nil {
 				return 0, err
 			}
+			s0 := selfCPU()
 			v, err := g.Run(probe.Request{Cmd: "curl", Args: args})
 			if err == nil && cpu != nil {
-				after, err := treeCPU(g.shimPID)
+				server := selfCPU() - s0
+				after, err := treeCPUBy(g.shimPID)
 				if err != nil {
 					return 0, err
 				}
-				*cpu = append(*cpu, after-before)
+				var total float64
+				if cpu.by == nil {
+					cpu.by = map[string][]float64{}
+				}
+				for name, a := range after {
+					total += a - before[name]
+					cpu.by[name] = append(cpu.by[name], a-before[name])
+				}
+				cpu.total = append(cpu.total, total)
+				cpu.server = append(cpu.server, server)
 			}
 			return v, err
 		}
@@ -344,9 +367,10 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 		}
 		base := []string{"-sS", "-o", "/dev/null", "-w", f.write}
 		with := func(more ...string) []string { return append(append([]string(nil), base...), more...) }
-		var hostV, nameV, srtV, hostCPU []float64
-		oacV, oacCPU := make([][]float64, len(paths)), make([][]float64, len(paths))
-		cpuOf := func(c *[]float64) *[]float64 {
+		var hostV, nameV, srtV []float64
+		var hostCPU cpuUse
+		oacV, oacCPU := make([][]float64, len(paths)), make([]cpuUse, len(paths))
+		cpuOf := func(c *cpuUse) *cpuUse {
 			if f.connect {
 				return nil
 			}
@@ -392,8 +416,9 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 			continue
 		}
 		// CPU seconds per GiB moved: what each path costs the machine
-		// beside what curl alone costs on the host (the server's share,
-		// the same for every row, is left out).
+		// beside what curl alone costs on the host, by process; and the
+		// ceiling that cost sets on this machine's CPUs, with the
+		// server's share (this process), beside what was measured.
 		perGiB := func(v []float64) []float64 {
 			out := make([]float64, len(v))
 			for i, x := range v {
@@ -401,10 +426,49 @@ func PeerFigures(r *Report, b Bins, runs int, size int64, cache string) error {
 			}
 			return out
 		}
+		ceiling := func(c cpuUse) []float64 {
+			out := make([]float64, len(c.total))
+			for i := range c.total {
+				if per := c.total[i] + c.server[i]; per > 0 {
+					out[i] = float64(runtime.NumCPU()) * float64(size) / per / 1e6
+				}
+			}
+			return out
+		}
+		r.Add(NewResult("peer: the server's CPU seconds per GiB (this process), curl on the host (an address)", "s/GiB", perGiB(hostCPU.server), "", nil))
+		r.Add(NewResult(fmt.Sprintf("peer: curl on the host (an address): download ceiling on %d CPUs from CPU per GiB (curl and the server)", runtime.NumCPU()), "MB/s",
+			ceiling(hostCPU), "the same download measured", hostV))
 		for i, p := range paths {
-			r.Add(NewResult("peer: "+p.name+": CPU seconds per GiB downloaded (the sandbox's processes: shim, bwrap, agent, curl)", "s/GiB",
-				perGiB(oacCPU[i]), "curl on the host (an address)", perGiB(hostCPU)))
+			res := NewResult("peer: "+p.name+": CPU seconds per GiB downloaded (the sandbox's processes: shim, bwrap, agent, curl)", "s/GiB",
+				perGiB(oacCPU[i].total), "curl on the host (an address)", perGiB(hostCPU.total))
+			res.Note = cpuByProcess(oacCPU[i].by, size)
+			r.Add(res)
+			r.Add(NewResult(fmt.Sprintf("peer: %s: download ceiling on %d CPUs from CPU per GiB (the sandbox's and the server's)", p.name, runtime.NumCPU()), "MB/s",
+				ceiling(oacCPU[i]), "the same download measured", oacV[i]))
 		}
 	}
 	return nil
+}
+
+// cpuByProcess says where a path's CPU per GiB went, by process name
+// (medians, the largest first; a client that ended is in the process
+// that reaped it: curl in oac-netprobe).
+func cpuByProcess(by map[string][]float64, size int64) string {
+	type part struct {
+		name string
+		v    float64
+	}
+	var parts []part
+	for name, v := range by {
+		if m := Summarise(v).Median / (float64(size) / (1 << 30)); m >= 0.005 {
+			parts = append(parts, part{name, m})
+		}
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i].v > parts[j].v })
+	var b strings.Builder
+	b.WriteString("by process, s/GiB:")
+	for _, p := range parts {
+		fmt.Fprintf(&b, " %s %.2f", p.name, p.v)
+	}
+	return b.String()
 }

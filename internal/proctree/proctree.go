@@ -16,6 +16,9 @@ const ClockTicks = 100
 // Proc is one process as its /proc/PID/stat gives it.
 type Proc struct {
 	PID, PPID int
+	// Comm is the process's name as the kernel keeps it (at most 15
+	// bytes; the process may set it to anything).
+	Comm string
 	// State is the state letter (R, S, D, Z, ...).
 	State string
 	// CPUTicks is the CPU time it used and its reaped children used
@@ -50,14 +53,15 @@ func All() []Proc {
 // kernel wrote it, so the fields start after the last ')'.
 func parse(pid int, b []byte) (Proc, bool) {
 	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
+	o := bytes.IndexByte(b, '(')
+	if i < 0 || o < 0 || o > i {
 		return Proc{}, false
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 15 {
 		return Proc{}, false
 	}
-	p := Proc{PID: pid, State: f[0]}
+	p := Proc{PID: pid, Comm: string(b[o+1 : i]), State: f[0]}
 	p.PPID, _ = strconv.Atoi(f[1])
 	for _, k := range f[11:15] { // utime stime cutime cstime
 		v, _ := strconv.ParseInt(k, 10, 64)

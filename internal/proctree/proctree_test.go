@@ -15,8 +15,8 @@ import (
 func TestAStatLineWithSpacesAndParenthesesInItsNameIsRead(t *testing.T) {
 	p, ok := parse(42, []byte("42 (a (b) c) S 7 42 42 0 -1 4194560 100 0 0 0 11 22 33 44 20 0 1 0 5 0 0"))
 	require.True(t, ok)
-	assert.Equal(t, Proc{PID: 42, PPID: 7, State: "S", CPUTicks: 11 + 22 + 33 + 44}, p)
-	for _, bad := range []string{"", "42 (x", "42 (x) S 7"} {
+	assert.Equal(t, Proc{PID: 42, PPID: 7, Comm: "a (b) c", State: "S", CPUTicks: 11 + 22 + 33 + 44}, p)
+	for _, bad := range []string{"", "42 (x", "42 (x) S 7", "42 ) S 7 42 42 0 -1 4194560 100 0 0 0 11 22 33 44 20 0 1 0 5 0 0 ("} {
 		_, ok := parse(42, []byte(bad))
 		assert.False(t, ok, "%q", bad)
 	}
