@@ -27,6 +27,7 @@ const (
 	CmdAddForward    = "add_forward"    // listen, guest_port
 	CmdRemoveForward = "remove_forward" // listen
 	CmdPushTime      = "push_time"      // send the host's clock to a VM guest
+	CmdClaim         = "claim"          // a warm sandbox becomes the tenant's: bootstrap, allow, upstreams, forwards
 )
 
 // ErrBadCommand wraps every decoding error.
@@ -44,7 +45,21 @@ type Command struct {
 	// add_forward, remove_forward.
 	Listen    string `json:"listen,omitempty"`
 	GuestPort int    `json:"guest_port,omitempty"`
+	// claim: the bootstrap document (an object, decoded by the shim as
+	// --bootstrap is) and the forwards to open, with allow and upstreams
+	// as set_policy takes them.
+	Bootstrap json.RawMessage `json:"bootstrap,omitempty"`
+	Forwards  []ForwardSpec   `json:"forwards,omitempty"`
 }
+
+// ForwardSpec is one forward a claim opens, as add_forward takes it.
+type ForwardSpec struct {
+	Listen    string `json:"listen"`
+	GuestPort int    `json:"guest_port"`
+}
+
+// maxForwards bounds a claim's forwards (the shim's own limit applies too).
+const maxForwards = 64
 
 // keys lists, per command, the keys besides id and cmd it takes, and
 // whether each is required.
@@ -57,6 +72,7 @@ var keys = map[string]map[string]bool{
 	CmdSetPolicy:     {"allow": false, "upstreams": false},
 	CmdAddForward:    {"listen": true, "guest_port": true},
 	CmdRemoveForward: {"listen": true},
+	CmdClaim:         {"bootstrap": true, "allow": false, "upstreams": false, "forwards": false},
 }
 
 // IsCommand reports whether name is a known command.
@@ -67,7 +83,7 @@ func IsCommand(name string) bool {
 
 // Commands returns the command names, for usage texts.
 func Commands() []string {
-	return []string{CmdStatus, CmdStop, CmdStart, CmdReset, CmdSetPolicy, CmdAddForward, CmdRemoveForward, CmdPushTime}
+	return []string{CmdStatus, CmdStop, CmdStart, CmdReset, CmdSetPolicy, CmdAddForward, CmdRemoveForward, CmdPushTime, CmdClaim}
 }
 
 // maxList bounds allow and upstreams (the policy's own limit is 256 rules).
@@ -93,6 +109,11 @@ var commandSchema = &strictjson.Schema{Kind: strictjson.Object, OpenKeys: true, 
 	{Name: "upstreams", Schema: stringList},
 	{Name: "listen", Schema: &strictjson.Schema{Kind: strictjson.String}},
 	{Name: "guest_port", Schema: &strictjson.Schema{Kind: strictjson.Int}},
+	{Name: "bootstrap", Schema: &strictjson.Schema{Kind: strictjson.Object, OpenKeys: true}},
+	{Name: "forwards", Schema: &strictjson.Schema{Kind: strictjson.Array, MaxItems: maxForwards, Elem: &strictjson.Schema{Kind: strictjson.Object, Fields: []strictjson.Field{
+		{Name: "listen", Schema: &strictjson.Schema{Kind: strictjson.String}, Required: true},
+		{Name: "guest_port", Schema: &strictjson.Schema{Kind: strictjson.Int}, Required: true},
+	}}}},
 }}
 
 var stringList = &strictjson.Schema{Kind: strictjson.Array, MaxItems: maxList, Elem: &strictjson.Schema{Kind: strictjson.String}}
@@ -140,7 +161,7 @@ func Decode(line []byte) (Command, error) {
 		}
 	}
 	// The values' types were checked: these cannot fail.
-	for k, dst := range map[string]any{"allow": &c.Allow, "upstreams": &c.Upstreams, "listen": &c.Listen, "guest_port": &c.GuestPort} {
+	for k, dst := range map[string]any{"allow": &c.Allow, "upstreams": &c.Upstreams, "listen": &c.Listen, "guest_port": &c.GuestPort, "forwards": &c.Forwards} {
 		if v, ok := raw[k]; ok {
 			_ = json.Unmarshal(v, dst)
 		}
@@ -150,6 +171,14 @@ func Decode(line []byte) (Command, error) {
 	}
 	if _, ok := raw["guest_port"]; ok && (c.GuestPort < 1 || c.GuestPort > 65535) {
 		return c, badAs(AnswerInvalidArgument, `"guest_port" must be an integer 1..65535`)
+	}
+	if b, ok := raw["bootstrap"]; ok {
+		c.Bootstrap = append(json.RawMessage(nil), b...)
+	}
+	for _, f := range c.Forwards {
+		if f.Listen == "" || f.GuestPort < 1 || f.GuestPort > 65535 {
+			return c, badAs(AnswerInvalidArgument, `each of "forwards" needs "listen" and a "guest_port" 1..65535`)
+		}
 	}
 	return c, nil
 }
@@ -180,6 +209,10 @@ func lineError(err error) error {
 		return badAs(AnswerInvalidArgument, "%q must be a list of strings", key)
 	case errors.Is(err, strictjson.ErrType) && key == "listen":
 		return badAs(AnswerInvalidArgument, "%q must be a string", key)
+	case errors.Is(err, strictjson.ErrType) && key == "bootstrap":
+		return badAs(AnswerInvalidArgument, `"bootstrap" must be an object (the bootstrap document)`)
+	case strings.HasPrefix(e.Path, "forwards"):
+		return badAs(AnswerInvalidArgument, `"forwards" must be a list of {"listen","guest_port"} objects`)
 	case errors.Is(err, strictjson.ErrType):
 		return bad("%q must be a string", key)
 	case errors.Is(err, strictjson.ErrDepth):

@@ -55,7 +55,9 @@ const (
 )
 
 // State is a sandbox's lifecycle state: starting, ready, failed or
-// stopped, the states the guest reports in the protocol's State messages.
+// stopped, the states the guest reports in the protocol's State messages,
+// and warm: booted for nobody, its guest connected and waiting for a
+// claim (oac-shim run --warm; docs/warm.md).
 type State string
 
 // States.
@@ -64,6 +66,7 @@ const (
 	StateReady    State = protocol.StateReady
 	StateFailed   State = protocol.StateFailed
 	StateStopped  State = protocol.StateStopped
+	StateWarm     State = "warm"
 )
 
 // ModeHelper is Event.Mode on the events of oac-guest helper.
@@ -73,7 +76,7 @@ const ModeHelper = "helper"
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 7
+const SchemaVersion = 8
 
 // Event is one line of oac-shim output.
 type Event struct {

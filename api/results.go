@@ -25,6 +25,15 @@ type PolicyResult struct {
 	Egress []string `json:"egress"`
 }
 
+// ClaimResult answers claim: the attempt the claimed sandbox runs as and
+// the forwards the claim opened (bound). Its state moves from warm to
+// starting, then ready, as events say.
+type ClaimResult struct {
+	Attempt  uint64          `json:"attempt"`
+	Forwards []ForwardResult `json:"forwards"`
+	Egress   []string        `json:"egress"`
+}
+
 // TimeResult answers push_time.
 type TimeResult struct {
 	TimeUnixNano int64 `json:"time_unix_nano"`
