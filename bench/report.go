@@ -123,6 +123,9 @@ func (res Result) line() string {
 	if res.Holds != nil {
 		s += fmt.Sprintf("  [%s: %s]", res.Goal, verdict(*res.Holds))
 	}
+	if res.Note != "" {
+		s += "  (" + res.Note + ")"
+	}
 	return s
 }
 
