@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -160,11 +161,77 @@ func (k *kubeRun) egress(ctx context.Context, runs int, probeBin string) error {
 				r.Add(NewResult("kubernetes: egress of a plain Pod on the node (pod network: the cluster's bridge), Go's HTTP client: "+rw.what, rw.unit, plainV, onHost, hostV))
 			}
 			if rw.cpu {
-				r.Add(cpuPerGiB(label+": "+rw.what, parts, sandboxCPU, plainCPU))
+				r.Add(cpuPerGiB(label+": "+rw.what+": CPU seconds per GiB, every process on the path (shim, apiserver, kubelet, containerd, the Pod's, etcd)",
+					parts, sandboxCPU, "the plain Pod's processes (containerd shim, probe)", plainParts, plainCPU))
 			}
 		}
 	}
+	return k.execAlone(ctx, runs, parts, plainShim, guest.Client)
+}
+
+// execAlone measures what pods/exec carries without oac: a command in the
+// plain Pod writes kubeEgressSize bytes to its stdout, read over the
+// websocket (v5.channel.k8s.io, as the shim's client-go executor asks)
+// by kcluster's client in this process, alternating with the sandbox's
+// download through its proxy; each with its CPU per GiB.
+func (k *kubeRun) execAlone(ctx context.Context, runs int, parts []pathPart, plainShim int, guest *probe.Client) error {
+	execParts := []pathPart{
+		{name: "this process (the reader, kcluster's websocket client)", pid: os.Getpid()},
+		parts[1], parts[2], parts[3], // kube-apiserver, kubelet, containerd
+		{name: "the plain Pod (containerd shim, the command)", pid: plainShim, tree: true},
+		parts[5], // etcd
+	}
+	var execCPU, sandboxCPU [][]float64
+	measure := func(ps []pathPart, cpu *[][]float64, f func() error) func() (float64, error) {
+		return func() (float64, error) {
+			before := partTicks(ps)
+			t := time.Now()
+			if err := f(); err != nil {
+				return 0, err
+			}
+			d := time.Since(t)
+			after := partTicks(ps)
+			run := make([]float64, len(ps))
+			for i := range ps {
+				run[i] = float64(after[i]-before[i]) / proctree.ClockTicks
+			}
+			*cpu = append(*cpu, run)
+			return float64(kubeEgressSize) / d.Seconds() / 1e6, nil
+		}
+	}
+	raw := measure(execParts, &execCPU, func() error {
+		var n countWriter
+		var stderr tailBuffer
+		stderr.max = 4 << 10
+		res, err := k.c.ExecTo(ctx, &n, &stderr, "default", kubePlainPod, "probe", guestProbePath, "emit", strconv.Itoa(kubeEgressSize))
+		switch {
+		case err != nil:
+			return fmt.Errorf("pods/exec: %w", err)
+		case res.Status != "Success" || n != kubeEgressSize:
+			return fmt.Errorf("pods/exec: %s %s, %d of %d bytes: %s", res.Status, res.Message, n, kubeEgressSize, stderr.String())
+		}
+		return nil
+	})
+	dl := probe.Request{Cmd: "get", URL: "http://up.test/dl/" + strconv.Itoa(kubeEgressSize), Size: kubeEgressSize, Proxy: clientPaths[0].proxy}
+	sandbox := measure(parts, &sandboxCPU, func() error { _, err := guest.Run(dl); return err })
+	xs, err := Interleave(runs, raw, sandbox)
+	if err != nil {
+		return fmt.Errorf("kubernetes: pods/exec alone: %w", err)
+	}
+	what := fmt.Sprintf("download %d MiB", kubeEgressSize>>20)
+	alone := fmt.Sprintf("pods/exec alone (no oac): a command in the plain Pod writing %d MiB to its stdout, read over a websocket by the bench", kubeEgressSize>>20)
+	k.r.Add(NewResult("kubernetes: egress of a sandbox (session over pods/exec), proxy, Go's HTTP client: "+what+", beside pods/exec alone", "MB/s", xs[1], alone, xs[0]))
+	k.r.Add(cpuPerGiB("kubernetes: egress of a sandbox (session over pods/exec), proxy, Go's HTTP client: "+what+": CPU seconds per GiB, every process on the path, beside pods/exec alone", parts, sandboxCPU,
+		alone+" (the reader, apiserver, kubelet, containerd, the Pod's, etcd)", execParts, execCPU))
 	return nil
+}
+
+// countWriter counts what is written to it.
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	*c += countWriter(len(p))
+	return len(p), nil
 }
 
 // pathPart is one process (or process tree) on the sandbox's path whose
@@ -195,11 +262,11 @@ func partTicks(parts []pathPart) []int64 {
 	return out
 }
 
-// cpuPerGiB is the row of CPU seconds per GiB moved: all parts of the
-// sandbox's path summed, beside the plain Pod's processes, each part's
-// median in the note. The host's servers (in this process) are left out
-// of both.
-func cpuPerGiB(what string, parts []pathPart, sandbox, plain [][]float64) Result {
+// cpuPerGiB is a row of CPU seconds per GiB moved: every part of a path
+// summed, each part's median in the note, beside another path's (none
+// when baseName is ""). The host's servers (in this process) are left
+// out, except where this process is a part.
+func cpuPerGiB(name string, parts []pathPart, runs [][]float64, baseName string, baseParts []pathPart, base [][]float64) Result {
 	gib := float64(kubeEgressSize) / (1 << 30)
 	sum := func(runs [][]float64) []float64 {
 		out := make([]float64, len(runs))
@@ -210,17 +277,23 @@ func cpuPerGiB(what string, parts []pathPart, sandbox, plain [][]float64) Result
 		}
 		return out
 	}
-	var each []string
-	for i, p := range parts {
-		col := make([]float64, len(sandbox))
-		for j, run := range sandbox {
-			col[j] = run[i] / gib
+	each := func(parts []pathPart, runs [][]float64) string {
+		var out []string
+		for i, p := range parts {
+			col := make([]float64, len(runs))
+			for j, run := range runs {
+				col[j] = run[i] / gib
+			}
+			out = append(out, p.name+" "+fmtNum(Summarise(col).Median))
 		}
-		each = append(each, p.name+" "+fmtNum(Summarise(col).Median))
+		return strings.Join(out, ", ")
 	}
-	res := NewResult(what+": CPU seconds per GiB, every process on the path (shim, apiserver, kubelet, containerd, the Pod's, etcd)", "s/GiB",
-		sum(sandbox), "the plain Pod's processes (containerd shim, probe)", sum(plain))
-	res.Note = "medians by process: " + strings.Join(each, ", ") + "; /proc's unit is 10 ms"
+	res := NewResult(name, "s/GiB", sum(runs), baseName, sum(base))
+	res.Note = "medians by process: " + each(parts, runs)
+	if baseName != "" && len(baseParts) > 1 {
+		res.Note += "; the baseline's: " + each(baseParts, base)
+	}
+	res.Note += "; /proc's unit is 10 ms"
 	return res
 }
 

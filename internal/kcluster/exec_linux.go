@@ -32,6 +32,18 @@ type ExecResult struct {
 // subresource over a websocket (the v5.channel.k8s.io protocol, stdout
 // and stderr only), and waits until it ends or ctx is done.
 func (c *Cluster) Exec(ctx context.Context, namespace, pod, container string, cmd ...string) (*ExecResult, error) {
+	var stdout, stderr bytes.Buffer
+	res, err := c.ExecTo(ctx, &stdout, &stderr, namespace, pod, container, cmd...)
+	if res != nil {
+		res.Stdout, res.Stderr = stdout.Bytes(), stderr.Bytes()
+	}
+	return res, err
+}
+
+// ExecTo is Exec writing the command's output to stdout and stderr as it
+// arrives (the benchmarks move more through pods/exec than memory should
+// hold); the result's Stdout and Stderr stay empty.
+func (c *Cluster) ExecTo(ctx context.Context, stdout, stderr io.Writer, namespace, pod, container string, cmd ...string) (*ExecResult, error) {
 	q := url.Values{"stdout": {"true"}, "stderr": {"true"}}
 	if container != "" {
 		q.Set("container", container)
@@ -114,10 +126,14 @@ func (c *Cluster) Exec(ctx context.Context, namespace, pod, container string, cm
 		}
 		if len(msg) > 0 {
 			switch msg[0] {
-			case 1:
-				res.Stdout = append(res.Stdout, msg[1:]...)
-			case 2:
-				res.Stderr = append(res.Stderr, msg[1:]...)
+			case 1, 2:
+				w := stdout
+				if msg[0] == 2 {
+					w = stderr
+				}
+				if _, err := w.Write(msg[1:]); err != nil {
+					return res, fmt.Errorf("kcluster: exec: %w", err)
+				}
 			case 3:
 				var st struct{ Status, Message string }
 				if err := json.Unmarshal(msg[1:], &st); err == nil {
