@@ -16,6 +16,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -169,19 +170,20 @@ func (k *kubeRun) egress(ctx context.Context, runs int, probeBin string) error {
 	return k.execAlone(ctx, runs, parts, plainShim, guest.Client)
 }
 
-// execAlone measures what pods/exec carries without oac: a command in the
-// plain Pod writes kubeEgressSize bytes to its stdout, read over the
-// websocket (v5.channel.k8s.io, as the shim's client-go executor asks)
-// by kcluster's client in this process, alternating with the sandbox's
-// download through its proxy; each with its CPU per GiB.
+// execAlone measures what pods/exec carries without oac, each way: a
+// command in the plain Pod writes kubeEgressSize bytes to its stdout (the
+// direction of a sandbox's upload: the guest sends) or reads them from its
+// stdin (a download's: the guest receives), over the websocket
+// (v5.channel.k8s.io, as the shim's client-go executor asks) from
+// kcluster's client in this process; each alternating with the sandbox's
+// transfer the same way through its proxy, each with its CPU per GiB.
 func (k *kubeRun) execAlone(ctx context.Context, runs int, parts []pathPart, plainShim int, guest *probe.Client) error {
 	execParts := []pathPart{
-		{name: "this process (the reader, kcluster's websocket client)", pid: os.Getpid()},
+		{name: "this process (kcluster's websocket client)", pid: os.Getpid()},
 		parts[1], parts[2], parts[3], // kube-apiserver, kubelet, containerd
 		{name: "the plain Pod (containerd shim, the command)", pid: plainShim, tree: true},
 		parts[5], // etcd
 	}
-	var execCPU, sandboxCPU [][]float64
 	measure := func(ps []pathPart, cpu *[][]float64, f func() error) func() (float64, error) {
 		return func() (float64, error) {
 			before := partTicks(ps)
@@ -199,31 +201,56 @@ func (k *kubeRun) execAlone(ctx context.Context, runs int, parts []pathPart, pla
 			return float64(kubeEgressSize) / d.Seconds() / 1e6, nil
 		}
 	}
-	raw := measure(execParts, &execCPU, func() error {
+	exec := func(stdin io.Reader, cmd string) error {
 		var n countWriter
-		var stderr tailBuffer
-		stderr.max = 4 << 10
-		res, err := k.c.ExecTo(ctx, &n, &stderr, "default", kubePlainPod, "probe", guestProbePath, "emit", strconv.Itoa(kubeEgressSize))
+		stderr := &tailBuffer{max: 4 << 10}
+		res, err := k.c.ExecTo(ctx, stdin, &n, stderr, "default", kubePlainPod, "probe", guestProbePath, cmd, strconv.Itoa(kubeEgressSize))
 		switch {
 		case err != nil:
 			return fmt.Errorf("pods/exec: %w", err)
-		case res.Status != "Success" || n != kubeEgressSize:
-			return fmt.Errorf("pods/exec: %s %s, %d of %d bytes: %s", res.Status, res.Message, n, kubeEgressSize, stderr.String())
+		case res.Status != "Success":
+			return fmt.Errorf("pods/exec: %s %s: %s", res.Status, res.Message, stderr.String())
+		case cmd == "emit" && n != kubeEgressSize:
+			return fmt.Errorf("pods/exec: %d of %d bytes", n, kubeEgressSize)
 		}
 		return nil
-	})
-	dl := probe.Request{Cmd: "get", URL: "http://up.test/dl/" + strconv.Itoa(kubeEgressSize), Size: kubeEgressSize, Proxy: clientPaths[0].proxy}
-	sandbox := measure(parts, &sandboxCPU, func() error { _, err := guest.Run(dl); return err })
-	xs, err := Interleave(runs, raw, sandbox)
-	if err != nil {
-		return fmt.Errorf("kubernetes: pods/exec alone: %w", err)
 	}
-	what := fmt.Sprintf("download %d MiB", kubeEgressSize>>20)
-	alone := fmt.Sprintf("pods/exec alone (no oac): a command in the plain Pod writing %d MiB to its stdout, read over a websocket by the bench", kubeEgressSize>>20)
-	k.r.Add(NewResult("kubernetes: egress of a sandbox (session over pods/exec), proxy, Go's HTTP client: "+what+", beside pods/exec alone", "MB/s", xs[1], alone, xs[0]))
-	k.r.Add(cpuPerGiB("kubernetes: egress of a sandbox (session over pods/exec), proxy, Go's HTTP client: "+what+": CPU seconds per GiB, every process on the path, beside pods/exec alone", parts, sandboxCPU,
-		alone+" (the reader, apiserver, kubelet, containerd, the Pod's, etcd)", execParts, execCPU))
+	mib := kubeEgressSize >> 20
+	const sandboxRow = "kubernetes: egress of a sandbox (session over pods/exec), proxy, Go's HTTP client: "
+	for _, dir := range []struct {
+		what, alone, cmd string
+		req              probe.Request
+	}{
+		{fmt.Sprintf("download %d MiB", mib), fmt.Sprintf("pods/exec alone (no oac): %d MiB sent over a websocket by the bench to a command's stdin in the plain Pod", mib), "absorb",
+			probe.Request{Cmd: "get", URL: "http://up.test/dl/" + strconv.Itoa(kubeEgressSize), Size: kubeEgressSize, Proxy: clientPaths[0].proxy}},
+		{fmt.Sprintf("upload %d MiB", mib), fmt.Sprintf("pods/exec alone (no oac): %d MiB a command in the plain Pod writes to its stdout, read over a websocket by the bench", mib), "emit",
+			probe.Request{Cmd: "put", URL: "http://up.test/ul", Size: kubeEgressSize, Proxy: clientPaths[0].proxy}},
+	} {
+		var execCPU, sandboxCPU [][]float64
+		raw := measure(execParts, &execCPU, func() error {
+			if dir.cmd == "absorb" {
+				return exec(io.LimitReader(zeroReader{}, kubeEgressSize), dir.cmd)
+			}
+			return exec(nil, dir.cmd)
+		})
+		sandbox := measure(parts, &sandboxCPU, func() error { _, err := guest.Run(dir.req); return err })
+		xs, err := Interleave(runs, raw, sandbox)
+		if err != nil {
+			return fmt.Errorf("kubernetes: pods/exec alone, %s: %w", dir.what, err)
+		}
+		k.r.Add(NewResult(sandboxRow+dir.what+", beside pods/exec alone", "MB/s", xs[1], dir.alone, xs[0]))
+		k.r.Add(cpuPerGiB(sandboxRow+dir.what+": CPU seconds per GiB, every process on the path, beside pods/exec alone", parts, sandboxCPU,
+			dir.alone+" (the bench's client, apiserver, kubelet, containerd, the Pod's, etcd)", execParts, execCPU))
+	}
 	return nil
+}
+
+// zeroReader reads zeros.
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // countWriter counts what is written to it.

@@ -1,7 +1,8 @@
 // Command netprobe is the benchmarks' daemon inside a guest: it serves
 // package probe's measurements on a loopback port. `netprobe emit N`
-// writes N zero bytes to its standard output (what the kubernetes rows
-// read through pods/exec alone, without oac).
+// writes N zero bytes to its standard output and `netprobe absorb N`
+// reads N bytes from its standard input (what the kubernetes rows move
+// through pods/exec alone, without oac, each way).
 package main
 
 import (
@@ -30,8 +31,25 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) == 3 && os.Args[1] == "absorb" {
+		n, err := strconv.ParseInt(os.Args[2], 10, 64)
+		if err != nil || n < 0 {
+			fmt.Fprintln(os.Stderr, "netprobe: absorb wants a byte count")
+			os.Exit(2)
+		}
+		buf := make([]byte, 256<<10)
+		for n > 0 {
+			m, err := os.Stdin.Read(buf[:min(int64(len(buf)), n)])
+			n -= int64(m)
+			if err != nil && n > 0 {
+				fmt.Fprintln(os.Stderr, "netprobe: absorb:", n, "bytes short:", err)
+				os.Exit(1)
+			}
+		}
+		return
+	}
 	if len(os.Args) != 3 || os.Args[1] != "serve" {
-		fmt.Fprintln(os.Stderr, "usage: netprobe serve ADDR | netprobe emit N")
+		fmt.Fprintln(os.Stderr, "usage: netprobe serve ADDR | netprobe emit N | netprobe absorb N")
 		os.Exit(2)
 	}
 	if err := probe.Serve(os.Args[2]); err != nil {
