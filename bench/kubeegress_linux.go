@@ -63,7 +63,7 @@ func (k *kubeRun) egress(ctx context.Context, runs int, probeBin string) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes egress: the sandbox: %w", err)
 	}
-	defer stopGuest()
+	defer k.alsoStop(stopGuest)()
 	pods, err := k.sandboxPods(ctx)
 	if err != nil || len(pods) != 1 {
 		return fmt.Errorf("kubernetes egress: want the sandbox's one Pod, found %d (%v)", len(pods), err)

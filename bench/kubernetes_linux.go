@@ -118,6 +118,9 @@ type kubeRun struct {
 	procs    map[*exec.Cmd]bool
 	closing  bool // interrupted: start no more shims
 	watch    *http.Client
+	// others stop what the group started outside procs (the egress
+	// rows' sandbox), on an interrupt too.
+	others []func()
 }
 
 func (k *kubeRun) run(runs int, profile string) (err error) {
@@ -148,6 +151,12 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 			k.closing = true
 			k.mu.Unlock()
 			k.stopAll()
+			k.mu.Lock()
+			others := k.others
+			k.mu.Unlock()
+			for _, stop := range others {
+				stop()
+			}
 			if c := k.waitCluster(); c != nil {
 				_ = c.Stop()
 			}
@@ -232,6 +241,16 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 		return err
 	}
 	return k.egress(ctx, runs, probeBin)
+}
+
+// alsoStop registers stop to run on an interrupt too, and returns it to
+// run at most once.
+func (k *kubeRun) alsoStop(stop func()) func() {
+	once := sync.OnceFunc(stop)
+	k.mu.Lock()
+	k.others = append(k.others, once)
+	k.mu.Unlock()
+	return once
 }
 
 // waitCluster returns the cluster once kcluster.Start returned (nil when
