@@ -30,8 +30,8 @@ import (
 )
 
 // kubeEgressSize is what one download or upload moves: the session over
-// pods/exec carries about 120 MB/s on this machine, so a run takes about
-// two seconds, and /proc's 10 ms reads to ±0.04 s/GiB.
+// pods/exec carries 0.1 to 0.25 GB/s on this machine, so a run takes one
+// to three seconds, and /proc's 10 ms reads to ±0.04 s/GiB.
 const kubeEgressSize = 256 << 20
 
 // kubePlainPod is the plain Pod's name.
@@ -102,12 +102,7 @@ func (k *kubeRun) egress(ctx context.Context, runs int, probeBin string) error {
 				before := partTicks(parts)
 				v, err := cl.Run(req)
 				if err == nil && cpu != nil {
-					after := partTicks(parts)
-					run := make([]float64, len(parts))
-					for i := range parts {
-						run[i] = float64(after[i]-before[i]) / proctree.ClockTicks
-					}
-					*cpu = append(*cpu, run)
+					*cpu = append(*cpu, partSeconds(before, partTicks(parts)))
 				}
 				return v, err
 			}
@@ -192,12 +187,7 @@ func (k *kubeRun) execAlone(ctx context.Context, runs int, parts []pathPart, pla
 				return 0, err
 			}
 			d := time.Since(t)
-			after := partTicks(ps)
-			run := make([]float64, len(ps))
-			for i := range ps {
-				run[i] = float64(after[i]-before[i]) / proctree.ClockTicks
-			}
-			*cpu = append(*cpu, run)
+			*cpu = append(*cpu, partSeconds(before, partTicks(ps)))
 			return float64(kubeEgressSize) / d.Seconds() / 1e6, nil
 		}
 	}
@@ -285,6 +275,15 @@ func partTicks(parts []pathPart) []int64 {
 				out[i] += q.CPUTicks
 			}
 		}
+	}
+	return out
+}
+
+// partSeconds is each part's CPU seconds between two partTicks readings.
+func partSeconds(before, after []int64) []float64 {
+	out := make([]float64, len(before))
+	for i := range before {
+		out[i] = float64(after[i]-before[i]) / proctree.ClockTicks
 	}
 	return out
 }
