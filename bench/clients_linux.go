@@ -42,8 +42,11 @@ type clientServers struct {
 	web, echo string
 }
 
-func startClientServers() (clientServers, func(), error) {
-	wl, err := net.Listen("tcp", "127.0.0.1:0")
+// startClientServers starts both servers on host (an address of this
+// machine: the loopback, or the test cluster's node address, which its
+// Pods reach too).
+func startClientServers(host string) (clientServers, func(), error) {
+	wl, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return clientServers{}, nil, err
 	}
@@ -69,7 +72,7 @@ func startClientServers() (clientServers, func(), error) {
 		}
 	})}
 	go func() { _ = srv.Serve(wl) }()
-	el, err := net.Listen("tcp", "127.0.0.1:0")
+	el, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		srv.Close()
 		return clientServers{}, nil, err
@@ -101,15 +104,21 @@ func clientSetup(prefix string) (dir, probeBin string, srv clientServers, stop f
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return fail(err)
 	}
-	probeBin = filepath.Join(dir, "netprobe")
-	if err := crossBuild("./bench/internal/netprobe", probeBin, "amd64"); err != nil {
+	probeBin, err = buildProbe(dir)
+	if err != nil {
 		return fail(err)
 	}
-	srv, stopServers, err := startClientServers()
+	srv, stopServers, err := startClientServers("127.0.0.1")
 	if err != nil {
 		return fail(err)
 	}
 	return dir, probeBin, srv, func() { stopServers(); os.RemoveAll(dir) }, nil
+}
+
+// buildProbe builds the guest's probe (static, amd64) into dir.
+func buildProbe(dir string) (string, error) {
+	bin := filepath.Join(dir, "netprobe")
+	return bin, crossBuild("./bench/internal/netprobe", bin, "amd64")
 }
 
 // guestTarget is one sandbox the clients run in.
@@ -125,7 +134,17 @@ type guestTarget struct {
 	// user, when set, runs the shim as this unprivileged user (made with a
 	// subordinate id range if missing), as a desktop app runs it.
 	user string
+	// shim, when set, is the shim binary (oac-shim-kubernetes) instead of
+	// oac-shim.
+	shim string
+	// probeInImage: the guest image holds the probe at guestProbePath (a
+	// provider whose nodes cannot see this host's files refuses
+	// --install).
+	probeInImage bool
 }
+
+// guestProbePath is where a guest finds the probe.
+const guestProbePath = "/usr/local/bin/oac-netprobe"
 
 // RootlessUser is the user the rootless rows run oac-shim as.
 const RootlessUser = "oac-bench-subids"
@@ -235,7 +254,7 @@ func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*gu
 	fwd := fl.Addr().String()
 	fl.Close()
 	boot, _ := json.Marshal(map[string]any{"version": 1, "stop_grace": "1s",
-		"daemon": map[string]any{"argv": []string{"/usr/local/bin/oac-netprobe", "serve", fmt.Sprintf("127.0.0.1:%d", guestProbePort)}}})
+		"daemon": map[string]any{"argv": []string{guestProbePath, "serve", fmt.Sprintf("127.0.0.1:%d", guestProbePort)}}})
 	bootFile, err := os.CreateTemp("", "oac-bench-boot-")
 	if err != nil {
 		return nil, nil, err
@@ -252,11 +271,18 @@ func guestProbe(b Bins, tg guestTarget, srv clientServers, probeBin string) (*gu
 			return nil, nil, err
 		}
 	}
-	args := append([]string{"run", "--name", benchName(), "--agent", b.Guest, "--bootstrap", bootFile.Name(),
-		"--install", "oac-netprobe=" + probeBin,
+	args := []string{"run", "--name", benchName(), "--agent", b.Guest, "--bootstrap", bootFile.Name(),
 		"--upstream", "up.test:80=" + srv.web, "--upstream", "echo.test:7=" + srv.echo,
-		"--forward", fmt.Sprintf("%s=%d", fwd, guestProbePort)}, tg.args...)
-	argv := append([]string{b.Shim}, args...)
+		"--forward", fmt.Sprintf("%s=%d", fwd, guestProbePort)}
+	if !tg.probeInImage {
+		args = append(args, "--install", filepath.Base(guestProbePath)+"="+probeBin)
+	}
+	args = append(args, tg.args...)
+	shim := b.Shim
+	if tg.shim != "" {
+		shim = tg.shim
+	}
+	argv := append([]string{shim}, args...)
 	if tg.user != "" {
 		argv = unprivuser.Argv(tg.user, argv...)
 	}

@@ -108,6 +108,9 @@ type kubeRun struct {
 	b    Bins
 	shim string
 	args []string // run's arguments after the name: provider, cluster, image, bootstrap
+	// provArgs are args without the bootstrap (the egress rows' sandbox
+	// has a bootstrap of its own).
+	provArgs []string
 
 	mu       sync.Mutex
 	c        *kcluster.Cluster
@@ -115,6 +118,9 @@ type kubeRun struct {
 	procs    map[*exec.Cmd]bool
 	closing  bool // interrupted: start no more shims
 	watch    *http.Client
+	// others stop what the group started outside procs (the egress
+	// rows' sandbox), on an interrupt too.
+	others []func()
 }
 
 func (k *kubeRun) run(runs int, profile string) (err error) {
@@ -145,6 +151,12 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 			k.closing = true
 			k.mu.Unlock()
 			k.stopAll()
+			k.mu.Lock()
+			others := k.others
+			k.mu.Unlock()
+			for _, stop := range others {
+				stop()
+			}
 			if c := k.waitCluster(); c != nil {
 				_ = c.Stop()
 			}
@@ -154,7 +166,11 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 		}
 	}()
 
-	layout, err := kubeGuestImage(k.b, dir)
+	probeBin, err := buildProbe(dir)
+	if err != nil {
+		return fmt.Errorf("kubernetes: the egress rows' probe: %w", err)
+	}
+	layout, err := kubeGuestImage(k.b, dir, probeBin)
 	if err != nil {
 		return fmt.Errorf("kubernetes: guest image: %w", err)
 	}
@@ -211,16 +227,30 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(c.CA)
 	k.watch = &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	k.args = append([]string{"--provider", "kubernetes", "--kubeconfig", c.Kubeconfig, "--k8s-image", kubeImageRef,
-		"--k8s-pull-policy", "Never", "--bootstrap", boot,
+	k.provArgs = []string{"--provider", "kubernetes", "--kubeconfig", c.Kubeconfig, "--k8s-image", kubeImageRef,
+		"--k8s-pull-policy", "Never",
 		// Twenty sandboxes starting on two CPUs take longer than the
 		// default 30 s.
-		"--boot-timeout", (kubeBootTimeout - 30*time.Second).String()}, hostedIdentity...)
+		"--boot-timeout", (kubeBootTimeout - 30*time.Second).String()}
+	k.args = append(append([]string{"--bootstrap", boot}, k.provArgs...), hostedIdentity...)
 
 	if err := k.createToReady(ctx, runs); err != nil {
 		return err
 	}
-	return k.density(ctx, kubeDensity)
+	if err := k.density(ctx, kubeDensity); err != nil {
+		return err
+	}
+	return k.egress(ctx, runs, probeBin)
+}
+
+// alsoStop registers stop to run on an interrupt too, and returns it to
+// run at most once.
+func (k *kubeRun) alsoStop(stop func()) func() {
+	once := sync.OnceFunc(stop)
+	k.mu.Lock()
+	k.others = append(k.others, once)
+	k.mu.Unlock()
+	return once
 }
 
 // waitCluster returns the cluster once kcluster.Start returned (nil when
@@ -682,17 +712,18 @@ func (k *kubeRun) sandboxPods(ctx context.Context) ([]kubePod, error) {
 }
 
 // kubeGuestImage builds the guest image (the docker rows' base, the
-// agent, the sandbox_io stand-in and the daemon stand-in) as an OCI
-// layout (Cluster.ImportLayout imports it).
-func kubeGuestImage(b Bins, dir string) (string, error) {
+// agent, the sandbox_io stand-in, the daemon stand-in and the egress
+// rows' probe) as an OCI layout (Cluster.ImportLayout imports it).
+func kubeGuestImage(b Bins, dir, probeBin string) (string, error) {
 	base := filepath.Join(dir, "base")
 	if err := trueBase(base); err != nil {
 		return "", err
 	}
 	out := filepath.Join(dir, "image")
 	if _, err := imagebuild.Build(imagebuild.Spec{Base: base,
-		Injection: imagebuild.Injection{Agent: b.Guest, SandboxIO: b.SandboxIO, Files: []imagebuild.ExtraFile{{Src: b.Daemon, Dst: hostedDaemon, Mode: 0o755}}},
-		Outputs:   []string{imagebuild.OutOCI}, Out: out, Epoch: 1, Ref: kubeImageRef}); err != nil {
+		Injection: imagebuild.Injection{Agent: b.Guest, SandboxIO: b.SandboxIO, Files: []imagebuild.ExtraFile{
+			{Src: b.Daemon, Dst: hostedDaemon, Mode: 0o755}, {Src: probeBin, Dst: guestProbePath, Mode: 0o755}}},
+		Outputs: []string{imagebuild.OutOCI}, Out: out, Epoch: 1, Ref: kubeImageRef}); err != nil {
 		return "", err
 	}
 	return filepath.Join(out, "oci"), nil
@@ -808,9 +839,28 @@ type podMemory struct {
 // their parent.
 func podProcesses(c *kcluster.Cluster, uid string) (podMemory, error) {
 	m := podMemory{byName: map[string]float64{}}
-	dir, _, err := memoryCgroup(c)
+	pids, err := podPIDs(c, uid)
 	if err != nil {
 		return m, err
+	}
+	for pid := range pids {
+		kb, err := rssKB(pid)
+		if err != nil {
+			continue
+		}
+		m.rss += kb
+		m.pss += pssKB(pid)
+		m.byName[procName(pid)] += kb
+	}
+	return m, nil
+}
+
+// podPIDs are the processes in the Pod's cgroup (every container's, the
+// pause container's) and the containerd shim that is their parent.
+func podPIDs(c *kcluster.Cluster, uid string) (map[int]bool, error) {
+	dir, _, err := memoryCgroup(c)
+	if err != nil {
+		return nil, err
 	}
 	var podDir string
 	for _, pat := range []string{"kubepods/pod" + uid, "kubepods/*/pod" + uid} {
@@ -820,7 +870,7 @@ func podProcesses(c *kcluster.Cluster, uid string) (podMemory, error) {
 		}
 	}
 	if podDir == "" {
-		return m, fmt.Errorf("no cgroup of Pod %s below %s", uid, dir)
+		return nil, fmt.Errorf("no cgroup of Pod %s below %s", uid, dir)
 	}
 	pids := map[int]bool{}
 	_ = filepath.WalkDir(podDir, func(p string, d fs.DirEntry, err error) error {
@@ -836,25 +886,19 @@ func podProcesses(c *kcluster.Cluster, uid string) (podMemory, error) {
 		return nil
 	})
 	if len(pids) == 0 {
-		return m, fmt.Errorf("no processes in %s", podDir)
+		return nil, fmt.Errorf("no processes in %s", podDir)
 	}
 	for pid := range pids {
-		if pp := ppid(pid); pp > 0 && !pids[pp] {
-			if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pp)); err == nil && bytes.Contains(b, []byte("containerd-shim")) {
-				pids[pp] = true
-			}
+		if pp := ppid(pid); pp > 0 && !pids[pp] && isContainerdShim(pp) {
+			pids[pp] = true
 		}
 	}
-	for pid := range pids {
-		kb, err := rssKB(pid)
-		if err != nil {
-			continue
-		}
-		m.rss += kb
-		m.pss += pssKB(pid)
-		m.byName[procName(pid)] += kb
-	}
-	return m, nil
+	return pids, nil
+}
+
+func isContainerdShim(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(b, []byte("containerd-shim"))
 }
 
 // pssKB is pid's proportional set size in KiB (0 when unknown).

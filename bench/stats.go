@@ -40,25 +40,30 @@ func Percentile(xs []float64, p float64) float64 {
 // Pair runs baseline and subject alternately n times each and returns
 // their samples. Each function returns one measurement.
 func Pair(n int, baseline, subject func() (float64, error)) (b, s []float64, err error) {
-	for i := range n {
-		first, second := baseline, subject
-		if i%2 == 1 { // alternate the order too
-			first, second = subject, baseline
-		}
-		x, err := first()
-		if err != nil {
-			return nil, nil, err
-		}
-		y, err := second()
-		if err != nil {
-			return nil, nil, err
-		}
-		if i%2 == 1 {
-			x, y = y, x
-		}
-		b, s = append(b, x), append(s, y)
+	xs, err := Interleave(n, baseline, subject)
+	if err != nil {
+		return nil, nil, err
 	}
-	return b, s, nil
+	return xs[0], xs[1], nil
+}
+
+// Interleave runs each of fs once per round, n rounds, and returns each
+// one's samples (out[i] is fs[i]'s). Round r starts with fs[r mod
+// len(fs)] and goes on in order, so each one goes first, second, ... as
+// often as any other: load on the machine hits all alike.
+func Interleave(n int, fs ...func() (float64, error)) ([][]float64, error) {
+	out := make([][]float64, len(fs))
+	for r := range n {
+		for j := range fs {
+			i := (r + j) % len(fs)
+			x, err := fs[i]()
+			if err != nil {
+				return nil, err
+			}
+			out[i] = append(out[i], x)
+		}
+	}
+	return out, nil
 }
 
 // ms converts a duration to milliseconds.

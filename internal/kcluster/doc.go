@@ -37,7 +37,8 @@
 //
 // Cluster.Do and Get call the API; Cluster.Exec runs a command in a
 // container through the pods/exec subresource over a websocket
-// (v5.channel.k8s.io, written by hand on crypto/tls); Cluster.ImportImage
+// (v5.channel.k8s.io, written by hand on crypto/tls), and ExecTo streams
+// its input and output instead of holding them; Cluster.ImportImage
 // imports an OCI archive (as WriteOCIArchive and StaticBinaryImage write)
 // for Pods with imagePullPolicy: Never.
 //
