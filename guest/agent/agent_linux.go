@@ -307,13 +307,53 @@ func (a *agent) confinement() string {
 // owner owns the private file and the runtime directories.
 var owner = privfile.Options{UID: bootstrap.DaemonUID, GID: bootstrap.DaemonGID}
 
-func (a *agent) serve(ctx context.Context) error {
-	f, err := a.ctl.Recv()
-	if err != nil {
-		return fmt.Errorf("wait for Bootstrap: %w", err)
+// waitBootstrap reads the control stream until the Bootstrap. A warm
+// sandbox's host (docs/warm.md) may wait long before it sends one: meanwhile
+// it keeps a VM's clock (Clock, Time) and may stop the guest (Shutdown,
+// answered with stopped: the returned frame is nil then).
+func (a *agent) waitBootstrap() (*protocol.Frame, error) {
+	for {
+		f, err := a.ctl.Recv()
+		if err != nil {
+			return nil, fmt.Errorf("wait for Bootstrap: %w", err)
+		}
+		switch f.Type {
+		case protocol.TypeBootstrap:
+			return &f, nil
+		case protocol.TypeShutdown:
+			var s protocol.Shutdown
+			_ = f.Decode(&s)
+			_ = a.state(protocol.State{State: protocol.StateStopped, Message: s.Reason})
+			return nil, nil
+		case protocol.TypeClock:
+			if err := a.clockFrame(f); err != nil {
+				return nil, err
+			}
+		case protocol.TypeTime:
+			var tm protocol.Time
+			if err := f.Decode(&tm); err != nil {
+				return nil, err
+			}
+			if a.cfg.OnTime != nil {
+				a.cfg.OnTime(tm)
+			}
+		case protocol.TypeError:
+			var e protocol.Error
+			_ = f.Decode(&e)
+			return nil, &protocol.PeerError{Err: e}
+		default:
+			return nil, fmt.Errorf("wait for Bootstrap: %w: got %s", protocol.ErrUnexpectedType, f.Type)
+		}
 	}
-	if f.Type != protocol.TypeBootstrap {
-		return fmt.Errorf("wait for Bootstrap: %w: got %s", protocol.ErrUnexpectedType, f.Type)
+}
+
+func (a *agent) serve(ctx context.Context) error {
+	f, err := a.waitBootstrap()
+	if err != nil {
+		return err
+	}
+	if f == nil { // stopped before its bootstrap (a warm sandbox)
+		return nil
 	}
 	b, err := bootstrap.Decode(bytes.NewReader(f.Body))
 	if err == nil {

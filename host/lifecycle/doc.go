@@ -1,5 +1,6 @@
 // Package lifecycle is the lifecycle state machine of one sandbox (see
 // docs/events-and-control.md): the states (api.State) starting,
+// warm (booted for nobody, waiting for a claim: docs/warm.md),
 // ready{url, username, password}, failed{message} and stopped;
 // single-flight jobs (a new start aborts the one in flight and runs only
 // once it has ended); an attempt counter that every report carries, so

@@ -186,7 +186,10 @@ func (r reporter) Report(u Update) bool { return r.c.report(r.attempt, u) }
 func allowed(from, to api.State) bool {
 	switch from {
 	case api.StateStarting:
-		return to == api.StateStarting || to == api.StateReady || to == api.StateFailed || to == api.StateStopped
+		return to == api.StateStarting || to == api.StateWarm || to == api.StateReady || to == api.StateFailed || to == api.StateStopped
+	case api.StateWarm:
+		// Claimed (starting again), or ended while warm.
+		return to == api.StateStarting || to == api.StateFailed || to == api.StateStopped
 	case api.StateReady:
 		return to == api.StateFailed || to == api.StateStopped
 	}

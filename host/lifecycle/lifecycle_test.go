@@ -168,6 +168,13 @@ func TestTransitionsWithinAnAttempt(t *testing.T) {
 		{api.StateStopped, api.StateReady, false},
 		{api.StateStopped, api.StateFailed, false},
 		{api.StateStarting, "bogus", false},
+		{api.StateStarting, api.StateWarm, true},
+		{api.StateWarm, api.StateStarting, true},
+		{api.StateWarm, api.StateFailed, true},
+		{api.StateWarm, api.StateStopped, true},
+		{api.StateWarm, api.StateReady, false},
+		{api.StateWarm, api.StateWarm, false},
+		{api.StateReady, api.StateWarm, false},
 	} {
 		t.Run(string(tc.from+"->"+tc.to), func(t *testing.T) {
 			f := newFakes()
@@ -175,7 +182,7 @@ func TestTransitionsWithinAnAttempt(t *testing.T) {
 			_, _ = c.Start()
 			j := f.next(t)
 			if tc.from != api.StateStarting {
-				if tc.from != api.StateReady {
+				if tc.from != api.StateReady && tc.from != api.StateWarm {
 					require.True(t, j.r.Report(Update{State: api.StateReady}))
 				}
 				require.True(t, j.r.Report(Update{State: tc.from}))

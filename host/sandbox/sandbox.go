@@ -54,7 +54,15 @@ type Config struct {
 	AgentPath string
 	Rootfs    string
 	// Bootstrap is sent to the guest; nil sends an empty one (no daemon).
+	// With Warm, it is the claim's instead; this one only carries the
+	// operator's AllowLoopbackLink (Sandbox) and the stop grace.
 	Bootstrap *bootstrap.Bootstrap
+	// Warm, when set, boots the guest for nobody: after the handshake the
+	// run reports StateWarm and waits for a claim (Warm.Claims), whose
+	// bootstrap it then sends as any run does; or it stops at the warm
+	// maximum age, when the guest misbehaves, or when ctx ends
+	// (docs/warm.md).
+	Warm *Warm
 	Events    api.Sink
 	Log       *slog.Logger
 	// Diag receives the runtime's and the agent's diagnostics, prefixed.
@@ -134,6 +142,30 @@ type Config struct {
 	// kernel are never touched (provider.Capabilities' OwnClock).
 	ClockInterval time.Duration
 }
+
+// Warm configures a warm run.
+type Warm struct {
+	// MaxAge stops a warm sandbox nobody claimed (0: no limit).
+	MaxAge time.Duration
+	// Claims delivers claims; the run takes the first whose bootstrap it
+	// can use.
+	Claims <-chan Claim
+}
+
+// Claim hands a warm run the tenant's bootstrap.
+type Claim struct {
+	// Bootstrap is the tenant's, already decoded; the run validates it as
+	// at the start of any run.
+	Bootstrap *bootstrap.Bootstrap
+	// Taken receives one value: nil when the run took the claim (the
+	// bootstrap goes to the guest next), or why it refused it (nothing of
+	// it reached the guest; the sandbox stays warm). It must be buffered.
+	Taken chan<- error
+}
+
+// ErrNotWarm refuses a claim of a sandbox that is not (or no longer)
+// warm.
+var ErrNotWarm = errors.New("this sandbox is not warm: only a sandbox started with --warm and not yet claimed takes a claim")
 
 // Config.DataPlane's values beside the carriers' names.
 const (
@@ -360,8 +392,10 @@ func (s *run) fail(err error) error {
 
 func (s *run) run(ctx context.Context) error {
 	b := s.cfg.Bootstrap
-	if err := b.Validate(); err != nil {
-		return s.fail(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
+	if s.cfg.Warm == nil {
+		if err := b.Validate(); err != nil {
+			return s.fail(fmt.Errorf("invalid bootstrap, nothing created: %w", err))
+		}
 	}
 	spec := provider.Spec{
 		Name: s.cfg.Name, AgentPath: s.cfg.AgentPath, Rootfs: s.cfg.Rootfs, Hostname: b.Hostname, Stderr: s.diag,
@@ -370,33 +404,17 @@ func (s *run) run(ctx context.Context) error {
 	if err := provider.CheckSpec(s.cfg.Provider, spec); err != nil {
 		return s.fail(fmt.Errorf("nothing created: %w", err))
 	}
-	if c := b.Credentials; c != nil {
-		// Never the caller's struct: the password is this start's own.
-		cc := *c
-		if cc.Password == "" {
-			p, err := GeneratePassword()
-			if err != nil {
-				return s.fail(fmt.Errorf("nothing created: %w", err))
-			}
-			cc.Password = p
+	if s.cfg.Warm == nil {
+		var err error
+		if b, err = s.takeBootstrap(b); err != nil {
+			return s.fail(fmt.Errorf("nothing created: %w", err))
 		}
-		bb := *b
-		bb.Credentials = &cc
-		b = &bb
 		s.cfg.Bootstrap = b
-		if s.cfg.PasswordFile != "" {
-			if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
-				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: %w", err)))
-			}
-		}
-		if s.cfg.PasswordOut != nil {
-			if err := s.cfg.PasswordOut(cc.Password); err != nil {
-				return s.fail(failure.With(failure.ErrInvalidConfig, fmt.Errorf("nothing created: password output: %w", err)))
-			}
-		}
 	}
 	s.setState(api.StateStarting, "creating sandbox")
-	s.allowLink(b)
+	if s.cfg.Warm == nil {
+		s.allowLink(b)
+	}
 	s.phases.mark("")
 	inst, err := s.cfg.Provider.Create(ctx, spec)
 	s.phases.mark("create")
@@ -494,6 +512,36 @@ func (s *run) run(ctx context.Context) error {
 	}
 	s.wg.Add(1)
 	go s.acceptStreams()
+	s.wg.Add(1)
+	go s.readControl()
+	if s.cfg.Warm != nil {
+		claimed, err := s.waitClaim(ctx)
+		if err != nil {
+			if errors.Is(err, ErrHostileGuest) || errors.Is(err, muxguard.ErrStalled) {
+				_ = s.inst.Kill()
+				s.sess.Close()
+				return s.fail(err)
+			}
+			if !s.guestDone {
+				s.shutdown("warm sandbox failed")
+			}
+			s.sess.Close()
+			s.waitExit(stopMargin)
+			return s.fail(err)
+		}
+		if claimed == nil { // stopped while warm
+			return nil
+		}
+		b = claimed
+		s.cfg.Bootstrap = b
+		crashpoint.Hit(crashpoint.ClaimTaken)
+		// The boot's clock restarts at the claim: warm waiting is not
+		// booting.
+		cancelBoot()
+		start = time.Now()
+		bootCtx, cancelBoot = context.WithTimeout(ctx, s.cfg.BootTimeout)
+		defer cancelBoot()
+	}
 	body, err := json.Marshal(b)
 	if err != nil {
 		return s.fail(fmt.Errorf("encode bootstrap: %w", err))
@@ -501,8 +549,6 @@ func (s *run) run(ctx context.Context) error {
 	if err := s.ctl.Send(protocol.TypeBootstrap, json.RawMessage(body)); err != nil {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("send bootstrap: %w", err)))
 	}
-	s.wg.Add(1)
-	go s.readControl()
 	err = s.supervise(ctx, bootCtx, start)
 	if errors.Is(err, ErrHostileGuest) || errors.Is(err, muxguard.ErrStalled) {
 		// No orderly stop for a guest that broke a bound (it would only
@@ -1091,4 +1137,39 @@ func (c *replayConn) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	return c.Conn.Read(p)
+}
+
+// takeBootstrap returns the bootstrap this run sends: b checked, with a
+// password of its own when b has credentials without one (handed to
+// Config.PasswordFile and PasswordOut). The caller's struct is never
+// changed.
+func (s *run) takeBootstrap(b *bootstrap.Bootstrap) (*bootstrap.Bootstrap, error) {
+	if err := b.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid bootstrap: %w", err)
+	}
+	c := b.Credentials
+	if c == nil {
+		return b, nil
+	}
+	cc := *c
+	if cc.Password == "" {
+		p, err := GeneratePassword()
+		if err != nil {
+			return nil, err
+		}
+		cc.Password = p
+	}
+	bb := *b
+	bb.Credentials = &cc
+	if s.cfg.PasswordFile != "" {
+		if err := writeSecret(s.cfg.PasswordFile, cc.Password); err != nil {
+			return nil, failure.With(failure.ErrInvalidConfig, err)
+		}
+	}
+	if s.cfg.PasswordOut != nil {
+		if err := s.cfg.PasswordOut(cc.Password); err != nil {
+			return nil, failure.With(failure.ErrInvalidConfig, fmt.Errorf("password output: %w", err))
+		}
+	}
+	return &bb, nil
 }

@@ -115,6 +115,8 @@ func (s *shim) handle(ctx context.Context, c api.Command) (any, error) {
 			return nil, err
 		}
 		return struct{}{}, nil
+	case api.CmdClaim:
+		return s.claim(ctx, c)
 	case api.CmdPushTime:
 		sess, err := s.session()
 		if err != nil {

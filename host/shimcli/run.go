@@ -60,6 +60,9 @@ type runFlags struct {
 	// journal in the announced entry.
 	outlive bool
 	journal *journal.Writer
+	// warm: --warm (warm.go); warmMaxAge its --warm-max-age.
+	warm       bool
+	warmMaxAge time.Duration
 }
 
 // parseRun parses the flags and NAME of cmd: "run", or "start", which
@@ -106,6 +109,8 @@ func parseRun(cmd string, args []string, env cli.Env) (*runFlags, int) {
 	if cmd == "start" {
 		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+")")
 	} else {
+		fs.BoolVar(&f.warm, "warm", false, "boot the guest for nobody and wait, in state warm, for a claim command that hands it the tenant's bootstrap, egress policy and forwards (docs/warm.md); the tenant's flags (--bootstrap, --allow, --forward, ...) are refused with it")
+		fs.DurationVar(&f.warmMaxAge, "warm-max-age", 0, "with --warm: stop the sandbox when nobody claimed it within this long (0: no limit)")
 		fs.StringVar(&f.keepRoot, "keep-root", "", "where kept sandboxes live (default "+persist.DefaultRoot()+"); run refuses the name of one of them")
 	}
 	args, code, ok := cli.Parse(fs, args, env)
@@ -122,6 +127,10 @@ func parseRun(cmd string, args []string, env cli.Env) (*runFlags, int) {
 			fmt.Fprintf(stderr, "oac-shim start: %s was fixed at create (oac-shim destroy and create the sandbox to change it)\n", strings.Join(fixed, ", "))
 			return nil, 2
 		}
+	}
+	if msg := warmConflict(fs, f); msg != "" {
+		fmt.Fprintf(stderr, "oac-shim %s: %s\n", cmd, msg)
+		return nil, 2
 	}
 	if _, ok := f.providers[f.prov]; !ok {
 		fmt.Fprintf(stderr, "oac-shim "+cmd+": unknown provider %q (have %s)\n", f.prov, strings.Join(provider.Names(), ", "))
@@ -366,6 +375,10 @@ func runShim(f *runFlags, lease *kept.Lease, stdin io.Reader, stdout, stderr io.
 		Volumes:       f.volumes,
 		DataPlane:     dataPlaneSetting(f.dataPlane),
 		ClockInterval: clockSetting(f.clockInterval),
+	}
+	if f.warm {
+		s.base.Bootstrap = warmBootstrap(f)
+		s.base.Warm = &sandbox.Warm{MaxAge: f.warmMaxAge, Claims: s.claims}
 	}
 	if lease != nil {
 		s.base.Keep = &provider.Keep{Dir: lease.Dir}

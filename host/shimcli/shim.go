@@ -51,6 +51,11 @@ type shim struct {
 	// passwordWritten: --password-file holds an earlier attempt's
 	// password, which the next one replaces.
 	passwordWritten bool
+	// claims carries a claim to a warm attempt (warm.go); claimMu makes
+	// claims one at a time, claimed says one was taken.
+	claims  chan sandbox.Claim
+	claimMu sync.Mutex
+	claimed bool
 
 	// Answers and the shim's own events on the events output end when run
 	// returns: the stdin reader cannot be interrupted and may outlive it.
@@ -72,7 +77,8 @@ func (s *shim) answerOut(a api.Answer) error {
 
 func newShim(f *runFlags, sink *api.JSONLines, log *slog.Logger, broker *egress.Broker) *shim {
 	s := &shim{f: f, name: f.name, sink: sink, log: log, broker: broker,
-		notify: systemd.NewNotifier(log), results: map[uint64]error{}, resets: map[uint64]bool{}, stopReq: make(chan error, 1)}
+		notify: systemd.NewNotifier(log), results: map[uint64]error{}, resets: map[uint64]bool{}, stopReq: make(chan error, 1),
+		claims: make(chan sandbox.Claim)}
 	s.fwd = forward.New(forward.Config{MaxStreams: f.forwardMaxStreams, Log: log.With("part", "forward"), Emit: s.emit})
 	s.ctrl = lifecycle.New(lifecycle.Config{Name: f.name, Job: s.job, OnChange: s.onChange, Classify: failure.Code})
 	return s
@@ -117,7 +123,9 @@ func (s *shim) job(ctx context.Context, attempt uint64, r lifecycle.Reporter) er
 	if err := s.resetFirst(ctx, attempt); err != nil {
 		return err
 	}
+	s.mu.Lock()
 	cfg := s.base
+	s.mu.Unlock()
 	cfg.Events = api.Func(func(e api.Event) {
 		e.Attempt = attempt
 		if e.Event == api.KindState {
