@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -27,6 +28,12 @@ func TestDecodeAcceptsEachCommand(t *testing.T) {
 		{`{"cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`, Command{Cmd: CmdAddForward, Listen: "127.0.0.1:0", GuestPort: 4096}},
 		{`{"cmd":"remove_forward","listen":"/run/x.sock"}`, Command{Cmd: CmdRemoveForward, Listen: "/run/x.sock"}},
 		{`{"c\u006dd":"status"}`, Command{Cmd: CmdStatus}},
+		{`{"cmd":"claim","bootstrap":{"version":1}}`, Command{Cmd: CmdClaim, Bootstrap: json.RawMessage(`{"version":1}`)}},
+		{`{"id":"c1","cmd":"claim","bootstrap":{"version":1,"hostname":"demo"},"allow":["a.example.com:443"],"upstreams":["llm:443=127.0.0.1:8443"],` +
+			`"forwards":[{"listen":"127.0.0.1:0","guest_port":4096},{"guest_port":22,"listen":"/run/ssh.sock"}]}`,
+			Command{ID: "c1", Cmd: CmdClaim, Bootstrap: json.RawMessage(`{"version":1,"hostname":"demo"}`),
+				Allow: []string{"a.example.com:443"}, Upstreams: []string{"llm:443=127.0.0.1:8443"},
+				Forwards: []ForwardSpec{{Listen: "127.0.0.1:0", GuestPort: 4096}, {Listen: "/run/ssh.sock", GuestPort: 22}}}},
 	} {
 		got, err := Decode([]byte(tc.line))
 		require.NoError(t, err, tc.line)
@@ -83,6 +90,61 @@ func TestDecodeRefusesWithTheRuleNotTheValue(t *testing.T) {
 		assert.NotContains(t, err.Error(), "a:443")
 		assert.Less(t, len(err.Error()), 300)
 	}
+}
+
+// A claim's bootstrap is kept as the bytes the caller sent, for the shim
+// to decode as --bootstrap does: the decoder holds it to being an object
+// and no more, so what is wrong inside it is the shim's to say.
+func TestDecodeKeepsAClaimsBootstrapAsSent(t *testing.T) {
+	c, err := Decode([]byte(`{"cmd":"claim","bootstrap":{ "version" : 1, "hostname": "<demo>", "unknown": [1, {"x": null}] }}`))
+	require.NoError(t, err)
+	assert.Equal(t, `{ "version" : 1, "hostname": "<demo>", "unknown": [1, {"x": null}] }`, string(c.Bootstrap))
+	assert.Empty(t, c.Forwards, "no forwards asked")
+
+	c, err = Decode([]byte(`{"cmd":"claim","bootstrap":{},"forwards":[]}`))
+	require.NoError(t, err)
+	assert.Equal(t, `{}`, string(c.Bootstrap))
+	assert.Empty(t, c.Forwards)
+}
+
+// A claim with bad input is refused with invalid_argument (the sandbox
+// stays warm), naming the rule and never the value.
+func TestDecodeRefusesABadClaimWithInvalidArgument(t *testing.T) {
+	forward := `{"listen":"127.0.0.1:0","guest_port":4096}`
+	for _, tc := range []struct{ line, err string }{
+		{`{"cmd":"claim"}`, `claim needs "bootstrap"`},
+		{`{"cmd":"claim","allow":["a.example.com:443"]}`, `claim needs "bootstrap"`},
+		{`{"cmd":"claim","bootstrap":"{\"version\":1}"}`, `"bootstrap" must be an object`},
+		{`{"cmd":"claim","bootstrap":[{"version":1}]}`, `"bootstrap" must be an object`},
+		{`{"cmd":"claim","bootstrap":null}`, `"bootstrap" must be an object`},
+		{`{"cmd":"claim","bootstrap":1}`, `"bootstrap" must be an object`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"SECRET:1"}]}`, `"forwards" must be a list of {"listen","guest_port"} objects`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"guest_port":4096}]}`, `"forwards" must be a list of {"listen","guest_port"} objects`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"SECRET:1","guest_port":4096,"url":"x"}]}`, `"forwards" must be a list of {"listen","guest_port"} objects`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[null]}`, `"forwards" must be a list of {"listen","guest_port"} objects`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":["SECRET:1=4096"]}`, `"forwards" must be a list of {"listen","guest_port"} objects`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"SECRET:1","guest_port":0}]}`, `each of "forwards" needs "listen" and a "guest_port" 1..65535`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"SECRET:1","guest_port":65536}]}`, `each of "forwards" needs "listen" and a "guest_port" 1..65535`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[` + forward + `,{"listen":"","guest_port":4096}]}`, `each of "forwards" needs "listen" and a "guest_port" 1..65535`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"SECRET:1","guest_port":"4096"}]}`, `"guest_port" must be an integer 1..65535`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[` + strings.Repeat(forward+",", 64) + forward + `]}`, `"forwards" has more than`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"allow":"SECRET:443"}`, `"allow" must be a list of strings`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"listen":"SECRET:1"}`, `claim takes no key "listen"`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"guest_port":4096}`, `claim takes no key "guest_port"`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"Bootstrap":{}}`, `claim takes no key "Bootstrap"`},
+		{`{"cmd":"claim","bootstrap":{"version":1},"policy":{}}`, `claim takes no key "policy"`},
+		{`{"cmd":"set_policy","bootstrap":{"version":1}}`, `set_policy takes no key "bootstrap"`},
+		{`{"cmd":"add_forward","listen":"l","guest_port":1,"forwards":[]}`, `add_forward takes no key "forwards"`},
+	} {
+		_, err := Decode([]byte(tc.line))
+		require.ErrorIs(t, err, ErrBadCommand, tc.line)
+		assert.Contains(t, err.Error(), tc.err, tc.line)
+		assert.Equal(t, AnswerInvalidArgument, AnswerCode(err), tc.line)
+		assert.NotContains(t, err.Error(), "SECRET")
+	}
+	// 64 forwards, the most a claim takes, are taken.
+	_, err := Decode([]byte(`{"cmd":"claim","bootstrap":{"version":1},"forwards":[` + strings.Repeat(forward+",", 63) + forward + `]}`))
+	assert.NoError(t, err, "64 forwards")
 }
 
 // answerCodeOf is the answer code a refusal worded so must carry: the

@@ -17,6 +17,8 @@ func FuzzDecode(f *testing.F) {
 		`{"cmd":"set_policy","allow":["a.example.com:443"],"upstreams":["llm:443=127.0.0.1:8443"]}`,
 		`{"cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`,
 		`{"cmd":"remove_forward","listen":"/run/oac/d.sock"}`,
+		`{"id":"c1","cmd":"claim","bootstrap":{"version":1,"hostname":"demo"},"allow":["a.example.com:443"],"forwards":[{"listen":"127.0.0.1:0","guest_port":4096}]}`,
+		`{"cmd":"claim","bootstrap":{ "version" : 1, "x":"<&>"},"forwards":[]}`, `{"cmd":"claim","bootstrap":"{}"}`,
 		`{"cmd":"status","cmd":"stop"}`, `{"cmd":"add_forward","listen":"x","guest_port":1e3}`,
 		`{"cmd":"status"} {}`, `[`, `{"c\u006dd":"status"}`, "{\"cmd\":\"\xff\"}",
 	} {
@@ -38,6 +40,19 @@ func FuzzDecode(f *testing.F) {
 		} else {
 			require.Zero(t, c.GuestPort)
 		}
+		if c.Cmd == CmdClaim {
+			var doc map[string]any
+			require.NoError(t, json.Unmarshal(c.Bootstrap, &doc), "a claim's bootstrap is one JSON object")
+			require.NotNil(t, doc)
+			require.LessOrEqual(t, len(c.Forwards), maxForwards)
+			for _, f := range c.Forwards {
+				require.NotEmpty(t, f.Listen)
+				require.True(t, f.GuestPort >= 1 && f.GuestPort <= 65535)
+			}
+		} else {
+			require.Nil(t, c.Bootstrap)
+			require.Nil(t, c.Forwards)
+		}
 		again, err := json.Marshal(c)
 		require.NoError(t, err)
 		c2, err := Decode(again)
@@ -47,6 +62,15 @@ func FuzzDecode(f *testing.F) {
 		}
 		if len(c.Upstreams) == 0 && len(c2.Upstreams) == 0 {
 			c.Upstreams, c2.Upstreams = nil, nil
+		}
+		if len(c.Forwards) == 0 && len(c2.Forwards) == 0 {
+			c.Forwards, c2.Forwards = nil, nil
+		}
+		if c.Bootstrap != nil {
+			// Re-encoding compacts the document (and escapes <, >, &): the
+			// same JSON, other bytes.
+			require.JSONEq(t, string(c.Bootstrap), string(c2.Bootstrap))
+			c.Bootstrap, c2.Bootstrap = nil, nil
 		}
 		require.Equal(t, c, c2)
 	})

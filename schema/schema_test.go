@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/constant"
 	"go/parser"
@@ -124,7 +125,19 @@ func TestEveryEventKindHasASchema(t *testing.T) {
 	d := loadDocs(t)
 	kinds, states := eventConsts(d)
 	assert.Equal(t, values(goConsts(t, "../api", "Kind")), kinds)
-	assert.Equal(t, values(goConsts(t, "../protocol", "State")), states, "the one lifecycle State type's values")
+	assert.Equal(t, lifecycleStates(t), states, "the one lifecycle State type's values")
+}
+
+// lifecycleStates are the values of api.State: the guest's (protocol's
+// State constants) and the shim's own (api's State constants written as
+// literals: warm).
+func lifecycleStates(t *testing.T) []string {
+	t.Helper()
+	all := goConsts(t, "../protocol", "State")
+	for k, v := range goConsts(t, "../api", "State") {
+		all["api."+k] = v
+	}
+	return values(all)
 }
 
 func TestEnumsAgreeWithGo(t *testing.T) {
@@ -162,7 +175,7 @@ func TestEnumsAgreeWithGo(t *testing.T) {
 	sort.Strings(names)
 	assert.Equal(t, names, enum(t, d.def(schema.Command, "CommandName")))
 	state := d.def(schema.Answer, "StatusResult").n["properties"].(node)["state"].(node)
-	assert.Equal(t, values(goConsts(t, "../protocol", "State")), enum(t, at{schema.Answer, state}))
+	assert.Equal(t, lifecycleStates(t), enum(t, at{schema.Answer, state}))
 }
 
 // The Go types and the schema describe the same JSON.
@@ -184,6 +197,7 @@ func TestGoTypesAgreeWithTheSchema(t *testing.T) {
 		"StartResult":   reflect.TypeFor[api.StartResult](),
 		"PolicyResult":  reflect.TypeFor[api.PolicyResult](),
 		"TimeResult":    reflect.TypeFor[api.TimeResult](),
+		"ClaimResult":   reflect.TypeFor[api.ClaimResult](),
 	} {
 		d.agree(t, def, typ, d.def(schema.Answer, def), true)
 	}
@@ -296,6 +310,10 @@ func sample(key string) any {
 		return "127.0.0.1:0"
 	case "allow", "upstreams":
 		return []string{}
+	case "bootstrap":
+		return map[string]any{"version": 1}
+	case "forwards":
+		return []map[string]any{{"listen": "127.0.0.1:0", "guest_port": 4096}}
 	}
 	panic("no sample for " + key)
 }
@@ -335,6 +353,47 @@ func TestCommandSchemasTakeTheKeysTheDecoderTakes(t *testing.T) {
 			assert.Error(t, schema.Validate(schema.Command, line), "the schema refuses %s", line)
 		}
 	}
+}
+
+// Claim lines on which the command schema and api.Decode agree; a
+// bootstrap that is an object but not a valid bootstrap passes Decode and
+// is refused by the shim when it decodes the document (invalid_argument),
+// so the schema, which holds the bootstrap to its own, refuses it.
+func TestClaimLinesTheSchemaAndTheDecoderAgreeOn(t *testing.T) {
+	forwards := func(n int) string {
+		f := make([]string, n)
+		for i := range f {
+			f[i] = fmt.Sprintf(`{"listen":"127.0.0.1:0","guest_port":%d}`, 4000+i)
+		}
+		return `[` + strings.Join(f, ",") + `]`
+	}
+	for _, tc := range []struct {
+		line string
+		ok   bool
+	}{
+		{`{"id":"c1","cmd":"claim","bootstrap":{"version":1},"allow":["a.example.com:443"],"upstreams":[],"forwards":[{"listen":"127.0.0.1:0","guest_port":4096}]}`, true},
+		{`{"cmd":"claim","bootstrap":{"version":1}}`, true},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":` + forwards(64) + `}`, true},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":` + forwards(65) + `}`, false},
+		{`{"cmd":"claim"}`, false},
+		{`{"cmd":"claim","bootstrap":"{\"version\":1}"}`, false},
+		{`{"cmd":"claim","bootstrap":[]}`, false},
+		{`{"cmd":"claim","bootstrap":null}`, false},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"127.0.0.1:0","guest_port":0}]}`, false},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"","guest_port":4096}]}`, false},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"127.0.0.1:0"}]}`, false},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":[{"listen":"127.0.0.1:0","guest_port":4096,"url":"x"}]}`, false},
+		{`{"cmd":"claim","bootstrap":{"version":1},"forwards":{"listen":"127.0.0.1:0","guest_port":4096}}`, false},
+		{`{"cmd":"claim","bootstrap":{"version":1},"listen":"127.0.0.1:0"}`, false},
+	} {
+		_, err := api.Decode([]byte(tc.line))
+		assert.Equal(t, tc.ok, err == nil, "the decoder on %s: %v", tc.line, err)
+		err = schema.Validate(schema.Command, []byte(tc.line))
+		assert.Equal(t, tc.ok, err == nil, "the schema on %s: %v", tc.line, err)
+	}
+	_, err := api.Decode([]byte(`{"cmd":"claim","bootstrap":{"hostname":"demo"}}`))
+	assert.NoError(t, err, "the decoder takes any object: the shim decodes the document")
+	assert.Error(t, schema.Validate(schema.Command, []byte(`{"cmd":"claim","bootstrap":{"hostname":"demo"}}`)), "the schema holds it to bootstrap.schema.json")
 }
 
 // Documents on which the schema and the Go decoders must agree.
@@ -413,6 +472,7 @@ func TestEventsOfEveryKindValidate(t *testing.T) {
 	n := int64(5)
 	for _, e := range []api.Event{
 		{Event: api.KindState, State: api.StateStarting, Message: "creating sandbox", Attempt: 1},
+		{Event: api.KindState, State: api.StateWarm, Message: "warm: waiting for a claim", Attempt: 1},
 		{Event: api.KindState, State: api.StateReady, Message: "guest ready", URL: "http://127.0.0.1:41123", GuestURL: "http://127.0.0.1:4096", Username: "runtime", Attempt: 1},
 		{Event: api.KindState, State: api.StateFailed, Message: "invalid bootstrap", Code: api.CodeInvalidBootstrap},
 		{Event: api.KindState, State: api.StateStopped, Message: "stopped: stop command", Attempt: 2},
@@ -439,6 +499,8 @@ func TestEventsOfEveryKindValidate(t *testing.T) {
 		"a state with an egress field": {Event: api.KindState, State: api.StateStopped, Attempt: 1, Conn: 3},
 		"an unknown kind":              {Event: "mystery"},
 		"a code on a ready state":      {Event: api.KindState, State: api.StateReady, Attempt: 1, Code: api.CodeInternal},
+		"a url on a warm state":        {Event: api.KindState, State: api.StateWarm, Attempt: 1, URL: "http://127.0.0.1:4096"},
+		"a warm state without attempt": {Event: api.KindState, State: api.StateWarm, Message: "x"},
 		"events lost without a range":  {Event: api.KindEventsLost, Message: "x"},
 		"a lost range on a log":        {Event: api.KindLog, Stream: "daemon/stdout", Line: "x", LostFrom: 1, LostTo: 2},
 	} {
@@ -469,11 +531,20 @@ func TestAnswersValidate(t *testing.T) {
 		api.CmdAddForward:    api.ForwardResult{ForwardInfo: api.ForwardInfo{Listen: "127.0.0.1:2", GuestPort: 4096}, URL: "http://127.0.0.1:2"},
 		api.CmdRemoveForward: struct{}{},
 		api.CmdPushTime:      api.TimeResult{TimeUnixNano: 1},
+		api.CmdClaim: api.ClaimResult{Attempt: 2, Egress: []string{"a.example.com:443"},
+			Forwards: []api.ForwardResult{{ForwardInfo: api.ForwardInfo{Listen: "127.0.0.1:3", GuestPort: 4096}, URL: "http://127.0.0.1:3"}}},
 	} {
-		line := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"`+cmd+`"}`)
-		if cmd == api.CmdAddForward {
-			line = answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), `{"id":"7","cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`)
+		command := `{"id":"7","cmd":"` + cmd + `"}`
+		switch cmd {
+		case api.CmdAddForward:
+			command = `{"id":"7","cmd":"add_forward","listen":"127.0.0.1:0","guest_port":4096}`
+		case api.CmdRemoveForward:
+			command = `{"id":"7","cmd":"remove_forward","listen":"127.0.0.1:2"}`
+		case api.CmdClaim:
+			command = `{"id":"7","cmd":"claim","bootstrap":{"version":1},"allow":["a.example.com:443"],"forwards":[{"listen":"127.0.0.1:0","guest_port":4096}]}`
 		}
+		line := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return result, nil }), command)
+		assert.Contains(t, string(line), `"ok":true`, "%s", line)
 		assert.NoError(t, schema.Validate(schema.Event, line), "%s", line)
 		assert.NoError(t, schema.Validate(schema.Answer, line), "%s", line)
 	}
@@ -489,6 +560,12 @@ func TestAnswersValidate(t *testing.T) {
 	assert.Error(t, schema.Validate(schema.Answer, oddCode), "an unknown code: %s", oddCode)
 	wrong := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) { return api.StartResult{Attempt: 1}, nil }), `{"cmd":"status"}`)
 	assert.Error(t, schema.Validate(schema.Answer, wrong), "a status answer with a start's result: %s", wrong)
+	noForwards := answerLine(t, apiserver.HandlerFunc(func(ctx context.Context, c api.Command) (any, error) {
+		return api.ClaimResult{Attempt: 2, Egress: []string{}}, nil
+	}),
+		`{"cmd":"claim","bootstrap":{"version":1}}`)
+	assert.Contains(t, string(noForwards), `"ok":true`, "%s", noForwards)
+	assert.Error(t, schema.Validate(schema.Answer, noForwards), "a claim answer's forwards are a list, empty when none was asked: %s", noForwards)
 }
 
 func answerLine(t *testing.T, h apiserver.Handler, command string) []byte {
