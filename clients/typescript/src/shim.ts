@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 
 import { findBinary, launchError } from './binary.js';
-import { HistoryError, OacError, SchemaVersionError, ShimError, CommandError } from './errors.js';
+import { AbortError, HistoryError, OacError, SchemaVersionError, ShimError, CommandError, TimeoutError } from './errors.js';
 import type { AnswerCode } from './errors.js';
 import { SCHEMA_VERSION } from './generated/codes.js';
 import type {
@@ -645,6 +645,9 @@ export class Sandbox extends Shim {
     } catch (e) {
       await s.kill();
       const x = await s.exited().catch(() => undefined);
+      // The caller's abort or timeout is the answer, even when the attach
+      // had exited on its own by the time it was killed.
+      if (e instanceof AbortError || e instanceof TimeoutError) throw e;
       if (x?.status === ATTACH_NOT_RUNNING) {
         throw new OacError(`attach ${name}: ${s.lastDiagnostic ?? 'no sandbox of that name outlives its parent under the keep root'}`, 'not_running', false, { cause: e });
       }
