@@ -582,6 +582,31 @@ func (s *Shim) Reset(ctx context.Context) (uint64, error) {
 	return r.Attempt, err
 }
 
+// ClaimRequest is what a claim hands a warm sandbox: the tenant's
+// bootstrap and the egress policy and forwards it starts with.
+type ClaimRequest struct {
+	// Bootstrap is the bootstrap document, one JSON object as
+	// Options.Bootstrap holds it (at most what fits in a 64 KiB command
+	// line).
+	Bootstrap json.RawMessage
+	// Allow and Upstreams are the egress policy, as SetPolicy takes it.
+	Allow, Upstreams []string
+	// Forwards are opened as AddForward opens each, at most 64.
+	Forwards []api.ForwardSpec
+}
+
+// Claim makes a warm sandbox (oac-shim run --warm, waiting in state
+// warm) the tenant's: its policy set, its forwards opened, its bootstrap
+// sent. The result has the attempt it runs as, the forwards bound and the
+// policy in force; its state then goes starting, then ready (WaitState).
+// Bad input is a *CommandError coded invalid_argument, and the sandbox
+// stays warm; a sandbox that is not warm refuses with conflict.
+func (s *Shim) Claim(ctx context.Context, r ClaimRequest) (api.ClaimResult, error) {
+	var res api.ClaimResult
+	err := s.Do(ctx, api.Command{Cmd: api.CmdClaim, Bootstrap: r.Bootstrap, Allow: r.Allow, Upstreams: r.Upstreams, Forwards: r.Forwards}, &res)
+	return res, err
+}
+
 // PushTime sends the host's clock to a VM guest.
 func (s *Shim) PushTime(ctx context.Context) error {
 	return s.Do(ctx, api.Command{Cmd: api.CmdPushTime}, nil)

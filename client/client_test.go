@@ -33,7 +33,7 @@ import (
 // bootstrap, then commands).
 func TestMain(m *testing.M) {
 	switch os.Getenv("FAKE_SHIM") {
-	case "ok", "fail", "slow", "mute", "usage", "chatty":
+	case "ok", "fail", "slow", "mute", "usage", "chatty", "warm":
 		os.Exit(fakeShim(os.Getenv("FAKE_SHIM"), os.Args[1:]))
 	case "short":
 		os.Exit(fakeShort(os.Args[1:]))
@@ -51,7 +51,8 @@ func sha(s string) string {
 // answers no command (nor stop); usage refuses its command line as the
 // real one does (status 2, no event); chatty writes $FAKE_CHATTY log
 // events before ready (with $FAKE_GATE, the first, then the rest once
-// that file exists).
+// that file exists); warm waits in state warm for a claim (refused with
+// conflict once claimed), then gets ready.
 func fakeShim(mode string, args []string) int {
 	if mode == "usage" {
 		fmt.Fprintln(os.Stderr, "flag provided but not defined: -frobnicate")
@@ -111,7 +112,15 @@ func fakeShim(mode string, args []string) int {
 			}
 		}
 	}
-	if mode != "slow" {
+	var mu sync.Mutex
+	current := api.StateReady
+	switch mode {
+	case "warm":
+		current = api.StateWarm
+		state(current, "warm: guest agent connected, waiting for a claim", "", attempt)
+	case "slow":
+		current = api.StateStarting
+	default:
 		state("ready", "guest ready", "http://127.0.0.1:4096", attempt)
 	}
 	if mode == "mute" {
@@ -121,7 +130,27 @@ func fakeShim(mode string, args []string) int {
 	srv := &apiserver.Server{Sandbox: "fake", Handler: apiserver.HandlerFunc(func(_ context.Context, c api.Command) (any, error) {
 		switch c.Cmd {
 		case api.CmdStatus:
-			return api.StatusResult{Status: api.Status{ServerID: "sandbox:fake", State: "ready", Attempt: attempt}, Forwards: []api.ForwardInfo{}}, nil
+			mu.Lock()
+			defer mu.Unlock()
+			return api.StatusResult{Status: api.Status{ServerID: "sandbox:fake", State: current, Attempt: attempt}, Forwards: []api.ForwardInfo{}}, nil
+		case api.CmdClaim:
+			mu.Lock()
+			defer mu.Unlock()
+			if current != api.StateWarm {
+				return nil, api.Refuse(api.AnswerConflict, fmt.Errorf("the sandbox is %s, not warm", current))
+			}
+			current, attempt = api.StateReady, attempt+1
+			ev(api.Event{Event: api.KindLog, Stream: "fake/claim", Line: string(c.Bootstrap)})
+			res := api.ClaimResult{Attempt: attempt, Forwards: []api.ForwardResult{}, Egress: append(append([]string{}, c.Allow...), c.Upstreams...)}
+			for i, f := range c.Forwards {
+				l := fmt.Sprintf("127.0.0.1:%d", 6000+i)
+				res.Forwards = append(res.Forwards, api.ForwardResult{ForwardInfo: api.ForwardInfo{Listen: l, GuestPort: f.GuestPort}, URL: "http://" + l})
+			}
+			go func(a uint64) {
+				state("starting", "claimed", "", a)
+				state("ready", "guest ready", "http://127.0.0.1:4096", a)
+			}(attempt)
+			return res, nil
 		case api.CmdAddForward:
 			return api.ForwardResult{ForwardInfo: api.ForwardInfo{Listen: "127.0.0.1:5555", GuestPort: c.GuestPort}, URL: "http://127.0.0.1:5555"}, nil
 		case api.CmdStart:
@@ -210,6 +239,75 @@ func TestDriveAShimFromStartToReadyToForwardToStop(t *testing.T) {
 	_, err = s.Status(ctx(t))
 	assert.ErrorIs(t, err, ErrExited)
 	assert.Equal(t, "exited", Code(err))
+}
+
+func TestAWarmSandboxIsNotReadyUntilClaimedAndIsClaimedOnce(t *testing.T) {
+	o := fake("warm")
+	o.Args = []string{"--warm"}
+	s, err := Start(context.Background(), o)
+	require.NoError(t, err)
+	t.Cleanup(s.Kill)
+	warm, err := s.WaitState(ctx(t), api.StateWarm)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1), warm.Attempt)
+
+	// Waiting for ready sees warm go by: not ready yet, not a failure.
+	readyC := make(chan api.Event, 1)
+	errC := make(chan error, 1)
+	go func() {
+		e, err := s.WaitState(ctx(t), api.StateReady)
+		readyC <- e
+		errC <- err
+	}()
+	select {
+	case err := <-errC:
+		t.Fatalf("WaitState(ready) returned before the claim: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	// Bad input: refused with invalid_argument by the decoder, and the
+	// sandbox stays warm.
+	_, err = s.Claim(ctx(t), ClaimRequest{Bootstrap: json.RawMessage(`{"version":1}`), Forwards: []api.ForwardSpec{{Listen: "127.0.0.1:0"}}})
+	var ce *CommandError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, api.CmdClaim, ce.Command)
+	assert.Equal(t, api.AnswerInvalidArgument, Code(err), "a forward without its guest port")
+	assert.False(t, Retryable(err))
+	_, err = s.Claim(ctx(t), ClaimRequest{Allow: []string{"api.example.com:443"}})
+	assert.Equal(t, api.AnswerInvalidArgument, Code(err), "no bootstrap")
+	st, err := s.Status(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, api.StateWarm, st.State)
+
+	res, err := s.Claim(ctx(t), ClaimRequest{
+		Bootstrap: json.RawMessage(`{"version":1,"hostname":"tenant"}`),
+		Allow:     []string{"api.example.com:443"},
+		Forwards:  []api.ForwardSpec{{Listen: "127.0.0.1:0", GuestPort: 4096}, {Listen: "127.0.0.1:0", GuestPort: 22}},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), res.Attempt)
+	assert.Equal(t, []string{"api.example.com:443"}, res.Egress)
+	require.Len(t, res.Forwards, 2)
+	assert.Equal(t, 22, res.Forwards[1].GuestPort)
+	assert.Equal(t, `{"version":1,"hostname":"tenant"}`, logOf(t, s, "fake/claim"), "the bootstrap went as given")
+
+	require.NoError(t, <-errC)
+	ready := <-readyC
+	assert.Equal(t, api.StateReady, ready.State)
+	assert.Equal(t, res.Attempt, ready.Attempt)
+
+	_, err = s.Claim(ctx(t), ClaimRequest{Bootstrap: json.RawMessage(`{"version":1}`)})
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, api.AnswerConflict, ce.Code, "a claimed sandbox is not warm")
+
+	require.NoError(t, s.Stop(ctx(t)))
+	var seen []api.State
+	for _, e := range s.History() {
+		if e.Event == api.KindState {
+			seen = append(seen, e.State)
+		}
+	}
+	assert.Equal(t, []api.State{"starting", "warm", "starting", "ready", "stopped"}, seen)
 }
 
 func TestARefusedCommandCarriesItsAnswerCodeAndWhetherARetryHelps(t *testing.T) {

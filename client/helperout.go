@@ -180,7 +180,7 @@ func (h *HelperOutput) next() (api.Event, error) {
 		case api.StateStopped:
 			h.last = true
 		default:
-			return api.Event{}, h.fail("a state that is not one of the schema (starting, ready, failed, stopped)")
+			return api.Event{}, h.fail("a state that is not one oac-guest helper writes (starting, ready, failed, stopped)")
 		}
 	}
 	return e, nil

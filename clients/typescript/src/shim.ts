@@ -8,11 +8,12 @@ import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 
 import { findBinary, launchError } from './binary.js';
-import { HistoryError, OacError, SchemaVersionError, ShimError, CommandError } from './errors.js';
+import { AbortError, HistoryError, OacError, SchemaVersionError, ShimError, CommandError, TimeoutError } from './errors.js';
 import type { AnswerCode } from './errors.js';
 import { SCHEMA_VERSION } from './generated/codes.js';
 import type {
   Answer,
+  ClaimResult,
   ErrorAnswer,
   Event as AnyLine,
   ForwardResult,
@@ -24,6 +25,7 @@ import type {
   StatusResult,
   StoppedEvent,
   TimeResult,
+  WarmEvent,
 } from './generated/event.js';
 import type { Command } from './generated/command.js';
 import type { Bootstrap } from './generated/bootstrap.js';
@@ -38,8 +40,12 @@ export type CommandName = Command['cmd'];
 
 /** An event: any line of oac-shim's output but an answer. */
 export type Event = Exclude<AnyLine, Answer>;
-/** A state event of each state. */
-export type StateEvent = StartingEvent | ReadyEvent | FailedEvent | StoppedEvent;
+/**
+ * A state event of each state. warm (oac-shim run --warm) is a sandbox
+ * booted for nobody, waiting for claim(): waitFor('ready') waits on
+ * through it, as through starting.
+ */
+export type StateEvent = StartingEvent | WarmEvent | ReadyEvent | FailedEvent | StoppedEvent;
 export type State = StateEvent['state'];
 type StateEventOf<S extends State> = Extract<StateEvent, { state: S }>;
 
@@ -53,6 +59,7 @@ export interface ResultOf {
   add_forward: ForwardResult;
   remove_forward: Record<string, never>;
   push_time: TimeResult;
+  claim: ClaimResult;
 }
 type CommandOf<C extends CommandName> = Omit<Extract<Command, { cmd: C }>, 'id'>;
 
@@ -511,6 +518,19 @@ export class Shim {
   pushTime(opts?: WaitOptions): Promise<TimeResult> {
     return this.command('push_time', undefined, opts);
   }
+  /**
+   * Makes a warm sandbox (started with args ['--warm'], waiting in state
+   * warm) the tenant's: its egress policy set (allow, upstreams, as
+   * setPolicy), its forwards opened (each as addForward), its bootstrap
+   * sent. Resolves with the attempt it runs as, the forwards bound and
+   * the policy in force; its state then goes starting, then ready
+   * (waitFor('ready', { attempt })). Bad input rejects with a
+   * CommandError coded invalid_argument and the sandbox stays warm; a
+   * sandbox that is not warm rejects it with conflict.
+   */
+  claim(claim: Omit<CommandOf<'claim'>, 'cmd'>, opts?: WaitOptions): Promise<ClaimResult> {
+    return this.command('claim', claim, opts);
+  }
 
   /**
    * The daemon's password: made by this client (or given as the password
@@ -625,6 +645,9 @@ export class Sandbox extends Shim {
     } catch (e) {
       await s.kill();
       const x = await s.exited().catch(() => undefined);
+      // The caller's abort or timeout is the answer, even when the attach
+      // had exited on its own by the time it was killed.
+      if (e instanceof AbortError || e instanceof TimeoutError) throw e;
       if (x?.status === ATTACH_NOT_RUNNING) {
         throw new OacError(`attach ${name}: ${s.lastDiagnostic ?? 'no sandbox of that name outlives its parent under the keep root'}`, 'not_running', false, { cause: e });
       }
