@@ -5,6 +5,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,6 +111,15 @@ func (c *confCase) crashedBoot(t *testing.T, cell crashCell, name string) {
 	if cell.command == "start" {
 		spec = c.keptStartSpec(t, name)
 	}
+	var cmds *os.File
+	claim := ""
+	warm := strings.HasPrefix(cell.point.Name(), "warm/") || strings.HasPrefix(cell.point.Name(), "claim/")
+	if warm {
+		// The warm run's points: a run --warm, claimed for claim/.
+		var in *os.File
+		spec, in, cmds, claim = c.warmRun(t, name, spec)
+		defer in.Close()
+	}
 	spec.shim = spec.crashShim()
 	spec.env = append(append([]string(nil), spec.env...), crashEnv(cell)...)
 	if strings.HasPrefix(cell.point.Name(), "outlive/") {
@@ -118,6 +128,11 @@ func (c *confCase) crashedBoot(t *testing.T, cell crashCell, name string) {
 	}
 	s := startShim(c.rowT, spec)
 	s.t = t
+	if strings.HasPrefix(cell.point.Name(), "claim/") {
+		s.waitState(api.StateWarm, c.env.bootTimeout)
+		_, err := io.WriteString(cmds, claim+"\n")
+		require.NoError(t, err)
+	}
 	if strings.HasPrefix(cell.point.Name(), "stop/") {
 		// The stop's points: a sandbox that ran stops.
 		s.waitState(api.StateReady, c.env.bootTimeout)

@@ -79,6 +79,7 @@ var confPromises = []confPromise{
 	{"kept: workspace and /usr/local survive stop/start", promiseKeptSurvives},
 	{"reset: both gone, sandbox kept", promiseKeptReset},
 	{"destroy: nothing left on host", promiseKeptDestroy},
+	{"warm, then claimed: every promise holds", promiseWarmThenClaimed},
 	// Last: it boots a sandbox of its own, and what a row's provider
 	// leaves is checked with no other sandbox of the row running.
 	{"direct mode: on, or says why and carries the same", promiseDirect},
