@@ -154,7 +154,7 @@ var AnswerCodes = []AnswerCodeInfo{
 	{AnswerStopping, false,
 		"The shim is stopping (a stop command, a signal, the timeout): it starts nothing and adds no forward any more."},
 	{AnswerConflict, false,
-		"add_forward: a forward already listens on that address."},
+		"add_forward: a forward already listens on that address. claim: the sandbox is not warm (not started with --warm, not yet warm, or claimed already); a warm sandbox is claimed once."},
 	{AnswerNotFound, false,
 		"remove_forward: no forward listens on that address."},
 	{AnswerLimitReached, true,

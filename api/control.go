@@ -128,6 +128,21 @@ func Decode(line []byte) (Command, error) {
 		return c, bad("not UTF-8")
 	}
 	if err := strictjson.Check(line, commandSchema); err != nil {
+		// The answer still names the line's id and command when the
+		// object gives them plainly: a caller waiting on its id learns of
+		// the refusal instead of timing out.
+		var pre struct {
+			ID  any `json:"id"`
+			Cmd any `json:"cmd"`
+		}
+		if json.Unmarshal(line, &pre) == nil {
+			if id, ok := pre.ID.(string); ok && len(id) <= MaxID && !strings.ContainsFunc(id, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+				c.ID = id
+			}
+			if cmd, ok := pre.Cmd.(string); ok && IsCommand(cmd) {
+				c.Cmd = cmd
+			}
+		}
 		return c, lineError(err)
 	}
 	raw := map[string]json.RawMessage{}
@@ -201,18 +216,20 @@ func lineError(err error) error {
 		return bad("trailing data after the command object")
 	case errors.Is(err, strictjson.ErrDuplicate):
 		return bad("key %q given twice", safetext.Clean(e.Key, 32, '?'))
+	case errors.Is(err, strictjson.ErrTooMany) && key == "forwards":
+		return badAs(AnswerInvalidArgument, "%q has more than %d items", key, maxForwards)
 	case errors.Is(err, strictjson.ErrTooMany):
 		return badAs(AnswerInvalidArgument, "%q has more than %d items", key, maxList)
 	case errors.Is(err, strictjson.ErrType) && key == "guest_port":
 		return badAs(AnswerInvalidArgument, `"guest_port" must be an integer 1..65535`)
+	case key == "forwards" || strings.HasPrefix(e.Path, "forwards"):
+		return badAs(AnswerInvalidArgument, `"forwards" must be a list of {"listen","guest_port"} objects`)
 	case errors.Is(err, strictjson.ErrType) && (key == "allow" || key == "upstreams"):
 		return badAs(AnswerInvalidArgument, "%q must be a list of strings", key)
 	case errors.Is(err, strictjson.ErrType) && key == "listen":
 		return badAs(AnswerInvalidArgument, "%q must be a string", key)
 	case errors.Is(err, strictjson.ErrType) && key == "bootstrap":
 		return badAs(AnswerInvalidArgument, `"bootstrap" must be an object (the bootstrap document)`)
-	case strings.HasPrefix(e.Path, "forwards"):
-		return badAs(AnswerInvalidArgument, `"forwards" must be a list of {"listen","guest_port"} objects`)
 	case errors.Is(err, strictjson.ErrType):
 		return bad("%q must be a string", key)
 	case errors.Is(err, strictjson.ErrDepth):

@@ -172,3 +172,21 @@ func TestAnswerCodeOfAnErrorWithoutOneIsFailed(t *testing.T) {
 	assert.Equal(t, "wrapped: no such forward", err.Error(), "the message is unchanged")
 	assert.Nil(t, Refuse(AnswerFailed, nil))
 }
+
+func TestARefusedLineStillNamesItsIDAndCommandWhenItGivesThemPlainly(t *testing.T) {
+	for _, line := range []string{
+		`{"id":"c1","cmd":"claim","bootstrap":[1]}`,
+		`{"id":"c1","cmd":"claim","bootstrap":{},"forwards":null}`,
+		`{"id":"c1","cmd":"add_forward","listen":"127.0.0.1:0","guest_port":"1"}`,
+	} {
+		c, err := Decode([]byte(line))
+		require.Error(t, err, line)
+		assert.Equal(t, "c1", c.ID, "the answer can name the caller's id: %s", line)
+		assert.NotEmpty(t, c.Cmd, line)
+		assert.Equal(t, AnswerInvalidArgument, AnswerCode(err), line)
+	}
+	c, err := Decode([]byte(`{"id":"c1","cmd":"claim","bootstrap":{},"forwards":[` + strings.Repeat(`{"listen":"127.0.0.1:0","guest_port":1},`, 64) + `{"listen":"127.0.0.1:0","guest_port":1}]}`))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `"forwards" has more than 64 items`)
+	assert.Equal(t, "c1", c.ID)
+}
