@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/guest/direct"
 	"github.com/oac/sandbox-agent/guest/doors"
@@ -373,7 +374,17 @@ func (a *agent) serve(ctx context.Context) error {
 		return err
 	}
 	if cur, _ := os.Hostname(); b.Hostname != "" && b.Hostname != cur && a.cfg.SetHostname {
-		if err := initsys.SetHostname(b.Hostname); err != nil {
+		if err := initsys.SetHostname(b.Hostname); errors.Is(err, unix.EPERM) {
+			// A container's guest root may not hold CAP_SYS_ADMIN in its
+			// UTS namespace: the runtime named it at create, which a warm
+			// sandbox's claim comes after (docs/warm.md). The starting
+			// event says so; nothing else depends on the name.
+			n := "hostname " + b.Hostname + " (this runtime's guest root cannot set it; the runtime's name " + cur + " holds)"
+			a.cfg.Log.Warn(n)
+			a.mu.Lock()
+			a.notes = append(a.notes, n)
+			a.mu.Unlock()
+		} else if err != nil {
 			a.fail(protocol.CodeInternal, err)
 			return err
 		}
