@@ -35,7 +35,18 @@ const hostedDaemon = "/usr/local/bin/oac-daemon-standin"
 
 // hostedBootstrap writes the hosted bootstrap into dir.
 func hostedBootstrap(dir string) (string, error) {
-	b := bootstrap.Bootstrap{
+	data, err := json.Marshal(hostedDoc())
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, "hosted-bootstrap.json")
+	return p, os.WriteFile(p, data, 0o600)
+}
+
+// hostedDoc is the hosted bootstrap document (the identity travels as
+// hostedIdentity's flags; a claim carries it in the document's sandbox).
+func hostedDoc() bootstrap.Bootstrap {
+	return bootstrap.Bootstrap{
 		Version: 1, Hostname: "bench",
 		SandboxIO: &bootstrap.SandboxIOSpec{Bootstrap: &bootstrap.SandboxIO{
 			Version: 1, LinkURL: "wss://link.example.com/api/v1/sandbox-link", Credential: "bench-credential",
@@ -45,12 +56,6 @@ func hostedBootstrap(dir string) (string, error) {
 		Credentials: &bootstrap.Credentials{UsernameEnv: "OAC_SERVER_USERNAME", PasswordEnv: "OAC_SERVER_PASSWORD"},
 		Health:      &bootstrap.Health{Port: 4096},
 	}
-	data, err := json.Marshal(b)
-	if err != nil {
-		return "", err
-	}
-	p := filepath.Join(dir, "hosted-bootstrap.json")
-	return p, os.WriteFile(p, data, 0o600)
 }
 
 // HostedFigures measures hosted boot to ready with bwrap, runc, crun and

@@ -14,11 +14,11 @@ type Options struct {
 	Bin, Out      string
 	Runs, Density int
 	// Only, when not empty, names the groups to run (mux, egress,
-	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes, peer); results
+	// transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes, peer, warm); results
 	// are then printed but not written, unless Merge.
 	Only []string
 	// Merge, with Only, replaces those groups' rows in the report in Out
-	// and keeps the others (groups that tag their rows only: kubernetes, peer).
+	// and keeps the others (groups that tag their rows only: kubernetes, peer, warm).
 	Merge bool
 }
 
@@ -39,8 +39,8 @@ func (o Options) want(group string) bool {
 func Run(o Options) error {
 	if o.Merge {
 		for _, g := range o.Only {
-			if g := strings.TrimSpace(g); g != KubeGroup && g != PeerGroup {
-				return fmt.Errorf("-merge: group %q does not tag its rows (only %s and %s do)", g, KubeGroup, PeerGroup)
+			if g := strings.TrimSpace(g); g != KubeGroup && g != PeerGroup && g != WarmGroup {
+				return fmt.Errorf("-merge: group %q does not tag its rows (only %s, %s and %s do)", g, KubeGroup, PeerGroup, WarmGroup)
 			}
 		}
 		if len(o.Only) == 0 {
@@ -143,6 +143,15 @@ func Run(o Options) error {
 		} else if err := HostedFigures(r, b, min(o.Runs, 11)); err != nil {
 			return err
 		}
+	}
+	if o.want(WarmGroup) {
+		r.group = WarmGroup
+		if !root {
+			r.Skip(WarmGroup+" sandbox figures", "need root (bwrap, OCI, docker)")
+		} else if err := WarmFigures(r, b, min(o.Runs, 11)); err != nil {
+			return err
+		}
+		r.group = ""
 	}
 	if o.want("qemu") {
 		if !root {

@@ -24,8 +24,8 @@ func main() {
 	out := fs.String("out", "bench", "directory for results.md and results.json")
 	runs := fs.Int("runs", 15, "repetitions of each figure")
 	density := fs.Int("density", 50, "sandboxes started at once for the density figure")
-	only := fs.String("only", "", "comma-separated groups to run (mux, egress, transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes, peer); prints, writes nothing")
-	merge := fs.Bool("merge", false, "with -only kubernetes or peer: replace those groups' rows in -out's results.md and results.json, keep the others")
+	only := fs.String("only", "", "comma-separated groups to run (mux, egress, transparent, clients, boot, footprint, density, oci, hosted, qemu, kept, kubernetes, peer, warm); prints, writes nothing")
+	merge := fs.Bool("merge", false, "with -only kubernetes, peer or warm: replace those groups' rows in -out's results.md and results.json, keep the others")
 	if args, code, ok := cli.Parse(fs, os.Args[1:], env); !ok || len(args) > 0 {
 		if ok {
 			code = cli.Usagef(fs, os.Stderr, "takes no arguments, not %q", args)
