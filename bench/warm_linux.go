@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -411,6 +412,24 @@ func treeOf(all []proctree.Proc, pid int) []proctree.Proc {
 	return nil
 }
 
+// cpuMS is the CPU time of pid's threads in ms, from schedstat (in ns:
+// /proc/PID/stat counts ticks of 10 ms, and an idle sandbox uses less).
+func cpuMS(pid int) float64 {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var ns float64
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		if fs := strings.Fields(string(b)); len(fs) > 0 {
+			v, _ := strconv.ParseFloat(fs[0], 64)
+			ns += v
+		}
+	}
+	return ns / 1e6
+}
+
 // warmHeld holds n warm bwrap sandboxes and measures each one's memory
 // (RSS of the shim and the sandbox's processes) and CPU over 10 s idle.
 func warmHeld(r *Report, b Bins, n int, args []string) error {
@@ -422,10 +441,10 @@ func warmHeld(r *Report, b Bins, n int, args []string) error {
 	time.Sleep(time.Second) // settle
 	const idle = 10 * time.Second
 	all := proctree.All()
-	before := make([]int64, len(ss))
+	before := make([]float64, len(ss))
 	for i, s := range ss {
 		for _, p := range treeOf(all, s.cmd.Process.Pid) {
-			before[i] += p.CPUTicks
+			before[i] += cpuMS(p.PID)
 		}
 	}
 	time.Sleep(idle)
@@ -436,16 +455,15 @@ func warmHeld(r *Report, b Bins, n int, args []string) error {
 		if len(tree) < 3 {
 			return fmt.Errorf("expected shim, bwrap and agent, found %d processes", len(tree))
 		}
-		var kb float64
-		var ticks int64
+		var kb, used float64
 		for _, p := range tree {
-			ticks += p.CPUTicks
+			used += cpuMS(p.PID)
 			if k, err := rssKB(p.PID); err == nil {
 				kb += k
 			}
 		}
 		mem = append(mem, kb/1024)
-		cpu = append(cpu, float64(ticks-before[i])*1000/proctree.ClockTicks)
+		cpu = append(cpu, used-before[i])
 	}
 	r.Add(NewResult(fmt.Sprintf("%s: memory per warm bwrap sandbox (RSS of shim + bwrap + guest), %d held", WarmGroup, n), "MiB", mem, "", nil))
 	r.Add(NewResult(fmt.Sprintf("%s: CPU per warm bwrap sandbox over %s idle, %d held", WarmGroup, idle, n), "ms CPU", cpu, "", nil))
@@ -498,13 +516,36 @@ func warmRefill(r *Report, b Bins, size, boots, claims int, args []string, line 
 	}
 	var hits, misses int
 	var poolSize, waits, toComplete []float64
+	// The pool's size every 10 ms while claims come: its low point is
+	// right after a claim, before the refill is warm.
+	sampled := make(chan []float64)
+	stopSampling := make(chan struct{})
+	go func() {
+		var xs []float64
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				xs = append(xs, float64(len(warm)))
+			case <-stopSampling:
+				sampled <- xs
+				return
+			}
+		}
+	}()
+	defer func() {
+		if stopSampling != nil {
+			close(stopSampling)
+			<-sampled
+		}
+	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for i := range claims {
 		if i > 0 {
 			<-tick.C
 		}
-		poolSize = append(poolSize, float64(len(warm)))
 		var s *shimRun
 		select {
 		case s = <-warm:
@@ -530,7 +571,9 @@ func warmRefill(r *Report, b Bins, size, boots, claims int, args []string, line 
 		toComplete = append(toComplete, ct.complete)
 	}
 	refills.Wait()
-	poolSize = append(poolSize, float64(len(warm)))
+	close(stopSampling)
+	poolSize = <-sampled
+	stopSampling = nil
 	mu.Lock()
 	defer mu.Unlock()
 	if bootErr != nil {
@@ -543,7 +586,7 @@ func warmRefill(r *Report, b Bins, size, boots, claims int, args []string, line 
 		hit.Note += fmt.Sprintf("; wait of a miss median %s ms, max %s ms", fmtNum(Summarise(waits).Median), fmtNum(Summarise(waits).Max))
 	}
 	r.Add(hit.Judge(fmt.Sprintf("all %d", claims), misses == 0))
-	r.Add(NewResult(WarmGroup+" refill: warm sandboxes in the pool as each claim came (min ... max)", "sandboxes", poolSize, "", nil))
+	r.Add(NewResult(WarmGroup+" refill: warm sandboxes in the pool, sampled every 10 ms while claimed from", "sandboxes", poolSize, "", nil))
 	r.Add(NewResult(WarmGroup+" refill: claim to bootstrap complete while refilling", "ms", toComplete, "", nil))
 	return nil
 }
