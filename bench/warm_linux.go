@@ -50,6 +50,7 @@ type shimRun struct {
 	marks  chan mark
 	stderr bytes.Buffer
 	start  time.Time
+	warmAt time.Time // its warm event, for a warm one
 }
 
 // startShim starts oac-shim run with args (stdin kept open as its control
@@ -183,7 +184,7 @@ func bootWarm(b Bins, args []string) (*shimRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.wait("warm", time.Minute); err != nil {
+	if s.warmAt, err = s.wait("warm", time.Minute); err != nil {
 		_ = s.stop()
 		return nil, err
 	}
@@ -484,6 +485,7 @@ func warmRefill(r *Report, b Bins, size, boots, claims int, args []string, line 
 		claimed []*shimRun
 		refills sync.WaitGroup
 		bootErr error
+		toWarm  []float64 // a refill's start to its warm event
 	)
 	warm := make(chan *shimRun, size+claims)
 	for _, s := range pool {
@@ -505,12 +507,14 @@ func warmRefill(r *Report, b Bins, size, boots, claims int, args []string, line 
 			sem <- struct{}{}
 			s, err := bootWarm(b, args)
 			<-sem
+			mu.Lock()
 			if err != nil {
-				mu.Lock()
 				bootErr = err
 				mu.Unlock()
 				return
 			}
+			toWarm = append(toWarm, ms(s.warmAt.Sub(s.start)))
+			mu.Unlock()
 			warm <- s
 		}()
 	}
@@ -588,5 +592,6 @@ func warmRefill(r *Report, b Bins, size, boots, claims int, args []string, line 
 	r.Add(hit.Judge(fmt.Sprintf("all %d", claims), misses == 0))
 	r.Add(NewResult(WarmGroup+" refill: warm sandboxes in the pool, sampled every 10 ms while claimed from", "sandboxes", poolSize, "", nil))
 	r.Add(NewResult(WarmGroup+" refill: claim to bootstrap complete while refilling", "ms", toComplete, "", nil))
+	r.Add(NewResult(WarmGroup+" refill: a refill's start to its warm event", "ms", toWarm, "", nil))
 	return nil
 }
