@@ -29,7 +29,7 @@ import (
 // sandboxes held; and a pool refilled while it is claimed from.
 
 // WarmGroup is the group (oac-bench -only) of these rows; they carry it,
-// so -merge can replace them.
+// so -merge can replace them (and its skips begin with it, for the same).
 const WarmGroup = "warm"
 
 // warmSettle is how long a warm sandbox idles before its claim: a pool's
@@ -266,13 +266,13 @@ func WarmFigures(r *Report, b Bins, runs int) error {
 
 	_, errB := exec.LookPath("bwrap")
 	if errB != nil {
-		r.Skip(WarmGroup+", bwrap", "bubblewrap is not installed")
+		r.Skip(WarmGroup+" with bwrap", "bubblewrap is not installed")
 	} else if err := compare("bwrap", true, "--provider", "bwrap"); err != nil {
 		return err
 	}
 	for _, rt := range []string{"runc", "crun"} {
 		if _, err := exec.LookPath(rt); err != nil {
-			r.Skip(WarmGroup+", oci "+rt, rt+" is not installed")
+			r.Skip(WarmGroup+" with oci "+rt, rt+" is not installed")
 		} else if err := compare("oci "+rt, true, "--provider", "oci", "--runtime", rt); err != nil {
 			return err
 		}
@@ -298,7 +298,7 @@ func WarmFigures(r *Report, b Bins, runs int) error {
 // engine the hosted rows use (dockerBench).
 func warmDocker(r *Report, b Bins, dir string, compare func(string, bool, ...string) error) error {
 	if missing := dockerd.Missing(); missing != "" {
-		r.Skip(WarmGroup+", docker", missing)
+		r.Skip(WarmGroup+" with docker", missing)
 		return nil
 	}
 	dockerDir := filepath.Join(dir, "docker")
@@ -309,7 +309,7 @@ func warmDocker(r *Report, b Bins, dir string, compare func(string, bool, ...str
 	if err != nil {
 		var nd noDocker
 		if errors.As(err, &nd) {
-			r.Skip(WarmGroup+", docker", err.Error())
+			r.Skip(WarmGroup+" with docker", err.Error())
 			return nil
 		}
 		return err
