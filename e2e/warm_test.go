@@ -206,3 +206,20 @@ func mustJSON(t *testing.T, v any) []byte {
 	require.NoError(t, err)
 	return b
 }
+
+// A guest booted for nobody that will not wait: its egress finds the
+// empty policy, and a word on the control stream before its bootstrap
+// fails it as hostile, leaving nothing.
+func TestAWarmGuestThatSpeaksBeforeItsClaimFailsAsHostile(t *testing.T) {
+	needBwrap(t)
+	in, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer w.Close()
+	s := startShim(t, sandboxSpec{agent: bins.bad["warmtalk"], stdin: in, args: []string{"--warm", "--control", "stdin"}})
+	in.Close()
+	denied := s.waitFor(func(e api.Event) bool { return e.Event == api.KindEgress && e.Target == "up:80" }, bootTimeout, "the warm guest's egress")
+	assert.Equal(t, "denied", denied.Decision, "a warm sandbox's policy is empty")
+	failed := s.exitFailed(api.CodeHostileGuest, 30*time.Second)
+	assert.Contains(t, failed.Message, "before its bootstrap")
+	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
+}

@@ -18,6 +18,7 @@
 //	--mode escapes   put terminal escapes in a State, a log line and its stderr, then stop in order
 //	--mode slowread  open 256 egress connections to "up:80" and read nothing of what it sends, ignore Shutdown
 //	--mode upload    open 256 egress connections to "up:80" and send 4 MiB on each, ignore Shutdown
+//	--mode warmtalk  (a warm sandbox's guest) try egress before any bootstrap, then say "ready" unasked
 //	--mode rootdirect ask for the host's own socket on the fd channel (a direct Connect), offered or not, and attack it (rootdirect_linux.go)
 package main
 
@@ -101,6 +102,10 @@ func hostile(mode string, conn *muxinject.Conn) {
 	ctl, welcome, err := protocol.GuestHandshake(sess, protocol.Hello{MinVersion: 1, MaxVersion: 1, AgentVersion: "badguest-" + mode, PID: os.Getpid(), Capabilities: caps}, 10*time.Second)
 	if err != nil {
 		fail(err)
+	}
+	if mode == "warmtalk" {
+		warmTalk(sess, ctl)
+		return
 	}
 	boot, err := ctl.Recv() // the bootstrap
 	if err != nil {
@@ -243,5 +248,27 @@ func hostile(mode string, conn *muxinject.Conn) {
 		}
 	default:
 		fail(fmt.Errorf("unknown mode %q", mode))
+	}
+}
+
+// warmTalk is a guest booted for nobody that will not wait: it tries the
+// way out (the policy of a warm sandbox is empty), then reports ready
+// though no bootstrap came, and reads on.
+func warmTalk(sess *yamux.Session, ctl *protocol.Control) {
+	st, err := protocol.OpenStream(sess, protocol.StreamHeader{Kind: protocol.KindEgress, Host: "up", Port: 80, Via: protocol.ViaConnect})
+	if err != nil {
+		fail(err)
+	}
+	r, err := protocol.ReadEgressReply(st, 10*time.Second)
+	fmt.Fprintf(os.Stderr, "badguest: egress while warm: ok=%v code=%s err=%v\n", r.OK(), r.Code, err)
+	st.Close()
+	if err := ctl.Send(protocol.TypeState, protocol.State{State: protocol.StateReady, Message: "ready, unasked"}); err != nil {
+		fail(err)
+	}
+	fmt.Fprintln(os.Stderr, "badguest: attacking: warmtalk")
+	for {
+		if _, err := ctl.Recv(); err != nil {
+			os.Exit(1)
+		}
 	}
 }
