@@ -223,3 +223,35 @@ func TestAWarmGuestThatSpeaksBeforeItsClaimFailsAsHostile(t *testing.T) {
 	assert.Contains(t, failed.Message, "before its bootstrap")
 	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
 }
+
+func TestOacShimClaimClaimsAWarmSandboxByName(t *testing.T) {
+	needBwrap(t)
+	needCurl(t)
+	ln := upstream(t)
+	dir := t.TempDir()
+	keep, sock, boot := dir+"/keep", dir+"/ctl.sock", dir+"/boot.json"
+	require.NoError(t, os.WriteFile(boot, []byte(egressBootstrap(egressProbeScript)), 0o600))
+	s := startShim(t, sandboxSpec{args: []string{"--warm", "--control-socket", sock, "--keep-root", keep}})
+	s.waitState(api.StateWarm, bootTimeout)
+
+	_, errOut, code := runShimCmd(t, "claim", s.name, "--keep-root", keep, "--bootstrap", boot, "--allow", "not a rule")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "refused the claim (invalid_argument)")
+
+	out, errOut, code := runShimCmd(t, "claim", s.name, "--keep-root", keep, "--bootstrap", boot,
+		"--upstream", fmt.Sprintf("up.test:80=127.0.0.1:%d", portOf(ln)), "--forward", "127.0.0.1:0=4096")
+	require.Equal(t, 0, code, errOut)
+	var res api.ClaimResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	assert.Equal(t, uint64(1), res.Attempt)
+	require.Len(t, res.Forwards, 1)
+	assert.Equal(t, 4096, res.Forwards[0].GuestPort)
+	s.waitState(api.StateReady, bootTimeout)
+	assert.Equal(t, "allowed=tenant-upstream captured=tenant-upstream denied=403", s.waitLog("probe ", time.Minute))
+
+	_, errOut, code = runShimCmd(t, "claim", s.name, "--keep-root", keep, "--bootstrap", boot)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "refused the claim (conflict)")
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(30*time.Second))
+}
