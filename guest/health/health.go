@@ -69,9 +69,10 @@ func Wait(ctx context.Context, c Check) (Result, error) {
 	defer cancel()
 	var attempts int
 	var last string
+	refusedWait := firstRefusedWait
 	for {
 		attempts++
-		ok, what := attempt(dctx, client, c)
+		ok, what, refused := attempt(dctx, client, c)
 		if ok {
 			return Result{Attempts: attempts, Took: time.Since(start)}, nil
 		}
@@ -79,7 +80,16 @@ func Wait(ctx context.Context, c Check) (Result, error) {
 		if dctx.Err() == nil || last == "" {
 			last = what
 		}
-		t := time.NewTimer(c.Interval)
+		// Nothing listens yet (the daemon is still starting): a refused
+		// loopback connect costs microseconds, so ask again soon, twice as
+		// late each time, up to the interval; a daemon that answered gets
+		// the whole interval.
+		wait := c.Interval
+		if refused && refusedWait < wait {
+			wait = refusedWait
+			refusedWait *= 2
+		}
+		t := newTimer(wait)
 		select {
 		case <-t.C:
 			continue
@@ -94,26 +104,34 @@ func Wait(ctx context.Context, c Check) (Result, error) {
 	}
 }
 
-// attempt makes one request; it reports success or what happened.
-func attempt(ctx context.Context, client *http.Client, c Check) (bool, string) {
+// newTimer makes the wait between attempts (a test records the waits).
+var newTimer = time.NewTimer
+
+// firstRefusedWait is the wait after the first refused connect; it
+// doubles after each one, up to Check.Interval.
+const firstRefusedWait = 2 * time.Millisecond
+
+// attempt makes one request; it reports success or what happened, and
+// whether the connect was refused (nothing listens yet).
+func attempt(ctx context.Context, client *http.Client, c Check) (bool, string, bool) {
 	rctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, c.URL, nil)
 	if err != nil {
-		return false, "bad request"
+		return false, "bad request", false
 	}
 	req.SetBasicAuth(c.Username, c.Password)
 	req.Header.Set("User-Agent", "oac-guest-health")
 	resp, err := client.Do(req)
 	if err != nil {
-		return false, describe(err, ctx, rctx, c.Timeout)
+		return false, describe(err, ctx, rctx, c.Timeout), errors.Is(err, syscall.ECONNREFUSED)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
 	resp.Body.Close()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return true, ""
+		return true, "", false
 	}
-	return false, "HTTP " + resp.Status
+	return false, "HTTP " + resp.Status, false
 }
 
 // describe names a request failure without the URL (already in the

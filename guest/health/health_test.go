@@ -132,3 +132,37 @@ func TestCredentialsInTheURLAreRefused(t *testing.T) {
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "SECRET")
 }
+
+func TestWhileNothingListensItAsksAgainSoonerThenAtTheInterval(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	var waits []time.Duration
+	newTimer = func(d time.Duration) *time.Timer {
+		waits = append(waits, d)
+		if len(waits) == 8 {
+			// The daemon listens from now on, and answers 503 once.
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if len(waits) < 9 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+			})}
+			l, err := net.Listen("tcp", addr)
+			require.NoError(t, err)
+			go func() { _ = srv.Serve(l) }()
+			t.Cleanup(func() { srv.Close() })
+		}
+		return time.NewTimer(0)
+	}
+	t.Cleanup(func() { newTimer = time.NewTimer })
+	c := check("http://" + addr)
+	c.Interval = 100 * time.Millisecond
+	c.Deadline = time.Minute
+	res, err := Wait(context.Background(), c)
+	require.NoError(t, err)
+	assert.Equal(t, 10, res.Attempts)
+	ms := time.Millisecond
+	assert.Equal(t, []time.Duration{2 * ms, 4 * ms, 8 * ms, 16 * ms, 32 * ms, 64 * ms, 100 * ms, 100 * ms, 100 * ms}, waits,
+		"refused: 2 ms, doubling up to the interval; an answer (503): the interval")
+}
