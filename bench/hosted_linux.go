@@ -66,14 +66,11 @@ func HostedFigures(r *Report, b Bins, runs int) error {
 		r.Skip("hosted boot figures", "need the stand-in fixtures (make fixtures: bin/fixtures/)")
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "oac-bench-hosted-")
+	dir, cleanup, err := sharedTempDir("oac-bench-hosted-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
+	defer cleanup()
 	boot, err := hostedBootstrap(dir)
 	if err != nil {
 		return err

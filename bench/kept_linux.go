@@ -129,14 +129,11 @@ func keptDocker(r *Report, b Bins, runs int) error {
 		r.Skip(what, missing)
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "oac-bench-kept-docker-")
+	dir, cleanup, err := sharedTempDir("oac-bench-kept-docker-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
+	defer cleanup()
 	_, ref, done, err := dockerBench(context.Background(), b, dir, nil)
 	if err != nil {
 		var nd noDocker
@@ -162,14 +159,11 @@ func keptQemu(r *Report, b Bins, runs int, vm VMArch) error {
 		r.Skip(what, "needs the kernel cache "+vm.KernelCache+" (make kernels)")
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "oac-bench-kept-qemu-")
+	dir, cleanup, err := sharedTempDir("oac-bench-kept-qemu-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
+	defer cleanup()
 	guest := b.Guest
 	if vm.Arch != runtime.GOARCH {
 		guest = filepath.Join(dir, "oac-guest")

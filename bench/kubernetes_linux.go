@@ -127,14 +127,11 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "oac-bench-kubernetes-")
+	dir, cleanup, err := sharedTempDir("oac-bench-kubernetes-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
+	defer cleanup()
 
 	// An interrupt stops the shims and the cluster before the process
 	// ends: a cluster left running blocks every other one on the machine.

@@ -195,3 +195,17 @@ func envOr(key, def string) string {
 	}
 	return def
 }
+
+// sharedTempDir makes a temporary directory others may read and search
+// (a guest's ids are not this process's), and its removal.
+func sharedTempDir(prefix string) (string, func(), error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
+}

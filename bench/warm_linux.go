@@ -167,6 +167,11 @@ func coldHosted(b Bins, args []string) (claimTimes, error) {
 		return claimTimes{}, err
 	}
 	defer s.stop()
+	return s.since(s.start)
+}
+
+// since times bootstrap complete and ready from t.
+func (s *shimRun) since(t time.Time) (claimTimes, error) {
 	c, err := s.wait("complete", time.Minute)
 	if err != nil {
 		return claimTimes{}, err
@@ -175,7 +180,7 @@ func coldHosted(b Bins, args []string) (claimTimes, error) {
 	if err != nil {
 		return claimTimes{}, err
 	}
-	return claimTimes{ms(c.Sub(s.start)), ms(r.Sub(s.start))}, nil
+	return claimTimes{ms(c.Sub(t)), ms(r.Sub(t))}, nil
 }
 
 // bootWarm starts a warm sandbox and waits for its warm event.
@@ -198,15 +203,7 @@ func (s *shimRun) claim(line []byte) (claimTimes, error) {
 	if _, err := s.stdin.Write(line); err != nil {
 		return claimTimes{}, err
 	}
-	c, err := s.wait("complete", time.Minute)
-	if err != nil {
-		return claimTimes{}, err
-	}
-	r, err := s.wait("ready", time.Minute)
-	if err != nil {
-		return claimTimes{}, err
-	}
-	return claimTimes{ms(c.Sub(t)), ms(r.Sub(t))}, nil
+	return s.since(t)
 }
 
 // warmHosted boots a warm sandbox (untimed), lets it idle warmSettle,
@@ -242,14 +239,11 @@ func WarmFigures(r *Report, b Bins, runs int) error {
 	if err != nil {
 		return err
 	}
-	dir, err := os.MkdirTemp("", "oac-bench-warm-")
+	dir, cleanup, err := sharedTempDir("oac-bench-warm-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
+	defer cleanup()
 	boot, err := hostedBootstrap(dir)
 	if err != nil {
 		return err

@@ -342,10 +342,7 @@ func inq(t *testing.T, c *net.TCPConn) int {
 // holding no pairs, never gives the channel to OnChannel (forwards).
 func (h *host) openHandOnly(t *testing.T) *guest {
 	t.Helper()
-	g := h.dial(t)
-	g.send(protocol.TypeChannel, protocol.Channel{Token: testToken})
-	var ack protocol.Channel
-	require.NoError(t, g.recv(protocol.TypeChannel, &ack))
+	g := h.channelUp(t)
 	select {
 	case <-h.channel:
 		t.Fatal("a hand-only channel has no pairs for forwards, so OnChannel is not told of it")

@@ -161,10 +161,7 @@ func (h *host) dial(t *testing.T) *guest {
 // openChannel dials and sets up the fd channel.
 func (h *host) openChannel(t *testing.T) (*guest, *Channel) {
 	t.Helper()
-	g := h.dial(t)
-	g.send(protocol.TypeChannel, protocol.Channel{Token: testToken})
-	var ack protocol.Channel
-	require.NoError(t, g.recv(protocol.TypeChannel, &ack))
+	g := h.channelUp(t)
 	select {
 	case ch := <-h.channel:
 		return g, ch
@@ -172,6 +169,17 @@ func (h *host) openChannel(t *testing.T) (*guest, *Channel) {
 		t.Fatal("the host did not take the channel")
 		return nil, nil
 	}
+}
+
+// channelUp dials and sends the Channel frame, and reads the host's
+// acceptance.
+func (h *host) channelUp(t *testing.T) *guest {
+	t.Helper()
+	g := h.dial(t)
+	g.send(protocol.TypeChannel, protocol.Channel{Token: testToken})
+	var ack protocol.Channel
+	require.NoError(t, g.recv(protocol.TypeChannel, &ack))
+	return g
 }
 
 func (g *guest) send(typ protocol.Type, v any) {

@@ -17,7 +17,6 @@ import (
 	"github.com/oac/sandbox-agent/host/journal"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
-	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
@@ -47,13 +46,9 @@ func attachCmd(args []string, env cli.Env) int {
 	if !ok {
 		return code
 	}
-	name, err := cli.Name(fs, args)
-	if err != nil {
-		return cli.Usagef(fs, stderr, "%v", err)
-	}
-	if !provider.ValidName(name) {
-		fmt.Fprintf(stderr, "oac-shim attach: %q is not a sandbox name (1 to 63 characters of a-z, 0-9 and '-')\n", name)
-		return api.ExitUsage
+	name, code := sandboxName("attach", fs, args, stderr)
+	if name == "" {
+		return code
 	}
 	opts := AttachOptions{Name: name}
 	switch *from {

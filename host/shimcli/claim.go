@@ -16,7 +16,6 @@ import (
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
-	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -49,13 +48,9 @@ func claimCmd(args []string, env cli.Env) int {
 	if !ok {
 		return code
 	}
-	name, err := cli.Name(fs, args)
-	if err != nil {
-		return cli.Usagef(fs, stderr, "%v", err)
-	}
-	if !provider.ValidName(name) {
-		fmt.Fprintf(stderr, "oac-shim claim: %q is not a sandbox name (1 to 63 characters of a-z, 0-9 and '-')\n", name)
-		return 2
+	name, code := sandboxName("claim", fs, args, stderr)
+	if name == "" {
+		return code
 	}
 	if *bootFile == "" {
 		return cli.Usagef(fs, stderr, "--bootstrap is required: the tenant's bootstrap document")

@@ -3,7 +3,9 @@ package shimcli
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -189,4 +191,19 @@ func defaultAgentPath() (string, error) {
 		return "", fmt.Errorf("find oac-guest beside oac-shim at %s: %w (build it with make build or pass --agent PATH)", p, err)
 	}
 	return p, nil
+}
+
+// sandboxName is the one NAME argument of cmd (oac-shim attach, claim):
+// a usage error (exit 2, said on stderr) when it is missing or not a
+// sandbox name.
+func sandboxName(cmd string, fs *flag.FlagSet, args []string, stderr io.Writer) (string, int) {
+	name, err := cli.Name(fs, args)
+	if err != nil {
+		return "", cli.Usagef(fs, stderr, "%v", err)
+	}
+	if !provider.ValidName(name) {
+		fmt.Fprintf(stderr, "oac-shim %s: %q is not a sandbox name (1 to 63 characters of a-z, 0-9 and '-')\n", cmd, name)
+		return "", api.ExitUsage
+	}
+	return name, 0
 }
