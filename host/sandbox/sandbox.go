@@ -62,9 +62,9 @@ type Config struct {
 	// bootstrap it then sends as any run does; or it stops at the warm
 	// maximum age, when the guest misbehaves, or when ctx ends
 	// (docs/warm.md).
-	Warm *Warm
-	Events    api.Sink
-	Log       *slog.Logger
+	Warm   *Warm
+	Events api.Sink
+	Log    *slog.Logger
 	// Diag receives the runtime's and the agent's diagnostics, prefixed.
 	Diag io.Writer
 	// BootTimeout bounds the time from start to ready.
