@@ -295,8 +295,10 @@ export class SandboxPool {
    * Shim.claim makes it), waits for ready and resolves with the sandbox,
    * now the caller's: the pool forgets it and boots another. A claim that
    * fails (the sandbox failed to become ready, the signal fired) stops
-   * that sandbox and rejects; a claim the shim refused for its input
-   * (CommandError invalid_argument) leaves the warm sandbox in the pool.
+   * that sandbox and rejects; a claim refused for its input (a
+   * CommandError coded invalid_argument, or a TypeError for a password
+   * refused here) leaves the warm sandbox in the pool. Claims in flight
+   * when close() begins reject with an OacError coded closed.
    */
   async claim(c: PoolClaim): Promise<Claimed> {
     const { signal, timeoutMs, password, ...claim } = c;
@@ -312,8 +314,8 @@ export class SandboxPool {
         try {
           r = await e.sandbox.claim(claim, { ...o, ...(password !== undefined ? { password } : {}) });
         } catch (err) {
-          if (err instanceof CommandError && err.code === 'invalid_argument') {
-            // Nothing of the claim reached it: still warm, back in its place.
+          if ((err instanceof CommandError && err.code === 'invalid_argument') || err instanceof TypeError) {
+            // Nothing of the claim reached it (refused by the shim, or a password refused here): still warm, back in its place.
             e.taken = false;
             if (!this.closed && stateOf(e.sandbox) === 'warm') this.warm.unshift(e);
             else await this.replace(e, 'failed');
