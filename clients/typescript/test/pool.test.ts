@@ -6,7 +6,7 @@ import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 
-import { CommandError, OacError, SandboxPool, list, type PoolEvent, type PoolOptions, type Sandbox } from '../src/index.js';
+import { AbortError, CommandError, OacError, SandboxPool, ShimError, list, type PoolEvent, type PoolOptions, type Sandbox } from '../src/index.js';
 import { alive, daemon, daemonBootstrap, keepRoot, shimPath, whyNot } from './helpers.js';
 
 let skip = '';
@@ -207,5 +207,38 @@ test('close stops every sandbox the pool holds (warm, booting, being claimed) an
   } finally {
     await pool.close();
     await mine?.kill();
+  }
+});
+
+test('a pool of none: every claim is a miss, booted within maxBoots; an abort while waiting for a boot slot boots nothing; a sandbox that fails after its claim is stopped and the claim rejects with its failure', async (t) => {
+  if (skip) return t.skip(skip);
+  const rec = new Recorder();
+  const pool = new SandboxPool(poolOptions(rec, { size: 0, maxBoots: 1 }));
+  try {
+    // The first claim takes the only boot slot; the second waits for it and is aborted there.
+    const failing = pool.claim({ ...tenant, bootstrap: { ...daemonBootstrap(), daemon: { argv: ['/bin/sh', '-c', 'exit 3'] } } });
+    const ac = new AbortController();
+    const waiting = pool.claim({ ...tenant, signal: ac.signal });
+    assert.equal(pool.stats().booting, 1, 'one boot at a time');
+    ac.abort();
+    await assert.rejects(waiting, AbortError);
+
+    await assert.rejects(failing, (e: unknown) => e instanceof ShimError && e.code === 'daemon_failed');
+    const missed = rec.seen.filter((e) => e.event === 'miss');
+    assert.equal(missed.length, 1, 'only the first claim booted a sandbox');
+    assert.ok(!alive(missed[0]!.pid!), 'the failed sandbox\'s shim has exited');
+
+    const r = await pool.claim(tenant);
+    try {
+      assert.equal(r.hit, false);
+      assert.equal(r.ageMs, 0);
+      assert.equal(await answers(r.sandbox), 200);
+    } finally {
+      await r.sandbox.stop({ timeoutMs: 20_000 });
+    }
+    assert.deepEqual({ ...pool.stats(), agesMs: undefined }, { warm: 0, booting: 0, hits: 0, misses: 2, agesMs: undefined });
+    assert.equal(rec.count('refill'), 0, 'a pool of none boots nothing for itself');
+  } finally {
+    await pool.close();
   }
 });
