@@ -22,3 +22,5 @@ export type { RunningReport, RunningEntry, CleanedEntry } from './generated/runn
 export type { StopReport, StopEntry, Outcome as StopOutcome } from './generated/stop.js';
 export type { CheckReport, ProviderStatus, Verdict as PolicyVerdict, Level as PolicyLevel, OS as HostOS } from './generated/check.js';
 export type { StageEvent, Kind as StageEventKind } from './generated/stage-progress.js';
+export { SandboxPool } from './pool.js';
+export type { PoolOptions, PoolEvent, PoolClaim, Claimed, PoolStats, RefillReason } from './pool.js';

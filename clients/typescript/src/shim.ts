@@ -258,7 +258,7 @@ export class Shim {
   private checked = false;
   private readonly pending = new Map<string, Pending>();
   private nextId = 0;
-  private readonly pw: string | undefined;
+  private pw: string | undefined;
   private readonly exitPromise: Promise<Exit>;
   private readonly onEvent: ((e: Event) => void) | undefined;
   /** The shim's last lines of diagnostics, for the errors that have no event to say why. */
@@ -527,9 +527,27 @@ export class Shim {
    * (waitFor('ready', { attempt })). Bad input rejects with a
    * CommandError coded invalid_argument and the sandbox stays warm; a
    * sandbox that is not warm rejects it with conflict.
+   *
+   * A bootstrap with credentials gets the daemon's password as at
+   * create: its own credentials.password, else opts.password, else 32
+   * random bytes made here; it travels inside the claim on stdin (never
+   * argv, environment, a file or an event) and password() returns it.
    */
-  claim(claim: Omit<CommandOf<'claim'>, 'cmd'>, opts?: WaitOptions): Promise<ClaimResult> {
-    return this.command('claim', claim, opts);
+  async claim(claim: Omit<CommandOf<'claim'>, 'cmd'>, opts: WaitOptions & { password?: string } = {}): Promise<ClaimResult> {
+    const { password: given, ...wait } = opts;
+    const cred = claim.bootstrap.credentials;
+    const own = cred?.password || undefined;
+    if (own !== undefined && given !== undefined) throw new TypeError('give the password option or a bootstrap password, not both');
+    if (!cred && given !== undefined) throw new TypeError('the password option needs a bootstrap with credentials (username_env, password_env)');
+    const password = own ?? (cred ? (given ?? randomBytes(32).toString('base64url')) : undefined);
+    if (own === undefined && password !== undefined && !/^[\x21-\x7e]{16,1024}$/.test(password)) {
+      throw new TypeError('the password is 16 to 1024 printable ASCII characters without spaces (the rule of the bootstrap\'s credentials.password)');
+    }
+    // The generated type of credentials.password (an anyOf of lengths) reads as an object; it is a string.
+    const sent = (cred && own === undefined ? { ...claim, bootstrap: { ...claim.bootstrap, credentials: { ...cred, password } } } : claim) as Omit<CommandOf<'claim'>, 'cmd'>;
+    const r = await this.command('claim', sent, wait);
+    if (password !== undefined) this.pw = password;
+    return r;
   }
 
   /**
@@ -608,6 +626,11 @@ export class Shim {
  */
 export class Sandbox extends Shim {
   private readyEvent: ReadyEvent | undefined;
+
+  /** Starts a sandbox without waiting (Shim.start), as a Sandbox: what a pool boots warm and claims. */
+  static override start(opts: StartOptions): Sandbox {
+    return new Sandbox(runSpec(opts));
+  }
 
   /**
    * Starts a sandbox and resolves when it is ready. It rejects with a
