@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strings"
 	"sync"
@@ -485,7 +484,11 @@ func (in *Instance) bridge(ctx context.Context) {
 		in.ln.fail(err)
 		return
 	}
-	host, pod := net.Pipe()
+	host, pod, err := sessionPair()
+	if err != nil {
+		in.ln.fail(err)
+		return
+	}
 	go func() {
 		err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: pod, Stdout: pod, Stderr: kit.NewConsole(provider.Output(in.spec.Stderr), logLimit)})
 		if err != nil && ctx.Err() == nil {
