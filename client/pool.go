@@ -50,11 +50,12 @@ const (
 	PoolRefillStarted PoolEventKind = "refill_started"
 	// PoolRefillWarm: that sandbox is warm (Age: how long its boot took).
 	PoolRefillWarm PoolEventKind = "refill_warm"
-	// PoolExpired: a warm sandbox stopped at MaxAge (Age: how long it was
-	// warm); a refill replaces it.
+	// PoolExpired: a warm sandbox stopped at MaxAge and its shim exited
+	// (Age: how long it was warm); its replacement is booting already.
 	PoolExpired PoolEventKind = "expired"
-	// PoolFailed: a boot failed, a warm sandbox failed or went away, or a
-	// claimed one failed before ready (Err says why).
+	// PoolFailed: a boot failed, a warm sandbox failed or went away (once
+	// its shim exited), or a claimed one failed before ready (Err says
+	// why).
 	PoolFailed PoolEventKind = "failed"
 )
 
@@ -399,17 +400,19 @@ func (p *Pool) watch(m *member) {
 		p.warm = slices.Delete(p.warm, i, i+1)
 	}
 	age := time.Since(m.warmAt)
-	switch {
-	case left.State == api.StateStopped && strings.Contains(left.Message, "maximum age"):
-		p.emit(PoolEvent{Kind: PoolExpired, Sandbox: m.s.Name(), Age: age})
-	case left.State == "":
-		p.emit(PoolEvent{Kind: PoolFailed, Sandbox: m.s.Name(), Age: age, Err: fmt.Errorf("client: warm sandbox %s: oac-shim exited", m.s.Name())})
-	default:
-		p.emit(PoolEvent{Kind: PoolFailed, Sandbox: m.s.Name(), Age: age, Err: fmt.Errorf("client: warm sandbox %s left the warm state: %s (%s)", m.s.Name(), left.State, left.Message)})
-	}
-	p.fill()
+	p.fill() // its replacement boots while it ends
 	p.mu.Unlock()
 	p.stop(m.s) // it stops by itself: this waits for its shim to exit
+	e := PoolEvent{Kind: PoolFailed, Sandbox: m.s.Name(), Age: age}
+	switch {
+	case left.State == api.StateStopped && strings.Contains(left.Message, "maximum age"):
+		e.Kind = PoolExpired
+	case left.State == "":
+		e.Err = fmt.Errorf("client: warm sandbox %s: oac-shim exited", m.s.Name())
+	default:
+		e.Err = fmt.Errorf("client: warm sandbox %s left the warm state: %s (%s)", m.s.Name(), left.State, left.Message)
+	}
+	p.event(e) // once its shim is gone
 }
 
 // Close stops every warm sandbox the pool holds and every refill in

@@ -254,9 +254,8 @@ func TestAWarmSandboxPastItsMaximumAgeIsReplaced(t *testing.T) {
 	expired := log.wait(t, PoolExpired, 1)
 	assert.Equal(t, first, expired.Sandbox)
 	assert.GreaterOrEqual(t, expired.Age, 200*time.Millisecond)
-	second := log.wait(t, PoolRefillStarted, 2)
+	second := log.wait(t, PoolRefillStarted, 2) // its replacement
 	assert.NotEqual(t, first, second.Sandbox)
-	assert.True(t, second.Time.After(expired.Time) || second.Time.Equal(expired.Time))
 	assert.Equal(t, second.Sandbox, log.wait(t, PoolRefillWarm, 2).Sandbox)
 	require.NoError(t, p.Close(ctx(t)))
 	assert.Zero(t, log.count(PoolFailed))
