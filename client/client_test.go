@@ -52,7 +52,10 @@ func sha(s string) string {
 // real one does (status 2, no event); chatty writes $FAKE_CHATTY log
 // events before ready (with $FAKE_GATE, the first, then the rest once
 // that file exists); warm waits in state warm for a claim (refused with
-// conflict once claimed), then gets ready.
+// conflict once claimed), then gets ready; with $FAKE_WARM_GATE, only
+// once a file of its name (or "all") is in that directory, serving
+// commands meanwhile; with --warm-max-age it stops at that age unclaimed,
+// as the real one does.
 func fakeShim(mode string, args []string) int {
 	if mode == "usage" {
 		fmt.Fprintln(os.Stderr, "flag provided but not defined: -frobnicate")
@@ -116,8 +119,40 @@ func fakeShim(mode string, args []string) int {
 	current := api.StateReady
 	switch mode {
 	case "warm":
-		current = api.StateWarm
-		state(current, "warm: guest agent connected, waiting for a claim", "", attempt)
+		current = api.StateStarting
+		name := args[slices.Index(args, "--name")+1]
+		var maxAge time.Duration
+		if i := slices.Index(args, "--warm-max-age"); i >= 0 {
+			maxAge, _ = time.ParseDuration(args[i+1])
+		}
+		go func() {
+			if gate := os.Getenv("FAKE_WARM_GATE"); gate != "" {
+				for {
+					_, err1 := os.Stat(filepath.Join(gate, name))
+					_, err2 := os.Stat(filepath.Join(gate, "all"))
+					if err1 == nil || err2 == nil {
+						break
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+			mu.Lock()
+			if current == api.StateStarting {
+				current = api.StateWarm
+				state(current, "warm: guest agent connected, waiting for a claim", "", attempt)
+			}
+			mu.Unlock()
+			if maxAge > 0 {
+				time.AfterFunc(maxAge, func() {
+					mu.Lock()
+					defer mu.Unlock()
+					if current == api.StateWarm {
+						state("stopped", fmt.Sprintf("stopped while warm: warm for its maximum age (%s) and never claimed", maxAge), "", attempt)
+						os.Exit(0)
+					}
+				})
+			}
+		}()
 	case "slow":
 		current = api.StateStarting
 	default:
@@ -158,6 +193,9 @@ func fakeShim(mode string, args []string) int {
 			go func(a uint64) { state("starting", "start requested", "", a); state("ready", "guest ready", "", a) }(attempt)
 			return api.StartResult{Attempt: attempt}, nil
 		case api.CmdStop:
+			mu.Lock()
+			current = api.StateStopped // a warm one waiting at its gate is never warm now
+			mu.Unlock()
 			go func() {
 				time.Sleep(10 * time.Millisecond)
 				state("stopped", "stopped: stop command", "", attempt)

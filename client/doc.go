@@ -23,6 +23,14 @@
 //   - Attach to a sandbox started with Options.Outlive, which outlives
 //     its parent: its events replayed from a seq and its control API,
 //     through `oac-shim attach`;
+//   - Pool: N warm sandboxes (oac-shim run --warm) of one configuration,
+//     refilled in the background (at most MaxBoots booting at once) when
+//     one is claimed, fails or reaches its maximum age; Claim takes the
+//     oldest still warm (a hit) or boots one (a miss), puts a password it
+//     makes in the claim's bootstrap credentials (the shim takes none on
+//     stdin with --warm), and waits for ready; hits, misses, refills,
+//     expiries and failures, with ages, are PoolEvents; Close stops what
+//     the pool holds, never what it handed out;
 //   - the short commands on many sandboxes and on kept ones: List,
 //     StopAll and StopNamed (oac-shim list --running, stop), CreateKept,
 //     ResetKept, DestroyKept and ListKept (create, reset, destroy, list);

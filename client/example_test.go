@@ -89,3 +89,26 @@ func ExampleHelperOutput() {
 		fmt.Println("daemon at", ready.URL, "as", ready.Username) // the password is the payload's
 	}
 }
+
+// Four warm sandboxes kept for a web tier: each claim takes the oldest
+// (or boots one, a miss) with the tenant's bootstrap, and the pool
+// refills behind it.
+func ExamplePool() {
+	ctx := context.Background()
+	pool, err := client.NewPool(ctx, client.PoolOptions{
+		Options: client.Options{Name: "web", Provider: "bwrap"},
+		Size:    4, MaxAge: 10 * time.Minute,
+		OnEvent: func(e client.PoolEvent) { log.Printf("pool: %s %s (age %s)", e.Kind, e.Sandbox, e.Age) },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close(ctx) // stops the warm ones, not the claimed
+	doc, _ := os.ReadFile("examples/demo-bootstrap.json")
+	s, info, err := pool.Claim(ctx, client.ClaimRequest{Bootstrap: doc, Forwards: []api.ForwardSpec{{Listen: "127.0.0.1:0", GuestPort: 4096}}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer s.Stop(ctx) // the caller's now
+	fmt.Println(info.Hit, info.Result.Forwards[0].URL, len(s.Password()))
+}
