@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -484,11 +485,7 @@ func (in *Instance) bridge(ctx context.Context) {
 		in.ln.fail(err)
 		return
 	}
-	host, pod, err := sessionPair()
-	if err != nil {
-		in.ln.fail(err)
-		return
-	}
+	host, pod := net.Pipe()
 	go func() {
 		err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdin: pod, Stdout: pod, Stderr: kit.NewConsole(provider.Output(in.spec.Stderr), logLimit)})
 		if err != nil && ctx.Err() == nil {
