@@ -31,7 +31,7 @@ import (
 var hostileBootstrap = `{"version":1,"stop_grace":"100ms"}`
 
 // hostileModes are the badguest modes built for the hostile tests.
-var hostileModes = []string{"window", "pings", "streams", "process", "denied", "halfopen", "escapes", "slowread", "upload", "warmtalk"}
+var hostileModes = []string{"window", "pings", "streams", "process", "denied", "halfopen", "escapes", "slowread", "upload", "warmtalk", "warmpings"}
 
 // shimCeiling is the memory a shim may hold for one sandbox whatever its
 // guest does (docs/threat-model.md): its peak RSS (VmHWM).

@@ -255,3 +255,17 @@ func TestOacShimClaimClaimsAWarmSandboxByName(t *testing.T) {
 	s.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, s.exit(30*time.Second))
 }
+
+// The session's bounds hold while warm: a guest booted for nobody that
+// floods pings fails as hostile as any other.
+func TestAWarmGuestThatFloodsTheSessionFailsAsHostile(t *testing.T) {
+	needBwrap(t)
+	in, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer w.Close()
+	s := startShim(t, sandboxSpec{agent: bins.bad["warmpings"], stdin: in, args: []string{"--warm", "--control", "stdin"}})
+	in.Close()
+	failed := s.exitFailed(api.CodeHostileGuest, 30*time.Second)
+	assert.Contains(t, failed.Message, "pings faster than")
+	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
+}

@@ -19,6 +19,7 @@
 //	--mode slowread  open 256 egress connections to "up:80" and read nothing of what it sends, ignore Shutdown
 //	--mode upload    open 256 egress connections to "up:80" and send 4 MiB on each, ignore Shutdown
 //	--mode warmtalk  (a warm sandbox's guest) try egress before any bootstrap, then say "ready" unasked
+//	--mode warmpings (a warm sandbox's guest) flood yamux pings before any bootstrap
 //	--mode rootdirect ask for the host's own socket on the fd channel (a direct Connect), offered or not, and attack it (rootdirect_linux.go)
 package main
 
@@ -103,9 +104,25 @@ func hostile(mode string, conn *muxinject.Conn) {
 	if err != nil {
 		fail(err)
 	}
-	if mode == "warmtalk" {
+	switch mode {
+	case "warmtalk":
 		warmTalk(sess, ctl)
 		return
+	case "warmpings":
+		// Booted for nobody, it floods the session before any bootstrap:
+		// the session's bounds hold while warm.
+		fmt.Fprintln(os.Stderr, "badguest: attacking: warmpings")
+		flood := strings.Repeat(string(muxinject.Frame(muxinject.TypePing, muxinject.FlagSYN, 0, 7, nil)), 1000)
+		for i := 0; i < 2600; i++ {
+			if conn.Inject([]byte(flood)) != nil {
+				break
+			}
+		}
+		for {
+			if _, err := ctl.Recv(); err != nil {
+				os.Exit(1)
+			}
+		}
 	}
 	boot, err := ctl.Recv() // the bootstrap
 	if err != nil {
