@@ -207,7 +207,21 @@ func ClientFigures(r *Report, b Bins, runs int, size int64, kernelCache string) 
 		"--accel", "tcg", "--boot-timeout", "120s", "--data-plane", "off"}}
 	// Software emulation moves bytes at a fraction of native speed: fewer
 	// and smaller runs, and the figures say so.
-	return clientTargetFigures(r, b, vm, srv, probeBin, min(runs, 5), min(size, 64<<20))
+	if err := clientTargetFigures(r, b, vm, srv, probeBin, min(runs, 5), min(size, 64<<20)); err != nil {
+		return err
+	}
+	// The same VM over vsock: dialed data connections, the carrier of a
+	// macOS VM (vz). Only where the host has vhost-vsock.
+	const vsockLabel = "qemu (TCG, vsock: dialed data connections)"
+	if !clientTargetWanted(vsockLabel) {
+		return nil
+	}
+	if _, err := os.Stat("/dev/vhost-vsock"); err != nil {
+		r.Skip("real clients in "+vsockLabel, "this machine has no /dev/vhost-vsock (a host that has the vhost_vsock module runs the row)")
+		return nil
+	}
+	vsock := guestTarget{label: vsockLabel, args: append(append([]string(nil), vm.args[:len(vm.args)-2]...), "--vm-transport", "vsock")}
+	return clientTargetFigures(r, b, vsock, srv, probeBin, min(runs, 5), min(size, 64<<20))
 }
 
 // clientTargetWanted reports whether the guest target labelled label
