@@ -52,6 +52,10 @@ const (
 	// the line stands for the lost ones, so a caller that resumes after
 	// the last seq it saw does not ask for them again.
 	KindEventsLost = "events_lost"
+	// KindWarmExpired says a warm sandbox nobody claimed reached its
+	// maximum age (oac-shim run --warm-max-age): it stops next, in order
+	// (message). A pool replaces it. Since schema version 8.
+	KindWarmExpired = "warm_expired"
 )
 
 // State is a sandbox's lifecycle state: starting, ready, failed or

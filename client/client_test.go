@@ -147,7 +147,9 @@ func fakeShim(mode string, args []string) int {
 					mu.Lock()
 					defer mu.Unlock()
 					if current == api.StateWarm {
-						state("stopped", fmt.Sprintf("stopped while warm: warm for its maximum age (%s) and never claimed", maxAge), "", attempt)
+						why := fmt.Sprintf("warm for its maximum age (%s) and never claimed", maxAge)
+						ev(api.Event{Event: api.KindWarmExpired, Message: why, Attempt: attempt})
+						state("stopped", "stopped while warm: "+why, "", attempt)
 						os.Exit(0)
 					}
 				})

@@ -378,6 +378,7 @@ func (p *Pool) boot(ctx context.Context, name string) (*member, error) {
 func (p *Pool) watch(m *member) {
 	defer p.wg.Done()
 	var left api.Event
+	expired := false
 	for e, err := range m.s.Events(p.ctx, FromSeq(m.seq+1)) {
 		if err != nil {
 			var missed *MissedError
@@ -385,6 +386,9 @@ func (p *Pool) watch(m *member) {
 				continue
 			}
 			return // Close
+		}
+		if e.Event == api.KindWarmExpired {
+			expired = true
 		}
 		if e.Event == api.KindState && e.State != api.StateWarm {
 			left = e
@@ -405,7 +409,7 @@ func (p *Pool) watch(m *member) {
 	p.stop(m.s) // it stops by itself: this waits for its shim to exit
 	e := PoolEvent{Kind: PoolFailed, Sandbox: m.s.Name(), Age: age}
 	switch {
-	case left.State == api.StateStopped && strings.Contains(left.Message, "maximum age"):
+	case expired && left.State == api.StateStopped:
 		e.Kind = PoolExpired
 	case left.State == "":
 		e.Err = fmt.Errorf("client: warm sandbox %s: oac-shim exited", m.s.Name())

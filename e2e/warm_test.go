@@ -174,6 +174,7 @@ func TestAWarmSandboxNobodyClaimsStopsAtItsMaximumAge(t *testing.T) {
 	s.waitState(api.StateWarm, bootTimeout)
 	stopped := s.waitState(api.StateStopped, 30*time.Second)
 	assert.Contains(t, stopped.Message, "warm for its maximum age (3s) and never claimed")
+	assert.NotEmpty(t, s.find(func(e api.Event) bool { return e.Event == api.KindWarmExpired }), "the expiry is an event of its own before the stop")
 	assert.Equal(t, 0, s.exit(30*time.Second))
 	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
 }

@@ -488,6 +488,7 @@ func TestEventsOfEveryKindValidate(t *testing.T) {
 			BytesOut: &n, BytesIn: &n, DurationMS: &n, Message: "egress closed", Attempt: 1},
 		{Event: api.KindForward, Listen: "127.0.0.1:41123", GuestPort: 4096, Message: "listening"},
 		{Event: api.KindKept, Message: "reset: the kept state was discarded; the sandbox starts afresh from its image", Attempt: 2},
+		{Event: api.KindWarmExpired, Message: "warm for its maximum age (10m0s) and never claimed", Attempt: 1},
 		{Event: api.KindEventsLost, LostFrom: 5, LostTo: 70, Message: "events 5 to 70 are older than the journal keeps"},
 	} {
 		line := encodeEvent(t, e)

@@ -44,7 +44,9 @@ func (s *run) waitClaim(ctx context.Context) (*bootstrap.Bootstrap, error) {
 		case <-ctx.Done():
 			return nil, s.stopWarm(stopReason(ctx))
 		case <-expired:
-			return nil, s.stopWarm(fmt.Sprintf("warm for its maximum age (%s) and never claimed", w.MaxAge))
+			why := fmt.Sprintf("warm for its maximum age (%s) and never claimed", w.MaxAge)
+			s.emit(api.Event{Event: api.KindWarmExpired, Message: why})
+			return nil, s.stopWarm(why)
 		case <-s.guard.Violated():
 			return nil, s.guardErr()
 		case err := <-s.dataViolation:

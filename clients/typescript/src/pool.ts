@@ -263,7 +263,8 @@ export class SandboxPool {
       this.warm = this.warm.filter((w) => w !== e);
       const last = x?.last;
       const ageMs = performance.now() - e.warmAt!;
-      if (last?.state === 'stopped' && /maximum age/.test(last.message ?? '')) {
+      const expired = e.sandbox.received.some((ev) => ev.event === 'warm_expired');
+      if (last?.state === 'stopped' && expired) {
         this.emit({ event: 'expired', name: e.sandbox.name, pid: e.sandbox.pid, ageMs, ...(last.message ? { message: last.message } : {}) });
         this.reasons.push('expired');
       } else {
