@@ -33,6 +33,21 @@ var hostedIdentity = []string{
 
 const hostedDaemon = "/usr/local/bin/oac-daemon-standin"
 
+// hostedSetup is what the hosted and warm rows boot with: a directory
+// others can read holding the hosted bootstrap (its path: boot), the
+// operator's flags that install the stand-ins, and its removal.
+func hostedSetup(b Bins, prefix string) (dir, boot string, operator []string, cleanup func(), err error) {
+	dir, cleanup, err = sharedTempDir(prefix)
+	if err != nil {
+		return "", "", nil, nil, err
+	}
+	if boot, err = hostedBootstrap(dir); err != nil {
+		cleanup()
+		return "", "", nil, nil, err
+	}
+	return dir, boot, []string{"--sandbox-io", b.SandboxIO, "--install", "oac-daemon-standin=" + b.Daemon}, cleanup, nil
+}
+
 // hostedBootstrap writes the hosted bootstrap into dir.
 func hostedBootstrap(dir string) (string, error) {
 	data, err := json.Marshal(hostedDoc())
@@ -66,16 +81,12 @@ func HostedFigures(r *Report, b Bins, runs int) error {
 		r.Skip("hosted boot figures", "need the stand-in fixtures (make fixtures: bin/fixtures/)")
 		return nil
 	}
-	dir, cleanup, err := sharedTempDir("oac-bench-hosted-")
+	dir, boot, operator, cleanup, err := hostedSetup(b, "oac-bench-hosted-")
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	boot, err := hostedBootstrap(dir)
-	if err != nil {
-		return err
-	}
-	args := append([]string{"--bootstrap", boot, "--sandbox-io", b.SandboxIO, "--install", "oac-daemon-standin=" + b.Daemon}, hostedIdentity...)
+	args := append(append([]string{"--bootstrap", boot}, operator...), hostedIdentity...)
 	hosted := func(provider ...string) func() (float64, error) {
 		return shimToReady(b, 60*time.Second, append(provider, args...)...)
 	}

@@ -239,16 +239,11 @@ func WarmFigures(r *Report, b Bins, runs int) error {
 	if err != nil {
 		return err
 	}
-	dir, cleanup, err := sharedTempDir("oac-bench-warm-")
+	dir, boot, operator, cleanup, err := hostedSetup(b, "oac-bench-warm-")
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	boot, err := hostedBootstrap(dir)
-	if err != nil {
-		return err
-	}
-	operator := []string{"--sandbox-io", b.SandboxIO, "--install", "oac-daemon-standin=" + b.Daemon}
 	cold := append([]string{"--bootstrap", boot}, append(operator, hostedIdentity...)...)
 	compare := func(label string, goal bool, provider ...string) error {
 		if err := warmBesideCold(r, b, runs, label, goal, append(append([]string(nil), provider...), cold...),
