@@ -394,15 +394,6 @@ func clientTargetFigures(r *Report, b Bins, tg guestTarget, srv clientServers, p
 		return err
 	}
 	defer stop()
-	host := func(req probe.Request) func() (float64, error) {
-		return func() (float64, error) {
-			res := probe.Run(req)
-			if res.Err != "" {
-				return 0, fmt.Errorf("host: %s", res.Err)
-			}
-			return res.Value, nil
-		}
-	}
 	inGuest := func(req probe.Request) func() (float64, error) {
 		return func() (float64, error) { return guest.Run(req) }
 	}
@@ -481,7 +472,7 @@ func clientTargetFigures(r *Report, b Bins, tg guestTarget, srv clientServers, p
 					return row.scale(v), err
 				}
 			}
-			base, subj, err := Pair(runs, scaled(host(row.host)), scaled(inGuest(row.gst)))
+			base, subj, err := Pair(runs, scaled(hostRun(row.host)), scaled(inGuest(row.gst)))
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", label, row.what, err)
 			}
@@ -549,4 +540,16 @@ func selfCPU() float64 {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// hostRun runs req with the same client in this process (the host's
+// baseline).
+func hostRun(req probe.Request) func() (float64, error) {
+	return func() (float64, error) {
+		res := probe.Run(req)
+		if res.Err != "" {
+			return 0, fmt.Errorf("host: %s", res.Err)
+		}
+		return res.Value, nil
+	}
 }

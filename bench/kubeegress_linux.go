@@ -86,15 +86,6 @@ func (k *kubeRun) egress(ctx context.Context, runs int, probeBin string) error {
 			return fmt.Errorf("kubernetes egress: no pid for %s", p.name)
 		}
 	}
-	host := func(req probe.Request) func() (float64, error) {
-		return func() (float64, error) {
-			res := probe.Run(req)
-			if res.Err != "" {
-				return 0, fmt.Errorf("host: %s", res.Err)
-			}
-			return res.Value, nil
-		}
-	}
 	// cpu, when not nil, gets each part's CPU seconds for the run.
 	inProbe := func(cl *probe.Client, parts []pathPart, cpu *[][]float64) func(probe.Request) func() (float64, error) {
 		return func(req probe.Request) func() (float64, error) {
@@ -143,7 +134,7 @@ func (k *kubeRun) egress(ctx context.Context, runs int, probeBin string) error {
 			if rw.cpu {
 				sc, pc = &sandboxCPU, &plainCPU
 			}
-			xs, err := Interleave(runs, host(rw.hostReq), inProbe(plain, plainParts, pc)(rw.hostReq), inProbe(guest.Client, parts, sc)(rw.guestR))
+			xs, err := Interleave(runs, hostRun(rw.hostReq), inProbe(plain, plainParts, pc)(rw.hostReq), inProbe(guest.Client, parts, sc)(rw.guestR))
 			if err != nil {
 				return fmt.Errorf("%s, %s: %w", label, rw.what, err)
 			}

@@ -24,10 +24,18 @@ import (
 // warmShim starts oac-shim run --warm with its commands on stdin.
 func warmShim(t *testing.T, args ...string) (*shim, io.Writer) {
 	t.Helper()
+	return warmShimOf(t, sandboxSpec{args: args})
+}
+
+// warmShimOf is warmShim with spec (its agent, its args).
+func warmShimOf(t *testing.T, spec sandboxSpec) (*shim, io.Writer) {
+	t.Helper()
 	in, w, err := os.Pipe()
 	require.NoError(t, err)
 	t.Cleanup(func() { w.Close() })
-	s := startShim(t, sandboxSpec{stdin: in, args: append([]string{"--warm", "--control", "stdin"}, args...)})
+	spec.stdin = in
+	spec.args = append([]string{"--warm", "--control", "stdin"}, spec.args...)
+	s := startShim(t, spec)
 	in.Close()
 	return s, w
 }
@@ -213,11 +221,7 @@ func mustJSON(t *testing.T, v any) []byte {
 // fails it as hostile, leaving nothing.
 func TestAWarmGuestThatSpeaksBeforeItsClaimFailsAsHostile(t *testing.T) {
 	needBwrap(t)
-	in, w, err := os.Pipe()
-	require.NoError(t, err)
-	defer w.Close()
-	s := startShim(t, sandboxSpec{agent: bins.bad["warmtalk"], stdin: in, args: []string{"--warm", "--control", "stdin"}})
-	in.Close()
+	s, _ := warmShimOf(t, sandboxSpec{agent: bins.bad["warmtalk"]})
 	denied := s.waitFor(func(e api.Event) bool { return e.Event == api.KindEgress && e.Target == "up:80" }, bootTimeout, "the warm guest's egress")
 	assert.Equal(t, "denied", denied.Decision, "a warm sandbox's policy is empty")
 	failed := s.exitFailed(api.CodeHostileGuest, 30*time.Second)
@@ -261,11 +265,7 @@ func TestOacShimClaimClaimsAWarmSandboxByName(t *testing.T) {
 // floods pings fails as hostile as any other.
 func TestAWarmGuestThatFloodsTheSessionFailsAsHostile(t *testing.T) {
 	needBwrap(t)
-	in, w, err := os.Pipe()
-	require.NoError(t, err)
-	defer w.Close()
-	s := startShim(t, sandboxSpec{agent: bins.bad["warmpings"], stdin: in, args: []string{"--warm", "--control", "stdin"}})
-	in.Close()
+	s, _ := warmShimOf(t, sandboxSpec{agent: bins.bad["warmpings"]})
 	failed := s.exitFailed(api.CodeHostileGuest, 30*time.Second)
 	assert.Contains(t, failed.Message, "pings faster than")
 	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
