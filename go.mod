@@ -7,7 +7,6 @@ require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/nftables v0.3.0
-	github.com/hashicorp/yamux v0.1.2
 	github.com/klauspost/compress v1.20.4
 	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42
 	github.com/mdlayher/vsock v1.4.0

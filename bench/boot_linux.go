@@ -14,8 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )

@@ -23,13 +23,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/internal/pipe"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

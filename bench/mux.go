@@ -12,9 +12,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/host/muxguard"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )

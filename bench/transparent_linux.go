@@ -9,13 +9,13 @@ import (
 	"slices"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
 	guestegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/initsys"
 	"github.com/oac/sandbox-agent/guest/transparent"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

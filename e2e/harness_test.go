@@ -50,6 +50,9 @@ var bins struct {
 	goParent string
 	// probe plays a hostile daemon (internal/probe).
 	probe string
+	// plainShim is oac-shim as users run it for every provider but
+	// kubernetes: built without tags (the memory ceiling is its).
+	plainShim string
 	// crashShim is oac-shim built with -tags crashpoints: it kills
 	// itself at the crash point $OAC_CRASH_AT names.
 	crashShim string
@@ -87,6 +90,7 @@ func TestMain(m *testing.M) {
 	bins.readmeGo = filepath.Join(dir, "readme-go")
 	bins.probe = filepath.Join(dir, "probe")
 	bins.crashShim = filepath.Join(dir, "oac-shim-crash")
+	bins.plainShim = filepath.Join(dir, "oac-shim-plain")
 	bins.guestDoorsOff = filepath.Join(dir, "oac-guest-doors-off")
 	builds := []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
@@ -104,6 +108,7 @@ func TestMain(m *testing.M) {
 		{bins.readmeGo, "../examples/readme-go", ""},
 		{bins.probe, "./internal/probe", ""},
 		{bins.crashShim, "../cmd/oac-shim", ""},
+		{bins.plainShim, "../cmd/oac-shim", ""},
 		{bins.guestDoorsOff, "../cmd/oac-guest", ""},
 	}
 	bins.bad = map[string]string{}
@@ -215,6 +220,7 @@ func uniqueName(prefix string) string {
 type shim struct {
 	t    *testing.T
 	name string
+	bin  string // the oac-shim binary
 	cmd  *exec.Cmd
 	mu   sync.Mutex
 	all  []api.Event
@@ -355,7 +361,7 @@ func startShim(t *testing.T, spec sandboxSpec) *shim {
 	if spec.user != "" {
 		cmd.Dir = "/"
 	}
-	s := &shim{t: t, name: spec.name, cmd: cmd, notify: make(chan struct{}), done: make(chan struct{})}
+	s := &shim{t: t, name: spec.name, bin: shimBin, cmd: cmd, notify: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = &s.stderr
 	// Not StdoutPipe: cmd.Wait closes that pipe as soon as the process
 	// exits, which can drop the last events before they were read. This

@@ -15,13 +15,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/api"
 	gegress "github.com/oac/sandbox-agent/guest/egress"
 	"github.com/oac/sandbox-agent/guest/transparent"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

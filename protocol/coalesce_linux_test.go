@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/internal/yamux"
 )
 
 func coalesceSocketpair(t *testing.T) (net.Conn, net.Conn) {

@@ -9,8 +9,9 @@
 // # Layers
 //
 // One transport byte stream (see package transport) carries one yamux session
-// (github.com/hashicorp/yamux). The guest is always the yamux client: it
-// connects (or, on stdio and serial, speaks first), so a ready guest never
+// (hashicorp/yamux v0.1.2, carried as internal/yamux with one fix: a
+// stream blocked in Read or Write ends when its session shuts down). The
+// guest is always the yamux client: it connects (or, on stdio and serial, speaks first), so a ready guest never
 // waits for a host dial to time out. Inside the session every stream, in
 // either direction, starts with one StreamHeader frame that names its kind.
 // Neither side changes yamux's bytes; both write each yamux frame, header

@@ -7,8 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/time/rate"
+
+	"github.com/oac/sandbox-agent/internal/yamux"
 )
 
 // StreamGate keeps a guest's stream opens within the host's session

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
+
+	"github.com/oac/sandbox-agent/internal/yamux"
 )
 
 // frameHeader builds a raw frame header, including values a well-behaved

@@ -8,9 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/internal/errmark"
+	"github.com/oac/sandbox-agent/internal/yamux"
 )
 
 // ErrVersionMismatch is returned by both sides when their version ranges do

@@ -16,7 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
 	"github.com/oac/sandbox-agent/guest/direct"
@@ -31,6 +30,7 @@ import (
 	"github.com/oac/sandbox-agent/guest/transparent"
 	"github.com/oac/sandbox-agent/guest/workload"
 	"github.com/oac/sandbox-agent/internal/errmark"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/protocol/transport"

@@ -3,12 +3,11 @@ package failure
 import (
 	"errors"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/errmark"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )

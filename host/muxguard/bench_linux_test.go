@@ -14,10 +14,10 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/internal/pipe"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/transport"
 )

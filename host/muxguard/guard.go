@@ -10,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/time/rate"
 
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

@@ -25,13 +25,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/muxguard"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )

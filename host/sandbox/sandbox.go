@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/directguard"
@@ -23,6 +21,7 @@ import (
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/internal/crashpoint"
 	"github.com/oac/sandbox-agent/internal/safetext"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )

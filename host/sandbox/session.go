@@ -7,10 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/oac/sandbox-agent/host/dataplane"
 	"github.com/oac/sandbox-agent/host/muxguard"
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 )
 

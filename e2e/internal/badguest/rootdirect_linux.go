@@ -15,9 +15,9 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/hashicorp/yamux"
 	"golang.org/x/sys/unix"
 
+	"github.com/oac/sandbox-agent/internal/yamux"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 	"github.com/oac/sandbox-agent/protocol/transport"
