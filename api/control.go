@@ -50,7 +50,21 @@ type Command struct {
 	// as set_policy takes them.
 	Bootstrap json.RawMessage `json:"bootstrap,omitempty"`
 	Forwards  []ForwardSpec   `json:"forwards,omitempty"`
+	// Volumes (claim): host directories mounted at the guest's /home or
+	// /environment before the bootstrap reaches the guest, as --volume
+	// does for a run (docs/warm.md).
+	Volumes []VolumeSpec `json:"volumes,omitempty"`
 }
+
+// VolumeSpec is one volume a claim mounts: the host directory Host at the
+// guest directory Guest (/home or /environment).
+type VolumeSpec struct {
+	Guest string `json:"guest"`
+	Host  string `json:"host"`
+}
+
+// maxVolumes bounds a claim's volumes: /home and /environment.
+const maxVolumes = 2
 
 // ForwardSpec is one forward a claim opens, as add_forward takes it.
 type ForwardSpec struct {
@@ -72,7 +86,7 @@ var keys = map[string]map[string]bool{
 	CmdSetPolicy:     {"allow": false, "upstreams": false},
 	CmdAddForward:    {"listen": true, "guest_port": true},
 	CmdRemoveForward: {"listen": true},
-	CmdClaim:         {"bootstrap": true, "allow": false, "upstreams": false, "forwards": false},
+	CmdClaim:         {"bootstrap": true, "allow": false, "upstreams": false, "forwards": false, "volumes": false},
 }
 
 // IsCommand reports whether name is a known command.
@@ -113,6 +127,10 @@ var commandSchema = &strictjson.Schema{Kind: strictjson.Object, OpenKeys: true, 
 	{Name: "forwards", Schema: &strictjson.Schema{Kind: strictjson.Array, MaxItems: maxForwards, Elem: &strictjson.Schema{Kind: strictjson.Object, Fields: []strictjson.Field{
 		{Name: "listen", Schema: &strictjson.Schema{Kind: strictjson.String}, Required: true},
 		{Name: "guest_port", Schema: &strictjson.Schema{Kind: strictjson.Int}, Required: true},
+	}}}},
+	{Name: "volumes", Schema: &strictjson.Schema{Kind: strictjson.Array, MaxItems: maxVolumes, Elem: &strictjson.Schema{Kind: strictjson.Object, Fields: []strictjson.Field{
+		{Name: "guest", Schema: &strictjson.Schema{Kind: strictjson.String}, Required: true},
+		{Name: "host", Schema: &strictjson.Schema{Kind: strictjson.String}, Required: true},
 	}}}},
 }}
 
@@ -176,7 +194,7 @@ func Decode(line []byte) (Command, error) {
 		}
 	}
 	// The values' types were checked: these cannot fail.
-	for k, dst := range map[string]any{"allow": &c.Allow, "upstreams": &c.Upstreams, "listen": &c.Listen, "guest_port": &c.GuestPort, "forwards": &c.Forwards} {
+	for k, dst := range map[string]any{"allow": &c.Allow, "upstreams": &c.Upstreams, "listen": &c.Listen, "guest_port": &c.GuestPort, "forwards": &c.Forwards, "volumes": &c.Volumes} {
 		if v, ok := raw[k]; ok {
 			_ = json.Unmarshal(v, dst)
 		}
@@ -193,6 +211,11 @@ func Decode(line []byte) (Command, error) {
 	for _, f := range c.Forwards {
 		if f.Listen == "" || f.GuestPort < 1 || f.GuestPort > 65535 {
 			return c, badAs(AnswerInvalidArgument, `each of "forwards" needs "listen" and a "guest_port" 1..65535`)
+		}
+	}
+	for _, v := range c.Volumes {
+		if v.Guest == "" || v.Host == "" {
+			return c, badAs(AnswerInvalidArgument, `each of "volumes" needs a "guest" directory and a "host" directory`)
 		}
 	}
 	return c, nil
@@ -218,10 +241,14 @@ func lineError(err error) error {
 		return bad("key %q given twice", safetext.Clean(e.Key, 32, '?'))
 	case errors.Is(err, strictjson.ErrTooMany) && key == "forwards":
 		return badAs(AnswerInvalidArgument, "%q has more than %d items", key, maxForwards)
+	case errors.Is(err, strictjson.ErrTooMany) && key == "volumes":
+		return badAs(AnswerInvalidArgument, "%q has more than %d items (/home and /environment)", key, maxVolumes)
 	case errors.Is(err, strictjson.ErrTooMany):
 		return badAs(AnswerInvalidArgument, "%q has more than %d items", key, maxList)
 	case errors.Is(err, strictjson.ErrType) && key == "guest_port":
 		return badAs(AnswerInvalidArgument, `"guest_port" must be an integer 1..65535`)
+	case key == "volumes" || strings.HasPrefix(e.Path, "volumes"):
+		return badAs(AnswerInvalidArgument, `"volumes" must be a list of {"guest","host"} objects`)
 	case key == "forwards" || strings.HasPrefix(e.Path, "forwards"):
 		return badAs(AnswerInvalidArgument, `"forwards" must be a list of {"listen","guest_port"} objects`)
 	case errors.Is(err, strictjson.ErrType) && (key == "allow" || key == "upstreams"):

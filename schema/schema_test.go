@@ -314,6 +314,8 @@ func sample(key string) any {
 		return map[string]any{"version": 1}
 	case "forwards":
 		return []map[string]any{{"listen": "127.0.0.1:0", "guest_port": 4096}}
+	case "volumes":
+		return []map[string]any{{"guest": "/environment", "host": "/srv/workspace"}}
 	}
 	panic("no sample for " + key)
 }
