@@ -45,9 +45,10 @@ func rowBwrap(t *testing.T, f *confFixtures) confEnv {
 	return confEnv{
 		spec: sandboxSpec{provider: "bwrap", shim: f.private.shim, agent: f.private.guest,
 			args: f.args(f.private.installs()...), files: f.caFiles()},
-		stateDir: runDir,
-		carrier:  carrierFD,
-		direct:   true,
+		stateDir:     runDir,
+		carrier:      carrierFD,
+		direct:       true,
+		claimVolumes: true,
 	}
 }
 
@@ -89,9 +90,10 @@ func rowOCI(runtime string) func(t *testing.T, f *confFixtures) confEnv {
 		return confEnv{
 			spec: sandboxSpec{provider: "oci", shim: f.private.shim, agent: f.private.guest,
 				args: f.args(append(args, f.private.installs()...)...), files: files},
-			stateDir: runDir,
-			carrier:  carrierFD,
-			direct:   true,
+			stateDir:     runDir,
+			carrier:      carrierFD,
+			direct:       true,
+			claimVolumes: true,
 			leftovers: func(name string) []string {
 				var left []string
 				if st := filepath.Join(runtimeRoot(runtime), "oac-"+name); dirExists(st) {

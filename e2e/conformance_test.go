@@ -137,6 +137,10 @@ type confEnv struct {
 	// crashCell, when set, picks the crash cells the row runs (the others
 	// are "not run"); nil: every cell.
 	crashCell func(cell crashCell) bool
+	// claimVolumes: a warm sandbox's claim can bring volumes on this row
+	// (provider.Capabilities.ClaimVolumes with a root shim); elsewhere it
+	// is refused as unsupported.
+	claimVolumes bool
 }
 
 // rawVia is the via of the workload's raw connections on the row: direct

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -57,13 +58,18 @@ func tenantArgs(args []string) (operator []string, id bootstrap.Identity, upstre
 
 // warmRun is the row's sandbox name booted with --warm (its commands on
 // stdin, from cmds) and the claim that makes it the row's hosted sandbox:
-// the row's bootstrap with its identity, and its upstreams.
-func (c *confCase) warmRun(t *testing.T, name string, spec sandboxSpec) (sandboxSpec, *os.File, *os.File, string) {
+// the row's bootstrap with its identity, and its upstreams; on a row whose
+// claims bring volumes, also a host directory (vol, holding a file
+// volumeMarker) as its /environment.
+func (c *confCase) warmRun(t *testing.T, name string, spec sandboxSpec) (_ sandboxSpec, in, cmds *os.File, claim, vol string) {
 	t.Helper()
 	spec.name = name
 	operator, id, upstreams := tenantArgs(spec.args)
 	in, cmds, err := os.Pipe()
 	require.NoError(t, err)
+	if c.env.claimVolumes {
+		vol = claimVolume(t)
+	}
 	t.Cleanup(func() { cmds.Close() })
 	spec.stdin = in
 	spec.bootstrap = ""
@@ -74,15 +80,52 @@ func (c *confCase) warmRun(t *testing.T, name string, spec sandboxSpec) (sandbox
 		doc["sandbox"] = map[string]string{"tenant_id": id.TenantID, "environment_id": id.EnvironmentID, "allocation_id": id.AllocationID}
 	}
 	ups, _ := json.Marshal(upstreams)
-	claim := fmt.Sprintf(`{"id":"claim","cmd":"claim","bootstrap":%s,"upstreams":%s}`, mustJSON(t, doc), ups)
-	return spec, in, cmds, claim
+	claim = fmt.Sprintf(`{"id":"claim","cmd":"claim","bootstrap":%s,"upstreams":%s}`, mustJSON(t, doc), ups)
+	if vol != "" {
+		claim = withVolume(claim, vol)
+	}
+	return spec, in, cmds, claim, vol
+}
+
+// volumeMarker is the file a claim's volume holds before the claim.
+const volumeMarker = "from-the-host"
+
+// claimVolume is a host directory a guest's root (an unprivileged host id)
+// can write, with volumeMarker in it.
+func claimVolume(t *testing.T) string {
+	d, err := os.MkdirTemp("", "oac-e2e-claim-vol-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	require.NoError(t, os.Chmod(d, 0o777))
+	require.NoError(t, os.WriteFile(filepath.Join(d, volumeMarker), []byte("the tenant's workspace\n"), 0o644))
+	return d
+}
+
+// withVolume adds vol as the claim's /environment.
+func withVolume(claim, vol string) string {
+	return strings.TrimSuffix(claim, "}") + `,"volumes":[{"guest":"/environment","host":` + strconvQuote(vol) + `}]}`
+}
+
+func strconvQuote(s string) string { return strconv.Quote(s) }
+
+// hostMounts lists the host's mounts that show dir.
+func hostMounts(t *testing.T, dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	require.NoError(t, err)
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, dir) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func promiseWarmThenClaimed(t *testing.T, c *confCase) {
 	name := uniqueName("conf-warm")
 	spec := c.env.spec
 	spec.hosts = publicHosts
-	spec, in, cmds, claim := c.warmRun(t, name, spec)
+	spec, in, cmds, claim, vol := c.warmRun(t, name, spec)
 	s := startShim(c.rowT, spec)
 	s.t = t
 	in.Close()
@@ -114,9 +157,40 @@ func promiseWarmThenClaimed(t *testing.T, c *confCase) {
 		}
 	}
 
+	if !c.env.claimVolumes {
+		// A claim with a volume is refused where volumes cannot come
+		// with a claim, and leaves the sandbox warm for the next.
+		refused := s.command(cmds, "cv", strings.Replace(withVolume(claim, claimVolume(t)), `"id":"claim"`, `"id":"cv"`, 1))
+		assert.False(t, refused.OK, "a claim with a volume is refused on this row")
+		assert.Equal(t, api.AnswerUnsupported, refused.Code, refused.Error)
+		st := s.command(cmds, "w2", `{"id":"w2","cmd":"status"}`)
+		assert.Contains(t, string(mustJSON(t, st.Result)), `"state":"warm"`, "still warm after the refused claim")
+	}
+
 	a := s.command(cmds, "claim", claim)
 	require.True(t, a.OK, "the claim is taken: %s", a.Error)
 	s.waitState(api.StateReady, c.env.bootTimeout)
+	if vol != "" {
+		// The volume is the guest's /environment: the host's file is
+		// there, and the agent made its workspace in it.
+		var agent int
+		for _, p := range sandboxProcs(s, name) {
+			if p.comm == "oac-guest" {
+				agent = p.pid
+			}
+		}
+		require.NotZero(t, agent, "the guest's agent")
+		b, err := os.ReadFile(filepath.Join("/proc", fmt.Sprint(agent), "root", "environment", volumeMarker))
+		assert.NoError(t, err, "the guest sees the claim's volume at /environment")
+		assert.Equal(t, "the tenant's workspace\n", string(b))
+		assert.DirExists(t, filepath.Join(vol, "workspace"), "the agent made /environment/workspace in the volume")
+		assert.Empty(t, hostMounts(t, vol), "no mount of the volume on the host")
+		defer func() {
+			assert.FileExists(t, filepath.Join(vol, volumeMarker), "the volume outlives the sandbox")
+			assert.DirExists(t, filepath.Join(vol, "workspace"))
+			assert.Empty(t, hostMounts(t, vol), "no mount of the volume on the host")
+		}()
+	}
 
 	claimed := &confCase{row: c.row, env: c.env, fix: c.fix, rowT: c.rowT, name: name, s: s, ifaces: c.ifaces, procs: append(warmProcs, sandboxProcs(s, name)...)}
 	for _, p := range []confPromise{

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -269,4 +270,76 @@ func TestAWarmGuestThatFloodsTheSessionFailsAsHostile(t *testing.T) {
 	failed := s.exitFailed(api.CodeHostileGuest, 30*time.Second)
 	assert.Contains(t, failed.Message, "pings faster than")
 	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
+}
+
+// A claim's volumes (root shim, bwrap): bad ones are refused and leave the
+// sandbox warm with nothing mounted; good ones are the guest's /home and
+// /environment before its bootstrap (the agent makes /home/runtime and the
+// workspace in them), the workload (uid 1000) reads and writes them but
+// cannot take them away, and nothing is ever mounted on the host.
+func TestAClaimsVolumesAreTheGuestsHomeAndEnvironment(t *testing.T) {
+	needBwrap(t)
+	home, env := claimVolume(t), claimVolume(t)
+	notDir := filepath.Join(env, volumeMarker)
+	s, cmds := warmShim(t)
+	s.waitState(api.StateWarm, bootTimeout)
+	script := `echo "seen=$(cat /environment/` + volumeMarker + `)"; echo tenant > /environment/workspace/made-inside
+umount /environment 2>/dev/null && echo "umount=done" || echo "umount=refused"
+echo "ids=$(stat -c %u /home/runtime)"; exec sleep 1000`
+	boot := egressBootstrap(script)
+	for _, tc := range []struct{ what, vols string }{
+		{"a volume at /etc", `[{"guest":"/etc","host":"` + env + `"}]`},
+		{"a host directory that does not exist", `[{"guest":"/home","host":"` + env + `/nope"}]`},
+		{"a host file", `[{"guest":"/home","host":"` + notDir + `"}]`},
+		{"a relative host path", `[{"guest":"/home","host":"tmp"}]`},
+		{"/home twice", `[{"guest":"/home","host":"` + home + `"},{"guest":"/home","host":"` + env + `"}]`},
+		{"three volumes", `[{"guest":"/home","host":"` + home + `"},{"guest":"/environment","host":"` + env + `"},{"guest":"/home","host":"` + env + `"}]`},
+	} {
+		a := s.command(cmds, "bad", claimLine("bad", boot, `"volumes":`+tc.vols))
+		assert.False(t, a.OK, "%s is refused", tc.what)
+		assert.Equal(t, api.AnswerInvalidArgument, a.Code, "%s: %s", tc.what, a.Error)
+		st := s.command(cmds, "st", `{"id":"st","cmd":"status"}`)
+		assert.Contains(t, string(mustJSON(t, st.Result)), `"state":"warm"`, "after %s the sandbox is still warm", tc.what)
+	}
+	assert.Empty(t, hostMounts(t, env), "nothing mounted on the host")
+
+	a := s.command(cmds, "c", claimLine("c", boot, `"volumes":[{"guest":"/home","host":"`+home+`"},{"guest":"/environment","host":"`+env+`"}]`))
+	require.True(t, a.OK, "%+v", a)
+	s.waitState(api.StateReady, bootTimeout)
+	assert.Equal(t, "the tenant's workspace", s.waitLog("seen=", 30*time.Second), "the workload reads the host's file at /environment")
+	assert.Equal(t, "refused", s.waitLog("umount=", 30*time.Second), "the workload cannot take its volume away")
+	assert.Equal(t, "1000", s.waitLog("ids=", 30*time.Second))
+	b, err := os.ReadFile(filepath.Join(env, "workspace", "made-inside"))
+	require.NoError(t, err, "what the workload writes lands in the host's directory")
+	assert.Equal(t, "tenant\n", string(b))
+	assert.DirExists(t, filepath.Join(home, "runtime"), "the agent made /home/runtime in the claim's /home")
+	assert.Empty(t, hostMounts(t, home), "nothing mounted on the host")
+	assert.Empty(t, hostMounts(t, env))
+
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(30*time.Second))
+	assertNothingLeft(t, s.name, []int{s.cmd.Process.Pid})
+	assert.FileExists(t, filepath.Join(env, "workspace", "made-inside"), "the volume outlives the sandbox")
+}
+
+// An unprivileged shim cannot enter its guest's mount namespace: a claim
+// with a volume is refused as unsupported, and the sandbox stays warm for
+// a claim without one.
+func TestARootlessShimRefusesAClaimsVolumes(t *testing.T) {
+	needRootless(t)
+	spec := sandboxSpec{user: subIDUser}
+	s, cmds := warmShimOf(t, spec)
+	s.waitState(api.StateWarm, bootTimeout)
+	vol := claimVolume(t)
+	a := s.command(cmds, "v", claimLine("v", egressBootstrap("exec sleep 1000"), `"volumes":[{"guest":"/environment","host":"`+vol+`"}]`))
+	assert.False(t, a.OK)
+	assert.Equal(t, api.AnswerUnsupported, a.Code, a.Error)
+	assert.Contains(t, a.Error, "boot the sandbox with --volume instead")
+	st := s.command(cmds, "st", `{"id":"st","cmd":"status"}`)
+	assert.Contains(t, string(mustJSON(t, st.Result)), `"state":"warm"`)
+	a = s.command(cmds, "c", claimLine("c", egressBootstrap("exec sleep 1000"), ""))
+	require.True(t, a.OK, "%+v", a)
+	s.waitState(api.StateReady, bootTimeout)
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(30*time.Second))
 }

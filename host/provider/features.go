@@ -3,6 +3,8 @@ package provider
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 )
 
@@ -81,6 +83,12 @@ type Capabilities struct {
 	// container without a user namespace) could change the host's routes
 	// through one, or take the namespace itself (docs/threat-model.md).
 	GuestRootUnprivileged bool
+	// ClaimVolumes: a warm sandbox's claim can bring volumes (docs/warm.md):
+	// the guest's agent is a process of this kernel, connected over a unix
+	// socket, whose /home and /environment are mount points of its own, and
+	// the shim may enter its mount namespace (root) to move a host
+	// directory onto them (host/volmount).
+	ClaimVolumes bool
 }
 
 // Honours returns the features p honours.
@@ -110,6 +118,35 @@ var defaultInstead = map[Feature]string{
 	FeatureSandboxIO: "put oac-sandbox-io into the guest image instead (oac-image build --sandbox-io)",
 	FeatureInstall:   "put the binary into the guest image instead (oac-image build --file)",
 	FeatureVolume:    "it has no persistent volumes: the guest's /home and /environment come from its image",
+}
+
+// CheckClaimVolumes checks a claim's volumes (guest directory to host
+// directory) for p: each names /home or /environment and an absolute
+// existing host directory, and p takes volumes at claim. Errors wrap
+// ErrInvalidSpec, and ErrUnsupported when p cannot.
+func CheckClaimVolumes(p Provider, vols map[string]string) error {
+	if len(vols) == 0 {
+		return nil
+	}
+	if !p.Capabilities().ClaimVolumes {
+		return fmt.Errorf("%w: %w: the %s provider cannot mount volumes into a warm sandbox at its claim (a root shim on bwrap, runc or crun can); boot the sandbox with --volume instead of from a warm pool", ErrInvalidSpec, ErrUnsupported, p.Name())
+	}
+	for dir, host := range vols {
+		if !slices.Contains(VolumeDirs, dir) {
+			return fmt.Errorf("%w: volume %q: a volume can replace only /home or /environment", ErrInvalidSpec, dir)
+		}
+		if !filepath.IsAbs(host) {
+			return fmt.Errorf("%w: volume %s: the host directory %q is not an absolute path", ErrInvalidSpec, dir, host)
+		}
+		st, err := os.Stat(host)
+		if err != nil {
+			return fmt.Errorf("%w: volume %s: %v", ErrInvalidSpec, dir, err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("%w: volume %s: %s is not a directory", ErrInvalidSpec, dir, host)
+		}
+	}
+	return nil
 }
 
 // CheckSpec is what every create checks before anything is made (a

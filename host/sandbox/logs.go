@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/oac/sandbox-agent/internal/yamux"
 )
 
 // Log limits: a line longer than MaxLogLine is split; a sandbox may emit
@@ -86,7 +88,9 @@ func readLines(r io.Reader, emit func(string)) error {
 		switch {
 		case err == nil, errors.Is(err, bufio.ErrBufferFull):
 			continue
-		case errors.Is(err, io.EOF):
+		case errors.Is(err, io.EOF), errors.Is(err, yamux.ErrSessionShutdown):
+			// The guest ended its stream, or the session ended under it:
+			// a last line without its newline is still a line.
 			if len(carry) > 0 {
 				emitBounded(strings.ToValidUTF8(string(carry), "\uFFFD"), emit)
 			}

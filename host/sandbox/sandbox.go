@@ -18,6 +18,7 @@ import (
 	"github.com/oac/sandbox-agent/host/failure"
 	"github.com/oac/sandbox-agent/host/muxguard"
 	"github.com/oac/sandbox-agent/host/provider"
+	"github.com/oac/sandbox-agent/host/volmount"
 	"github.com/oac/sandbox-agent/internal/buildinfo"
 	"github.com/oac/sandbox-agent/internal/crashpoint"
 	"github.com/oac/sandbox-agent/internal/safetext"
@@ -156,6 +157,9 @@ type Claim struct {
 	// Bootstrap is the tenant's, already decoded; the run validates it as
 	// at the start of any run.
 	Bootstrap *bootstrap.Bootstrap
+	// Volumes are mounted at their guest directories before the bootstrap
+	// is sent (checked by the caller: provider.CheckClaimVolumes).
+	Volumes []volmount.Volume
 	// Taken receives one value: nil when the run took the claim (the
 	// bootstrap goes to the guest next), or why it refused it (nothing of
 	// it reached the guest; the sandbox stays warm). It must be buffered.
@@ -226,14 +230,17 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 type run struct {
-	cfg     Config
-	diag    *diagWriter
-	inst    provider.Instance
-	guard   *muxguard.Conn
-	sess    *yamux.Session
-	ctl     *protocol.Control
-	frames  chan protocol.Frame
-	recvErr chan error
+	cfg   Config
+	diag  *diagWriter
+	inst  provider.Instance
+	guard *muxguard.Conn
+	sess  *yamux.Session
+	// transport is the guest's connection as the provider accepted it
+	// (a warm claim's volumes enter its peer's mount namespace).
+	transport net.Conn
+	ctl       *protocol.Control
+	frames    chan protocol.Frame
+	recvErr   chan error
 	// quit is closed when nobody reads frames any more.
 	quit chan struct{}
 
@@ -577,6 +584,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 	start := time.Now()
 	// A stop request ends the wait.
 	raw := conn
+	s.transport = raw
 	stopWait := context.AfterFunc(ctx, func() { raw.Close() })
 	// Coalesce sits on the transport itself, below the guard and the
 	// replayed first byte: each frame goes out in one write (writev on a
@@ -760,6 +768,11 @@ func (s *run) supervise(ctx, bootCtx context.Context, start time.Time) error {
 				case protocol.StateFailed:
 					return failure.With(failure.GuestReason(st.Reason), fmt.Errorf("guest: %s", msg))
 				case protocol.StateStopped:
+					if ctx.Err() != nil {
+						// A stop was requested: the guest's stopped may be its
+						// answer, read before the request was seen. Stop wins.
+						continue
+					}
 					s.guestDone = true
 					return failure.With(failure.ErrGuestFailed, fmt.Errorf("guest stopped on its own: %s", msg))
 				default:

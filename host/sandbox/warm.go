@@ -6,6 +6,7 @@ import (
 
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/failure"
+	"github.com/oac/sandbox-agent/host/volmount"
 	"github.com/oac/sandbox-agent/internal/crashpoint"
 	"github.com/oac/sandbox-agent/protocol"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
@@ -76,8 +77,23 @@ func (s *run) waitClaim(ctx context.Context) (*bootstrap.Bootstrap, error) {
 				return nil, failure.With(failure.ErrHostileGuest, fmt.Errorf("the warm guest sent %s before its bootstrap: a warm guest says nothing until it is claimed", f.Type))
 			}
 		case c := <-w.Claims:
+			if err := c.Bootstrap.Validate(); err != nil {
+				c.Taken <- fmt.Errorf("invalid bootstrap: %w", err)
+				continue
+			}
+			vols, err := s.attachVolumes(c.Volumes)
+			if err != nil {
+				c.Taken <- err
+				continue
+			}
+			crashpoint.Hit(crashpoint.ClaimMounted)
 			b, err := s.takeBootstrap(c.Bootstrap)
 			if err != nil {
+				if derr := vols.Detach(); derr != nil {
+					// The guest keeps a tenant's directory it was not
+					// claimed with: it cannot stay warm for another.
+					return nil, failure.With(failure.ErrRuntimeFailed, fmt.Errorf("a refused claim's volumes could not be taken back: %w", derr))
+				}
 				c.Taken <- err
 				continue
 			}
@@ -96,4 +112,16 @@ func (s *run) stopWarm(reason string) error {
 	}
 	s.setState(api.StateStopped, "stopped while warm: "+reason)
 	return nil
+}
+
+// attachVolumes mounts a claim's volumes into the warm guest, all or none.
+func (s *run) attachVolumes(vols []volmount.Volume) (*volmount.Attached, error) {
+	if len(vols) == 0 {
+		return nil, nil
+	}
+	a, err := volmount.Attach(s.transport, vols)
+	if err != nil {
+		return nil, fmt.Errorf("volumes: %w (nothing was mounted; the sandbox stays warm)", err)
+	}
+	return a, nil
 }

@@ -12,7 +12,9 @@ import (
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/egress"
 	"github.com/oac/sandbox-agent/host/forward"
+	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/sandbox"
+	"github.com/oac/sandbox-agent/host/volmount"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
 
@@ -48,7 +50,7 @@ func warmConflict(fs *flag.FlagSet, f *runFlags) string {
 		return ""
 	}
 	sort.Strings(given)
-	return fmt.Sprintf("--warm boots for nobody: %s belong to the tenant and come with the claim command (bootstrap, allow, upstreams, forwards); a warm sandbox takes no volume", strings.Join(given, ", "))
+	return fmt.Sprintf("--warm boots for nobody: %s belong to the tenant and come with the claim command (bootstrap, allow, upstreams, forwards, volumes)", strings.Join(given, ", "))
 }
 
 // warmBootstrap is what a warm run holds before its claim: the operator's
@@ -106,6 +108,10 @@ func (s *shim) claim(ctx context.Context, c api.Command) (any, error) {
 	if err != nil {
 		return nil, api.Refuse(api.AnswerInvalidArgument, fmt.Errorf("claim: %w", err))
 	}
+	vols, err := s.claimVolumes(c.Volumes)
+	if err != nil {
+		return nil, err
+	}
 	specs := make([]forward.Spec, 0, len(c.Forwards))
 	for _, fw := range c.Forwards {
 		sp := forward.Spec{Listen: fw.Listen, GuestPort: fw.GuestPort}
@@ -140,7 +146,7 @@ func (s *shim) claim(ctx context.Context, c api.Command) (any, error) {
 	t := time.NewTimer(claimHandOver)
 	defer t.Stop()
 	select {
-	case s.claims <- sandbox.Claim{Bootstrap: boot, Taken: taken}:
+	case s.claims <- sandbox.Claim{Bootstrap: boot, Volumes: vols, Taken: taken}:
 	case <-t.C:
 		undo()
 		return nil, api.Refuse(api.AnswerConflict, fmt.Errorf("%w (it left the warm state)", errNotWarm))
@@ -171,4 +177,36 @@ func nonNilForwards(l []api.ForwardResult) []api.ForwardResult {
 		return []api.ForwardResult{}
 	}
 	return l
+}
+
+// claimVolumes checks a claim's volumes as provider.CheckClaimVolumes
+// does: a provider (or an unprivileged shim) that cannot mount them into
+// its running guest refuses them as unsupported.
+func (s *shim) claimVolumes(specs []api.VolumeSpec) ([]volmount.Volume, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	m := map[string]string{}
+	for _, v := range specs {
+		if _, dup := m[v.Guest]; dup {
+			return nil, api.Refuse(api.AnswerInvalidArgument, fmt.Errorf("claim: volume %s given twice", v.Guest))
+		}
+		m[v.Guest] = v.Host
+	}
+	p := s.base.Provider
+	err := provider.CheckClaimVolumes(p, m)
+	if err == nil && !volmount.Supported() {
+		err = fmt.Errorf("%w: oac-shim runs unprivileged: only a root shim can mount volumes into a running guest; boot the sandbox with --volume instead of from a warm pool", provider.ErrUnsupported)
+	}
+	if errors.Is(err, provider.ErrUnsupported) {
+		return nil, api.Refuse(api.AnswerUnsupported, fmt.Errorf("claim: %w (the sandbox stays warm)", err))
+	}
+	if err != nil {
+		return nil, api.Refuse(api.AnswerInvalidArgument, fmt.Errorf("claim: %w (the sandbox stays warm)", err))
+	}
+	vols := make([]volmount.Volume, 0, len(specs))
+	for _, v := range specs {
+		vols = append(vols, volmount.Volume{Guest: v.Guest, Host: v.Host})
+	}
+	return vols, nil
 }

@@ -71,16 +71,32 @@ func PeerPidfd(c net.Conn) (int, error) {
 	return fd, nil
 }
 
-// Attached is what Attach mounted, for Detach.
+// Attached is what Attach mounted, for Detach, until Release.
 type Attached struct {
 	pidfd int
 	dirs  []string
 }
 
 // Attach mounts every volume inside the mount namespace of the process
-// pidfd names, or none: a failure unmounts what it had mounted. The
-// guest directories must exist there, reached without a symlink.
-func Attach(pidfd int, vols []Volume) (*Attached, error) {
+// that connected c (the guest's agent), or none: a failure unmounts what
+// it had mounted. The guest directories must exist there, reached
+// without a symlink.
+func Attach(c net.Conn, vols []Volume) (*Attached, error) {
+	pidfd, err := PeerPidfd(c)
+	if err != nil {
+		return nil, err
+	}
+	a, err := AttachPidfd(pidfd, vols)
+	if err != nil {
+		unix.Close(pidfd)
+		return nil, err
+	}
+	return a, nil
+}
+
+// AttachPidfd is Attach for the process pidfd names; the Attached owns
+// pidfd.
+func AttachPidfd(pidfd int, vols []Volume) (*Attached, error) {
 	trees := make([]int, 0, len(vols))
 	defer func() {
 		for _, t := range trees {
@@ -98,7 +114,7 @@ func Attach(pidfd int, vols []Volume) (*Attached, error) {
 	err := inGuest(pidfd, func(root int) error {
 		for i, v := range vols {
 			if err := moveInto(root, trees[i], v.Guest); err != nil {
-				unmountAll(root, a.dirs)
+				_ = unmountAll(root, a.dirs)
 				a.dirs = nil
 				return fmt.Errorf("volume %s: %w", v.Guest, err)
 			}
@@ -112,14 +128,26 @@ func Attach(pidfd int, vols []Volume) (*Attached, error) {
 	return a, nil
 }
 
+// Release keeps the mounts and lets go of the guest's process.
+func (a *Attached) Release() {
+	if a != nil && a.pidfd >= 0 {
+		unix.Close(a.pidfd)
+		a.pidfd = -1
+	}
+}
+
 // Detach unmounts what Attach mounted (a claim refused after its
 // volumes were in place).
 func (a *Attached) Detach() error {
-	if a == nil || len(a.dirs) == 0 {
+	if a == nil || a.pidfd < 0 {
 		return nil
 	}
+	defer a.Release()
 	dirs := a.dirs
 	a.dirs = nil
+	if len(dirs) == 0 {
+		return nil
+	}
 	return inGuest(a.pidfd, func(root int) error { return unmountAll(root, dirs) })
 }
 

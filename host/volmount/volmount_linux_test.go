@@ -116,12 +116,9 @@ func TestAVolumeAppearsInTheGuestAndNowhereElse(t *testing.T) {
 	host := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(host, "from-host"), []byte("hello"), 0o644))
 	g := startGuest(t)
-	pidfd, err := PeerPidfd(g.conn)
-	require.NoError(t, err)
-	defer unix.Close(pidfd)
-
 	before := mountinfo(t)
-	_, err = Attach(pidfd, []Volume{{Guest: "/mnt/home", Host: host}})
+	a, err := Attach(g.conn, []Volume{{Guest: "/mnt/home", Host: host}})
+	a.Release()
 	require.NoError(t, err)
 	assert.Equal(t, before, mountinfo(t), "no mount in the shim's namespace")
 	assert.Equal(t, `"hello" <nil>`, g.ask(t, "read"), "the guest reads the host's file")
@@ -135,10 +132,7 @@ func TestDetachLeavesTheGuestsOwnDirectory(t *testing.T) {
 	host := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(host, "from-host"), []byte("hello"), 0o644))
 	g := startGuest(t)
-	pidfd, err := PeerPidfd(g.conn)
-	require.NoError(t, err)
-	defer unix.Close(pidfd)
-	a, err := Attach(pidfd, []Volume{{Guest: "/mnt/home", Host: host}})
+	a, err := Attach(g.conn, []Volume{{Guest: "/mnt/home", Host: host}})
 	require.NoError(t, err)
 	assert.Equal(t, "1 <nil>", g.ask(t, "list"))
 	require.NoError(t, a.Detach())
@@ -148,10 +142,7 @@ func TestDetachLeavesTheGuestsOwnDirectory(t *testing.T) {
 func TestAllOrNothing(t *testing.T) {
 	host := t.TempDir()
 	g := startGuest(t)
-	pidfd, err := PeerPidfd(g.conn)
-	require.NoError(t, err)
-	defer unix.Close(pidfd)
-	_, err = Attach(pidfd, []Volume{{Guest: "/mnt/home", Host: host}, {Guest: "/mnt/missing", Host: host}})
+	_, err := Attach(g.conn, []Volume{{Guest: "/mnt/home", Host: host}, {Guest: "/mnt/missing", Host: host}})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "/mnt/missing")
 	assert.Equal(t, "0 <nil>", g.ask(t, "list"), "the first volume was taken back")
@@ -166,7 +157,7 @@ func TestAGuestSymlinkIsNotFollowed(t *testing.T) {
 	// /mnt/link -> /mnt/home inside the guest: made from the host's side
 	// through the guest's root, as a guest root would.
 	require.NoError(t, os.Symlink("/mnt/home", fmt.Sprintf("/proc/%d/root/mnt/link", pidOfT(t, pidfd))))
-	_, err = Attach(pidfd, []Volume{{Guest: "/mnt/link", Host: host}})
+	_, err = AttachPidfd(pidfd, []Volume{{Guest: "/mnt/link", Host: host}})
 	require.Error(t, err, "a symlink on the guest's side is refused")
 	assert.Equal(t, "0 <nil>", g.ask(t, "list"))
 }
@@ -179,7 +170,7 @@ func TestAGoneAgentIsAnError(t *testing.T) {
 	require.NoError(t, unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0))
 	var si unix.Siginfo
 	_ = unix.Waitid(unix.P_PIDFD, pidfd, &si, unix.WEXITED|unix.WNOWAIT, nil)
-	_, err = Attach(pidfd, []Volume{{Guest: "/mnt/home", Host: t.TempDir()}})
+	_, err = AttachPidfd(pidfd, []Volume{{Guest: "/mnt/home", Host: t.TempDir()}})
 	require.Error(t, err)
 }
 

@@ -18,14 +18,14 @@ var errUnsupported = errors.New("volumes at claim need a guest that shares a Lin
 // Supported reports false: only Linux shims attach volumes.
 func Supported() bool { return false }
 
-// PeerPidfd is unsupported here.
-func PeerPidfd(net.Conn) (int, error) { return -1, errUnsupported }
-
 // Attached is what Attach mounted.
 type Attached struct{}
 
 // Attach is unsupported here.
-func Attach(int, []Volume) (*Attached, error) { return nil, errUnsupported }
+func Attach(net.Conn, []Volume) (*Attached, error) { return nil, errUnsupported }
 
 // Detach does nothing here.
 func (a *Attached) Detach() error { return nil }
+
+// Release does nothing here.
+func (a *Attached) Release() {}

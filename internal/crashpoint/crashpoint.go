@@ -77,6 +77,7 @@ var (
 	BootCreated       = declare("boot/provider-created", boots, Before, "the provider made the sandbox's instance; the guest has not started")
 	BootReady         = declare("boot/ready", boots, Before, "the guest is ready and the ready event written")
 	WarmWaiting       = declare("warm/waiting", run, Before, "a warm sandbox (run --warm): the guest is connected and the warm event written; nothing of a tenant's exists")
+	ClaimMounted      = declare("claim/mounted", run, Before, "a warm sandbox's claim brought volumes: they are mounted in the guest (its own mount namespace, nothing on the host), the bootstrap not yet taken")
 	ClaimTaken        = declare("claim/taken", run, Before, "a warm sandbox was claimed: the tenant's policy and forwards are in force, the bootstrap not yet sent")
 	StopInstanceEnded = declare("stop/instance-ended", boots, Before, "the sandbox stopped and its instance is destroyed; the record (start) still says \"running\"")
 

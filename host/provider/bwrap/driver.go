@@ -35,7 +35,9 @@ func init() {
 // (its user namespace), and the single-uid fallback's loss said plainly
 // before a rootless sandbox runs.
 func (p *Provider) Capabilities() provider.Capabilities {
-	c := provider.Capabilities{Honours: provider.AllFeatures, Keeps: true, GuestRootUnprivileged: true}
+	// A root shim can enter the guest's mount namespace to mount a
+	// claim's volumes; an unprivileged one cannot.
+	c := provider.Capabilities{Honours: provider.AllFeatures, Keeps: true, GuestRootUnprivileged: true, ClaimVolumes: os.Geteuid() == 0}
 	if p.SingleUID && os.Geteuid() != 0 {
 		c.Warnings = []string{SingleUIDLoss}
 	}

@@ -2,6 +2,7 @@ package oci
 
 import (
 	"github.com/oac/sandbox-agent/host/provider"
+	"os"
 )
 
 // Provider runs guests as OCI containers under runc or crun (Linux only;
@@ -33,5 +34,5 @@ func init() {
 // sandboxes, and a guest root mapped to the sandbox's unprivileged id
 // range (the bundle's user namespace).
 func (p *Provider) Capabilities() provider.Capabilities {
-	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true, GuestRootUnprivileged: true}
+	return provider.Capabilities{Honours: provider.AllFeatures, Keeps: true, GuestRootUnprivileged: true, ClaimVolumes: os.Geteuid() == 0}
 }
