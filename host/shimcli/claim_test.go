@@ -36,7 +36,8 @@ func TestClaimSendsItsVolumesWithHostDirectoriesMadeAbsolute(t *testing.T) {
 	wd := t.TempDir()
 	t.Chdir(wd)
 
-	code, stdout, stderr := claimWith(root, "w", "--volume", "/home=/srv/tenant/home", "--volume", "/environment=env")
+	home := filepath.Join(t.TempDir(), "home")
+	code, stdout, stderr := claimWith(root, "w", "--volume", "/home="+home, "--volume", "/environment=env")
 	require.Equal(t, 0, code, stderr)
 	assert.JSONEq(t, `{"attempt":2,"forwards":[],"egress":[]}`, stdout)
 	c := <-got
@@ -44,7 +45,7 @@ func TestClaimSendsItsVolumesWithHostDirectoriesMadeAbsolute(t *testing.T) {
 	assert.JSONEq(t, `{"version":1,"hostname":"tenant"}`, string(c.Bootstrap))
 	assert.Equal(t, []api.VolumeSpec{
 		{Guest: "/environment", Host: filepath.Join(wd, "env")},
-		{Guest: "/home", Host: "/srv/tenant/home"},
+		{Guest: "/home", Host: home},
 	}, c.Volumes, "in guest directory order, relative host directories against the caller's working directory")
 
 	// Without --volume the claim carries no volumes key at all: what a
