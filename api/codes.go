@@ -150,7 +150,7 @@ var AnswerCodes = []AnswerCodeInfo{
 	{AnswerNotReady, true,
 		"The command needs a connected guest and none is (push_time before the guest connected or after it went away). Retry once the sandbox is ready."},
 	{AnswerUnsupported, false,
-		"This sandbox cannot do it (push_time to a guest that does not set its clock from the host: every guest but a VM)."},
+		"This sandbox cannot do it (push_time to a guest that does not set its clock from the host: every guest but a VM; claim with volumes on a provider that cannot mount them into a running guest: every one but those sharing the host's kernel under a root shim, and the sandbox stays warm)."},
 	{AnswerStopping, false,
 		"The shim is stopping (a stop command, a signal, the timeout): it starts nothing and adds no forward any more."},
 	{AnswerConflict, false,

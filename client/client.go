@@ -13,6 +13,7 @@ import (
 	"iter"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -593,18 +594,52 @@ type ClaimRequest struct {
 	Allow, Upstreams []string
 	// Forwards are opened as AddForward opens each, at most 64.
 	Forwards []api.ForwardSpec
+	// Volumes are host directories mounted at the guest's /home or
+	// /environment (at most one each) before the bootstrap reaches the
+	// guest, as oac-shim run --volume binds them. A relative host
+	// directory is made absolute against this process's working
+	// directory (the shim may run in another). Only providers that share
+	// the host's kernel, under a root shim, can: the others refuse the
+	// claim with unsupported and the sandbox stays warm.
+	Volumes []api.VolumeSpec
 }
 
 // Claim makes a warm sandbox (oac-shim run --warm, waiting in state
 // warm) the tenant's: its policy set, its forwards opened, its bootstrap
 // sent. The result has the attempt it runs as, the forwards bound and the
 // policy in force; its state then goes starting, then ready (WaitState).
-// Bad input is a *CommandError coded invalid_argument, and the sandbox
+// Bad input is a *CommandError coded invalid_argument, volumes its
+// provider cannot mount one coded unsupported, and either way the sandbox
 // stays warm; a sandbox that is not warm refuses with conflict.
 func (s *Shim) Claim(ctx context.Context, r ClaimRequest) (api.ClaimResult, error) {
 	var res api.ClaimResult
-	err := s.Do(ctx, api.Command{Cmd: api.CmdClaim, Bootstrap: r.Bootstrap, Allow: r.Allow, Upstreams: r.Upstreams, Forwards: r.Forwards}, &res)
+	vols, err := absVolumes(r.Volumes)
+	if err != nil {
+		return res, err
+	}
+	err = s.Do(ctx, api.Command{Cmd: api.CmdClaim, Bootstrap: r.Bootstrap, Allow: r.Allow, Upstreams: r.Upstreams, Forwards: r.Forwards, Volumes: vols}, &res)
 	return res, err
+}
+
+// absVolumes is vs with each host directory absolute, in a new slice (the
+// caller's is left as given).
+func absVolumes(vs []api.VolumeSpec) ([]api.VolumeSpec, error) {
+	if len(vs) == 0 {
+		return nil, nil
+	}
+	out := make([]api.VolumeSpec, len(vs))
+	for i, v := range vs {
+		out[i] = v
+		if v.Host == "" || filepath.IsAbs(v.Host) {
+			continue // an empty one is refused by the shim, as invalid_argument
+		}
+		abs, err := filepath.Abs(v.Host)
+		if err != nil {
+			return nil, fmt.Errorf("client: claim: volume %s: %w", v.Guest, err)
+		}
+		out[i].Host = abs
+	}
+	return out, nil
 }
 
 // PushTime sends the host's clock to a VM guest.

@@ -52,7 +52,9 @@ func sha(s string) string {
 // real one does (status 2, no event); chatty writes $FAKE_CHATTY log
 // events before ready (with $FAKE_GATE, the first, then the rest once
 // that file exists); warm waits in state warm for a claim (refused with
-// conflict once claimed), then gets ready; with $FAKE_WARM_GATE, only
+// conflict once claimed, and one with volumes with unsupported when
+// $FAKE_VOLUMES is "unsupported", as a provider that cannot mount them
+// does; the volumes taken are a fake/volumes log event), then gets ready; with $FAKE_WARM_GATE, only
 // once a file of its name (or "all") is in that directory, serving
 // commands meanwhile; with --warm-max-age it stops at that age unclaimed,
 // as the real one does.
@@ -176,8 +178,15 @@ func fakeShim(mode string, args []string) int {
 			if current != api.StateWarm {
 				return nil, api.Refuse(api.AnswerConflict, fmt.Errorf("the sandbox is %s, not warm", current))
 			}
+			if len(c.Volumes) > 0 && os.Getenv("FAKE_VOLUMES") == "unsupported" {
+				return nil, api.Refuse(api.AnswerUnsupported, errors.New("this provider cannot mount a volume into a running guest"))
+			}
 			current, attempt = api.StateReady, attempt+1
 			ev(api.Event{Event: api.KindLog, Stream: "fake/claim", Line: string(c.Bootstrap)})
+			if len(c.Volumes) > 0 {
+				vols, _ := json.Marshal(c.Volumes)
+				ev(api.Event{Event: api.KindLog, Stream: "fake/volumes", Line: string(vols)})
+			}
 			res := api.ClaimResult{Attempt: attempt, Forwards: []api.ForwardResult{}, Egress: append(append([]string{}, c.Allow...), c.Upstreams...)}
 			for i, f := range c.Forwards {
 				l := fmt.Sprintf("127.0.0.1:%d", 6000+i)
@@ -701,4 +710,59 @@ func TestTheShimIsTheOptionsThenOAC_SHIMThenPATHs(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	_, err = Start(context.Background(), o)
 	assert.ErrorIs(t, err, exec.ErrNotFound, "then oac-shim in PATH")
+}
+
+func TestAClaimCarriesItsVolumesWithRelativeHostDirectoriesMadeAbsolute(t *testing.T) {
+	wd := t.TempDir()
+	t.Chdir(wd)
+	o := fake("warm")
+	o.Args = []string{"--warm"}
+	s, err := Start(context.Background(), o)
+	require.NoError(t, err)
+	t.Cleanup(s.Kill)
+	_, err = s.WaitState(ctx(t), api.StateWarm)
+	require.NoError(t, err)
+
+	// A volume without its host directory is bad input: refused, still warm.
+	_, err = s.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot, Volumes: []api.VolumeSpec{{Guest: "/home"}}})
+	assert.Equal(t, api.AnswerInvalidArgument, Code(err), "a volume without its host directory")
+	st, err := s.Status(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, api.StateWarm, st.State)
+
+	env := filepath.Join(t.TempDir(), "env")
+	given := []api.VolumeSpec{{Guest: "/home", Host: filepath.Join("tenant", "home")}, {Guest: "/environment", Host: env}}
+	_, err = s.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot, Volumes: given})
+	require.NoError(t, err)
+	var got []api.VolumeSpec
+	require.NoError(t, json.Unmarshal([]byte(logOf(t, s, "fake/volumes")), &got))
+	assert.Equal(t, []api.VolumeSpec{{Guest: "/home", Host: filepath.Join(wd, "tenant", "home")}, {Guest: "/environment", Host: env}}, got,
+		"the shim got absolute host directories")
+	assert.Equal(t, filepath.Join("tenant", "home"), given[0].Host, "the caller's request is left as given")
+	_, err = s.WaitState(ctx(t), api.StateReady)
+	require.NoError(t, err)
+}
+
+func TestAClaimWhoseVolumesTheProviderCannotMountLeavesTheSandboxWarm(t *testing.T) {
+	t.Setenv("FAKE_VOLUMES", "unsupported")
+	o := fake("warm")
+	o.Args = []string{"--warm"}
+	s, err := Start(context.Background(), o)
+	require.NoError(t, err)
+	t.Cleanup(s.Kill)
+	_, err = s.WaitState(ctx(t), api.StateWarm)
+	require.NoError(t, err)
+
+	_, err = s.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot, Volumes: []api.VolumeSpec{{Guest: "/home", Host: "/srv/home"}}})
+	var ce *CommandError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, api.AnswerUnsupported, ce.Code)
+	assert.False(t, Retryable(err), "the same claim fails the same way on this provider")
+	st, err := s.Status(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, api.StateWarm, st.State)
+
+	res, err := s.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot})
+	require.NoError(t, err, "the same sandbox, claimed without volumes")
+	assert.Equal(t, uint64(2), res.Attempt)
 }

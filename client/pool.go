@@ -176,7 +176,8 @@ func NewPool(ctx context.Context, o PoolOptions) (*Pool, error) {
 // with Stop), and the pool refills. When r's bootstrap has credentials
 // without a password, one is made here (NewPassword) and put there: the
 // Shim's Password returns it. A claim refused for its input
-// (invalid_argument) leaves the sandbox warm in the pool; a sandbox that
+// (invalid_argument) or for volumes the provider cannot mount
+// (unsupported) leaves the sandbox warm in the pool; a sandbox that
 // fails before ready is stopped and its error returned.
 func (p *Pool) Claim(ctx context.Context, r ClaimRequest) (*Shim, ClaimInfo, error) {
 	boot, password, err := withPassword(r.Bootstrap)
@@ -184,6 +185,11 @@ func (p *Pool) Claim(ctx context.Context, r ClaimRequest) (*Shim, ClaimInfo, err
 		return nil, ClaimInfo{}, err
 	}
 	r.Bootstrap = boot
+	// Before a sandbox is taken: no warm one is used up by a working
+	// directory that cannot be read.
+	if r.Volumes, err = absVolumes(r.Volumes); err != nil {
+		return nil, ClaimInfo{}, err
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, ClaimInfo{}, err
@@ -203,10 +209,12 @@ func (p *Pool) Claim(ctx context.Context, r ClaimRequest) (*Shim, ClaimInfo, err
 		info.Sandbox, info.Age = m.s.Name(), m.age
 		res, err := m.s.Claim(ctx, r)
 		if err != nil {
-			// Only an answer that refused the input says the bootstrap was
-			// not taken: then the sandbox is still warm and nobody's.
+			// Only an answer that refused the input (invalid_argument), or
+			// volumes its provider cannot mount (unsupported: every sandbox
+			// of the pool would say so), says the bootstrap was not taken:
+			// then the sandbox is still warm and nobody's.
 			var ce *CommandError
-			if errors.As(err, &ce) && ce.Code == api.AnswerInvalidArgument {
+			if errors.As(err, &ce) && (ce.Code == api.AnswerInvalidArgument || ce.Code == api.AnswerUnsupported) {
 				p.giveBack(m)
 				return nil, info, err
 			}
@@ -255,8 +263,8 @@ func (p *Pool) take() (*member, error) {
 	return nil, nil
 }
 
-// giveBack returns a sandbox whose claim was refused for its input: it is
-// still warm. A miss's sandbox joins the pool when there is room.
+// giveBack returns a sandbox whose claim was refused for its input or its
+// volumes: it is still warm. A miss's sandbox joins the pool when there is room.
 func (p *Pool) giveBack(m *member) {
 	p.mu.Lock()
 	m.taken = false

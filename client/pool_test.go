@@ -327,3 +327,34 @@ func TestNewPoolRefusesWhatIsTheTenants(t *testing.T) {
 	_, err := NewPool(ctx(t), PoolOptions{Size: 0})
 	assert.Error(t, err)
 }
+
+func TestAPoolPassesAClaimsVolumesThrough(t *testing.T) {
+	p, log, _ := fakePool(t, PoolOptions{Size: 1}, false)
+	log.wait(t, PoolRefillWarm, 1)
+	host := t.TempDir()
+	s, info, err := p.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot, Volumes: []api.VolumeSpec{{Guest: "/environment", Host: host}}})
+	require.NoError(t, err)
+	assert.True(t, info.Hit)
+	var got []api.VolumeSpec
+	require.NoError(t, json.Unmarshal([]byte(logOf(t, s, "fake/volumes")), &got))
+	assert.Equal(t, []api.VolumeSpec{{Guest: "/environment", Host: host}}, got)
+	require.NoError(t, s.Stop(ctx(t)))
+}
+
+func TestAClaimWhoseVolumesTheProviderCannotMountLeavesThePoolAsItWas(t *testing.T) {
+	t.Setenv("FAKE_VOLUMES", "unsupported")
+	p, log, _ := fakePool(t, PoolOptions{Size: 2, MaxBoots: 2}, false)
+	log.wait(t, PoolRefillWarm, 2)
+	_, info, err := p.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot, Volumes: []api.VolumeSpec{{Guest: "/home", Host: "/srv/home"}}})
+	assert.Equal(t, api.AnswerUnsupported, Code(err))
+	assert.True(t, info.Hit)
+	assert.Equal(t, 2, p.Warm(), "the refused sandbox is back, the other never tried")
+	assert.Equal(t, 2, log.count(PoolRefillStarted), "nothing was used up")
+	assert.Zero(t, log.count(PoolFailed))
+	assert.Equal(t, 1, log.count(PoolHit))
+
+	s, info, err := p.Claim(ctx(t), ClaimRequest{Bootstrap: tenantBoot})
+	require.NoError(t, err)
+	assert.True(t, info.Hit)
+	require.NoError(t, s.Stop(ctx(t)))
+}

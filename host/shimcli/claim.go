@@ -8,14 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/host/forward"
 	"github.com/oac/sandbox-agent/host/kept"
 	"github.com/oac/sandbox-agent/host/persist"
+	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/internal/cli"
 	"github.com/oac/sandbox-agent/protocol/bootstrap"
 )
@@ -25,8 +28,10 @@ import (
 // as oac-shim stop finds it; the answer's result is printed.
 
 const claimHelp = `Claims the warm sandbox NAME (oac-shim run --warm with a control socket:
---control-socket PATH or --outlive-parent): its bootstrap, egress policy and
-forwards, checked by the shim exactly as at run; a refused claim leaves it warm.
+--control-socket PATH or --outlive-parent): its bootstrap, egress policy,
+forwards and volumes, checked by the shim exactly as at run; a refused claim
+leaves it warm. A provider that cannot mount a volume into a running guest
+refuses a claim with --volume (unsupported).
 Prints the answer's result (attempt, forwards, egress) as JSON (docs/warm.md).
 `
 
@@ -43,6 +48,8 @@ func claimCmd(args []string, env cli.Env) int {
 	fs.Var(&allow, "allow", "egress rule HOST:PORT, *.SUFFIX:PORT or CIDR:PORT; repeatable")
 	fs.Var(&upstreams, "upstream", "named egress upstream NAME:PORT=ADDR; repeatable")
 	fs.Var(&forwards, "forward", "LISTEN=GUESTPORT, as run's --forward; repeatable")
+	volumes := installFlag{}
+	fs.Var(volumes, "volume", "GUESTDIR=HOSTDIR, as run's --volume: mount a host directory at the guest's /home or /environment before the bootstrap reaches it; repeatable")
 	fs.String("name", "", "the sandbox's name, as the NAME argument (as the other commands take it)")
 	args, code, ok := cli.Parse(fs, args, env)
 	if !ok {
@@ -55,7 +62,7 @@ func claimCmd(args []string, env cli.Env) int {
 	if *bootFile == "" {
 		return cli.Usagef(fs, stderr, "--bootstrap is required: the tenant's bootstrap document")
 	}
-	line, err := claimLine(*bootFile, stdin, allow, upstreams, forwards)
+	line, err := claimLine(*bootFile, stdin, allow, upstreams, forwards, volumes)
 	if err != nil {
 		fmt.Fprintf(stderr, "oac-shim claim: %v\n", err)
 		return 2
@@ -89,9 +96,9 @@ func claimCmd(args []string, env cli.Env) int {
 }
 
 // claimLine is the claim command's line: the bootstrap as read (it must
-// decode as --bootstrap does; the shim checks it again), the policy and
-// the forwards.
-func claimLine(bootFile string, stdin io.Reader, allow, upstreams, forwards []string) ([]byte, error) {
+// decode as --bootstrap does; the shim checks it again), the policy, the
+// forwards and the volumes.
+func claimLine(bootFile string, stdin io.Reader, allow, upstreams, forwards []string, volumes installFlag) ([]byte, error) {
 	var r io.Reader = stdin
 	if bootFile != "-" {
 		f, err := os.Open(bootFile)
@@ -119,6 +126,7 @@ func claimLine(bootFile string, stdin io.Reader, allow, upstreams, forwards []st
 		Allow     []string          `json:"allow,omitempty"`
 		Upstreams []string          `json:"upstreams,omitempty"`
 		Forwards  []api.ForwardSpec `json:"forwards,omitempty"`
+		Volumes   []api.VolumeSpec  `json:"volumes,omitempty"`
 	}{ID: "claim", Cmd: api.CmdClaim, Bootstrap: compact.Bytes(), Allow: allow, Upstreams: upstreams}
 	for _, v := range forwards {
 		sp, err := forward.ParseSpec(v)
@@ -127,6 +135,11 @@ func claimLine(bootFile string, stdin io.Reader, allow, upstreams, forwards []st
 		}
 		cmd.Forwards = append(cmd.Forwards, api.ForwardSpec{Listen: sp.Listen, GuestPort: sp.GuestPort})
 	}
+	vs, err := volumeSpecs(volumes)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Volumes = vs
 	line, err := json.Marshal(cmd)
 	if err != nil {
 		return nil, err
@@ -135,6 +148,22 @@ func claimLine(bootFile string, stdin io.Reader, allow, upstreams, forwards []st
 		return nil, fmt.Errorf("the claim is %d bytes, over a control line's %d: a smaller bootstrap", len(line), api.MaxLine)
 	}
 	return line, nil
+}
+
+// volumeSpecs are --volume's GUESTDIR=HOSTDIR (parsed by installFlag, as
+// run's) as a claim sends them, in guest directory order: each guest
+// directory one of provider.VolumeDirs, as run's spec is checked, and each
+// host directory absolute against this working directory, as run makes it
+// (the shim runs elsewhere).
+func volumeSpecs(volumes installFlag) ([]api.VolumeSpec, error) {
+	var vs []api.VolumeSpec
+	for _, guest := range slices.Sorted(maps.Keys(volumes)) {
+		if !slices.Contains(provider.VolumeDirs, guest) {
+			return nil, fmt.Errorf("--volume %s=%s: a volume can replace only /home or /environment", guest, volumes[guest])
+		}
+		vs = append(vs, api.VolumeSpec{Guest: guest, Host: provider.AbsPath(volumes[guest])})
+	}
+	return vs, nil
 }
 
 // askControl sends one command line to a control socket and returns its

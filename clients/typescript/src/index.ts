@@ -13,7 +13,7 @@ export { DEFAULT_HISTORY_SIZE } from './history.js';
 export type { WaitOptions } from './wait.js';
 export { SCHEMA_VERSION, FAILURES, ANSWERS, STAGE } from './generated/codes.js';
 export type * from './generated/event.js';
-export type { Command, Forward as ClaimForward } from './generated/command.js';
+export type { Command, Forward as ClaimForward, Volume as ClaimVolume } from './generated/command.js';
 export type { Bootstrap } from './generated/bootstrap.js';
 export type { CoreBootstrap, Runtime as CoreRuntime } from './generated/core-bootstrap.js';
 export type { PolicyFile } from './generated/policy.js';

@@ -292,13 +292,14 @@ export class SandboxPool {
   /**
    * Claims a sandbox for a tenant: the oldest still warm (a hit), else one
    * booted for this claim (a miss, said in the result and an event). Sends
-   * the claim (bootstrap, allow, upstreams, forwards; the password as
+   * the claim (bootstrap, allow, upstreams, forwards, volumes; the password as
    * Shim.claim makes it), waits for ready and resolves with the sandbox,
    * now the caller's: the pool forgets it and boots another. A claim that
    * fails (the sandbox failed to become ready, the signal fired) stops
    * that sandbox and rejects; a claim refused for its input (a
    * CommandError coded invalid_argument, or a TypeError for a password
-   * refused here) leaves the warm sandbox in the pool. Claims in flight
+   * refused here) or for volumes its provider cannot mount (a
+   * CommandError coded unsupported) leaves the warm sandbox in the pool. Claims in flight
    * when close() begins reject with an OacError coded closed.
    */
   async claim(c: PoolClaim): Promise<Claimed> {
@@ -315,8 +316,10 @@ export class SandboxPool {
         try {
           r = await e.sandbox.claim(claim, { ...o, ...(password !== undefined ? { password } : {}) });
         } catch (err) {
-          if ((err instanceof CommandError && err.code === 'invalid_argument') || err instanceof TypeError) {
-            // Nothing of the claim reached it (refused by the shim, or a password refused here): still warm, back in its place.
+          if ((err instanceof CommandError && (err.code === 'invalid_argument' || err.code === 'unsupported')) || err instanceof TypeError) {
+            // Nothing of the claim reached it (refused by the shim for its input or for volumes its provider
+            // cannot mount, which every sandbox of the pool would refuse, or a password refused here): still
+            // warm, back in its place.
             e.taken = false;
             if (!this.closed && stateOf(e.sandbox) === 'warm') this.warm.unshift(e);
             else await this.replace(e, 'failed');

@@ -5,6 +5,7 @@
 // macOS and Windows.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { isAbsolute, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 
 import { findBinary, launchError } from './binary.js';
@@ -528,6 +529,14 @@ export class Shim {
    * CommandError coded invalid_argument and the sandbox stays warm; a
    * sandbox that is not warm rejects it with conflict.
    *
+   * volumes (at most one for /home, one for /environment) mount each
+   * host directory at its guest directory before the bootstrap reaches
+   * the guest, as oac-shim run --volume binds them; a relative host
+   * directory is made absolute against this process's working directory
+   * (the shim may run in another). Only providers that share the host's
+   * kernel, under a root shim, can: the others reject the claim with
+   * unsupported and the sandbox stays warm.
+   *
    * A bootstrap with credentials gets the daemon's password as at
    * create: its own credentials.password, else opts.password, else 32
    * random bytes made here; it travels inside the claim on stdin (never
@@ -544,7 +553,12 @@ export class Shim {
       throw new TypeError('the password is 16 to 1024 printable ASCII characters without spaces (the rule of the bootstrap\'s credentials.password)');
     }
     // The generated type of credentials.password (an anyOf of lengths) reads as an object; it is a string.
-    const sent = (cred && own === undefined ? { ...claim, bootstrap: { ...claim.bootstrap, credentials: { ...cred, password } } } : claim) as Omit<CommandOf<'claim'>, 'cmd'>;
+    let sent = (cred && own === undefined ? { ...claim, bootstrap: { ...claim.bootstrap, credentials: { ...cred, password } } } : claim) as Omit<CommandOf<'claim'>, 'cmd'>;
+    if (claim.volumes !== undefined) {
+      // An empty host directory is left for the shim to refuse (invalid_argument).
+      const volumes = claim.volumes.map((v) => (v.host === '' || isAbsolute(v.host) ? v : { ...v, host: resolve(v.host) }));
+      sent = { ...sent, volumes: volumes as typeof claim.volumes };
+    }
     const r = await this.command('claim', sent, wait);
     if (password !== undefined) this.pw = password;
     return r;

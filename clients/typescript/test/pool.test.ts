@@ -82,6 +82,10 @@ test('claims under load: the warm ones are hits (oldest first, with their age), 
     await assert.rejects(pool.claim({ ...tenant, forwards: [{ listen: '0.0.0.0:80', guest_port: 4096 }] }), (e: unknown) => e instanceof CommandError && e.code === 'invalid_argument');
     assert.equal(pool.stats().warm, 2, 'still warm, still in the pool');
     assert.equal(rec.count('refill'), 2, 'nothing to replace');
+    // So does a volume the shim's decoder refuses: the volumes reach it.
+    await assert.rejects(pool.claim({ ...tenant, volumes: [{ guest: '/home', host: '' }] }), (e: unknown) => e instanceof CommandError && e.code === 'invalid_argument' && /volumes/.test(e.message));
+    assert.equal(pool.stats().warm, 2, 'still warm, still in the pool');
+    assert.equal(rec.count('refill'), 2, 'nothing to replace');
 
     // Four claims at once on a pool of two.
     const results = await Promise.all([1, 2, 3, 4].map(() => pool!.claim(tenant)));
