@@ -214,8 +214,11 @@ func Decode(line []byte) (Command, error) {
 		}
 	}
 	for _, v := range c.Volumes {
-		if v.Guest == "" || v.Host == "" {
-			return c, badAs(AnswerInvalidArgument, `each of "volumes" needs a "guest" directory and a "host" directory`)
+		if v.Guest != "/home" && v.Guest != "/environment" { // provider.VolumeDirs
+			return c, badAs(AnswerInvalidArgument, `each of "volumes" needs a "guest" of "/home" or "/environment"`)
+		}
+		if v.Host == "" {
+			return c, badAs(AnswerInvalidArgument, `each of "volumes" needs a "host" directory`)
 		}
 	}
 	return c, nil

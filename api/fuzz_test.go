@@ -19,6 +19,8 @@ func FuzzDecode(f *testing.F) {
 		`{"cmd":"remove_forward","listen":"/run/oac/d.sock"}`,
 		`{"id":"c1","cmd":"claim","bootstrap":{"version":1,"hostname":"demo"},"allow":["a.example.com:443"],"forwards":[{"listen":"127.0.0.1:0","guest_port":4096}]}`,
 		`{"cmd":"claim","bootstrap":{ "version" : 1, "x":"<&>"},"forwards":[]}`, `{"cmd":"claim","bootstrap":"{}"}`,
+		`{"cmd":"claim","bootstrap":{"version":1},"volumes":[{"guest":"/home","host":"/srv/t1/home"},{"guest":"/environment","host":"/srv/t1/env"}]}`,
+		`{"cmd":"claim","bootstrap":{"version":1},"volumes":[{"guest":"/etc","host":""},{"host":1}]}`,
 		`{"cmd":"status","cmd":"stop"}`, `{"cmd":"add_forward","listen":"x","guest_port":1e3}`,
 		`{"cmd":"status"} {}`, `[`, `{"c\u006dd":"status"}`, "{\"cmd\":\"\xff\"}",
 	} {
@@ -49,9 +51,15 @@ func FuzzDecode(f *testing.F) {
 				require.NotEmpty(t, f.Listen)
 				require.True(t, f.GuestPort >= 1 && f.GuestPort <= 65535)
 			}
+			require.LessOrEqual(t, len(c.Volumes), maxVolumes)
+			for _, v := range c.Volumes {
+				require.Contains(t, []string{"/home", "/environment"}, v.Guest)
+				require.NotEmpty(t, v.Host)
+			}
 		} else {
 			require.Nil(t, c.Bootstrap)
 			require.Nil(t, c.Forwards)
+			require.Nil(t, c.Volumes)
 		}
 		again, err := json.Marshal(c)
 		require.NoError(t, err)
@@ -65,6 +73,9 @@ func FuzzDecode(f *testing.F) {
 		}
 		if len(c.Forwards) == 0 && len(c2.Forwards) == 0 {
 			c.Forwards, c2.Forwards = nil, nil
+		}
+		if len(c.Volumes) == 0 && len(c2.Volumes) == 0 {
+			c.Volumes, c2.Volumes = nil, nil
 		}
 		if c.Bootstrap != nil {
 			// Re-encoding compacts the document (and escapes <, >, &): the
