@@ -114,6 +114,8 @@ export class SandboxPool {
   /** Boots in flight (the pool's and the misses'), and the pool's own among them. */
   private boots = 0;
   private refilling = 0;
+  /** The refills in flight: close() waits for them to give their boot slot back. */
+  private readonly refills = new Set<Promise<void>>();
   /** Misses waiting for a boot slot: they go before the pool's refills. */
   private readonly slotWaiters: Array<() => void> = [];
   /** Why sandboxes are missing, in order: each refill says which it replaces. */
@@ -160,7 +162,9 @@ export class SandboxPool {
     while (!this.closed && !this.backoff && this.slotWaiters.length === 0 && this.boots < this.maxBoots && this.warm.length + this.refilling < this.o.size) {
       this.boots++;
       this.refilling++;
-      void this.refill(this.reasons.shift() ?? 'fill');
+      const r = this.refill(this.reasons.shift() ?? 'fill');
+      this.refills.add(r);
+      void r.finally(() => this.refills.delete(r));
     }
   }
 
@@ -412,11 +416,13 @@ export class SandboxPool {
         w();
       }
       let stopped = 0;
-      // Until nothing is held: a boot started as close began is held too.
-      while (this.held.size > 0) {
+      // Until nothing is held: a boot started as close began is held too;
+      // and until every refill has given its boot slot back.
+      while (this.held.size > 0 || this.refills.size > 0) {
         const now = [...this.held];
         stopped += now.length;
         await Promise.all(now.map((e) => this.discard(e)));
+        await Promise.allSettled([...this.refills]);
       }
       this.warm = [];
       this.emit({ event: 'closed', stopped });
