@@ -148,7 +148,7 @@ func Run(o Options) error {
 		r.group = WarmGroup
 		if !root {
 			r.Skip(WarmGroup+" sandbox figures", "need root (bwrap, OCI, docker)")
-		} else if err := WarmFigures(r, b, min(o.Runs, 11)); err != nil {
+		} else if err := WarmFigures(r, b, min(o.Runs, 11), VMArch{Arch: "amd64", KernelCache: envOr("OAC_KERNEL_CACHE", ".cache/kernel")}); err != nil {
 			return err
 		}
 		r.group = ""

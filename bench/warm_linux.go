@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -228,9 +229,9 @@ func claimLine() ([]byte, error) {
 }
 
 // WarmFigures measures warm sandboxes per provider (bwrap, runc, crun,
-// docker where an engine starts), then memory, idle CPU and refill with
-// bwrap.
-func WarmFigures(r *Report, b Bins, runs int) error {
+// docker where an engine starts, qemu under software emulation where it
+// and vm's kernel are here), then memory, idle CPU and refill with bwrap.
+func WarmFigures(r *Report, b Bins, runs int, vm VMArch) error {
 	if b.SandboxIO == "" || b.Daemon == "" {
 		r.Skip(WarmGroup+" sandbox figures", "need the stand-in fixtures (make fixtures: bin/fixtures/)")
 		return nil
@@ -269,6 +270,9 @@ func WarmFigures(r *Report, b Bins, runs int) error {
 	if err := warmDocker(r, b, dir, compare); err != nil {
 		return err
 	}
+	if err := warmQemu(r, b, vm, dir, compare); err != nil {
+		return err
+	}
 	if errB != nil {
 		r.Skip(WarmGroup+": held and refilled bwrap sandboxes", "bubblewrap is not installed")
 		return nil
@@ -305,6 +309,32 @@ func warmDocker(r *Report, b Bins, dir string, compare func(string, bool, ...str
 	}
 	defer done()
 	return compare("docker", false, "--provider", "docker", "--docker-image", ref)
+}
+
+// warmQemu runs compare on a qemu guest under software emulation (TCG),
+// booting the image's initramfs; the stand-ins come in as --sandbox-io
+// and --install, as on every row. Its cold boot is seconds: the warm
+// claim is what a pool of VMs saves.
+func warmQemu(r *Report, b Bins, vm VMArch, dir string, compare func(string, bool, ...string) error) error {
+	bin, _, _ := qemuArchArgs(vm.Arch)
+	label := fmt.Sprintf("qemu %s (TCG)", vm.Arch)
+	if _, err := exec.LookPath(bin); err != nil {
+		r.Skip(WarmGroup+" with "+label, "needs "+bin+" (apt-get install qemu-system-x86)")
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(vm.KernelCache, "modules", "modules.dep")); err != nil {
+		r.Skip(WarmGroup+" with "+label, "needs the kernel cache "+vm.KernelCache+" (make kernels)")
+		return nil
+	}
+	if vm.Arch != runtime.GOARCH {
+		r.Skip(WarmGroup+" with "+label, "the warm rows boot this machine's own architecture")
+		return nil
+	}
+	kernel, initrd, _, err := vmImage(b.Guest, vm, filepath.Join(dir, "qemu-image"))
+	if err != nil {
+		return err
+	}
+	return compare(label, false, "--provider", "qemu", "--kernel", kernel, "--initramfs", initrd, "--accel", "tcg", "--boot-timeout", "120s")
 }
 
 // warmBesideCold interleaves cold hosted boots and warm claims of one
