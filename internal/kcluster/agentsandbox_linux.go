@@ -128,7 +128,10 @@ func BuildAgentSandbox(ctx context.Context, toolsDir, outDir string) error {
 	}
 	defer os.RemoveAll(tmp)
 	env := append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
-	cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-ldflags", "-s -w", "-o", tmp+"/",
+	// The version it reports (--version, its logs), as agent-sandbox's
+	// own build sets it.
+	ldflags := "-s -w -X sigs.k8s.io/agent-sandbox/internal/version.gitVersion=" + AgentSandboxVersion
+	cmd := exec.CommandContext(ctx, goTool(), "build", "-trimpath", "-ldflags", ldflags, "-o", tmp+"/",
 		"sigs.k8s.io/agent-sandbox/cmd/"+AgentSandboxController)
 	cmd.Dir, cmd.Env = toolsDir, env
 	if out, err := cmd.CombinedOutput(); err != nil {
