@@ -726,7 +726,8 @@ func (c *Cluster) proc(name string) *proc {
 }
 
 // LogTail is the end of a daemon's log (etcd, containerd, kube-apiserver,
-// kube-scheduler, kube-controller-manager, kubelet), for test failures.
+// kube-scheduler, kube-controller-manager, kubelet,
+// agent-sandbox-controller), for test failures.
 func (c *Cluster) LogTail(name string, n int) string {
 	b, _ := os.ReadFile(filepath.Join(c.Dir, "logs", name+".log"))
 	if len(b) > n {
