@@ -100,8 +100,9 @@ test: test-deps fmt-check vet cross unit fuzz-short k8s-bins e2e ts-test
 
 # The test cluster's kube-apiserver, kubelet, kube-scheduler and
 # kube-controller-manager, built by tools/k8s into the user cache once
-# (minutes on a cold cache; a no-op after): before e2e, so that their build
-# is not paid inside the e2e tests' time limit.
+# (minutes on a cold cache; a no-op after), and agent-sandbox's controller,
+# built by tools/agent-sandbox the same way (about a minute cold): before
+# e2e, so that their build is not paid inside the e2e tests' time limit.
 k8s-bins:
 	$(GO) run ./internal/kcluster/kbins
 

@@ -42,8 +42,16 @@
 // imports an OCI archive (as WriteOCIArchive and StaticBinaryImage write)
 // for Pods with imagePullPolicy: Never.
 //
-// Stop ends the controller manager and the scheduler (so nothing makes
-// Pods again), deletes the cluster's pods, ends every other process it
+// Cluster.StartAgentSandbox runs Kubernetes' agent-sandbox on a started
+// cluster: its four CRDs and its controller's ClusterRoles from the
+// sigs.k8s.io/agent-sandbox module, and agent-sandbox-controller with
+// its extensions (SandboxTemplate, SandboxWarmPool, SandboxClaim) as a
+// process of the cluster with a client certificate of its own; the
+// separate module tools/agent-sandbox builds it, once, into a cache
+// directory (EnsureAgentSandbox).
+//
+// Stop ends agent-sandbox's controller, the controller manager and the
+// scheduler (so nothing makes Pods again), deletes the cluster's pods, ends every other process it
 // started by its pid, removes the containers and tasks left in
 // containerd's k8s.io namespace, the CNI bridge and the network namespaces
 // that appeared while it ran, the iptables chains the kubelet made, the

@@ -221,18 +221,9 @@ func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string
 	}
 	tools := o.ToolsDir
 	if tools == "" {
-		wd, err := os.Getwd()
-		if err != nil {
+		var err error
+		if tools, err = findTools("k8s"); err != nil {
 			return "", err
-		}
-		for d := wd; ; d = filepath.Dir(d) {
-			if _, err := os.Stat(filepath.Join(d, "tools", "k8s", "go.mod")); err == nil {
-				tools = filepath.Join(d, "tools", "k8s")
-				break
-			}
-			if filepath.Dir(d) == d {
-				return "", fmt.Errorf("kcluster: tools/k8s not found above %s: set Options.ToolsDir or Options.BinDir", wd)
-			}
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -243,6 +234,23 @@ func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string
 		return "", err
 	}
 	return dir, nil
+}
+
+// findTools finds tools/NAME (a module of its own) from the working
+// directory upwards.
+func findTools(name string) (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "tools", name, "go.mod")); err == nil {
+			return filepath.Join(d, "tools", name), nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("kcluster: tools/%s not found above %s: set ToolsDir or BinDir in the options", name, wd)
+		}
+	}
 }
 
 // LDFlags are the linker flags tools/k8s is built with (the version the
@@ -718,7 +726,8 @@ func (c *Cluster) proc(name string) *proc {
 }
 
 // LogTail is the end of a daemon's log (etcd, containerd, kube-apiserver,
-// kube-scheduler, kube-controller-manager, kubelet), for test failures.
+// kube-scheduler, kube-controller-manager, kubelet,
+// agent-sandbox-controller), for test failures.
 func (c *Cluster) LogTail(name string, n int) string {
 	b, _ := os.ReadFile(filepath.Join(c.Dir, "logs", name+".log"))
 	if len(b) > n {
@@ -889,10 +898,11 @@ func (c *Cluster) stop() error {
 	}
 	var errs []error
 	ctx := context.Background()
-	// The controllers and the scheduler first, so that nothing makes
-	// pods again; then the pods, through the kubelet, so that CNI tears
-	// their networks down.
-	for _, name := range []string{"kube-controller-manager", "kube-scheduler"} {
+	// The controllers (agent-sandbox's too, whose warm pools make Pods)
+	// and the scheduler first, so that nothing makes pods again; then
+	// the pods, through the kubelet, so that CNI tears their networks
+	// down.
+	for _, name := range []string{AgentSandboxController, "kube-controller-manager", "kube-scheduler"} {
 		if p := c.proc(name); p != nil {
 			if err := p.stop(); err != nil {
 				errs = append(errs, err)

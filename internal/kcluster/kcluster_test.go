@@ -185,6 +185,9 @@ func TestCluster(t *testing.T) {
 	t.Run("an unprivileged user is refused until a Role grants it, then allowed exactly that", func(t *testing.T) {
 		testRBAC(ctx, t, c)
 	})
+	t.Run("agent-sandbox binds a claim to its warm pool's Ready Pod of a tight template, refills, and deleting the claim leaves nothing", func(t *testing.T) {
+		testAgentSandbox(ctx, t, c)
+	})
 
 	t2 := time.Now()
 	if err := c.Do(ctx, http.MethodDelete, "/api/v1/namespaces/default/pods/pause",
