@@ -96,7 +96,7 @@ test-deps:
 	@scripts/deps.sh $(TEST_PKGS)
 	@scripts/node-check.sh
 
-test: test-deps fmt-check vet cross unit fuzz-short k8s-bins e2e ts-test
+test: test-deps fmt-check vet cross unit fuzz-short k8s-bins k8s-cluster-test e2e ts-test
 
 # The test cluster's kube-apiserver, kubelet, kube-scheduler and
 # kube-controller-manager, built by tools/k8s into the user cache once
@@ -110,8 +110,10 @@ k8s-bins:
 # containerd, kube-apiserver, kube-scheduler, kube-controller-manager and
 # kubelet built by tools/k8s into the user cache once, minutes on a cold
 # cache) schedules and runs Pods, binds claims, collects garbage, enforces
-# RBAC, and is stopped leaving nothing. The e2e tests start the same cluster
-# for the kubernetes provider's rows; this target proves the cluster alone.
+# RBAC, runs agent-sandbox's controller (a warm pool, a claim bound to its
+# warm Pod), and is stopped leaving nothing. The e2e tests start the same
+# cluster for the kubernetes provider's rows; this target proves the cluster
+# alone, before them in make test (about 40 s).
 k8s-cluster-test: test-deps
 	$(GO) test -tags k8s -count=1 -timeout 30m -v -run TestCluster ./internal/kcluster/
 
