@@ -21,27 +21,37 @@ func TestAPodNamesNoAppArmorProfileUnlessAsked(t *testing.T) {
 	// The provider as oac-shim makes it from no flags.
 	p := provider.Declare(flag.NewFlagSet("t", flag.ContinueOnError))["kubernetes"]().(*Provider)
 	assert.Empty(t, p.AppArmor, "no AppArmor profile by default")
-	pod := podSpec(testConfig())
-	assert.Nil(t, pod.Spec.SecurityContext.AppArmorProfile, "the runtime's default: a node without AppArmor still admits the Pod")
-	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
-		assert.Nil(t, c.SecurityContext.AppArmorProfile, c.Name)
-	}
+	forBoth(t, func(t *testing.T, made madePod) {
+		pod := made(testConfig())
+		assert.Nil(t, pod.Spec.SecurityContext.AppArmorProfile, "the runtime's default: a node without AppArmor still admits the Pod")
+		for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			assert.Nil(t, c.SecurityContext.AppArmorProfile, c.Name)
+		}
+	})
 }
 
 func TestThePodRunsUnderTheLocalhostProfileItIsGiven(t *testing.T) {
 	c := testConfig()
-	c.AppArmor, c.Kept = "oac-guest", true
+	c.AppArmor = "oac-guest"
+	forBoth(t, func(t *testing.T, made madePod) {
+		pod := made(c)
+		prof := pod.Spec.SecurityContext.AppArmorProfile
+		require.NotNil(t, prof, "Pod-wide: every container runs under it")
+		assert.Equal(t, corev1.AppArmorProfileTypeLocalhost, prof.Type)
+		require.NotNil(t, prof.LocalhostProfile)
+		assert.Equal(t, "oac-guest", *prof.LocalhostProfile)
+		for _, ctr := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+			assert.Nil(t, ctr.SecurityContext.AppArmorProfile, "no container overrides the Pod's: %s", ctr.Name)
+		}
+		assert.Equal(t, corev1.SeccompProfileTypeLocalhost, pod.Spec.SecurityContext.SeccompProfile.Type, "the seccomp profile stays")
+	})
+	// A kept sandbox (bare Pods only) seeds its volume under it too.
+	c.Kept = true
 	pod := podSpec(c)
-	prof := pod.Spec.SecurityContext.AppArmorProfile
-	require.NotNil(t, prof, "Pod-wide: the agent's container and the kept volume's seed both run under it")
-	assert.Equal(t, corev1.AppArmorProfileTypeLocalhost, prof.Type)
-	require.NotNil(t, prof.LocalhostProfile)
-	assert.Equal(t, "oac-guest", *prof.LocalhostProfile)
+	require.NotNil(t, pod.Spec.SecurityContext.AppArmorProfile)
+	assert.Equal(t, "oac-guest", *pod.Spec.SecurityContext.AppArmorProfile.LocalhostProfile)
 	require.Len(t, pod.Spec.InitContainers, 1)
-	for _, ctr := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
-		assert.Nil(t, ctr.SecurityContext.AppArmorProfile, "no container overrides the Pod's: %s", ctr.Name)
-	}
-	assert.Equal(t, corev1.SeccompProfileTypeLocalhost, pod.Spec.SecurityContext.SeccompProfile.Type, "the seccomp profile stays")
+	assert.Nil(t, pod.Spec.InitContainers[0].SecurityContext.AppArmorProfile, "the seed does not override the Pod's")
 }
 
 // The test cluster (internal/kcluster, make k8s-cluster-test) runs on

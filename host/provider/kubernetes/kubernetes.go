@@ -269,6 +269,19 @@ func (p *Provider) holder() string {
 
 // config is the Pod's configuration for spec.
 func (p *Provider) config(f found, spec provider.Spec) (podConfig, error) {
+	c, err := p.flagConfig()
+	if err != nil {
+		return podConfig{}, err
+	}
+	c.Name, c.Namespace, c.Holder, c.Hostname = spec.Name, f.c.namespace, p.holder(), spec.Hostname
+	c.UserNamespaces, c.Kept = f.userNS, spec.Keep != nil
+	return c, nil
+}
+
+// flagConfig is the part of the Pod's configuration the flags decide,
+// the same for every sandbox: a bare Pod's (config) and a warm one's
+// (WarmPod) start from it.
+func (p *Provider) flagConfig() (podConfig, error) {
 	req, err := parseResources("k8s-requests", p.Requests)
 	if err != nil {
 		return podConfig{}, err
@@ -286,9 +299,8 @@ func (p *Provider) config(f found, spec provider.Spec) (podConfig, error) {
 		pull = corev1.PullIfNotPresent
 	}
 	return podConfig{
-		Name: spec.Name, Namespace: f.c.namespace, Holder: p.holder(), Image: p.Image, PullPolicy: pull,
-		Hostname: spec.Hostname, RuntimeClass: p.RuntimeClass, UserNamespaces: f.userNS, Seccomp: seccomp, AppArmor: p.AppArmor,
-		Requests: req, Limits: lim, Kept: spec.Keep != nil, Debug: p.Debug, GracePeriodSeconds: 5,
+		Image: p.Image, PullPolicy: pull, RuntimeClass: p.RuntimeClass, Seccomp: seccomp, AppArmor: p.AppArmor,
+		Requests: req, Limits: lim, Debug: p.Debug, GracePeriodSeconds: 5,
 	}, nil
 }
 

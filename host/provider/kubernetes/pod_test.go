@@ -23,69 +23,125 @@ func testConfig() podConfig {
 		Seccomp: DefaultSeccompProfile, Requests: req, Limits: lim, GracePeriodSeconds: 5}
 }
 
-func TestThePodGetsNoTokenNoHostNamespaceAndNoServiceLinks(t *testing.T) {
-	p := podSpec(testConfig())
-	s := p.Spec
-	require.NotNil(t, s.AutomountServiceAccountToken)
-	assert.False(t, *s.AutomountServiceAccountToken, "no service account token in the sandbox")
-	assert.False(t, s.HostNetwork)
-	assert.False(t, s.HostPID)
-	assert.False(t, s.HostIPC)
-	assert.False(t, *s.EnableServiceLinks, "no environment naming the cluster's services")
-	assert.Equal(t, corev1.RestartPolicyNever, s.RestartPolicy, "a sandbox that ends is not restarted behind the shim")
-	assert.Equal(t, corev1.DNSNone, s.DNSPolicy)
-	assert.Equal(t, []string{"127.0.0.1"}, s.DNSConfig.Nameservers, "names go to the guest's resolver")
-	for _, v := range s.Volumes {
-		assert.Nil(t, v.HostPath, "no host path: %s", v.Name)
+// madePod is one way the provider makes a sandbox's Pod from a
+// configuration.
+type madePod func(podConfig) corev1.PodTemplateSpec
+
+// bareAndWarm are the two: the bare Pod of one sandbox, and a warm
+// sandbox's from its SandboxTemplate. Every promise the Pod keeps is
+// proven over both by forBoth.
+var bareAndWarm = []struct {
+	name string
+	pod  madePod
+}{
+	{"bare Pod", func(c podConfig) corev1.PodTemplateSpec {
+		p := podSpec(c)
+		return corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
+	}},
+	{"warm Pod", warmPod},
+}
+
+func forBoth(t *testing.T, test func(t *testing.T, pod madePod)) {
+	for _, m := range bareAndWarm {
+		t.Run(m.name, func(t *testing.T) { test(t, m.pod) })
 	}
-	assert.Nil(t, s.HostUsers, "hostUsers only where every node supports user namespaces")
-	assert.Nil(t, s.RuntimeClassName)
+}
+
+func TestThePodGetsNoTokenNoHostNamespaceAndNoServiceLinks(t *testing.T) {
+	forBoth(t, func(t *testing.T, pod madePod) {
+		s := pod(testConfig()).Spec
+		require.NotNil(t, s.AutomountServiceAccountToken)
+		assert.False(t, *s.AutomountServiceAccountToken, "no service account token in the sandbox")
+		assert.False(t, s.HostNetwork)
+		assert.False(t, s.HostPID)
+		assert.False(t, s.HostIPC)
+		require.NotNil(t, s.ShareProcessNamespace)
+		assert.False(t, *s.ShareProcessNamespace)
+		require.NotNil(t, s.EnableServiceLinks)
+		assert.False(t, *s.EnableServiceLinks, "no environment naming the cluster's services")
+		assert.Equal(t, corev1.RestartPolicyNever, s.RestartPolicy, "a sandbox that ends is not restarted behind the shim")
+		assert.Equal(t, corev1.DNSNone, s.DNSPolicy)
+		assert.Equal(t, []string{"127.0.0.1"}, s.DNSConfig.Nameservers, "names go to the guest's resolver")
+		for _, v := range s.Volumes {
+			assert.Nil(t, v.HostPath, "no host path: %s", v.Name)
+		}
+		assert.Nil(t, s.HostUsers, "hostUsers only where every node supports user namespaces")
+		assert.Nil(t, s.RuntimeClassName)
+		require.NotNil(t, s.TerminationGracePeriodSeconds)
+		assert.Equal(t, int64(5), *s.TerminationGracePeriodSeconds)
+	})
 }
 
 func TestTheAgentRunsAsRootWithTheContractsCapabilitiesOnly(t *testing.T) {
-	p := podSpec(testConfig())
-	require.Len(t, p.Spec.Containers, 1)
-	c := p.Spec.Containers[0]
-	assert.Equal(t, []string{AgentPath}, c.Command)
-	assert.Equal(t, []string{"--transport", "unix+listen://" + SessionSocket, "--offline"}, c.Args, "the agent waits for the bridge and drops the Pod's network")
-	sc := c.SecurityContext
-	assert.Equal(t, int64(0), *sc.RunAsUser)
-	assert.False(t, *sc.AllowPrivilegeEscalation)
-	assert.False(t, *sc.Privileged)
-	assert.True(t, *sc.ReadOnlyRootFilesystem)
-	assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
-	assert.Equal(t, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "KILL", "NET_ADMIN", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETUID"}, sc.Capabilities.Add)
-	prof := p.Spec.SecurityContext.SeccompProfile
-	assert.Equal(t, corev1.SeccompProfileTypeLocalhost, prof.Type)
-	assert.Equal(t, DefaultSeccompProfile, *prof.LocalhostProfile)
-	assert.Equal(t, resource.MustParse("2Gi"), c.Resources.Limits[corev1.ResourceMemory])
-	assert.Equal(t, resource.MustParse("100m"), c.Resources.Requests[corev1.ResourceCPU])
+	forBoth(t, func(t *testing.T, pod madePod) {
+		p := pod(testConfig())
+		require.Len(t, p.Spec.Containers, 1)
+		c := p.Spec.Containers[0]
+		assert.Equal(t, ContainerName, c.Name)
+		assert.Equal(t, "reg/oac:1", c.Image)
+		assert.Equal(t, corev1.PullIfNotPresent, c.ImagePullPolicy)
+		assert.Equal(t, []string{AgentPath}, c.Command)
+		assert.Equal(t, []string{"--transport", "unix+listen://" + SessionSocket, "--offline"}, c.Args, "the agent waits for the bridge and drops the Pod's network")
+		assert.Empty(t, c.Env, "nothing of the sandbox in the environment: the bootstrap comes over the session")
+		sc := c.SecurityContext
+		assert.Equal(t, int64(0), *sc.RunAsUser)
+		assert.Equal(t, int64(0), *sc.RunAsGroup)
+		require.NotNil(t, sc.RunAsNonRoot)
+		assert.False(t, *sc.RunAsNonRoot, "guest root, with the contract's capabilities only")
+		assert.False(t, *sc.AllowPrivilegeEscalation)
+		assert.False(t, *sc.Privileged)
+		assert.True(t, *sc.ReadOnlyRootFilesystem)
+		assert.Equal(t, []corev1.Capability{"ALL"}, sc.Capabilities.Drop)
+		assert.Equal(t, []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "KILL", "NET_ADMIN", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETUID"}, sc.Capabilities.Add)
+		prof := p.Spec.SecurityContext.SeccompProfile
+		assert.Equal(t, corev1.SeccompProfileTypeLocalhost, prof.Type)
+		assert.Equal(t, DefaultSeccompProfile, *prof.LocalhostProfile)
+		assert.Equal(t, resource.MustParse("2Gi"), c.Resources.Limits[corev1.ResourceMemory])
+		assert.Equal(t, resource.MustParse("2"), c.Resources.Limits[corev1.ResourceCPU])
+		assert.Equal(t, resource.MustParse("128Mi"), c.Resources.Requests[corev1.ResourceMemory])
+		assert.Equal(t, resource.MustParse("100m"), c.Resources.Requests[corev1.ResourceCPU])
+	})
+}
+
+func TestTheAgentSaysMoreOnlyWhenAskedForDebug(t *testing.T) {
+	forBoth(t, func(t *testing.T, pod madePod) {
+		c := testConfig()
+		c.Debug = true
+		assert.Equal(t, []string{"--transport", "unix+listen://" + SessionSocket, "--offline", "--debug"}, pod(c).Spec.Containers[0].Args)
+	})
 }
 
 func TestTheRuntimesDefaultProfileAUserNamespaceAndARuntimeClassWhenAskedFor(t *testing.T) {
 	c := testConfig()
 	c.Seccomp, c.UserNamespaces, c.RuntimeClass, c.Hostname = "", true, "gvisor", "conformance"
-	p := podSpec(c)
-	assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, p.Spec.SecurityContext.SeccompProfile.Type)
-	require.NotNil(t, p.Spec.HostUsers)
-	assert.False(t, *p.Spec.HostUsers)
-	assert.Equal(t, "gvisor", *p.Spec.RuntimeClassName)
-	assert.Equal(t, "conformance", p.Spec.Hostname)
+	forBoth(t, func(t *testing.T, pod madePod) {
+		p := pod(c)
+		assert.Equal(t, corev1.SeccompProfileTypeRuntimeDefault, p.Spec.SecurityContext.SeccompProfile.Type)
+		assert.Nil(t, p.Spec.SecurityContext.SeccompProfile.LocalhostProfile)
+		require.NotNil(t, p.Spec.HostUsers)
+		assert.False(t, *p.Spec.HostUsers)
+		assert.Equal(t, "gvisor", *p.Spec.RuntimeClassName)
+	})
+	// The hostname is one sandbox's: a warm Pod's is its Pod's name.
+	assert.Equal(t, "conformance", podSpec(c).Spec.Hostname)
+	assert.Empty(t, warmPod(c).Spec.Hostname)
 	c.Hostname = "Not_A_Label"
 	assert.Empty(t, podSpec(c).Spec.Hostname, "a hostname the API would refuse is left to the Pod's name")
 }
 
 func TestAThrowawayPodWritesOnlyToItsOwnEmptyDirs(t *testing.T) {
-	p := podSpec(testConfig())
-	mounts := map[string]string{}
-	for _, m := range p.Spec.Containers[0].VolumeMounts {
-		mounts[m.MountPath] = m.Name
-	}
-	assert.Equal(t, map[string]string{"/run": "run", "/tmp": "tmp", "/home": "home", "/environment": "environment"}, mounts)
-	for _, v := range p.Spec.Volumes {
-		require.NotNil(t, v.EmptyDir, v.Name)
-	}
-	assert.Empty(t, p.Spec.InitContainers)
+	forBoth(t, func(t *testing.T, pod madePod) {
+		p := pod(testConfig())
+		mounts := map[string]string{}
+		for _, m := range p.Spec.Containers[0].VolumeMounts {
+			mounts[m.MountPath] = m.Name
+		}
+		assert.Equal(t, map[string]string{"/run": "run", "/tmp": "tmp", "/home": "home", "/environment": "environment"}, mounts)
+		for _, v := range p.Spec.Volumes {
+			require.NotNil(t, v.EmptyDir, v.Name)
+		}
+		assert.Empty(t, p.Spec.InitContainers)
+	})
 }
 
 func TestAKeptPodMountsItsClaimSeededByAnInitContainer(t *testing.T) {
