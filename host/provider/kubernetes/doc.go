@@ -38,7 +38,13 @@
 // every provider. Without the tag the driver is registered as unavailable
 // and says which binary has it.
 //
-// It owns the Pod, policy and claim of each sandbox and the exec bridge.
+// WarmPod is the same Pod for a warm sandbox, less what is one sandbox's,
+// and SandboxTemplate wraps it for agent-sandbox's warm pools
+// (examples/kubernetes/sandbox-template.yaml is written from it); the
+// provider itself still makes bare Pods.
+//
+// It owns the Pod, policy and claim of each sandbox, the warm Pod's
+// template and the exec bridge.
 // It must not speak the protocol (package sandbox does), build images,
 // reach a node directly, or touch an object without its labels.
 package kubernetes
