@@ -142,10 +142,12 @@ func publicLink6(t *testing.T) {
 
 func startPublic6() error {
 	for _, args := range [][]string{
-		{"-6", "addr", "add", pubHostAddr6 + "/64", "dev", pubVeth, "nodad"},
-		{"-n", pubNS, "-6", "addr", "add", pubNSAddr6 + "/64", "dev", "eth0", "nodad"},
-		{"-n", pubNS, "-6", "addr", "add", publicAddr6 + "/128", "dev", "lo"},
-		{"-n", pubNS, "-6", "route", "add", "default", "via", pubHostAddr6},
+		// replace, not add: an address already there (the kernel kept
+		// it on the host end, or a run before this one left it) is fine.
+		{"-6", "addr", "replace", pubHostAddr6 + "/64", "dev", pubVeth, "nodad"},
+		{"-n", pubNS, "-6", "addr", "replace", pubNSAddr6 + "/64", "dev", "eth0", "nodad"},
+		{"-n", pubNS, "-6", "addr", "replace", publicAddr6 + "/128", "dev", "lo"},
+		{"-n", pubNS, "-6", "route", "replace", "default", "via", pubHostAddr6},
 		{"-6", "route", "replace", publicAddr6 + "/128", "via", pubNSAddr6},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
