@@ -83,38 +83,12 @@ func EnsureAgentSandbox(ctx context.Context, o AgentSandboxOptions) (string, err
 		}
 		return true
 	}
-	if o.BinDir != "" {
-		if !have(o.BinDir) {
-			return "", fmt.Errorf("kcluster: %s lacks %s or one of %s", o.BinDir, AgentSandboxController, strings.Join(agentSandboxFiles, ", "))
-		}
-		return o.BinDir, nil
-	}
-	dir := o.CacheDir
-	if dir == "" {
-		uc, err := os.UserCacheDir()
-		if err != nil {
-			return "", err
-		}
-		dir = filepath.Join(uc, "sandbox-agent", "agent-sandbox", AgentSandboxVersion)
-	}
-	if have(dir) {
-		return dir, nil
-	}
-	tools := o.ToolsDir
-	if tools == "" {
-		var err error
-		if tools, err = findTools("agent-sandbox"); err != nil {
-			return "", err
-		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	logf("building %s %s into %s (about a minute on a cold cache)", AgentSandboxController, AgentSandboxVersion, dir)
-	if err := BuildAgentSandbox(ctx, tools, dir); err != nil {
-		return "", err
-	}
-	return dir, nil
+	return cached(ctx, cachedBuild{
+		binDir: o.BinDir, cacheDir: o.CacheDir, toolsDir: o.ToolsDir, logf: logf,
+		what: AgentSandboxController + ", " + strings.Join(agentSandboxFiles, ", "), cacheName: "agent-sandbox",
+		version: AgentSandboxVersion, tools: "agent-sandbox", cost: "about a minute on a cold cache",
+		have: have, build: BuildAgentSandbox,
+	})
 }
 
 // BuildAgentSandbox builds agent-sandbox-controller from toolsDir

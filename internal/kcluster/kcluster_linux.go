@@ -202,35 +202,57 @@ func binaries(ctx context.Context, o Options, logf func(string, ...any)) (string
 		}
 		return true
 	}
-	if o.BinDir != "" {
-		if !have(o.BinDir) {
-			return "", fmt.Errorf("kcluster: %s lacks one of %s", o.BinDir, strings.Join(Binaries, ", "))
+	return cached(ctx, cachedBuild{
+		binDir: o.BinDir, cacheDir: o.CacheDir, toolsDir: o.ToolsDir, logf: logf,
+		what: strings.Join(Binaries, ", "), cacheName: "kcluster", version: Version, tools: "k8s",
+		cost: "minutes on a cold cache", have: have, build: BuildBinaries,
+	})
+}
+
+// cachedBuild is one set of binaries built from a tools module into the
+// user cache once: the cluster's own, agent-sandbox's controller.
+type cachedBuild struct {
+	binDir, cacheDir, toolsDir string
+	logf                       func(string, ...any)
+	what, cacheName, version   string
+	tools, cost                string
+	have                       func(dir string) bool
+	build                      func(ctx context.Context, toolsDir, outDir string) error
+}
+
+// cached returns the directory holding c's binaries: binDir as given (it
+// must hold them), else the cache directory, built there from
+// tools/c.tools unless a complete build is there already.
+func cached(ctx context.Context, c cachedBuild) (string, error) {
+	if c.binDir != "" {
+		if !c.have(c.binDir) {
+			return "", fmt.Errorf("kcluster: %s lacks one of %s", c.binDir, c.what)
 		}
-		return o.BinDir, nil
+		return c.binDir, nil
 	}
-	dir := o.CacheDir
+	dir := c.cacheDir
 	if dir == "" {
 		uc, err := os.UserCacheDir()
 		if err != nil {
 			return "", err
 		}
-		dir = filepath.Join(uc, "sandbox-agent", "kcluster", Version)
+		dir = filepath.Join(uc, "sandbox-agent", c.cacheName, c.version)
 	}
-	if have(dir) {
+	if c.have(dir) {
 		return dir, nil
 	}
-	tools := o.ToolsDir
+	tools := c.toolsDir
 	if tools == "" {
 		var err error
-		if tools, err = findTools("k8s"); err != nil {
+		if tools, err = findTools(c.tools); err != nil {
 			return "", err
 		}
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	logf("building %s %s into %s (minutes on a cold cache)", strings.Join(Binaries, ", "), Version, dir)
-	if err := BuildBinaries(ctx, tools, dir); err != nil {
+	c.logf("building %s %s into %s (%s)", c.what, c.version, dir, c.cost)
+	if err := c.build(ctx, tools, dir); err != nil {
 		return "", err
 	}
 	return dir, nil
