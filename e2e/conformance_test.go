@@ -349,12 +349,8 @@ func (c *confCase) nothingLeft(t *testing.T, name string, procs []procID) {
 				left = append(left, fmt.Sprintf("process %d naming the sandbox: %q", pid, strings.ReplaceAll(readCmdline(pid), "\x00", " ")))
 			}
 		}
-		if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-			for _, line := range strings.Split(string(b), "\n") {
-				if strings.Contains(line, name) {
-					left = append(left, "mount "+line)
-				}
-			}
+		for _, line := range hostMounts(t, name) {
+			left = append(left, "mount "+line)
 		}
 		if d := c.env.stateDir(name); d != "" {
 			if _, err := os.Stat(d); err == nil {

@@ -103,18 +103,17 @@ func claimVolume(t *testing.T) string {
 
 // withVolume adds vol as the claim's /environment.
 func withVolume(claim, vol string) string {
-	return strings.TrimSuffix(claim, "}") + `,"volumes":[{"guest":"/environment","host":` + strconvQuote(vol) + `}]}`
+	return strings.TrimSuffix(claim, "}") + `,"volumes":[{"guest":"/environment","host":` + strconv.Quote(vol) + `}]}`
 }
 
-func strconvQuote(s string) string { return strconv.Quote(s) }
-
-// hostMounts lists the host's mounts that show dir.
-func hostMounts(t *testing.T, dir string) []string {
+// hostMounts lists the lines of the host's mountinfo that name what (a
+// directory, a sandbox's name).
+func hostMounts(t *testing.T, what string) []string {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	require.NoError(t, err)
 	var out []string
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, dir) {
+		if strings.Contains(l, what) {
 			out = append(out, l)
 		}
 	}
