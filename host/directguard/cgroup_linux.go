@@ -7,10 +7,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
+	"github.com/oac/sandbox-agent/internal/osthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -79,22 +79,15 @@ func openCgroup() (*os.File, string, error) {
 }
 
 // openCgroupPrivately mounts cgroup2 in a mount namespace of its own and
-// opens cgroup rel there. The namespace belongs to one thread, which never
-// runs anything else: its goroutine stays locked to it and exits, so the
-// runtime ends the thread. The directory's descriptor outlives both.
+// opens cgroup rel there. The namespace belongs to a thread that ends
+// with the work; the directory's descriptor outlives both.
 func openCgroupPrivately(rel string) (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with its namespace
-		f, err := mountAndOpen(rel)
-		ch <- result{f, err}
-	}()
-	r := <-ch
-	return r.f, r.err
+	var f *os.File
+	err := osthread.Throwaway(func() (err error) {
+		f, err = mountAndOpen(rel)
+		return err
+	})
+	return f, err
 }
 
 func mountAndOpen(rel string) (*os.File, error) {

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/oac/sandbox-agent/internal/osthread"
 	"golang.org/x/sys/unix"
 )
 
@@ -169,20 +169,15 @@ func inGuest(pidfd int, f func(root int) error) error {
 	if err := unix.PidfdSendSignal(pidfd, 0, nil, 0); err != nil {
 		return fmt.Errorf("the guest agent is gone: %w", err)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+	return osthread.Throwaway(func() error {
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			errc <- fmt.Errorf("leave the shim's filesystem context: %w", err)
-			return
+			return fmt.Errorf("leave the shim's filesystem context: %w", err)
 		}
 		if err := unix.Setns(pidfd, unix.CLONE_NEWNS); err != nil {
-			errc <- fmt.Errorf("enter the guest's mount namespace: %w", err)
-			return
+			return fmt.Errorf("enter the guest's mount namespace: %w", err)
 		}
-		errc <- f(root)
-	}()
-	return <-errc
+		return f(root)
+	})
 }
 
 // moveInto moves the detached tree onto dir below root, reached without
