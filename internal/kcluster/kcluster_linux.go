@@ -618,7 +618,15 @@ state = %[2]q
 		"podLogsDir":                  filepath.Join(dir, "pod-logs"),
 		"imageGCHighThresholdPercent": 100,
 		"imageGCLowThresholdPercent":  99,
-		"registerNode":                true,
+		// The node's disk is the machine's: the kubelet's defaults evict
+		// every Pod below 15% free (imagefs), which a build cache on a
+		// large disk reaches while the tests need a few hundred MiB. All
+		// five signals are given: one left out would be zero.
+		"evictionHard": map[string]string{
+			"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+			"nodefs.inodesFree": "1%", "imagefs.inodesFree": "1%",
+		},
+		"registerNode": true,
 		"authentication": map[string]any{
 			"anonymous": map[string]any{"enabled": false},
 			"webhook":   map[string]any{"enabled": false},
