@@ -10,12 +10,15 @@ import (
 	"os"
 	"os/exec"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
+	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/kcluster"
 )
 
@@ -141,4 +144,128 @@ func rowKubernetesAgentSandbox(t *testing.T, f *confFixtures) confEnv {
 			return append(kubeLeftovers(c, name), claimLeftovers(c, name)...)
 		},
 	}
+}
+
+// podObject is what these tests read of a Pod or a Sandbox.
+type podObject struct {
+	Metadata struct {
+		Name, UID         string
+		CreationTimestamp time.Time
+		Labels            map[string]string
+		OwnerReferences   []struct {
+			Kind, Name, UID string
+			Controller      bool
+		}
+	}
+	Status struct {
+		Conditions []struct{ Type, Status string }
+	}
+}
+
+// warmPods are the pool's Sandboxes' Pods that are Ready, by UID.
+func warmPods(t *testing.T, c *kcluster.Cluster) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	var sandboxes struct{ Items []podObject }
+	require.NoError(t, c.Get(ctx, asSandboxes, &sandboxes))
+	pool := map[string]bool{}
+	for _, sb := range sandboxes.Items {
+		for _, o := range sb.Metadata.OwnerReferences {
+			if o.Controller && o.Kind == "SandboxWarmPool" && o.Name == warmPoolName {
+				pool[sb.Metadata.Name] = true
+			}
+		}
+	}
+	var pods struct{ Items []podObject }
+	require.NoError(t, c.Get(ctx, "/api/v1/namespaces/default/pods", &pods))
+	out := map[string]string{}
+	for _, p := range pods.Items {
+		for _, o := range p.Metadata.OwnerReferences {
+			if o.Controller && o.Kind == "Sandbox" && pool[o.Name] {
+				for _, cond := range p.Status.Conditions {
+					if cond.Type == "Ready" && cond.Status == "True" {
+						out[p.Metadata.UID] = p.Metadata.Name
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestKubernetesAClaimRunsInAPodThePoolHadWarm: with the pool full, a
+// sandbox run with --k8s-api agent-sandbox reaches ready in one of the
+// Pods that were warm before it ran (no Pod made for it), says that the
+// Pod's name stays its hostname, and leaves nothing once stopped while
+// the pool makes another warm Pod.
+func TestKubernetesAClaimRunsInAPodThePoolHadWarm(t *testing.T) {
+	c := needKubernetes(t)
+	image := kubeImage(t, c)
+	pool := needWarmPool(t, c, bins.shim, image)
+	ctx := context.Background()
+	require.NoError(t, waitPoolReady(ctx, c, warmReplicas))
+	warm := warmPods(t, c)
+	require.Len(t, warm, warmReplicas)
+
+	s := startShim(t, sandboxSpec{provider: "kubernetes",
+		name: uniqueName("claimed"), bootstrap: serveBootstrap("claimed"),
+		args: []string{"--kubeconfig", c.Kubeconfig, "--k8s-pull-policy", "Never", "--k8s-api", "agent-sandbox", "--k8s-warm-pool", pool}})
+	s.waitState(api.StateReady, 2*time.Minute)
+
+	var claim struct {
+		Status struct{ Sandbox struct{ Name string } }
+	}
+	require.NoError(t, c.Get(ctx, claimsPath+"/oac-"+s.name, &claim))
+	var sb podObject
+	require.NoError(t, c.Get(ctx, asSandboxes+"/"+claim.Status.Sandbox.Name, &sb))
+	var pod podObject
+	require.NoError(t, c.Get(ctx, "/api/v1/namespaces/default/pods/"+claim.Status.Sandbox.Name, &pod))
+	assert.Contains(t, warm, pod.Metadata.UID, "the sandbox runs in a Pod that was warm before it was asked for: %s", pod.Metadata.Name)
+	assert.Equal(t, "warm", sb.Metadata.Labels["agents.x-k8s.io/launch-type"], "agent-sandbox says it adopted a warm sandbox")
+	started := s.find(func(e api.Event) bool {
+		return e.State == api.StateReady || e.State == api.StateStarting
+	})
+	notes := ""
+	for _, e := range started {
+		notes += e.Message + "\n"
+	}
+	assert.Contains(t, notes, "the runtime's name "+pod.Metadata.Name+" holds", "the Pod's name stays the hostname, and the events say so")
+
+	require.NoError(t, waitPoolReady(ctx, c, warmReplicas), "the pool made another warm Pod")
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(time.Minute))
+	assert.Empty(t, claimLeftovers(c, s.name))
+	err := c.Get(ctx, "/api/v1/namespaces/default/pods/"+pod.Metadata.Name, &podObject{})
+	assert.True(t, kcluster.IsNotFound(err), "the claimed Pod is gone with its claim: %v", err)
+}
+
+// TestKubernetesAPoolWhosePodsMayReachTheNetworkIsRefused: a template
+// that is oac's but leaves agent-sandbox's default policy (public
+// egress) in force is refused before any claim is made.
+func TestKubernetesAPoolWhosePodsMayReachTheNetworkIsRefused(t *testing.T) {
+	c := needKubernetes(t)
+	image := kubeImage(t, c)
+	needWarmPool(t, c, bins.shim, image)
+	ctx := context.Background()
+	out, err := exec.Command(bins.shim, "warm-pool", "--k8s-image", image, "--k8s-pull-policy", "Never",
+		"--template", "open", "--pool", "open-pool", "--replicas", "0").Output()
+	require.NoError(t, err)
+	docs := bytes.Split(out, []byte("\n---\n"))
+	var tmpl, pool map[string]any
+	require.NoError(t, yaml.Unmarshal(docs[0], &tmpl))
+	require.NoError(t, yaml.Unmarshal(docs[1], &pool))
+	delete(tmpl["spec"].(map[string]any), "networkPolicy")
+	require.NoError(t, c.Do(ctx, http.MethodPost, "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxtemplates", tmpl, nil))
+	require.NoError(t, c.Do(ctx, http.MethodPost, poolsPath, pool, nil))
+	t.Cleanup(func() {
+		_ = c.Do(context.Background(), http.MethodDelete, poolsPath+"/open-pool", nil, nil)
+		_ = c.Do(context.Background(), http.MethodDelete, "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxtemplates/open", nil, nil)
+	})
+
+	s := startShim(t, sandboxSpec{provider: "kubernetes",
+		name: uniqueName("open"), bootstrap: serveBootstrap("open"),
+		args: []string{"--kubeconfig", c.Kubeconfig, "--k8s-api", "agent-sandbox", "--k8s-warm-pool", "open-pool"}})
+	failed := s.exitFailed("provider_unavailable", time.Minute)
+	assert.Contains(t, failed.Message, "SandboxTemplate open lets its Pods reach the network")
+	assert.Empty(t, claimLeftovers(c, s.name), "no claim made")
 }
