@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -208,7 +209,7 @@ func TestKubernetesAClaimRunsInAPodThePoolHadWarm(t *testing.T) {
 	require.Len(t, warm, warmReplicas)
 
 	s := startShim(t, sandboxSpec{provider: "kubernetes",
-		name: uniqueName("claimed"), bootstrap: serveBootstrap("claimed"),
+		name: uniqueName("claimed"), bootstrap: strings.Replace(serveBootstrap("claimed"), `{"version":1,`, `{"version":1,"hostname":"tenant-host",`, 1),
 		args: []string{"--kubeconfig", c.Kubeconfig, "--k8s-pull-policy", "Never", "--k8s-api", "agent-sandbox", "--k8s-warm-pool", pool}})
 	s.waitState(api.StateReady, 2*time.Minute)
 
@@ -229,11 +230,14 @@ func TestKubernetesAClaimRunsInAPodThePoolHadWarm(t *testing.T) {
 	for _, e := range started {
 		notes += e.Message + "\n"
 	}
-	assert.Contains(t, notes, "the runtime's name "+pod.Metadata.Name+" holds", "the Pod's name stays the hostname, and the events say so")
+	assert.Contains(t, notes, "hostname tenant-host (this runtime's guest root cannot set it; the runtime's name "+pod.Metadata.Name+" holds)",
+		"the Pod's name stays the hostname, and the events say so")
 
 	require.NoError(t, waitPoolReady(ctx, c, warmReplicas), "the pool made another warm Pod")
+	t0 := time.Now()
 	s.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, s.exit(time.Minute))
+	t.Logf("stopped, its claim, Sandbox and Pod gone, in %s", time.Since(t0).Round(time.Millisecond))
 	assert.Empty(t, claimLeftovers(c, s.name))
 	err := c.Get(ctx, "/api/v1/namespaces/default/pods/"+pod.Metadata.Name, &podObject{})
 	assert.True(t, kcluster.IsNotFound(err), "the claimed Pod is gone with its claim: %v", err)

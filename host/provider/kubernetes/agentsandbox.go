@@ -146,14 +146,13 @@ func (in *Instance) startClaim(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", in.apiErr("read the claim's Sandbox "+sb, err)
 	}
-	if ref := metav1.GetControllerOf(sandbox); ref == nil || ref.Kind != KindSandboxClaim || ref.UID != made.GetUID() {
+	if !claimOwns(sandbox, made.GetUID()) {
 		return "", fmt.Errorf("%w: kubernetes: SandboxClaim %s/%s names Sandbox %s, which it does not own: is another controller changing sandboxes?", provider.ErrUnavailable, in.c.namespace, made.GetName(), sb)
 	}
-	pod := sandbox.GetName()
-	if n := sandbox.GetAnnotations()[sandboxPodNameAnnotation]; n != "" {
-		pod = n
-	}
-	return pod, nil
+	in.mu.Lock()
+	in.sandbox = sb
+	in.mu.Unlock()
+	return podOf(sandbox), nil
 }
 
 // waitBound waits until the claim names its Sandbox, failing at once on
@@ -216,31 +215,109 @@ func bound(claim *unstructured.Unstructured) (string, error) {
 	return "", nil
 }
 
-// deleteSandboxClaim deletes the sandbox's claim (uid) in the foreground:
-// the claim is gone only once its Sandbox and the Sandbox's Pod are.
+// deleteSandboxClaim deletes the sandbox's claim uid. Its Sandbox, and
+// the Sandbox's Pod, are the garbage collector's to delete once it is
+// gone (they are the claim's, and the Sandbox's, by owner reference).
+// Not in the foreground: the collector's retries of an owner that waits
+// for its dependents back off to seconds (a stop took 24 s so).
 func (in *Instance) deleteSandboxClaim(ctx context.Context, uid types.UID) error {
-	fg := metav1.DeletePropagationForeground
-	err := in.c.dyn.Resource(claimsGVR).Namespace(in.c.namespace).Delete(ctx, ObjectName(in.spec.Name), metav1.DeleteOptions{PropagationPolicy: &fg, Preconditions: &metav1.Preconditions{UID: &uid}})
+	bg := metav1.DeletePropagationBackground
+	err := in.c.dyn.Resource(claimsGVR).Namespace(in.c.namespace).Delete(ctx, ObjectName(in.spec.Name), metav1.DeleteOptions{PropagationPolicy: &bg, Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return in.apiErr("delete the sandbox's SandboxClaim", err)
 	}
 	return nil
 }
 
-// removeSandboxClaimAndWait deletes the claim uid and waits until it, and with
-// it the Sandbox and its Pod, are gone.
-func (in *Instance) removeSandboxClaimAndWait(ctx context.Context, uid types.UID) error {
+// removeSandboxClaimAndWait deletes the claim uid and waits until it, the
+// Sandbox it was bound to (sandbox, "" when none) and that Sandbox's Pod
+// are gone.
+func (in *Instance) removeSandboxClaimAndWait(ctx context.Context, uid types.UID, sandbox string) error {
+	claims := in.c.dyn.Resource(claimsGVR).Namespace(in.c.namespace)
+	if sandbox == "" {
+		// Bound since the shim last looked (a stop during the wait)?
+		if c, err := claims.Get(ctx, ObjectName(in.spec.Name), metav1.GetOptions{}); err == nil && c.GetUID() == uid {
+			sandbox, _, _ = unstructured.NestedString(c.Object, "status", "sandbox", "name")
+		}
+	}
+	sandboxes := in.c.dyn.Resource(sandboxesGVR).Namespace(in.c.namespace)
+	pods := in.c.cs.CoreV1().Pods(in.c.namespace)
+	var sbUID types.UID
+	pod := ""
+	if sandbox != "" {
+		sb, err := sandboxes.Get(ctx, sandbox, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			sandbox = ""
+		case err != nil:
+			return in.apiErr("read the claim's Sandbox "+sandbox, err)
+		case !claimOwns(sb, uid):
+			sandbox = "" // not this claim's: never touched
+		default:
+			sbUID, pod = sb.GetUID(), podOf(sb)
+		}
+	}
 	if err := in.deleteSandboxClaim(ctx, uid); err != nil {
 		return err
 	}
-	claims := in.c.dyn.Resource(claimsGVR).Namespace(in.c.namespace)
+	// The garbage collector would delete the Sandbox, then its Pod, but
+	// it noticed the claim gone 20 s late on the test cluster: the shim
+	// deletes both itself, the claim first so that its controller makes
+	// no other Sandbox, and each with its UID as precondition.
+	if sandbox != "" {
+		err := sandboxes.Delete(ctx, sandbox, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &sbUID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return in.apiErr("delete the claim's Sandbox "+sandbox, err)
+		}
+		if p, err := pods.Get(ctx, pod, metav1.GetOptions{}); err == nil && controlledByUID(p.OwnerReferences, sbUID) {
+			grace := in.cfg.GracePeriodSeconds
+			err := pods.Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &p.UID}})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return in.apiErr("delete the claimed Pod "+pod, err)
+			}
+		}
+	}
 	return waitGone(ctx, func(ctx context.Context) (bool, error) {
 		c, err := claims.Get(ctx, ObjectName(in.spec.Name), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && c.GetUID() != uid) {
+		if err == nil && c.GetUID() == uid || err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		if sandbox == "" {
 			return true, nil
 		}
-		return false, err
-	}, "the sandbox's SandboxClaim "+ObjectName(in.spec.Name)+" (with its Sandbox and Pod)")
+		sb, err := sandboxes.Get(ctx, sandbox, metav1.GetOptions{})
+		if err == nil && sb.GetUID() == sbUID || err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		p, err := pods.Get(ctx, pod, metav1.GetOptions{})
+		if err == nil && controlledByUID(p.OwnerReferences, sbUID) || err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+		return true, nil
+	}, "the sandbox's SandboxClaim "+ObjectName(in.spec.Name)+" with its Sandbox and Pod")
+}
+
+// claimOwns reports whether the claim uid controls the object.
+func claimOwns(obj *unstructured.Unstructured, uid types.UID) bool {
+	return controlledByUID(obj.GetOwnerReferences(), uid)
+}
+
+// controlledByUID reports whether refs name the controller uid.
+func controlledByUID(refs []metav1.OwnerReference, uid types.UID) bool {
+	for _, r := range refs {
+		if r.Controller != nil && *r.Controller && r.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// podOf is the name of a Sandbox's Pod.
+func podOf(sandbox *unstructured.Unstructured) string {
+	if n := sandbox.GetAnnotations()[sandboxPodNameAnnotation]; n != "" {
+		return n
+	}
+	return sandbox.GetName()
 }
 
 // removeLeftoverClaim removes the claim a killed shim of this host left
@@ -258,7 +335,8 @@ func (in *Instance) removeLeftoverClaim(ctx context.Context) error {
 	case have.GetAnnotations()[AnnotationHolder] != in.cfg.Holder:
 		return fmt.Errorf("%w: kubernetes: sandbox %s runs in namespace %s from host %s: stop it there, or use another name", provider.ErrExists, in.spec.Name, in.c.namespace, have.GetAnnotations()[AnnotationHolder])
 	}
-	return in.removeSandboxClaimAndWait(ctx, have.GetUID())
+	sb, _, _ := unstructured.NestedString(have.Object, "status", "sandbox", "name")
+	return in.removeSandboxClaimAndWait(ctx, have.GetUID(), sb)
 }
 
 // sweepClaims removes the claims of this host's sandboxes that no shim
@@ -269,7 +347,7 @@ func (p *Provider) sweepClaims(ctx context.Context, c *cluster, root, self strin
 		return
 	}
 	holder := p.holder()
-	fg := metav1.DeletePropagationForeground
+	bg := metav1.DeletePropagationBackground
 	for _, cl := range list.Items {
 		name := cl.GetLabels()[LabelSandbox]
 		if name == self || cl.GetAnnotations()[AnnotationHolder] != holder || !provider.ValidName(name) {
@@ -280,7 +358,7 @@ func (p *Provider) sweepClaims(ctx context.Context, c *cluster, root, self strin
 			continue // a shim runs it, or we cannot tell
 		}
 		uid := cl.GetUID()
-		_ = c.dyn.Resource(claimsGVR).Namespace(c.namespace).Delete(ctx, cl.GetName(), metav1.DeleteOptions{PropagationPolicy: &fg, Preconditions: &metav1.Preconditions{UID: &uid}})
+		_ = c.dyn.Resource(claimsGVR).Namespace(c.namespace).Delete(ctx, cl.GetName(), metav1.DeleteOptions{PropagationPolicy: &bg, Preconditions: &metav1.Preconditions{UID: &uid}})
 		d.Release()
 	}
 }

@@ -412,6 +412,7 @@ type Instance struct {
 	pod      string
 	uid      types.UID
 	claimUID types.UID
+	sandbox  string // the claim's Sandbox, once bound
 	cancel   context.CancelFunc
 }
 
@@ -838,13 +839,13 @@ func (in *Instance) deleteClaim(ctx context.Context, uid types.UID) error {
 // the policy. A kept sandbox's claim stays.
 func (in *Instance) removeObjects() error {
 	in.mu.Lock()
-	uid, claimUID, cancel := in.uid, in.claimUID, in.cancel
+	uid, claimUID, sandbox, cancel := in.uid, in.claimUID, in.sandbox, in.cancel
 	in.mu.Unlock()
 	ctx := context.Background()
 	var err error
 	switch {
 	case in.viaClaim && claimUID != "":
-		err = in.removeSandboxClaimAndWait(ctx, claimUID)
+		err = in.removeSandboxClaimAndWait(ctx, claimUID, sandbox)
 	case !in.viaClaim && uid != "":
 		err = in.deletePodAndWait(ctx, uid)
 	}

@@ -39,7 +39,7 @@ var permissions = []permission{
 	{"extensions.agents.x-k8s.io", "sandboxclaims", "list", "claims"}, {"extensions.agents.x-k8s.io", "sandboxclaims", "watch", "claims"},
 	{"extensions.agents.x-k8s.io", "sandboxclaims", "delete", "claims"},
 	{"extensions.agents.x-k8s.io", "sandboxwarmpools", "get", "claims"}, {"extensions.agents.x-k8s.io", "sandboxtemplates", "get", "claims"},
-	{"agents.x-k8s.io", "sandboxes", "get", "claims"},
+	{"agents.x-k8s.io", "sandboxes", "get", "claims"}, {"agents.x-k8s.io", "sandboxes", "delete", "claims"},
 }
 
 func (p permission) String() string {
