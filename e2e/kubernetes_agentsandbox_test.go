@@ -92,16 +92,21 @@ func waitPoolReady(ctx context.Context, c *kcluster.Cluster, n int32) error {
 // claimLeftovers lists what of a sandbox a claim leaves: the claim, and a
 // Sandbox (with its Pod) the claim controlled.
 func claimLeftovers(c *kcluster.Cluster, name string) []string {
+	return claimLeftoversIn(c, "default", name)
+}
+
+// claimLeftoversIn is claimLeftovers in namespace ns.
+func claimLeftoversIn(c *kcluster.Cluster, ns, name string) []string {
 	var left []string
 	ctx := context.Background()
 	var claims struct {
 		Items []struct{ Metadata struct{ Name string } }
 	}
-	if err := c.Get(ctx, claimsPath+"?labelSelector=app.kubernetes.io%2Fmanaged-by%3Doac-shim%2Coac.dev%2Fsandbox%3D"+name, &claims); err != nil {
+	if err := c.Get(ctx, "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/"+ns+"/sandboxclaims?labelSelector=app.kubernetes.io%2Fmanaged-by%3Doac-shim%2Coac.dev%2Fsandbox%3D"+name, &claims); err != nil {
 		return []string{fmt.Sprintf("cannot list sandboxclaims: %v", err)}
 	}
 	for _, it := range claims.Items {
-		left = append(left, "sandboxclaim default/"+it.Metadata.Name)
+		left = append(left, "sandboxclaim "+ns+"/"+it.Metadata.Name)
 	}
 	var sandboxes struct {
 		Items []struct {
@@ -111,13 +116,13 @@ func claimLeftovers(c *kcluster.Cluster, name string) []string {
 			}
 		}
 	}
-	if err := c.Get(ctx, asSandboxes, &sandboxes); err != nil {
+	if err := c.Get(ctx, "/apis/agents.x-k8s.io/v1beta1/namespaces/"+ns+"/sandboxes", &sandboxes); err != nil {
 		return append(left, fmt.Sprintf("cannot list sandboxes: %v", err))
 	}
 	for _, sb := range sandboxes.Items {
 		for _, o := range sb.Metadata.OwnerReferences {
 			if o.Kind == "SandboxClaim" && o.Name == "oac-"+name {
-				left = append(left, "sandbox default/"+sb.Metadata.Name+" of claim "+o.Name)
+				left = append(left, "sandbox "+ns+"/"+sb.Metadata.Name+" of claim "+o.Name)
 			}
 		}
 	}
