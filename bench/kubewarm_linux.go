@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -69,14 +70,30 @@ func claimToReady(stderr string) (time.Duration, error) {
 	return sum, nil
 }
 
+// phasesOf is the phases of a "boot phases" line.
+func phasesOf(line string) string {
+	var parts []string
+	for _, m := range bootPhases.FindAllString(line, -1) {
+		parts = append(parts, m)
+	}
+	return strings.Join(parts, ", ")
+}
+
 // warm runs the warm-pool rows.
-func (k *kubeRun) warm(ctx context.Context, runs int) error {
+func (k *kubeRun) warm(ctx context.Context, runs int) (err error) {
 	c := k.c
 	t0 := time.Now()
 	if err := c.StartAgentSandbox(ctx, kcluster.AgentSandboxOptions{BinDir: os.Getenv("KCLUSTER_AGENT_SANDBOX_DIR")}); err != nil {
 		k.r.Skip("kubernetes: warm pool rows", "agent-sandbox did not start: "+firstLine(err.Error()))
 		return nil
 	}
+	// Whatever happens, the pool and its Pods go before the group's
+	// leftover check.
+	defer func() {
+		if e := k.removePool(ctx); err == nil {
+			err = e
+		}
+	}()
 	if err := k.applyPool(ctx, kubeWarmReplicas); err != nil {
 		return fmt.Errorf("kubernetes: warm pool: %w", err)
 	}
@@ -88,6 +105,7 @@ func (k *kubeRun) warm(ctx context.Context, runs int) error {
 	claimArgs := append(append([]string{}, k.args...), "--k8s-api", "agent-sandbox", "--k8s-warm-pool", kubeWarmPool, "--debug")
 	coldArgs := append(append([]string{}, k.args...), "--debug")
 	var coldSpan, warmSpan []float64
+	var coldPhases, warmPhases string
 	missed := 0
 	one := func(args []string, span *[]float64, claimed bool) func() (float64, error) {
 		return func() (float64, error) {
@@ -104,9 +122,16 @@ func (k *kubeRun) warm(ctx context.Context, runs int) error {
 			if err != nil {
 				return 0, err
 			}
-			d, perr := claimToReady(s.phases.String())
+			// The phases are logged just after the ready event: read
+			// them once the shim has exited.
 			if err := k.stop(s); err != nil {
 				return 0, fmt.Errorf("stop: %w", err)
+			}
+			d, perr := claimToReady(s.phases.String())
+			if claimed {
+				warmPhases = phasesOf(s.phases.String())
+			} else {
+				coldPhases = phasesOf(s.phases.String())
 			}
 			if perr != nil {
 				return 0, perr
@@ -139,17 +164,13 @@ func (k *kubeRun) warm(ctx context.Context, runs int) error {
 	}
 	res := NewResult("kubernetes: run to ready, claimed from an agent-sandbox warm pool (--k8s-api agent-sandbox)", "ms", warm,
 		"the same flags, a bare Pod made for the sandbox (cold)", cold)
-	res.Note = note
+	res.Note = note + "; the last run's boot phases, claimed: " + warmPhases + "; cold: " + coldPhases
 	k.r.Add(res)
 	span := Summarise(warmSpan)
 	k.r.Add(NewResult("kubernetes: claim to bootstrap complete, from a warm pool (the shim's boot phases after create: claim bound, Pod running, bridge, handshake, bootstrap and daemon health)", "ms", warmSpan,
 		"the cold run's same span (its Pod made and started)", coldSpan).Judge("median at most 400 ms", span.Median <= 400))
 
-	err = k.warmDensity(ctx, kubeDensity, claimArgs)
-	if e := k.removePool(ctx); err == nil {
-		err = e
-	}
-	return err
+	return k.warmDensity(ctx, kubeDensity, claimArgs)
 }
 
 // removePool deletes the pool and its template and waits until the
@@ -157,10 +178,10 @@ func (k *kubeRun) warm(ctx context.Context, runs int) error {
 // group's leftover check looks for).
 func (k *kubeRun) removePool(ctx context.Context) error {
 	c := k.c
-	if err := c.Do(ctx, http.MethodDelete, kubePoolsPath+"/"+kubeWarmPool, nil, nil); err != nil {
+	if err := c.Do(ctx, http.MethodDelete, kubePoolsPath+"/"+kubeWarmPool, nil, nil); err != nil && !kcluster.IsNotFound(err) {
 		return fmt.Errorf("kubernetes: delete the warm pool: %w", err)
 	}
-	if err := c.Do(ctx, http.MethodDelete, kubeTmplsPath+"/"+kubeWarmTemplate, nil, nil); err != nil {
+	if err := c.Do(ctx, http.MethodDelete, kubeTmplsPath+"/"+kubeWarmTemplate, nil, nil); err != nil && !kcluster.IsNotFound(err) {
 		return fmt.Errorf("kubernetes: delete the warm pool's template: %w", err)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
@@ -206,6 +227,7 @@ func (k *kubeRun) warmDensity(ctx context.Context, n int, claimArgs []string) er
 	t := time.Now()
 	close(release)
 	var readyEach, spans []float64
+	var started []*sandboxProc
 	var firstErr error
 	for range n {
 		x := <-ch
@@ -214,9 +236,7 @@ func (k *kubeRun) warmDensity(ctx context.Context, n int, claimArgs []string) er
 		}
 		if x.s != nil {
 			readyEach = append(readyEach, ms(x.s.ready))
-			if d, err := claimToReady(x.s.phases.String()); err == nil {
-				spans = append(spans, ms(d))
-			}
+			started = append(started, x.s)
 		}
 	}
 	allReady := ms(time.Since(t))
@@ -224,6 +244,11 @@ func (k *kubeRun) warmDensity(ctx context.Context, n int, claimArgs []string) er
 	// competes with the stops.
 	err := k.applyPool(ctx, 0)
 	k.stopAll()
+	for _, s := range started {
+		if d, err := claimToReady(s.phases.String()); err == nil {
+			spans = append(spans, ms(d))
+		}
+	}
 	ready := NewResult(fmt.Sprintf("kubernetes: %d claimed at once from a warm pool of %d, ready", n, n), "sandboxes", []float64{float64(len(readyEach))}, "", nil).
 		Judge(fmt.Sprintf("all %d ready", n), firstErr == nil)
 	if firstErr != nil {
@@ -247,11 +272,15 @@ func (k *kubeRun) applyPool(ctx context.Context, replicas int) error {
 	c := k.c
 	var have map[string]any
 	if err := c.Get(ctx, kubePoolsPath+"/"+kubeWarmPool, &have); err == nil {
-		patch := map[string]any{"spec": map[string]any{"replicas": replicas}}
-		return c.Do(ctx, http.MethodPatch, kubePoolsPath+"/"+kubeWarmPool, patch, nil)
+		spec, _ := have["spec"].(map[string]any)
+		if spec == nil {
+			return fmt.Errorf("the warm pool has no spec: %v", have)
+		}
+		spec["replicas"] = replicas
+		return c.Do(ctx, http.MethodPut, kubePoolsPath+"/"+kubeWarmPool, have, nil)
 	}
-	out, err := exec.CommandContext(ctx, k.shim, append([]string{"warm-pool", "--template", kubeWarmTemplate, "--pool", kubeWarmPool,
-		"--replicas", strconv.Itoa(replicas)}, k.provArgs[2:]...)...).Output()
+	out, err := exec.CommandContext(ctx, k.shim, []string{"warm-pool", "--template", kubeWarmTemplate, "--pool", kubeWarmPool,
+		"--replicas", strconv.Itoa(replicas), "--k8s-image", kubeImageRef, "--k8s-pull-policy", "Never"}...).Output()
 	if err != nil {
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {

@@ -278,3 +278,25 @@ func TestKubernetesAPoolWhosePodsMayReachTheNetworkIsRefused(t *testing.T) {
 	assert.Contains(t, failed.Message, "SandboxTemplate open lets its Pods reach the network")
 	assert.Empty(t, claimLeftovers(c, s.name), "no claim made")
 }
+
+// TestKubernetesCheckSaysWhetherTheClusterOffersAgentSandbox: oac-shim
+// check names the way sandboxes would be made, says that agent-sandbox is
+// served, and refuses a pool the namespace does not have.
+func TestKubernetesCheckSaysWhetherTheClusterOffersAgentSandbox(t *testing.T) {
+	c := needKubernetes(t)
+	image := kubeImage(t, c)
+	pool := needWarmPool(t, c, bins.shim, image)
+	check := func(args ...string) string {
+		out, _ := exec.Command(bins.shim, append([]string{"check", "--kubeconfig", c.Kubeconfig, "--k8s-image", image}, args...)...).CombinedOutput()
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "kubernetes: ") {
+				return line
+			}
+		}
+		t.Fatalf("no kubernetes line in oac-shim check's output:\n%s", out)
+		return ""
+	}
+	assert.Contains(t, check(), "one bare Pod per sandbox (agent-sandbox served (--k8s-api agent-sandbox claims from its warm pools))")
+	assert.Contains(t, check("--k8s-api", "agent-sandbox", "--k8s-warm-pool", pool), "sandboxes claimed from SandboxWarmPool "+pool)
+	assert.Contains(t, check("--k8s-api", "agent-sandbox", "--k8s-warm-pool", "nope"), "unavailable: kubernetes: no SandboxWarmPool nope in namespace default")
+}

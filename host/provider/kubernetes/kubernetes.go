@@ -79,6 +79,12 @@ func (p *Provider) connect() (*cluster, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "oac-shim"
 	cfg.Timeout = 0 // per call, by context; exec streams last
+	// client-go's default limit (5 a second, bursts of 10) held a
+	// claimed sandbox's checks back about 0.8 s: its create asks about
+	// 15 permissions and reads the pool and its template. One shim makes
+	// a few dozen calls in a sandbox's life; the API server's own
+	// priority and fairness is what protects it.
+	cfg.QPS, cfg.Burst = 50, 100
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes: %v", provider.ErrUnavailable, err)
