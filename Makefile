@@ -11,7 +11,7 @@ DEMO_PKGS := bubblewrap ca-certificates uidmap curl util-linux mount iproute2
 # image; qemu-system-x86 brings virtiofsd; docker.io, containerd, runc, crun
 # and etcd-server the container and Kubernetes rows; apparmor and
 # busybox-static the AppArmor VM; zsh and fish run the completion scripts).
-TEST_PKGS := $(DEMO_PKGS) zsh fish qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod e2fsprogs erofs-utils tar runc crun docker.io etcd-server containerd containernetworking-plugins iptables apparmor busybox-static
+TEST_PKGS := $(DEMO_PKGS) zsh fish qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod e2fsprogs erofs-utils tar runc crun docker.io etcd-server containerd containernetworking-plugins iptables ipset apparmor busybox-static
 # The bench's peer, sandbox-runtime from the npm registry, runs on Node.js
 # with socat and ripgrep.
 BENCH_PKGS := socat ripgrep

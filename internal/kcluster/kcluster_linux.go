@@ -95,6 +95,7 @@ type Cluster struct {
 	procs          []*proc
 	netnsPre       []string
 	chainsPre      []string
+	ipsetsPre      []string // the host's ipsets when the enforcer started (non-nil once recorded)
 	ifacesPre      []string
 	logsPre        bool
 	cniPre         bool
@@ -115,7 +116,7 @@ type proc struct {
 // everything is installed).
 func Missing() string {
 	var miss []string
-	for bin, pkg := range map[string]string{"etcd": "etcd-server", "containerd": "containerd", "ctr": "containerd", "runc": "runc", "ip": "iproute2", "iptables": "iptables"} {
+	for bin, pkg := range map[string]string{"etcd": "etcd-server", "containerd": "containerd", "ctr": "containerd", "runc": "runc", "ip": "iproute2", "iptables": "iptables", "ipset": "ipset"} {
 		if _, err := exec.LookPath(bin); err != nil && !slices.Contains(miss, pkg) {
 			miss = append(miss, pkg)
 		}
@@ -127,7 +128,7 @@ func Missing() string {
 		return ""
 	}
 	slices.Sort(miss)
-	return "a Kubernetes test cluster needs " + strings.Join(miss, ", ") + ": apt-get install -y etcd-server containerd containernetworking-plugins runc iproute2 iptables (or run make deps)"
+	return "a Kubernetes test cluster needs " + strings.Join(miss, ", ") + ": apt-get install -y etcd-server containerd containernetworking-plugins runc iproute2 iptables ipset (or run make test-deps)"
 }
 
 const cniBinDir = "/usr/lib/cni"
@@ -990,6 +991,10 @@ func (c *Cluster) stop() error {
 			}
 		}
 	}
+	// The enforcer's ipsets, once no rule matches on them.
+	if err := c.removeIPSets(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Dir != "" {
 		hostclean.UnmountUnder(c.Dir)
 		if err := os.RemoveAll(c.Dir); err != nil {
@@ -1230,7 +1235,7 @@ func removeCgroupTree(root string) {
 }
 
 // Leftovers lists what a stopped cluster left behind (processes, mounts,
-// interfaces, network namespaces, iptables chains, the directory, host
+// interfaces, network namespaces, iptables chains, ipsets, the directory, host
 // paths, hostPath volumes, cgroups), for tests.
 func (c *Cluster) Leftovers() []string {
 	var out []string
@@ -1271,6 +1276,9 @@ func (c *Cluster) Leftovers() []string {
 				out = append(out, "iptables chain "+ch)
 			}
 		}
+	}
+	for _, s := range c.enforcerIPSets() {
+		out = append(out, "ipset "+s)
 	}
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil && c.hostPre != nil && !c.hostPre[p] {
