@@ -44,6 +44,10 @@ const (
 	ServiceSubnet = "198.18.1.0/24"
 )
 
+// PodGateway is the node's address on the CNI bridge: the one address of
+// the node a Pod has a route to (the Pods have no default route).
+const PodGateway = "198.18.0.1"
+
 // Options says how to start a cluster. The zero value builds the binaries
 // into the user cache directory (once) and starts a cluster in a new
 // temporary directory.
@@ -1166,17 +1170,32 @@ func netnsList() []string {
 	return out
 }
 
-// removeJumps deletes the rules of table that jump to chain.
+// removeJumps deletes the rules of table that jump to chain, by their
+// number (a rule's spec cannot be fed back to -D when a comment in it has
+// spaces), last first so the numbers before stay right.
 func removeJumps(table, chain string) {
-	b, err := exec.Command("iptables", "-t", table, "-S").Output()
+	b, err := exec.Command("iptables", "-w", "-t", table, "-S").Output()
 	if err != nil {
 		return
 	}
+	type jump struct {
+		chain string
+		n     int
+	}
+	var jumps []jump
+	num := map[string]int{}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 2 && f[0] == "-A" && slices.Contains(f, "-j") && f[slices.Index(f, "-j")+1] == chain {
-			_ = exec.Command("iptables", append([]string{"-t", table, "-D"}, f[1:]...)...).Run()
+		if len(f) < 2 || f[0] != "-A" {
+			continue
 		}
+		num[f[1]]++
+		if i := slices.Index(f, "-j"); i > 0 && i+1 < len(f) && f[i+1] == chain {
+			jumps = append(jumps, jump{f[1], num[f[1]]})
+		}
+	}
+	for i := len(jumps) - 1; i >= 0; i-- {
+		_ = exec.Command("iptables", "-w", "-t", table, "-D", jumps[i].chain, strconv.Itoa(jumps[i].n)).Run()
 	}
 }
 

@@ -249,19 +249,40 @@ func (c *Cluster) removeIPSets() error {
 	return errors.Join(errs...)
 }
 
-// PodFirewalled reports whether the enforcer has hooked the Pod's traffic
-// into a firewall chain of its own: to it (ingress) and from it (egress).
-// It does so for Pods a policy selects, once it has seen the Pod's
-// address; a test waits for this before it probes.
-func PodFirewalled(namespace, pod string) (ingress, egress bool) {
+// PodPolicies lists the NetworkPolicies (by name) the enforcer runs the
+// Pod's traffic through, as its iptables rules say: empty until it has
+// seen the Pod's address and a policy that selects it (a Pod no policy
+// selects goes through its default chain, which allows everything). A
+// test waits for a policy here before it probes.
+func PodPolicies(namespace, pod string) []string {
 	out, err := exec.Command("iptables", "-w", "-t", "filter", "-S").Output()
 	if err != nil {
-		return false, false
+		return nil
 	}
-	who := "POD name:" + pod + " namespace: " + namespace + " to chain " + "KUBE-POD-FW-"
-	for _, line := range strings.Split(string(out), "\n") {
-		ingress = ingress || strings.Contains(line, "traffic destined to "+who)
-		egress = egress || strings.Contains(line, "traffic from "+who)
+	lines := strings.Split(string(out), "\n")
+	// The Pod's own chain, named in the comments of the jumps to it.
+	who := "POD name:" + pod + " namespace: " + namespace + " to chain "
+	chain := ""
+	for _, line := range lines {
+		if _, after, ok := strings.Cut(line, who); ok {
+			chain, _, _ = strings.Cut(after, "\"")
+			break
+		}
 	}
-	return ingress, egress
+	if chain == "" {
+		return nil
+	}
+	var names []string
+	for _, line := range lines {
+		if !strings.HasPrefix(line, "-A "+chain+" ") {
+			continue
+		}
+		if _, after, ok := strings.Cut(line, "run through nw policy "); ok {
+			name, _, _ := strings.Cut(after, "\"")
+			if !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+		}
+	}
+	return names
 }

@@ -4,10 +4,11 @@ package kcluster
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,12 +17,15 @@ import (
 
 // testNetworkPolicy starts the enforcer and proves a deny-all policy
 // (ingress and egress, no rules) confines the Pod it selects: from inside
-// it, no connection reaches another Pod, a listener on every address of
-// the node (its InternalIP and the bridge's gateway), the kubelet, or
-// the apiserver's port; and no Pod reaches it. A Pod without a policy
-// reaches the same listeners in the same test, so it cannot pass by a
-// broken network; and once the policy is deleted the same Pod reaches
-// them again, so it is the policy that confined it.
+// it, no connection reaches another Pod, a listener of the node on all
+// its addresses, the kubelet, or the apiserver's port, on any address it
+// has a route to (the Pod subnet, the node's end of it among them) or
+// not; and no Pod reaches it. A Pod without a policy reaches the same
+// listeners in the same test, so it cannot pass by a broken network; and
+// once the policy is deleted the same Pod reaches them again, so it is
+// the policy that confined it. (The cluster's Pods have no default route:
+// the node's InternalIP is unreachable from any Pod, and is probed from
+// the confined one only.)
 func testNetworkPolicy(ctx context.Context, t *testing.T, c *Cluster) {
 	t0 := time.Now()
 	if err := c.StartNetworkPolicy(ctx, NetworkPolicyOptions{BinDir: os.Getenv("KCLUSTER_NETPOL_DIR"), Log: t.Logf}); err != nil {
@@ -55,9 +59,10 @@ func testNetworkPolicy(ctx context.Context, t *testing.T, c *Cluster) {
 		t.Fatal(err)
 	}
 	kubelet := net.JoinHostPort(c.NodeIP, strconv.Itoa(node.Status.DaemonEndpoints.KubeletEndpoint.Port))
-	gateway := strings.TrimSuffix(PodSubnet, "0/24") + "1"
+	gateway := PodGateway
 	_, apiPort, _ := net.SplitHostPort(strings.TrimPrefix(c.URL, "https://"))
-	hostTargets := []string{net.JoinHostPort(c.NodeIP, hostPort), net.JoinHostPort(gateway, hostPort), kubelet}
+	// Reached from a Pod without a policy.
+	hostTargets := []string{net.JoinHostPort(gateway, hostPort)}
 
 	policy := map[string]any{
 		"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -86,15 +91,15 @@ func testNetworkPolicy(ctx context.Context, t *testing.T, c *Cluster) {
 		ip[name] = waitRunning(ctx, t, c, name).Status.PodIP
 	}
 	t1 := time.Now()
-	eventually(t, 30*time.Second, "the enforcer firewalls the closed Pod both ways", func() error {
-		if in, out := PodFirewalled("default", "closed"); !in || !out {
-			return errors.New("no chain for it yet")
+	eventually(t, 30*time.Second, "the enforcer runs the closed Pod's traffic through deny-all", func() error {
+		if got := PodPolicies("default", "closed"); !slices.Equal(got, []string{"deny-all"}) {
+			return fmt.Errorf("policies %q", got)
 		}
 		return nil
 	})
-	t.Logf("closed Pod Running to firewalled: %s", time.Since(t1).Round(time.Millisecond))
-	if in, out := PodFirewalled("default", "open"); in || out {
-		t.Errorf("the enforcer firewalls the open Pod, which no policy selects (ingress %v, egress %v)", in, out)
+	t.Logf("closed Pod Running to enforced: %s", time.Since(t1).Round(time.Millisecond))
+	if got := PodPolicies("default", "open"); len(got) > 0 {
+		t.Errorf("the enforcer runs the open Pod's traffic through %q, which select other Pods", got)
 	}
 	pod := func(name string) string { return net.JoinHostPort(ip[name], "8080") }
 
@@ -128,7 +133,8 @@ func testNetworkPolicy(ctx context.Context, t *testing.T, c *Cluster) {
 	// Selected by deny-all: nothing is reached, the apiserver's port on
 	// any address included.
 	all := append([]string{pod("peer"), pod("open")}, hostTargets...)
-	all = append(all, net.JoinHostPort("127.0.0.1", apiPort), net.JoinHostPort(c.NodeIP, apiPort), net.JoinHostPort(gateway, apiPort))
+	all = append(all, net.JoinHostPort(c.NodeIP, hostPort), kubelet,
+		net.JoinHostPort("127.0.0.1", apiPort), net.JoinHostPort(c.NodeIP, apiPort), net.JoinHostPort(gateway, apiPort))
 	got = connect("closed", all...)
 	for _, a := range all {
 		if !strings.HasPrefix(got[a], "fail:") {
@@ -138,9 +144,9 @@ func testNetworkPolicy(ctx context.Context, t *testing.T, c *Cluster) {
 
 	// The policy deleted, the same Pod reaches them again.
 	deleteAndWait(ctx, t, c, policyPath)
-	eventually(t, 30*time.Second, "the enforcer drops the closed Pod's chains", func() error {
-		if in, out := PodFirewalled("default", "closed"); in || out {
-			return errors.New("still firewalled")
+	eventually(t, 30*time.Second, "the enforcer lets the closed Pod's traffic go through no policy", func() error {
+		if got := PodPolicies("default", "closed"); len(got) > 0 {
+			return fmt.Errorf("policies %q", got)
 		}
 		return nil
 	})
