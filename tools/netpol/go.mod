@@ -2,7 +2,10 @@
 // (github.com/cloudnativelabs/kube-router/v2, run with only its firewall)
 // for internal/kcluster's test cluster: it enforces NetworkPolicy with
 // iptables and ipset. It is a separate module so that the main module
-// never depends on it.
+// never depends on it. Raised above what kube-router v2.1.0 asks, for the
+// security advisories fixed since (docs/kubernetes.md): golang.org/x/net
+// v0.63.0, github.com/docker/docker v25.0.13, github.com/osrg/gobgp/v3
+// v3.37.0.
 module github.com/oac/sandbox-agent/tools/netpol
 
 go 1.26.0
