@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	"github.com/oac/sandbox-agent/api"
 	"github.com/oac/sandbox-agent/internal/kcluster"
@@ -88,9 +89,8 @@ func TestKubernetesAPodWhoseAgentKeptItsInterfacesReachesNothing(t *testing.T) {
 // and the node's InternalIP), the kubelet and the apiserver's port are
 // all refused, while that Pod reaches the listener, so the test cannot
 // pass by a broken network. (That no Pod reaches a confined one is
-// internal/kcluster's TestCluster's.) It serves a provider Pod here, and
-// a warm pool's (agent-sandbox) Pod, whose policy is its template's, the
-// same way.
+// internal/kcluster's TestCluster's.) It serves a bare provider Pod and a
+// warm pool's (agent-sandbox) Pod, whose policy is its template's, alike.
 func assertPodReachesNothing(t *testing.T, c *kcluster.Cluster, image, namespace, pod, container, policy string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -194,4 +194,59 @@ func assertPodReachesNothing(t *testing.T, c *kcluster.Cluster, image, namespace
 	for _, a := range targets {
 		assert.True(t, strings.HasPrefix(got[a], "fail:"), "the confined Pod reaches %s: %q", a, got[a])
 	}
+}
+
+// The keep-interfaces template and warm pool of the agent-sandbox variant.
+const (
+	keepTemplate = "oac-keep-interfaces"
+	keepPool     = "oac-keep-interfaces-warm"
+)
+
+// TestKubernetesAWarmPodWhoseAgentKeptItsInterfacesReachesNothing is the
+// same for --k8s-api agent-sandbox: a sandbox claimed from a warm pool of
+// oac's template whose image's agent keeps the Pod's interfaces runs in
+// a Pod that the template's NetworkPolicy (agent-sandbox's, one per
+// template) alone keeps from every Pod and every address of the node.
+func TestKubernetesAWarmPodWhoseAgentKeptItsInterfacesReachesNothing(t *testing.T) {
+	c := needKubernetes(t)
+	needWarmPool(t, c, bins.shim, kubeImage(t, c)) // agent-sandbox's controller runs
+	image := kubeKeepInterfacesImage(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	out, err := exec.Command(bins.shim, "warm-pool", "--k8s-image", image, "--k8s-pull-policy", "Never",
+		"--template", keepTemplate, "--pool", keepPool, "--replicas", "1").Output()
+	require.NoError(t, err, "oac-shim warm-pool")
+	docs := strings.Split(string(out), "\n---\n")
+	require.Len(t, docs, 2, "a SandboxTemplate and a SandboxWarmPool")
+	templates := "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/default/sandboxtemplates"
+	for i, path := range []string{templates, poolsPath} {
+		var obj map[string]any
+		require.NoError(t, yaml.Unmarshal([]byte(docs[i]), &obj))
+		require.NoError(t, c.Do(ctx, http.MethodPost, path, obj, nil))
+	}
+	t.Cleanup(func() {
+		for _, path := range []string{poolsPath + "/" + keepPool, templates + "/" + keepTemplate} {
+			_ = c.Do(context.Background(), http.MethodDelete, path, nil, nil)
+		}
+	})
+	require.Eventually(t, func() bool {
+		var pool struct{ Status struct{ ReadyReplicas int32 } }
+		return c.Get(ctx, poolsPath+"/"+keepPool, &pool) == nil && pool.Status.ReadyReplicas >= 1
+	}, 2*time.Minute, 100*time.Millisecond, "the keep-interfaces pool has a warm Pod")
+
+	name := uniqueName("warmkeep")
+	s := startShim(t, sandboxSpec{provider: "kubernetes", name: name, bootstrap: `{"version":1,"hostname":"warmkeep"}`,
+		args: []string{"--kubeconfig", c.Kubeconfig, "--k8s-pull-policy", "Never", "--k8s-api", "agent-sandbox", "--k8s-warm-pool", keepPool}})
+	s.waitState(api.StateReady, 2*time.Minute)
+	var claim struct {
+		Status struct{ Sandbox struct{ Name string } }
+	}
+	require.NoError(t, c.Get(ctx, claimsPath+"/oac-"+name, &claim))
+	// The claimed Pod is named after its Sandbox; agent-sandbox names the
+	// template's NetworkPolicy after the template.
+	assertPodReachesNothing(t, c, image, "default", claim.Status.Sandbox.Name, "agent", keepTemplate+"-network-policy")
+	s.signal(syscall.SIGTERM)
+	assert.Equal(t, 0, s.exit(time.Minute))
+	assert.Empty(t, claimLeftovers(c, s.name))
 }
