@@ -179,6 +179,14 @@ func assertPodReachesNothing(t *testing.T, c *kcluster.Cluster, image, namespace
 
 	viaGateway := net.JoinHostPort(kcluster.PodGateway, hostPort)
 	got := connect(peer, "peer", viaGateway)
+	if got[viaGateway] != "ok" {
+		// What held it back: the rules that counted packets, the
+		// enforcer's log.
+		rules, _ := exec.Command("iptables-save", "-c").Output()
+		nft, _ := exec.Command("nft", "list", "ruleset").Output()
+		t.Logf("the peer %s is firewalled through %q\niptables:\n%s\nnft drops:\n%s\nkube-router:\n%s", peerIP,
+			kcluster.PodPolicies(namespace, peer), rules, grepLines(string(nft), "drop"), c.LogTail(kcluster.NetworkPolicyController, 4000))
+	}
 	require.Equal(t, "ok", got[viaGateway], "a Pod without a policy reaches the node's listener")
 
 	targets := []string{
@@ -249,4 +257,15 @@ func TestKubernetesAWarmPodWhoseAgentKeptItsInterfacesReachesNothing(t *testing.
 	s.signal(syscall.SIGTERM)
 	assert.Equal(t, 0, s.exit(time.Minute))
 	assert.Empty(t, claimLeftovers(c, s.name))
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

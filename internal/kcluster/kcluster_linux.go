@@ -371,6 +371,20 @@ func hostIP() (net.IP, error) {
 	return nil, errors.New("kcluster: no IPv4 address on a non-loopback interface for the node")
 }
 
+// gatewayHolder names the interface that has PodGateway, or "".
+func gatewayHolder() string {
+	ifs, _ := net.Interfaces()
+	for _, i := range ifs {
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.String() == PodGateway {
+				return i.Name
+			}
+		}
+	}
+	return ""
+}
+
 func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -405,6 +419,11 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 		if _, err := os.Lstat(p); err == nil {
 			c.hostPre[p] = true
 		}
+	}
+	// Two clusters' bridges on one subnet break both: a Pod's packets to
+	// the node get their answers through the other bridge.
+	if other := gatewayHolder(); other != "" {
+		return fmt.Errorf("kcluster: interface %s already has %s, the Pods' gateway: another test cluster runs on this machine; run one at a time", other, PodGateway)
 	}
 	ip, err := hostIP()
 	if err != nil {
