@@ -76,7 +76,9 @@
 // as it was found; Leftovers lists whatever of this remains. The network
 // namespaces and volumes it removes are those that appeared while it ran:
 // two clusters (or another CRI runtime, or another hostPath provisioner)
-// must not run at once on one machine.
+// must not run at once on one machine (Start refuses to when another
+// interface has the Pods' gateway: a bridge on the same subnet, even one
+// a killed run left, takes the answers to the Pods' packets).
 //
 // It owns the life of the cluster it started only. It must not touch a
 // system containerd, etcd or kubelet, /var/lib/containerd or
