@@ -316,38 +316,7 @@ func (k *kubeRun) density(ctx context.Context, n int) error {
 	c := k.c
 	idleKubepods, _, _ := kubepodsMemory(c)
 	daemonsBefore := sumRSS(c.RSS())
-	type res struct {
-		s   *sandboxProc
-		err error
-	}
-	ch := make(chan res, n)
-	release := make(chan struct{})
-	for range n {
-		go func() {
-			<-release
-			s, err := k.start(kubeBootTimeout)
-			ch <- res{s, err}
-		}()
-	}
-	t := time.Now()
-	close(release)
-	var started []*sandboxProc
-	var readyEach []float64
-	var firstErr error
-	for range n {
-		x := <-ch // each start ends within kubeBootTimeout
-		if x.err != nil {
-			fmt.Fprintf(os.Stderr, "kubernetes: a sandbox of %d did not reach ready: %v\n", n, x.err)
-			if firstErr == nil {
-				firstErr = x.err
-			}
-		}
-		if x.s != nil {
-			started = append(started, x.s)
-			readyEach = append(readyEach, ms(x.s.ready))
-		}
-	}
-	allReady := ms(time.Since(t))
+	started, readyEach, firstErr, allReady := k.atOnce(n, k.args)
 
 	time.Sleep(3 * time.Second) // idle
 	var shimRSS, podRSS, podPSS []float64
@@ -427,6 +396,41 @@ func (k *kubeRun) density(ctx context.Context, n int) error {
 		k.r.Add(NewResult(fmt.Sprintf("kubernetes: time to stop all %d (SIGTERM to every shim until each exited, its Pod gone)", len(started)), "ms", []float64{stopped}, "", nil))
 	}
 	return nil
+}
+
+// atOnce starts n sandboxes of run's arguments args at the same moment
+// and waits for each to be ready or to fail: the ones that started, each
+// one's run to ready, the first failure and the time until all were done.
+func (k *kubeRun) atOnce(n int, args []string) (started []*sandboxProc, readyEach []float64, firstErr error, all float64) {
+	type res struct {
+		s   *sandboxProc
+		err error
+	}
+	ch := make(chan res, n)
+	release := make(chan struct{})
+	for range n {
+		go func() {
+			<-release
+			s, err := k.startWith(args, kubeBootTimeout)
+			ch <- res{s, err}
+		}()
+	}
+	t := time.Now()
+	close(release)
+	for range n {
+		x := <-ch // each start ends within kubeBootTimeout
+		if x.err != nil {
+			fmt.Fprintf(os.Stderr, "kubernetes: a sandbox of %d did not reach ready: %v\n", n, x.err)
+			if firstErr == nil {
+				firstErr = x.err
+			}
+		}
+		if x.s != nil {
+			started = append(started, x.s)
+			readyEach = append(readyEach, ms(x.s.ready))
+		}
+	}
+	return started, readyEach, firstErr, ms(time.Since(t))
 }
 
 // finish stops what is left, then the cluster, and reports leftovers of

@@ -211,39 +211,12 @@ func (k *kubeRun) warmDensity(ctx context.Context, n int, claimArgs []string) er
 		k.r.Skip(fmt.Sprintf("kubernetes: %d claimed at once from a warm pool of %d", n, n), firstLine(err.Error()))
 		return k.applyPool(ctx, 0)
 	}
-	type res struct {
-		s   *sandboxProc
-		err error
-	}
-	ch := make(chan res, n)
-	release := make(chan struct{})
-	for range n {
-		go func() {
-			<-release
-			s, err := k.startWith(claimArgs, kubeBootTimeout)
-			ch <- res{s, err}
-		}()
-	}
-	t := time.Now()
-	close(release)
-	var readyEach, spans []float64
-	var started []*sandboxProc
-	var firstErr error
-	for range n {
-		x := <-ch
-		if x.err != nil && firstErr == nil {
-			firstErr = x.err
-		}
-		if x.s != nil {
-			readyEach = append(readyEach, ms(x.s.ready))
-			started = append(started, x.s)
-		}
-	}
-	allReady := ms(time.Since(t))
+	started, readyEach, firstErr, allReady := k.atOnce(n, claimArgs)
 	// The pool refills while they run; stop it first so that nothing
 	// competes with the stops.
 	err := k.applyPool(ctx, 0)
 	k.stopAll()
+	var spans []float64
 	for _, s := range started {
 		if d, err := claimToReady(s.phases.String()); err == nil {
 			spans = append(spans, ms(d))

@@ -4,11 +4,9 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -37,24 +35,7 @@ const dialprobeBin = "/usr/local/bin/oac-dialprobe"
 // field of the real one keeps the interfaces.
 func kubeKeepInterfacesImage(t *testing.T, c *kcluster.Cluster) string {
 	t.Helper()
-	needImageBuild(t)
-	testCA(t)
-	kube.keepOnce.Do(func() {
-		dir := filepath.Join(bins.dir, "image-oci-keep-interfaces")
-		out, err := exec.Command(bins.image, "build", "--agent", bins.guestKeepInterfaces, "--sandbox-io", bins.sandboxIO,
-			"--ca-bundle", runCA.bundle, "--file", bins.dialprobe+":"+dialprobeBin+":0755",
-			"--output", "oci", "--ref", kubeKeepImageRef, "--epoch", "1", "-o", dir).CombinedOutput()
-		if err != nil {
-			kube.keepErr = fmt.Errorf("oac-image build: %w: %s", err, out)
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		kube.keepErr = c.ImportLayout(ctx, filepath.Join(dir, "oci"))
-		kube.keepImage = kubeKeepImageRef
-	})
-	require.NoError(t, kube.keepErr, "import the keep-interfaces guest image into the cluster")
-	return kube.keepImage
+	return kube.keepImage.get(t, c, "the keep-interfaces guest image", bins.guestKeepInterfaces, bins.dialprobe+":"+dialprobeBin+":0755", kubeKeepImageRef)
 }
 
 // TestKubernetesAPodWhoseAgentKeptItsInterfacesReachesNothing runs a

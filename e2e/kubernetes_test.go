@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -28,17 +29,12 @@ import (
 // started once per test binary by the first test that needs it and
 // stopped by TestMain, leaving nothing.
 var kube struct {
-	once    sync.Once
-	c       *kcluster.Cluster
-	err     error
-	imgOnce sync.Once
-	image   string
-	imgErr  error
-	// The image whose agent keeps the Pod's interfaces
-	// (kubernetes_netpol_test.go).
-	keepOnce  sync.Once
-	keepImage string
-	keepErr   error
+	once sync.Once
+	c    *kcluster.Cluster
+	err  error
+	// The guest image, and the one whose agent keeps the Pod's
+	// interfaces (kubernetes_netpol_test.go).
+	image, keepImage kubeImageOnce
 }
 
 // kubeImageRef is the run's guest image in the cluster's containerd.
@@ -89,24 +85,40 @@ func installSeccompProfile(c *kcluster.Cluster) error {
 // cluster's containerd once; Pods run it with --k8s-pull-policy Never.
 func kubeImage(t *testing.T, c *kcluster.Cluster) string {
 	t.Helper()
+	return kube.image.get(t, c, "the guest image", bins.guest, bins.daemon+":"+daemonBin+":0755", kubeImageRef)
+}
+
+// kubeImageOnce is an image built and imported into the cluster once.
+type kubeImageOnce struct {
+	once sync.Once
+	ref  string
+	err  error
+}
+
+// get builds an OCI image of agent with the stand-ins and file (oac-image
+// build's --file SRC:DST:MODE), named ref, and imports it into the
+// cluster's containerd the first time; Pods run it with
+// --k8s-pull-policy Never.
+func (k *kubeImageOnce) get(t *testing.T, c *kcluster.Cluster, what, agent, file, ref string) string {
+	t.Helper()
 	needImageBuild(t)
 	testCA(t)
-	kube.imgOnce.Do(func() {
-		dir := filepath.Join(bins.dir, "image-oci")
-		out, err := exec.Command(bins.image, "build", "--agent", bins.guest, "--sandbox-io", bins.sandboxIO,
-			"--ca-bundle", runCA.bundle, "--file", bins.daemon+":"+daemonBin+":0755",
-			"--output", "oci", "--ref", kubeImageRef, "--epoch", "1", "-o", dir).CombinedOutput()
+	k.once.Do(func() {
+		dir := filepath.Join(bins.dir, "image-oci-"+strings.ReplaceAll(path.Base(ref), ":", "-"))
+		out, err := exec.Command(bins.image, "build", "--agent", agent, "--sandbox-io", bins.sandboxIO,
+			"--ca-bundle", runCA.bundle, "--file", file,
+			"--output", "oci", "--ref", ref, "--epoch", "1", "-o", dir).CombinedOutput()
 		if err != nil {
-			kube.imgErr = fmt.Errorf("oac-image build: %w: %s", err, out)
+			k.err = fmt.Errorf("oac-image build: %w: %s", err, out)
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		kube.imgErr = c.ImportLayout(ctx, filepath.Join(dir, "oci"))
-		kube.image = kubeImageRef
+		k.err = c.ImportLayout(ctx, filepath.Join(dir, "oci"))
+		k.ref = ref
 	})
-	require.NoError(t, kube.imgErr, "import the guest image into the cluster")
-	return kube.image
+	require.NoError(t, k.err, "import %s into the cluster", what)
+	return k.ref
 }
 
 // kubeLeftovers lists the cluster's objects of sandbox name: Pods,
