@@ -87,6 +87,30 @@ var skipped = map[string]bool{".git": true, ".cache": true, "bin": true, "dist":
 // so the SBOM says the release version and never depends on the
 // builder's checkout.
 func taggedCopy(ctx context.Context, source, dir, version string, when time.Time) error {
+	if err := copyTree(source, dir); err != nil {
+		return fmt.Errorf("copy the module for its SBOM: %w", err)
+	}
+	date := fmt.Sprintf("@%d +0000", when.Unix())
+	// GIT_DIR and GIT_WORK_TREE pin every command to the copy.
+	env := append(os.Environ(), "GIT_DIR="+filepath.Join(dir, ".git"), "GIT_WORK_TREE="+dir,
+		"GIT_CEILING_DIRECTORIES="+filepath.Dir(dir), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1",
+		"GIT_AUTHOR_NAME=oac-release", "GIT_AUTHOR_EMAIL=release@oac.invalid", "GIT_AUTHOR_DATE="+date,
+		"GIT_COMMITTER_NAME=oac-release", "GIT_COMMITTER_EMAIL=release@oac.invalid", "GIT_COMMITTER_DATE="+date)
+	for _, args := range [][]string{
+		{"init", "-q"}, {"add", "-A"}, {"commit", "-q", "--no-verify", "-m", "release " + version}, {"tag", version},
+	} {
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Dir, cmd.Env = dir, env
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("git %s for the SBOM's module copy: %w: %s", args[0], err, b)
+		}
+	}
+	return nil
+}
+
+// copyTree copies the regular files of the source tree at source into dir,
+// leaving out the directories no build reads (skipped).
+func copyTree(source, dir string) error {
 	err := filepath.WalkDir(source, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -115,23 +139,5 @@ func taggedCopy(ctx context.Context, source, dir, version string, when time.Time
 		}
 		return os.WriteFile(filepath.Join(dir, rel), b, 0o644)
 	})
-	if err != nil {
-		return fmt.Errorf("copy the module for its SBOM: %w", err)
-	}
-	date := fmt.Sprintf("@%d +0000", when.Unix())
-	// GIT_DIR and GIT_WORK_TREE pin every command to the copy.
-	env := append(os.Environ(), "GIT_DIR="+filepath.Join(dir, ".git"), "GIT_WORK_TREE="+dir,
-		"GIT_CEILING_DIRECTORIES="+filepath.Dir(dir), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1",
-		"GIT_AUTHOR_NAME=oac-release", "GIT_AUTHOR_EMAIL=release@oac.invalid", "GIT_AUTHOR_DATE="+date,
-		"GIT_COMMITTER_NAME=oac-release", "GIT_COMMITTER_EMAIL=release@oac.invalid", "GIT_COMMITTER_DATE="+date)
-	for _, args := range [][]string{
-		{"init", "-q"}, {"add", "-A"}, {"commit", "-q", "--no-verify", "-m", "release " + version}, {"tag", version},
-	} {
-		cmd := exec.CommandContext(ctx, "git", args...)
-		cmd.Dir, cmd.Env = dir, env
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("git %s for the SBOM's module copy: %w: %s", args[0], err, b)
-		}
-	}
-	return nil
+	return err
 }
