@@ -2,7 +2,10 @@
 GO      ?= go
 BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+MODIFIED := $(shell git status --porcelain 2>/dev/null | grep -q . && echo true || echo false)
+BUILDINFO := github.com/oac/sandbox-agent/internal/buildinfo
+LDFLAGS := -s -w -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Commit=$(COMMIT) -X $(BUILDINFO).Modified=$(MODIFIED)
 # Debian packages the demo uses: bubblewrap guests and curl. A demo never
 # installs a container engine, a VM or a cluster on a user's desktop (one
 # with Docker's own containerd.io would see its engine fought over).
