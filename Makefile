@@ -2,7 +2,10 @@
 GO      ?= go
 BIN     ?= bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/oac/sandbox-agent/internal/buildinfo.Version=$(VERSION)
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)
+MODIFIED := $(shell git status --porcelain 2>/dev/null | grep -q . && echo true || echo false)
+BUILDINFO := github.com/oac/sandbox-agent/internal/buildinfo
+LDFLAGS := -s -w -X $(BUILDINFO).Version=$(VERSION) -X $(BUILDINFO).Commit=$(COMMIT) -X $(BUILDINFO).Modified=$(MODIFIED)
 # Debian packages the demo uses: bubblewrap guests and curl. A demo never
 # installs a container engine, a VM or a cluster on a user's desktop (one
 # with Docker's own containerd.io would see its engine fought over).
@@ -29,7 +32,7 @@ GUEST_BIN = $(if $(filter $(HOST_ARCH),$(ARCH)),$(BIN)/oac-guest,$(BIN)/linux-$(
 # disk, erofs, overlay, virtio-fs, nftables).
 VM_MODULES ?=
 
-.PHONY: all build guest fixtures deps test-deps test k8s-bins fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image k8s-cluster-test
+.PHONY: all build release guest fixtures deps test-deps test k8s-bins fmt-check vet unit e2e ts-test demo cross fuzz fuzz-short bench bench-load clean distclean kernel kernels initramfs image k8s-cluster-test
 
 all: build
 
@@ -38,6 +41,18 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/oac-guest ./cmd/oac-shim ./cmd/oac-image
 	CGO_ENABLED=0 $(GO) build -trimpath -tags kubernetes -ldflags '$(LDFLAGS)' -o $(BIN)/oac-shim-kubernetes ./cmd/oac-shim
+
+# The release artifacts into dist/ (internal/release, cmd/oac-release;
+# docs/releases.md): every program for every platform it ships on, an
+# archive each with README, LICENSE, NOTICE and LICENSE.yamux, an SBOM per
+# archive from cyclonedx-gomod (built by tools/sbom from the Go module
+# proxy), and SHA256SUMS; reproducible, byte for byte.
+release:
+	@case "$(VERSION)" in v[0-9]*.[0-9]*.[0-9]*) ;; *) echo "make release: set VERSION=vX.Y.Z"; exit 2;; esac
+	cd tools/sbom && GOWORK=off CGO_ENABLED=0 $(GO) build -trimpath -o $(abspath .cache/bin)/cyclonedx-gomod $(CYCLONEDX)
+	rm -rf dist
+	$(GO) run ./cmd/oac-release -version $(VERSION) -out dist -cyclonedx-gomod $(abspath .cache/bin)/cyclonedx-gomod
+CYCLONEDX := github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod
 
 # oac-guest for ARCH: bin/oac-guest when it is this host's, else
 # cross-built (static, no cgo) into bin/linux-ARCH/.

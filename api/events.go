@@ -80,7 +80,7 @@ const ModeHelper = "helper"
 // that describes what this build writes and reads; every event and answer
 // carries it. Any change to the schema files bumps it, so a line is
 // described exactly by the schema of its version (docs/schema.md).
-const SchemaVersion = 9
+const SchemaVersion = 10
 
 // Event is one line of oac-shim output.
 type Event struct {

@@ -6,8 +6,15 @@ package api
 type VersionReport struct {
 	// Program is the binary: oac-shim, oac-image, oac-guest.
 	Program string `json:"program"`
-	// Version is stamped at build time (git describe); "dev" unstamped.
+	// Version is the release (stamped at link time), else the module
+	// version the Go toolchain recorded (go install ...@vX.Y.Z), else
+	// "dev".
 	Version string `json:"version"`
+	// Commit is the commit the binary was built from; absent when the
+	// build does not know it (a go install of a module version).
+	Commit string `json:"commit,omitempty"`
+	// Modified is true when the tree had uncommitted changes.
+	Modified bool `json:"modified"`
 	// SchemaVersion is the version of the events, answers and reports
 	// this binary writes (SchemaVersion).
 	SchemaVersion int `json:"schema_version"`

@@ -242,7 +242,7 @@ func TestFlagsGoAfterTheFileToo(t *testing.T) {
 func TestVersionOfOacImage(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 0, Main([]string{"--version"}, &stdout, &stderr))
-	assert.Regexp(t, `^oac-image \S+ \(protocol \d+\.\.\d+\)\n$`, stdout.String())
+	assert.Regexp(t, `^oac-image \S+ \(protocol \d+\.\.\d+(, commit [0-9a-f]+)?(, modified)?\)\n$`, stdout.String())
 	stdout.Reset()
 	require.Equal(t, 0, Main([]string{"version", "--json"}, &stdout, &stderr))
 	assert.NoError(t, schema.Validate(schema.Version, stdout.Bytes()), stdout.String())

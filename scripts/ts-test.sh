@@ -2,7 +2,8 @@
 # Builds and tests the TypeScript client (clients/typescript) against the
 # real oac-shim in BIN, booting real bwrap guests. Installs the client's
 # development dependencies from the npm registry (npm ci: exactly the
-# lockfile). With CI=true a missing Node.js 20+ fails; otherwise it skips.
+# lockfile), then packs it and imports the tarball from a scratch project
+# (scripts/npm-pack-test.sh). With CI=true a missing Node.js 20+ fails; otherwise it skips.
 # Usage: scripts/ts-test.sh BIN
 set -euo pipefail
 bin=$1
@@ -14,6 +15,9 @@ command -v node >/dev/null 2>&1 || need "Node.js 20 or newer is not installed (h
 command -v npm >/dev/null 2>&1 || need "npm is not installed"
 major=$(node -p 'process.versions.node.split(".")[0]')
 [ "$major" -ge 20 ] || need "Node.js $(node --version) is older than 20"
-cd "$(dirname "$0")/../clients/typescript"
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../clients/typescript"
 npm ci --no-audit --no-fund --loglevel=error
 OAC_BIN=$bin npm test
+# The package as npm publishes it: packed, installed, imported (ESM, CJS).
+"$here/npm-pack-test.sh"

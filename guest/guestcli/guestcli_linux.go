@@ -149,7 +149,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			if params.Debug {
 				log = newLogger(slog.LevelDebug, stderr)
 			}
-			vminit.Boot(ctx, params, agent.Config{AgentVersion: buildinfo.Version, Reaper: rp, Log: log, SetHostname: true})
+			vminit.Boot(ctx, params, agent.Config{AgentVersion: buildinfo.Read().Version, Reaper: rp, Log: log, SetHostname: true})
 		case !errors.Is(err, vminit.ErrNotVM):
 			vminit.Fatal(log, err)
 		}
@@ -174,7 +174,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	go notify.Watchdog(wctx, nil)
 	err = agent.Run(ctx, agent.Config{
 		Endpoint:     ep,
-		AgentVersion: buildinfo.Version,
+		AgentVersion: buildinfo.Read().Version,
 		Reaper:       rp,
 		Log:          log,
 		SetHostname:  pid1,
@@ -330,7 +330,7 @@ func runHelper(args []string, env cli.Env) int {
 	defer stop()
 	return helper.Run(ctx, helper.Config{
 		Name: *name, Stdin: os.Stdin, Events: stdout, Diag: stderr, Log: log,
-		Reaper: reaper.New(), AgentVersion: buildinfo.Version,
+		Reaper: reaper.New(), AgentVersion: buildinfo.Read().Version,
 		PolicyFile: *policy, Allow: allow, Upstreams: upstreams, Identity: id,
 	})
 }

@@ -13,7 +13,7 @@ import (
 func TestVersionPrintsTheAgentVersionAndProtocolRange(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	assert.Equal(t, 0, Main([]string{"--version"}, &stdout, &stderr))
-	assert.Regexp(t, `^oac-guest \S+ \(protocol \d+\.\.\d+\)\n$`, stdout.String())
+	assert.Regexp(t, `^oac-guest \S+ \(protocol \d+\.\.\d+(, commit [0-9a-f]+)?(, modified)?\)\n$`, stdout.String())
 	assert.Empty(t, stderr.String())
 }
 

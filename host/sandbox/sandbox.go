@@ -627,7 +627,7 @@ func (s *run) handshake(ctx context.Context, conn net.Conn, helloWait time.Durat
 		caps = append(caps, s.dataOffer...)
 	}
 	ctl, hello, welcome, err := protocol.HostHandshake(trackedSession{sess, s.guard}, s.cfg.MinVersion, s.cfg.MaxVersion, protocol.Welcome{
-		HostVersion:       buildinfo.Version,
+		HostVersion:       buildinfo.Read().Version,
 		Capabilities:      caps,
 		AllowLoopbackLink: s.cfg.Bootstrap.Sandbox != nil && s.cfg.Bootstrap.Sandbox.AllowLoopbackLink,
 		DataToken:         s.dataToken,

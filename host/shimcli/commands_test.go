@@ -130,7 +130,7 @@ func TestVersionJSONFollowsItsSchema(t *testing.T) {
 	}
 	code, out, _ := shimMain("--version")
 	assert.Equal(t, 0, code)
-	assert.Regexp(t, `^oac-shim \S+ \(protocol \d+\.\.\d+\)\n$`, out)
+	assert.Regexp(t, `^oac-shim \S+ \(protocol \d+\.\.\d+(, commit [0-9a-f]+)?(, modified)?\)\n$`, out)
 }
 
 // Each script names every command and every flag of oac-shim's table.

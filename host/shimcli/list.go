@@ -104,7 +104,7 @@ func (s *shim) announce() {
 	rec := kept.ShimRecord{
 		Name: s.name, Kind: kind, Provider: s.f.prov, PID: os.Getpid(), ProcStart: selfStart(),
 		ControlSocket: provider.AbsPath(s.f.controlSocket), OutliveParent: s.f.outlive, Started: time.Now().UTC().Truncate(time.Millisecond),
-		Version: buildinfo.Version,
+		Version: buildinfo.Read().Version,
 	}
 	if s.f.announced != nil {
 		// Claimed at the start (an outliving shim's journal is there).

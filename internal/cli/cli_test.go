@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/oac/sandbox-agent/api"
+	"github.com/oac/sandbox-agent/internal/buildinfo"
+	"github.com/oac/sandbox-agent/protocol"
 )
 
 // got is what a test program's command was run with.
@@ -192,7 +194,7 @@ func TestVersionAsTextAndAsJSON(t *testing.T) {
 	for _, args := range [][]string{{"version"}, {"--version"}, {"-version"}} {
 		code, stdout, stderr := run(testProgram(&g), args...)
 		require.Equal(t, 0, code, stderr)
-		assert.Regexp(t, `^prog \S+ \(protocol \d+\.\.\d+\)\n$`, stdout, "%q", args)
+		assert.Regexp(t, `^prog \S+ \(protocol \d+\.\.\d+(, commit [0-9a-f]+)?(, modified)?\)\n$`, stdout, "%q", args)
 	}
 	for _, args := range [][]string{{"version", "--json"}, {"--version", "--json"}} {
 		code, stdout, stderr := run(testProgram(&g), args...)
@@ -202,6 +204,32 @@ func TestVersionAsTextAndAsJSON(t *testing.T) {
 		assert.Equal(t, Version("prog"), v, "%q", args)
 		assert.Equal(t, api.SchemaVersion, v.SchemaVersion)
 	}
+}
+
+// A release build's stamps are what --version and version --json say.
+func TestVersionSaysTheStampedBuild(t *testing.T) {
+	saved := [3]string{buildinfo.Version, buildinfo.Commit, buildinfo.Modified}
+	t.Cleanup(func() { buildinfo.Version, buildinfo.Commit, buildinfo.Modified = saved[0], saved[1], saved[2] })
+	const commit = "f6390a6e0f4c8b3e0e1d7a2b3c4d5e6f70819283"
+	buildinfo.Version, buildinfo.Commit, buildinfo.Modified = "v1.2.3", commit, "true"
+
+	var g got
+	code, stdout, stderr := run(testProgram(&g), "--version")
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, fmt.Sprintf("prog v1.2.3 (protocol %d..%d, commit %s, modified)\n", protocol.MinVersion, protocol.MaxVersion, commit), stdout)
+
+	code, stdout, stderr = run(testProgram(&g), "version", "--json")
+	require.Equal(t, 0, code, stderr)
+	var v api.VersionReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &v), stdout)
+	assert.Equal(t, "v1.2.3", v.Version)
+	assert.Equal(t, commit, v.Commit)
+	assert.True(t, v.Modified)
+
+	buildinfo.Modified = "false"
+	code, stdout, _ = run(testProgram(&g), "--version")
+	require.Equal(t, 0, code)
+	assert.NotContains(t, stdout, "modified")
 }
 
 func TestPathsAreEveryCommandWithItsOwnFlags(t *testing.T) {

@@ -13,8 +13,9 @@ import (
 
 // Version is the version report of program, this build.
 func Version(program string) api.VersionReport {
+	b := buildinfo.Read()
 	return api.VersionReport{
-		Program: program, Version: buildinfo.Version, SchemaVersion: api.SchemaVersion,
+		Program: program, Version: b.Version, Commit: b.Commit, Modified: b.Modified, SchemaVersion: api.SchemaVersion,
 		ProtocolMin: protocol.MinVersion, ProtocolMax: protocol.MaxVersion,
 		GoVersion: runtime.Version(), OS: runtime.GOOS, Arch: runtime.GOARCH,
 	}
@@ -28,7 +29,14 @@ func PrintVersion(w io.Writer, program string, asJSON bool) {
 		PrintJSON(w, v)
 		return
 	}
-	fmt.Fprintf(w, "%s %s (protocol %d..%d)\n", v.Program, v.Version, v.ProtocolMin, v.ProtocolMax)
+	build := ""
+	if v.Commit != "" {
+		build = ", commit " + v.Commit
+	}
+	if v.Modified {
+		build += ", modified"
+	}
+	fmt.Fprintf(w, "%s %s (protocol %d..%d%s)\n", v.Program, v.Version, v.ProtocolMin, v.ProtocolMax, build)
 }
 
 // PrintJSON writes v as indented JSON, the form of every --json output.
