@@ -3,8 +3,11 @@ package transparent
 import (
 	"context"
 	"encoding/binary"
+	"net"
 	"net/netip"
+	"os"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -184,4 +187,30 @@ func FuzzResolverHandle(f *testing.F) {
 			t.Fatalf("UDP answer of %d bytes", len(out))
 		}
 	})
+}
+
+// busyOnce is the host's network, whose first TCP listen finds the UDP
+// port it was given in use for TCP.
+type busyOnce struct {
+	HostNet
+	refused int
+}
+
+func (b *busyOnce) Listen(network, address string) (net.Listener, error) {
+	if b.refused == 0 {
+		b.refused++
+		return nil, &net.OpError{Op: "listen", Net: network, Err: os.NewSyscallError("bind", syscall.EADDRINUSE)}
+	}
+	return b.HostNet.Listen(network, address)
+}
+
+func TestAnEphemeralResolverTakesAnotherPortWhenTCPHasItsUDPPort(t *testing.T) {
+	n := &busyOnce{}
+	s, err := ServeDNSIn(n, NewResolver(nil, nil), "127.0.0.1:0", nil)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.Equal(t, 1, n.refused)
+
+	_, err = ServeDNSIn(&busyOnce{}, NewResolver(nil, nil), "127.0.0.1:5353", nil)
+	assert.ErrorIs(t, err, syscall.EADDRINUSE, "a fixed port is the port asked for, or an error")
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -62,14 +63,22 @@ func ServeDNSIn(n Net, res *Resolver, addr string, log *slog.Logger) (*DNSServer
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	pc, err := n.ListenPacket("udp", addr)
-	if err != nil {
-		return nil, err
-	}
-	ln, err := n.Listen("tcp", pc.LocalAddr().String())
-	if err != nil {
+	var pc net.PacketConn
+	var ln net.Listener
+	for attempt := 1; ; attempt++ {
+		var err error
+		if pc, err = n.ListenPacket("udp", addr); err != nil {
+			return nil, err
+		}
+		if ln, err = n.Listen("tcp", pc.LocalAddr().String()); err == nil {
+			break
+		}
 		pc.Close()
-		return nil, err
+		// An ephemeral UDP port (addr's port 0: tests, benchmarks) may be
+		// a TCP port in use: take another one.
+		if !errors.Is(err, syscall.EADDRINUSE) || !ephemeral(addr) || attempt == maxEphemeralTries {
+			return nil, err
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &DNSServer{Addr: pc.LocalAddr().String(), res: res, log: log, udp: pc, tcp: ln, ctx: ctx, stop: cancel}
@@ -77,6 +86,16 @@ func ServeDNSIn(n Net, res *Resolver, addr string, log *slog.Logger) (*DNSServer
 	go s.serveUDP()
 	go s.serveTCP()
 	return s, nil
+}
+
+// maxEphemeralTries bounds ServeDNSIn's tries for a port free for both
+// UDP and TCP.
+const maxEphemeralTries = 16
+
+// ephemeral reports whether addr asks for any port.
+func ephemeral(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	return err == nil && port == "0"
 }
 
 // Close stops serving and waits for the handlers.
