@@ -199,7 +199,7 @@ test('a create that cannot succeed rejects with a typed error and leaves nothing
     assert.equal(e.code, 'schema_version');
     assert.equal(e.got, other);
     assert.equal(e.want, SCHEMA_VERSION);
-    assert.match(e.message, new RegExp(`install the oac-shim of this client's release \\(@oac/sandbox-agent-client [0-9.]+; its events carry schema_version ${SCHEMA_VERSION}\\)`));
+    assert.match(e.message, new RegExp(`install the oac-shim of this client's release \\(@oac/sandbox-agent-client [0-9A-Za-z.+-]+; its events carry schema_version ${SCHEMA_VERSION}\\)`));
     return true;
   });
   const ps = await promisify(execFile)('ps', ['-eo', 'args']);
