@@ -3,6 +3,8 @@
 package kubernetes
 
 import (
+	"time"
+
 	"github.com/oac/sandbox-agent/host/provider"
 )
 
@@ -39,12 +41,14 @@ type Provider struct {
 	// StorageClass and KeptSize of a kept sandbox's claim.
 	StorageClass string `flag:"k8s-storage-class" meta:"NAME" usage:"kept sandboxes' PersistentVolumeClaims' StorageClass (default: the cluster's default)"`
 	KeptSize     string `flag:"k8s-kept-size" meta:"SIZE" usage:"the size of a kept sandbox's claim for /home, /environment and /usr/local (default 10Gi)"`
-	// StateRoot holds per-sandbox state on this host (the name's lock);
-	// default kit.DefaultStateRoot.
-	StateRoot string
-	// Holder names this host in its objects (default the host name).
-	Holder string
-	Debug  bool
+	// Holder names whose shims own the objects (their annotation): one
+	// host's, or a Deployment's, whose replicas restart with new host
+	// names; default the host name.
+	Holder string `flag:"k8s-holder" meta:"NAME" usage:"the holder written into the sandboxes' objects: a shim removes or takes over only its holder's (default: the host name; a shim Deployment's name when oac-shim runs in a Pod)"`
+	// LeaseDuration is how long a sandbox's Lease stays a live shim's
+	// without a renewal (default DefaultLeaseDuration).
+	LeaseDuration time.Duration `flag:"k8s-lease-duration" meta:"DURATION" usage:"how long a sandbox's Lease outlives its shim's last renewal before a shim of the same holder takes the sandbox over (default 15s)"`
+	Debug         bool
 }
 
 // Name implements provider.Provider.

@@ -30,7 +30,6 @@ import (
 	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 // Bounds of the calls to the API server.
@@ -325,11 +324,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		p:       p, spec: spec, c: f.c, cfg: cfg, ln: newOnceListener(),
 	}
 	defer in.DestroyOnError(&err)
-	root := kit.StateRoot(p.StateRoot)
-	if _, err := kit.ClaimState(in.Process, root, spec.Name); err != nil {
+	lease, err := in.claimName(ctx)
+	if err != nil {
 		return nil, err
 	}
-	p.sweep(ctx, f.c, root, spec.Name)
+	p.sweep(ctx, f.c, spec.Name)
 	if err := in.removeLeftover(ctx); err != nil {
 		return nil, err
 	}
@@ -339,7 +338,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		}
 	}
 	in.Listen(in.ln)
-	in.OnDestroy(in.removeObjects)
+	in.OnDestroy(unlessLost(lease, in.removeObjects))
 	in.KillBy(func() error {
 		return in.KillAsking(func() { _ = in.deletePod(context.Background(), in.cfg.GracePeriodSeconds) }, time.Duration(in.cfg.GracePeriodSeconds+5)*time.Second)
 	})
@@ -390,11 +389,11 @@ func (in *Instance) removeLeftover(ctx context.Context) error {
 	return in.deletePolicy(ctx)
 }
 
-// sweep removes the Pods and policies of this host's sandboxes that no
-// shim here runs (their state directory's lock is free): what shims
+// sweep removes the Pods and policies of this holder's sandboxes that no
+// shim runs (their Lease is gone, released or long unrenewed): what shims
 // killed before they could remove them left. Errors are not fatal: the
 // next command tries again.
-func (p *Provider) sweep(ctx context.Context, c *cluster, root, self string) {
+func (p *Provider) sweep(ctx context.Context, c *cluster, self string) {
 	pods, err := c.cs.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector("")})
 	if err != nil {
 		return
@@ -405,7 +404,7 @@ func (p *Provider) sweep(ctx context.Context, c *cluster, root, self string) {
 		if name == self || pod.Annotations[AnnotationHolder] != holder || !provider.ValidName(name) {
 			continue
 		}
-		d, err := statedir.Claim(root, name)
+		d, err := p.idle(ctx, c, name)
 		if err != nil {
 			continue // a shim runs it, or we cannot tell
 		}
@@ -782,7 +781,7 @@ func (p *Provider) Discard(ctx context.Context, name, dir string) error {
 	if err != nil {
 		return err
 	}
-	return kit.DiscardRuntime(kit.StateRoot(p.StateRoot), name, func() error {
+	return p.withName(ctx, c, name, func() error {
 		in := &Instance{p: p, spec: provider.Spec{Name: name}, c: c, cfg: podConfig{Name: name, Holder: p.holder(), GracePeriodSeconds: 5}}
 		pod, err := c.cs.CoreV1().Pods(c.namespace).Get(ctx, ObjectName(name), metav1.GetOptions{})
 		switch {

@@ -32,6 +32,9 @@ var permissions = []permission{
 	{"", "pods/log", "get", "log"},
 	{"networking.k8s.io", "networkpolicies", "create", ""}, {"networking.k8s.io", "networkpolicies", "get", ""},
 	{"networking.k8s.io", "networkpolicies", "patch", ""}, {"networking.k8s.io", "networkpolicies", "delete", ""},
+	// The name's lock (lease.go).
+	{"coordination.k8s.io", "leases", "create", ""}, {"coordination.k8s.io", "leases", "get", ""},
+	{"coordination.k8s.io", "leases", "update", ""}, {"coordination.k8s.io", "leases", "delete", ""},
 	{"", "persistentvolumeclaims", "create", "kept"}, {"", "persistentvolumeclaims", "get", "kept"}, {"", "persistentvolumeclaims", "delete", "kept"},
 }
 
