@@ -126,7 +126,8 @@ func TestKubernetesTwoShimsOfOneHolderNeverRunOneSandboxAtOnce(t *testing.T) {
 
 // kubeShimImageRef is the run's oac-shim-kubernetes image in the cluster's
 // containerd: the tests' oac-shim (every provider, kubernetes too) as
-// /bin/oac-shim, nothing else.
+// /bin/oac-shim and oac-guest beside it (a run looks for it there, though
+// the kubernetes provider boots the guest image's own), nothing else.
 const kubeShimImageRef = "oac.local/e2e/shim:1"
 
 var kubeShim struct {
@@ -138,14 +139,17 @@ var kubeShim struct {
 func kubeShimImage(t *testing.T, c *kcluster.Cluster) string {
 	t.Helper()
 	kubeShim.once.Do(func() {
-		b, err := os.ReadFile(bins.shim)
-		if err != nil {
-			kubeShim.err = err
-			return
+		var files []kcluster.File
+		for name, bin := range map[string]string{"oac-shim": bins.shim, "oac-guest": bins.guest} {
+			b, err := os.ReadFile(bin)
+			if err != nil {
+				kubeShim.err = err
+				return
+			}
+			files = append(files, kcluster.File{Path: "bin/" + name, Mode: 0o755, Data: b})
 		}
 		archive := filepath.Join(bins.dir, "shim-image.tar")
-		if kubeShim.err = kcluster.WriteOCIArchive(archive, kubeShimImageRef, []string{"/bin/oac-shim"},
-			[]kcluster.File{{Path: "bin/oac-shim", Mode: 0o755, Data: b}}); kubeShim.err != nil {
+		if kubeShim.err = kcluster.WriteOCIArchive(archive, kubeShimImageRef, []string{"/bin/oac-shim"}, files); kubeShim.err != nil {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -307,6 +311,7 @@ func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
 	ready := func(not string) string {
 		t.Helper()
 		var pod, log string
+		failed := false
 		ok := assert.Eventually(t, func() bool {
 			for _, p := range shimPods(c, ns, app) {
 				if p == not {
@@ -314,14 +319,15 @@ func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
 				}
 				pod = p
 				log, _ = podLog(c, ns, p, "shim")
-				if strings.Contains(log, `"state":"ready"`) {
+				failed = strings.Contains(log, `"state":"failed"`)
+				if failed || strings.Contains(log, `"state":"ready"`) {
 					return true
 				}
 			}
 			return false
 		}, 3*time.Minute, 500*time.Millisecond, "a shim Pod runs the sandbox to ready")
-		if !ok {
-			t.Fatalf("shim Pod %s's log:\n%s", pod, log)
+		if !ok || failed {
+			t.Fatalf("shim Pod %s did not run the sandbox; its log:\n%s", pod, log)
 		}
 		return pod
 	}
