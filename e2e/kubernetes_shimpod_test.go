@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -221,65 +222,72 @@ func podUIDIn(c *kcluster.Cluster, ns, name string) string {
 	return pod.Metadata.UID
 }
 
-// TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart runs
-// oac-shim-kubernetes as a Deployment's Pod of the test cluster, with its
-// service account bound to examples/kubernetes/role.yaml's rules and its
-// in-cluster configuration, as examples/kubernetes/shim-deployment.yaml
-// does. The shim Pod is deleted with no grace (its shim SIGKILLed); the
-// Deployment's next Pod, another host with an empty file system, finds
-// the sandbox as its holder's: it takes the Lease over, removes the Pod
-// its predecessor left and runs the sandbox afresh (a throwaway sandbox
-// is not resumed: docs/kubernetes.md#the-shim-as-a-pod). Deleting the
-// Deployment stops the sandbox and leaves nothing.
-func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
+// shimPodEnv is a namespace of the test's own where oac-shim-kubernetes
+// runs as a Deployment's Pod with its service account, bound to
+// examples/kubernetes/role.yaml's rules, as
+// examples/kubernetes/shim-deployment.yaml runs it.
+type shimPodEnv struct {
+	t                *testing.T
+	c                *kcluster.Cluster
+	ns, app          string
+	image, shimImage string
+}
+
+func newShimPodEnv(t *testing.T) *shimPodEnv {
 	c := needKubernetes(t)
-	image := kubeImage(t, c)
-	shimImage := kubeShimImage(t, c)
-	ctx := context.Background()
-	ns, name, app := uniqueName("shimpod"), uniqueName("inpod"), "oac-shim-e2e"
-	call := func(method, path string, body any) {
-		t.Helper()
-		require.NoError(t, c.Do(ctx, method, path, body, nil), "%s %s", method, path)
-	}
-	call(http.MethodPost, "/api/v1/namespaces", map[string]any{"metadata": map[string]any{"name": ns}})
-	t.Cleanup(func() { _ = c.Do(context.Background(), http.MethodDelete, "/api/v1/namespaces/"+ns, nil, nil) })
-	call(http.MethodPost, "/api/v1/namespaces/"+ns+"/serviceaccounts", map[string]any{"metadata": map[string]any{"name": app}})
-	call(http.MethodPost, "/apis/rbac.authorization.k8s.io/v1/namespaces/"+ns+"/roles", map[string]any{"metadata": map[string]any{"name": "oac-shim"}, "rules": publishedRole(t)})
-	call(http.MethodPost, "/apis/rbac.authorization.k8s.io/v1/namespaces/"+ns+"/rolebindings", map[string]any{
+	e := &shimPodEnv{t: t, c: c, ns: uniqueName("shimpod"), app: "oac-shim-e2e", image: kubeImage(t, c), shimImage: kubeShimImage(t, c)}
+	e.call(http.MethodPost, "/api/v1/namespaces", map[string]any{"metadata": map[string]any{"name": e.ns}})
+	t.Cleanup(func() { _ = c.Do(context.Background(), http.MethodDelete, "/api/v1/namespaces/"+e.ns, nil, nil) })
+	e.call(http.MethodPost, "/api/v1/namespaces/"+e.ns+"/serviceaccounts", map[string]any{"metadata": map[string]any{"name": e.app}})
+	e.call(http.MethodPost, "/apis/rbac.authorization.k8s.io/v1/namespaces/"+e.ns+"/roles", map[string]any{"metadata": map[string]any{"name": "oac-shim"}, "rules": publishedRole(t)})
+	e.call(http.MethodPost, "/apis/rbac.authorization.k8s.io/v1/namespaces/"+e.ns+"/rolebindings", map[string]any{
 		"metadata": map[string]any{"name": "oac-shim"},
 		"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "oac-shim"},
-		"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": app, "namespace": ns}},
-	})
-	call(http.MethodPost, "/api/v1/namespaces/"+ns+"/secrets", map[string]any{
-		"metadata": map[string]any{"name": "oac-bootstrap"}, "stringData": map[string]any{"bootstrap.json": serveBootstrap(name)},
+		"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": e.app, "namespace": e.ns}},
 	})
 	// The ServiceAccount admission plugin refuses the sandbox's Pods until
 	// the namespace's default account exists.
 	require.Eventually(t, func() bool {
-		return c.Get(ctx, "/api/v1/namespaces/"+ns+"/serviceaccounts/default", nil) == nil
+		return c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/serviceaccounts/default", nil) == nil
 	}, time.Minute, 200*time.Millisecond, "the namespace's default service account")
+	return e
+}
 
-	u, err := url.Parse(c.URL)
-	require.NoError(t, err)
+func (e *shimPodEnv) call(method, path string, body any) {
+	e.t.Helper()
+	require.NoError(e.t, e.c.Do(context.Background(), method, path, body, nil), "%s %s", method, path)
+}
+
+// providerArgs are the provider flags of every shim of the test.
+func (e *shimPodEnv) providerArgs() []string {
+	return []string{"--k8s-holder=" + e.app, "--k8s-lease-duration=3s", "--k8s-image=" + e.image, "--k8s-pull-policy=Never"}
+}
+
+// deploy makes the Deployment: one replica whose container runs the shim
+// with args, its bootstrap from a Secret, keep holding its keep root.
+func (e *shimPodEnv) deploy(bootstrap string, keep map[string]any, args ...string) {
+	e.call(http.MethodPost, "/api/v1/namespaces/"+e.ns+"/secrets", map[string]any{
+		"metadata": map[string]any{"name": "oac-bootstrap"}, "stringData": map[string]any{"bootstrap.json": bootstrap},
+	})
+	u, err := url.Parse(e.c.URL)
+	require.NoError(e.t, err)
 	deployment := map[string]any{
-		"metadata": map[string]any{"name": app},
+		"metadata": map[string]any{"name": e.app},
 		"spec": map[string]any{
 			"replicas": 1, "strategy": map[string]any{"type": "Recreate"},
-			"selector": map[string]any{"matchLabels": map[string]any{"app": app}},
+			"selector": map[string]any{"matchLabels": map[string]any{"app": e.app}},
 			"template": map[string]any{
-				"metadata": map[string]any{"labels": map[string]any{"app": app}},
+				"metadata": map[string]any{"labels": map[string]any{"app": e.app}},
 				"spec": map[string]any{
-					"serviceAccountName": app, "terminationGracePeriodSeconds": 60,
+					"serviceAccountName": e.app, "terminationGracePeriodSeconds": 60,
 					// The test cluster's API server listens on the host's
 					// loopback only: the shim's Pod shares the host's
 					// network and is told where (a real cluster's Pods
 					// reach it as the kubernetes Service).
 					"hostNetwork": true,
 					"containers": []any{map[string]any{
-						"name": "shim", "image": shimImage, "imagePullPolicy": "Never",
-						"args": []string{"run", "--provider=kubernetes", "--name=" + name, "--bootstrap=/etc/oac-bootstrap/bootstrap.json",
-							"--keep-root=/var/lib/oac", "--k8s-holder=" + app, "--k8s-lease-duration=3s",
-							"--k8s-image=" + image, "--k8s-pull-policy=Never"},
+						"name": "shim", "image": e.shimImage, "imagePullPolicy": "Never",
+						"args": append(append(args, "--bootstrap=/etc/oac-bootstrap/bootstrap.json", "--keep-root=/var/lib/oac"), e.providerArgs()...),
 						"env": []any{
 							map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": u.Hostname()},
 							map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": u.Port()},
@@ -292,7 +300,7 @@ func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
 						},
 					}},
 					"volumes": []any{
-						map[string]any{"name": "keep", "emptyDir": map[string]any{}},
+						keep,
 						map[string]any{"name": "run", "emptyDir": map[string]any{}},
 						map[string]any{"name": "tmp", "emptyDir": map[string]any{}},
 						map[string]any{"name": "bootstrap", "secret": map[string]any{"secretName": "oac-bootstrap", "defaultMode": 0o400}},
@@ -301,63 +309,147 @@ func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
 			},
 		},
 	}
-	call(http.MethodPost, "/apis/apps/v1/namespaces/"+ns+"/deployments", deployment)
-	t.Cleanup(func() {
-		_ = c.Do(context.Background(), http.MethodDelete, "/apis/apps/v1/namespaces/"+ns+"/deployments/"+app, nil, nil)
+	e.call(http.MethodPost, "/apis/apps/v1/namespaces/"+e.ns+"/deployments", deployment)
+	e.t.Cleanup(func() {
+		_ = e.c.Do(context.Background(), http.MethodDelete, "/apis/apps/v1/namespaces/"+e.ns+"/deployments/"+e.app, nil, nil)
 	})
+}
 
-	// ready waits until a shim Pod other than not says the sandbox is
-	// ready, and returns its name.
-	ready := func(not string) string {
-		t.Helper()
-		var pod, log string
-		failed := false
-		ok := assert.Eventually(t, func() bool {
-			for _, p := range shimPods(c, ns, app) {
-				if p == not {
-					continue
-				}
-				pod = p
-				log, _ = podLog(c, ns, p, "shim")
-				failed = strings.Contains(log, `"state":"failed"`)
-				if failed || strings.Contains(log, `"state":"ready"`) {
-					return true
-				}
+// ready waits until a shim Pod other than not says the sandbox is ready,
+// and returns its name.
+func (e *shimPodEnv) ready(not string) string {
+	t := e.t
+	t.Helper()
+	var pod, log string
+	failed := false
+	ok := assert.Eventually(t, func() bool {
+		for _, p := range shimPods(e.c, e.ns, e.app) {
+			if p == not {
+				continue
 			}
-			return false
-		}, 3*time.Minute, 500*time.Millisecond, "a shim Pod runs the sandbox to ready")
-		if !ok || failed {
-			t.Fatalf("shim Pod %s did not run the sandbox; its log:\n%s", pod, log)
+			pod = p
+			log, _ = podLog(e.c, e.ns, p, "shim")
+			failed = strings.Contains(log, `"state":"failed"`)
+			if failed || strings.Contains(log, `"state":"ready"`) {
+				return true
+			}
 		}
-		return pod
+		return false
+	}, 3*time.Minute, 500*time.Millisecond, "a shim Pod runs the sandbox to ready")
+	if !ok || failed {
+		t.Fatalf("shim Pod %s did not run the sandbox; its log:\n%s", pod, log)
 	}
+	return pod
+}
 
-	first := ready("")
-	lease, ok := leaseIn(c, ns, name)
-	require.True(t, ok, "the shim in the Pod holds the sandbox's Lease")
-	require.True(t, strings.HasPrefix(lease.Spec.HolderIdentity, app+"/"), "%q", lease.Spec.HolderIdentity)
-	sandboxPod := podUIDIn(c, ns, name)
-	require.NotEmpty(t, sandboxPod)
+// restart deletes the shim Pod with no grace (its shim SIGKILLed: no
+// stop, nothing removed) and returns the Deployment's next Pod once its
+// shim says the sandbox is ready.
+func (e *shimPodEnv) restart(pod string) string {
+	e.t.Helper()
+	e.call(http.MethodDelete, "/api/v1/namespaces/"+e.ns+"/pods/"+pod, map[string]any{"gracePeriodSeconds": 0})
+	next := e.ready(pod)
+	log, err := podLog(e.c, e.ns, next, "shim")
+	require.NoError(e.t, err)
+	assert.Equal(e.t, 1, strings.Count(log, `"state":"ready"`), "the restarted shim's own run")
+	return next
+}
 
-	// Killed: no grace, no stop, nothing removed.
-	call(http.MethodDelete, "/api/v1/namespaces/"+ns+"/pods/"+first, map[string]any{"gracePeriodSeconds": 0})
-
-	second := ready(first)
-	taken, ok := leaseIn(c, ns, name)
+// tookOver checks that the sandbox's Lease and Pod are no longer those
+// of before (lease, podUID): the restarted shim took the Lease over and
+// removed its predecessor's Pod.
+func (e *shimPodEnv) tookOver(name string, lease kubeLease, podUID string) {
+	t := e.t
+	t.Helper()
+	taken, ok := leaseIn(e.c, e.ns, name)
 	require.True(t, ok)
 	assert.NotEqual(t, lease.Spec.HolderIdentity, taken.Spec.HolderIdentity, "the restarted shim took the Lease over")
-	assert.True(t, strings.HasPrefix(taken.Spec.HolderIdentity, app+"/"), "%q", taken.Spec.HolderIdentity)
-	now := podUIDIn(c, ns, name)
+	assert.True(t, strings.HasPrefix(taken.Spec.HolderIdentity, e.app+"/"), "%q", taken.Spec.HolderIdentity)
+	now := podUIDIn(e.c, e.ns, name)
 	assert.NotEmpty(t, now)
-	assert.NotEqual(t, sandboxPod, now, "the predecessor's sandbox Pod was removed and the sandbox runs in a new one")
-	log, err := podLog(c, ns, second, "shim")
-	require.NoError(t, err)
-	assert.Equal(t, 1, strings.Count(log, `"state":"ready"`), "the restarted shim's own run")
+	assert.NotEqual(t, podUID, now, "the predecessor's sandbox Pod was removed and the sandbox runs in a new one")
+}
 
-	// Stopped as a Deployment's Pod is: SIGTERM, within its grace.
-	call(http.MethodDelete, "/apis/apps/v1/namespaces/"+ns+"/deployments/"+app, nil)
-	assert.Eventually(t, func() bool {
-		_, held := leaseIn(c, ns, name)
-		return len(kubeLeftovers(c, name)) == 0 && !held && len(shimPods(c, ns, app)) == 0
-	}, 2*time.Minute, 500*time.Millisecond, "the stopped shim left nothing: %v", kubeLeftovers(c, name))
+// held returns the sandbox's Lease, held by a shim of the Deployment, and
+// its Pod's UID.
+func (e *shimPodEnv) held(name string) (kubeLease, string) {
+	t := e.t
+	t.Helper()
+	lease, ok := leaseIn(e.c, e.ns, name)
+	require.True(t, ok, "the shim in the Pod holds the sandbox's Lease")
+	require.True(t, strings.HasPrefix(lease.Spec.HolderIdentity, e.app+"/"), "%q", lease.Spec.HolderIdentity)
+	uid := podUIDIn(e.c, e.ns, name)
+	require.NotEmpty(t, uid)
+	return lease, uid
+}
+
+// stop deletes the Deployment (its Pod's shim gets SIGTERM, within its
+// grace) and waits until the sandbox is stopped and its Lease released.
+func (e *shimPodEnv) stop(name string) {
+	e.t.Helper()
+	e.call(http.MethodDelete, "/apis/apps/v1/namespaces/"+e.ns+"/deployments/"+e.app, nil)
+	assert.Eventually(e.t, func() bool {
+		_, held := leaseIn(e.c, e.ns, name)
+		return podUIDIn(e.c, e.ns, name) == "" && !held && len(shimPods(e.c, e.ns, e.app)) == 0
+	}, 2*time.Minute, 500*time.Millisecond, "the stopped shim's sandbox Pod and Lease are gone")
+}
+
+// TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart runs
+// oac-shim-kubernetes as a Deployment's Pod of the test cluster with its
+// in-cluster configuration. The shim Pod is deleted with no grace; the
+// Deployment's next Pod, another shim process with an empty file system,
+// finds the sandbox as its holder's: it takes the Lease over, removes the
+// Pod its predecessor left and runs the sandbox afresh (a throwaway
+// sandbox is not resumed: docs/kubernetes.md#the-shim-as-a-pod).
+// Deleting the Deployment stops the sandbox and leaves nothing.
+func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
+	e := newShimPodEnv(t)
+	name := uniqueName("inpod")
+	e.deploy(serveBootstrap(name), map[string]any{"name": "keep", "emptyDir": map[string]any{}}, "run", "--provider=kubernetes", "--name="+name)
+
+	first := e.ready("")
+	lease, pod := e.held(name)
+	e.restart(first)
+	e.tookOver(name, lease, pod)
+
+	e.stop(name)
+	assert.Empty(t, kubeLeftovers(e.c, name), "the stopped shim left nothing")
+}
+
+// TestKubernetesTheShimAsAPodKeepsItsKeptSandboxAcrossARestart: a kept
+// sandbox, created with the Deployment's holder into a keep root that
+// outlives the shim's Pod (a host directory here, a claim in
+// examples/kubernetes/shim-deployment.yaml), is started by the shim in
+// the Pod. Killed and restarted, the next shim finds its record, takes
+// the Lease over and starts it again on the same claim; stopped, the
+// sandbox's claim is kept, and destroy removes everything.
+func TestKubernetesTheShimAsAPodKeepsItsKeptSandboxAcrossARestart(t *testing.T) {
+	e := newShimPodEnv(t)
+	name := uniqueName("inpod-kept")
+	root := keepRootFor(t)
+	create := append([]string{"create", "--provider", "kubernetes", "--name", name, "--keep-root", root, "--k8s-namespace=" + e.ns}, e.providerArgs()...)
+	cmd := exec.Command(bins.shim, create...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var claim struct{ Metadata struct{ UID string } }
+	require.NoError(t, e.c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/persistentvolumeclaims/oac-"+name+"-kept", &claim))
+
+	e.deploy(serveBootstrap(name), map[string]any{"name": "keep", "hostPath": map[string]any{"path": root, "type": "Directory"}}, "start", "--name="+name)
+	first := e.ready("")
+	lease, pod := e.held(name)
+	e.restart(first)
+	e.tookOver(name, lease, pod)
+	var again struct{ Metadata struct{ UID string } }
+	require.NoError(t, e.c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/persistentvolumeclaims/oac-"+name+"-kept", &again))
+	assert.Equal(t, claim.Metadata.UID, again.Metadata.UID, "the kept sandbox's claim is the one it was created with")
+
+	e.stop(name)
+	require.NoError(t, e.c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/persistentvolumeclaims/oac-"+name+"-kept", &again), "stopped, the kept sandbox keeps its claim")
+	assert.Equal(t, claim.Metadata.UID, again.Metadata.UID)
+	cmd = exec.Command(bins.shim, "destroy", "--name", name, "--keep-root", root)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig)
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Empty(t, kubeLeftovers(e.c, name))
 }
