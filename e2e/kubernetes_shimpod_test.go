@@ -337,7 +337,9 @@ func (e *shimPodEnv) ready(not string) string {
 		return false
 	}, 3*time.Minute, 500*time.Millisecond, "a shim Pod runs the sandbox to ready")
 	if !ok || failed {
-		t.Fatalf("shim Pod %s did not run the sandbox; its log:\n%s", pod, log)
+		var status any
+		_ = e.c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/pods/"+pod, &status)
+		t.Fatalf("shim Pod %s did not run the sandbox; its log:\n%s\nits status: %v", pod, log, status)
 	}
 	return pod
 }
@@ -420,7 +422,7 @@ func TestKubernetesTheShimAsAPodFindsItsSandboxAfterARestart(t *testing.T) {
 // sandbox, created with the Deployment's holder into a keep root that
 // outlives the shim's Pod (a host directory here, a claim in
 // examples/kubernetes/shim-deployment.yaml), is started by the shim in
-// the Pod. Killed and restarted, the next shim finds its record, takes
+// the Pod (its first start makes its claim). Killed and restarted, the next shim finds its record, takes
 // the Lease over and starts it again on the same claim; stopped, the
 // sandbox's claim is kept, and destroy removes everything.
 func TestKubernetesTheShimAsAPodKeepsItsKeptSandboxAcrossARestart(t *testing.T) {
@@ -432,11 +434,12 @@ func TestKubernetesTheShimAsAPodKeepsItsKeptSandboxAcrossARestart(t *testing.T) 
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+e.c.Kubeconfig)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	var claim struct{ Metadata struct{ UID string } }
-	require.NoError(t, e.c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/persistentvolumeclaims/oac-"+name+"-kept", &claim))
 
 	e.deploy(serveBootstrap(name), map[string]any{"name": "keep", "hostPath": map[string]any{"path": root, "type": "Directory"}}, "start", "--name="+name)
 	first := e.ready("")
+	// The first start made the claim.
+	var claim struct{ Metadata struct{ UID string } }
+	require.NoError(t, e.c.Get(context.Background(), "/api/v1/namespaces/"+e.ns+"/persistentvolumeclaims/oac-"+name+"-kept", &claim))
 	lease, pod := e.held(name)
 	e.restart(first)
 	e.tookOver(name, lease, pod)
