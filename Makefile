@@ -11,7 +11,7 @@ DEMO_PKGS := bubblewrap ca-certificates uidmap curl util-linux mount iproute2
 # image; qemu-system-x86 brings virtiofsd; docker.io, containerd, runc, crun
 # and etcd-server the container and Kubernetes rows; apparmor and
 # busybox-static the AppArmor VM; zsh and fish run the completion scripts).
-TEST_PKGS := $(DEMO_PKGS) zsh fish qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod e2fsprogs erofs-utils tar runc crun docker.io etcd-server containerd containernetworking-plugins iptables apparmor busybox-static
+TEST_PKGS := $(DEMO_PKGS) zsh fish qemu-system-x86 qemu-system-arm qemu-efi-aarch64 kmod e2fsprogs erofs-utils tar runc crun docker.io etcd-server containerd containernetworking-plugins iptables ipset apparmor busybox-static
 # The bench's peer, sandbox-runtime from the npm registry, runs on Node.js
 # with socat and ripgrep.
 BENCH_PKGS := socat ripgrep
@@ -100,9 +100,11 @@ test: test-deps fmt-check vet cross unit fuzz-short k8s-bins k8s-cluster-test e2
 
 # The test cluster's kube-apiserver, kubelet, kube-scheduler and
 # kube-controller-manager, built by tools/k8s into the user cache once
-# (minutes on a cold cache; a no-op after), and agent-sandbox's controller,
-# built by tools/agent-sandbox the same way (about a minute cold): before
-# e2e, so that their build is not paid inside the e2e tests' time limit.
+# (minutes on a cold cache; a no-op after), agent-sandbox's controller,
+# built by tools/agent-sandbox the same way (about a minute cold), and the
+# NetworkPolicy enforcer (kube-router), built by tools/netpol (about two
+# minutes cold): before e2e, so that their build is not paid inside the e2e
+# tests' time limit.
 k8s-bins:
 	$(GO) run ./internal/kcluster/kbins
 
@@ -110,7 +112,8 @@ k8s-bins:
 # containerd, kube-apiserver, kube-scheduler, kube-controller-manager and
 # kubelet built by tools/k8s into the user cache once, minutes on a cold
 # cache) schedules and runs Pods, binds claims, collects garbage, enforces
-# RBAC, runs agent-sandbox's controller (a warm pool, a claim bound to its
+# RBAC, enforces NetworkPolicy (a deny-all policy confines its Pod both
+# ways), runs agent-sandbox's controller (a warm pool, a claim bound to its
 # warm Pod), and is stopped leaving nothing. The e2e tests start the same
 # cluster for the kubernetes provider's rows; this target proves the cluster
 # alone, before them in make test (about 40 s).

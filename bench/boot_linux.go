@@ -27,6 +27,9 @@ type Bins struct{ Shim, Guest, SandboxIO, Daemon string }
 type sandboxProc struct {
 	cmd   *exec.Cmd
 	ready time.Duration
+	// phases holds the shim's "boot phases" line (with --debug), where
+	// the starter catches it.
+	phases *lineCatch
 }
 
 var nameSeq struct {

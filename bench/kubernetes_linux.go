@@ -237,6 +237,9 @@ func (k *kubeRun) run(runs int, profile string) (err error) {
 	if err := k.density(ctx, kubeDensity); err != nil {
 		return err
 	}
+	if err := k.warm(ctx, runs); err != nil {
+		return err
+	}
 	return k.egress(ctx, runs, probeBin)
 }
 
@@ -469,13 +472,19 @@ func (k *kubeRun) finish() error {
 // ready event; the process is tracked from its start, so an interrupt
 // stops it too.
 func (k *kubeRun) start(timeout time.Duration) (*sandboxProc, error) {
-	cmd := exec.Command(k.shim, append([]string{"run", "--name", benchName(), "--agent", k.b.Guest}, k.args...)...)
+	return k.startWith(k.args, timeout)
+}
+
+// startWith is start with run's arguments args after the name.
+func (k *kubeRun) startWith(args []string, timeout time.Duration) (*sandboxProc, error) {
+	cmd := exec.Command(k.shim, append([]string{"run", "--name", benchName(), "--agent", k.b.Guest}, args...)...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
 	stderr := &tailBuffer{max: 8 << 10}
-	cmd.Stderr = stderr
+	phases := &lineCatch{want: []byte("boot phases")}
+	cmd.Stderr = io.MultiWriter(stderr, phases)
 	k.mu.Lock()
 	if k.closing {
 		k.mu.Unlock()
@@ -504,7 +513,7 @@ func (k *kubeRun) start(timeout time.Duration) (*sandboxProc, error) {
 		_, _ = io.Copy(io.Discard, out)
 		close(readyc)
 	}()
-	s := &sandboxProc{cmd: cmd}
+	s := &sandboxProc{cmd: cmd, phases: phases}
 	select {
 	case d, ok := <-readyc:
 		if ok {

@@ -104,6 +104,7 @@ var confRows = []confRow{
 	{"qemu (TCG)", rowQemu},
 	{"wsl (fake wsl.exe)", rowWSL},
 	{"kubernetes (real single-node cluster)", rowKubernetes},
+	{"kubernetes via agent-sandbox (warm pool)", rowKubernetesAgentSandbox},
 }
 
 // confEnv is how a row runs a sandbox.

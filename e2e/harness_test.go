@@ -60,6 +60,12 @@ var bins struct {
 	// closes none of the platform's doors (the test that proves the
 	// suite sees them).
 	guestDoorsOff string
+	// guestKeepInterfaces is oac-guest built with -tags
+	// oac_keep_interfaces: --offline deletes no interface (the test that
+	// proves a Pod's NetworkPolicy confines it on its own).
+	guestKeepInterfaces string
+	// dialprobe says what a Pod's network reaches (internal/dialprobe).
+	dialprobe string
 }
 
 func TestMain(m *testing.M) {
@@ -92,6 +98,8 @@ func TestMain(m *testing.M) {
 	bins.crashShim = filepath.Join(dir, "oac-shim-crash")
 	bins.plainShim = filepath.Join(dir, "oac-shim-plain")
 	bins.guestDoorsOff = filepath.Join(dir, "oac-guest-doors-off")
+	bins.guestKeepInterfaces = filepath.Join(dir, "oac-guest-keep-interfaces")
+	bins.dialprobe = filepath.Join(dir, "dialprobe")
 	builds := []struct{ out, pkg, ldflags string }{
 		{bins.shim, "../cmd/oac-shim", ""},
 		{bins.guest, "../cmd/oac-guest", ""},
@@ -110,6 +118,8 @@ func TestMain(m *testing.M) {
 		{bins.crashShim, "../cmd/oac-shim", ""},
 		{bins.plainShim, "../cmd/oac-shim", ""},
 		{bins.guestDoorsOff, "../cmd/oac-guest", ""},
+		{bins.guestKeepInterfaces, "../cmd/oac-guest", ""},
+		{bins.dialprobe, "./internal/dialprobe", ""},
 	}
 	bins.bad = map[string]string{}
 	for _, mode := range hostileModes {
@@ -141,6 +151,8 @@ func TestMain(m *testing.M) {
 			args = append(args, "-tags", "crashpoints,kubernetes")
 		case bins.guestDoorsOff:
 			args = append(args, "-tags", "oac_doors_off")
+		case bins.guestKeepInterfaces:
+			args = append(args, "-tags", "oac_keep_interfaces")
 		}
 		cmd := exec.Command("go", append(args, pkg)...)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

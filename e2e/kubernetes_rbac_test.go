@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -108,11 +109,12 @@ func serveBootstrap(marker string) string {
 		`"credentials":{"username_env":"OAC_SERVER_USERNAME","password_env":"OAC_SERVER_PASSWORD"},"health":{"port":4096}}`
 }
 
-// without returns rules without the one for resource.
+// without returns rules without the one whose first resource is
+// resource.
 func without(rules []roleRule, resource string) []roleRule {
 	var out []roleRule
 	for _, r := range rules {
-		if !(len(r.Resources) == 1 && r.Resources[0] == resource) {
+		if r.Resources[0] != resource {
 			out = append(out, r)
 		}
 	}
@@ -126,7 +128,7 @@ func without(rules []roleRule, resource string) []roleRule {
 func TestKubernetesTheRoleIsExactlyEnough(t *testing.T) {
 	r := newRBACNamespace(t)
 	rules := publishedRole(t)
-	require.Len(t, rules, 6, "pods, pods/exec, pods/log, networkpolicies, leases, persistentvolumeclaims")
+	require.Len(t, rules, 9, "pods, pods/exec, pods/log, networkpolicies, leases, persistentvolumeclaims, sandboxclaims, sandboxwarmpools and sandboxtemplates, sandboxes")
 
 	t.Run("with no Role the shim says what to grant", func(t *testing.T) {
 		r.grant(t, nil)
@@ -199,6 +201,61 @@ func TestKubernetesTheRoleIsExactlyEnough(t *testing.T) {
 		assert.Contains(t, string(out), "may not create persistentvolumeclaims, get persistentvolumeclaims, delete persistentvolumeclaims")
 		assert.Empty(t, kubeLeftovers(r.c, name))
 	})
+}
+
+// TestKubernetesTheRoleIsExactlyEnoughForClaims runs throwaway sandboxes
+// with --k8s-api agent-sandbox as a user bound to nothing but the
+// published Role less what only bare Pods need (create pods, the
+// NetworkPolicy rule): a claim on a warm pool of the namespace reaches
+// ready, and each agent-sandbox rule is needed.
+func TestKubernetesTheRoleIsExactlyEnoughForClaims(t *testing.T) {
+	r := newRBACNamespace(t)
+	needWarmPool(t, r.c, bins.shim, r.image) // agent-sandbox's controller
+	ctx := context.Background()
+	out, err := exec.Command(bins.shim, "warm-pool", "--k8s-image", r.image, "--k8s-pull-policy", "Never", "--replicas", "1").Output()
+	require.NoError(t, err)
+	docs := strings.Split(string(out), "\n---\n")
+	for i, kind := range []string{"sandboxtemplates", "sandboxwarmpools"} {
+		var obj map[string]any
+		require.NoError(t, yaml.Unmarshal([]byte(docs[i]), &obj))
+		require.NoError(t, r.c.Do(ctx, http.MethodPost, "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/"+r.ns+"/"+kind, obj, nil))
+	}
+	var rules []roleRule
+	for _, rule := range publishedRole(t) {
+		switch rule.Resources[0] {
+		case "networkpolicies", "persistentvolumeclaims":
+			continue
+		case "pods":
+			rule.Verbs = slices.DeleteFunc(slices.Clone(rule.Verbs), func(v string) bool { return v == "create" })
+		}
+		rules = append(rules, rule)
+	}
+	args := append(r.args(), "--k8s-api", "agent-sandbox", "--k8s-warm-pool", "oac-warm")
+	run := func() *shim {
+		return startShim(t, sandboxSpec{provider: "kubernetes", name: uniqueName("rbac-claim"), bootstrap: serveBootstrap("rbac"), args: args})
+	}
+
+	r.grant(t, rules)
+	t.Run("with the claims' rules a claimed sandbox runs and stops leaving nothing", func(t *testing.T) {
+		s := run()
+		s.waitState(api.StateReady, 2*time.Minute)
+		s.signal(syscall.SIGTERM)
+		assert.Equal(t, 0, s.exit(time.Minute))
+		assert.Empty(t, claimLeftoversIn(r.c, r.ns, s.name))
+	})
+	for res, lacks := range map[string]string{
+		"sandboxclaims":    "create sandboxclaims.extensions.agents.x-k8s.io",
+		"sandboxwarmpools": "get sandboxwarmpools.extensions.agents.x-k8s.io, get sandboxtemplates.extensions.agents.x-k8s.io",
+		"sandboxes":        "get sandboxes.agents.x-k8s.io, delete sandboxes.agents.x-k8s.io",
+	} {
+		t.Run("without the rule for "+res+" no claim is made and the shim says what to grant", func(t *testing.T) {
+			r.grant(t, without(rules, res))
+			s := run()
+			failed := s.exitFailed("provider_unavailable", 2*time.Minute)
+			assert.Contains(t, failed.Message, "may not "+lacks)
+			assert.Empty(t, claimLeftoversIn(r.c, r.ns, s.name), "a refused start leaves nothing")
+		})
+	}
 }
 
 // keepRootFor is a keep root of the test's own.

@@ -24,8 +24,9 @@ import (
 
 // The Kubernetes cluster: a real single node (internal/kcluster: etcd, a
 // private containerd, the API server, scheduler, controller manager and
-// kubelet built from k8s.io/kubernetes), started once per test binary by
-// the first test that needs it and stopped by TestMain, leaving nothing.
+// kubelet built from k8s.io/kubernetes, and a NetworkPolicy enforcer),
+// started once per test binary by the first test that needs it and
+// stopped by TestMain, leaving nothing.
 var kube struct {
 	once    sync.Once
 	c       *kcluster.Cluster
@@ -33,6 +34,11 @@ var kube struct {
 	imgOnce sync.Once
 	image   string
 	imgErr  error
+	// The image whose agent keeps the Pod's interfaces
+	// (kubernetes_netpol_test.go).
+	keepOnce  sync.Once
+	keepImage string
+	keepErr   error
 }
 
 // kubeImageRef is the run's guest image in the cluster's containerd.
@@ -56,6 +62,12 @@ func needKubernetes(t *testing.T) *kcluster.Cluster {
 		if kube.err == nil {
 			fmt.Fprintf(os.Stderr, "e2e: Kubernetes cluster %s ready in %s (%v)\n", kcluster.Version, time.Since(t0).Round(time.Second), kube.c.Timings)
 			kube.err = installSeccompProfile(kube.c)
+		}
+		if kube.err == nil {
+			// Every kubernetes row runs with NetworkPolicy enforced, as a
+			// fleet's cluster does (the agent's session goes over
+			// pods/exec, which no policy touches).
+			kube.err = kube.c.StartNetworkPolicy(ctx, kcluster.NetworkPolicyOptions{})
 		}
 	})
 	require.NoError(t, kube.err, "the test cluster")

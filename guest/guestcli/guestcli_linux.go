@@ -114,7 +114,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	} else if err := reaper.BecomeSubreaper(); err != nil {
 		log.Warn("not PID 1 and cannot become a subreaper: orphans will not be reaped here", "err", err)
 	}
-	if *offline {
+	if *offline && !dropInterfaces {
+		log.Warn("offline: network interfaces kept: this oac-guest was built with oac_keep_interfaces, for tests only")
+	} else if *offline {
 		// Before the agent looks at its interfaces: the workload (and the
 		// agent) then have only lo, as in a container without a network.
 		dropped, err := netns.DropOthers()

@@ -462,6 +462,7 @@ func (s *run) run(ctx context.Context) error {
 	if err != nil {
 		return s.fail(failure.With(failure.ErrRuntimeFailed, fmt.Errorf("start %s sandbox: %w", s.cfg.Provider.Name(), err)))
 	}
+	crashpoint.Hit(crashpoint.BootStarted)
 	bootCtx, cancelBoot := context.WithTimeout(ctx, s.cfg.BootTimeout)
 	defer cancelBoot()
 	conn, err := inst.Accept(bootCtx)

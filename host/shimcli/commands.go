@@ -24,6 +24,7 @@ func commands() []*cli.Command {
 		{Name: "stop", Args: "(NAME... | --all)", Summary: "stop running sandboxes in order, each within the grace", Help: stopHelp, Run: stopCmd},
 		{Name: "claim", Args: "NAME", Summary: "a warm sandbox (run --warm) becomes a tenant's: bootstrap, egress policy, forwards", Help: claimHelp, Run: claimCmd},
 		{Name: "attach", Args: "NAME", Summary: "a sandbox run with --outlive-parent: its events replayed and followed, commands on stdin", Help: attachHelp, Run: attachCmd},
+		{Name: "warm-pool", Summary: "the SandboxTemplate and SandboxWarmPool a cluster keeps warm Pods of this provider with (kubernetes)", Help: warmPoolHelp, Run: warmPoolCmd},
 		{Name: "check", Summary: "the OS policy, and which providers work here and why not", Run: checkCmd},
 	}
 }

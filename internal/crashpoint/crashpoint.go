@@ -75,6 +75,7 @@ var (
 	StartClaimed      = declare("start/claimed", start, Before, "the lock is held and the record read")
 	StartRecorded     = declare("start/recorded-running", start, Before, `the record says "running"; nothing booted`)
 	BootCreated       = declare("boot/provider-created", boots, Before, "the provider made the sandbox's instance; the guest has not started")
+	BootStarted       = declare("boot/runtime-started", boots, Before, "the provider started the sandbox's runtime (a process, a container, a VM, a Pod, a claim bound to a warm Pod); the guest has not connected")
 	BootReady         = declare("boot/ready", boots, Before, "the guest is ready and the ready event written")
 	WarmWaiting       = declare("warm/waiting", run, Before, "a warm sandbox (run --warm): the guest is connected and the warm event written; nothing of a tenant's exists")
 	ClaimMounted      = declare("claim/mounted", run, Before, "a warm sandbox's claim brought volumes: they are mounted in the guest (its own mount namespace, nothing on the host), the bootstrap not yet taken")

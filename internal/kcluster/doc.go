@@ -50,11 +50,22 @@
 // separate module tools/agent-sandbox builds it, once, into a cache
 // directory (EnsureAgentSandbox).
 //
+// Cluster.StartNetworkPolicy runs a NetworkPolicy enforcer beside the
+// bridge CNI (which enforces none): kube-router's firewall alone, from
+// the github.com/cloudnativelabs/kube-router/v2 module, built by the
+// separate module tools/netpol into a cache directory
+// (EnsureNetworkPolicy), as a process of the cluster with a client
+// certificate of its own and a ClusterRole that reads what it enforces.
+// It holds back the traffic of Pods that policies select with iptables
+// chains and ipsets; PodPolicies reads from them which policies a Pod's
+// traffic goes through.
+//
 // Stop ends agent-sandbox's controller, the controller manager and the
 // scheduler (so nothing makes Pods again), deletes the cluster's pods, ends every other process it
 // started by its pid, removes the containers and tasks left in
 // containerd's k8s.io namespace, the CNI bridge and the network namespaces
-// that appeared while it ran, the iptables chains the kubelet made, the
+// that appeared while it ran, the iptables chains the kubelet and the
+// enforcer made (and the rules that jump to them), the enforcer's ipsets, the
 // mounts the kubelet left under its root directory, its cgroup root, the
 // temporary directory, the kubelet's links to container logs pointing
 // into it, the hostPath volumes that appeared below HostPathPVDir while it
@@ -65,7 +76,9 @@
 // as it was found; Leftovers lists whatever of this remains. The network
 // namespaces and volumes it removes are those that appeared while it ran:
 // two clusters (or another CRI runtime, or another hostPath provisioner)
-// must not run at once on one machine.
+// must not run at once on one machine (Start refuses to when another
+// interface has the Pods' gateway: a bridge on the same subnet, even one
+// a killed run left, takes the answers to the Pods' packets).
 //
 // It owns the life of the cluster it started only. It must not touch a
 // system containerd, etcd or kubelet, /var/lib/containerd or

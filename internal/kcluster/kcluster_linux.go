@@ -44,6 +44,10 @@ const (
 	ServiceSubnet = "198.18.1.0/24"
 )
 
+// PodGateway is the node's address on the CNI bridge: the one address of
+// the node a Pod has a route to (the Pods have no default route).
+const PodGateway = "198.18.0.1"
+
 // Options says how to start a cluster. The zero value builds the binaries
 // into the user cache directory (once) and starts a cluster in a new
 // temporary directory.
@@ -95,6 +99,7 @@ type Cluster struct {
 	procs          []*proc
 	netnsPre       []string
 	chainsPre      []string
+	ipsetsPre      []string // the host's ipsets when the enforcer started (non-nil once recorded)
 	ifacesPre      []string
 	logsPre        bool
 	cniPre         bool
@@ -115,7 +120,7 @@ type proc struct {
 // everything is installed).
 func Missing() string {
 	var miss []string
-	for bin, pkg := range map[string]string{"etcd": "etcd-server", "containerd": "containerd", "ctr": "containerd", "runc": "runc", "ip": "iproute2", "iptables": "iptables"} {
+	for bin, pkg := range map[string]string{"etcd": "etcd-server", "containerd": "containerd", "ctr": "containerd", "runc": "runc", "ip": "iproute2", "iptables": "iptables", "ipset": "ipset"} {
 		if _, err := exec.LookPath(bin); err != nil && !slices.Contains(miss, pkg) {
 			miss = append(miss, pkg)
 		}
@@ -127,7 +132,7 @@ func Missing() string {
 		return ""
 	}
 	slices.Sort(miss)
-	return "a Kubernetes test cluster needs " + strings.Join(miss, ", ") + ": apt-get install -y etcd-server containerd containernetworking-plugins runc iproute2 iptables (or run make deps)"
+	return "a Kubernetes test cluster needs " + strings.Join(miss, ", ") + ": apt-get install -y etcd-server containerd containernetworking-plugins runc iproute2 iptables ipset (or run make test-deps)"
 }
 
 const cniBinDir = "/usr/lib/cni"
@@ -366,6 +371,20 @@ func hostIP() (net.IP, error) {
 	return nil, errors.New("kcluster: no IPv4 address on a non-loopback interface for the node")
 }
 
+// gatewayHolder names the interface that has PodGateway, or "".
+func gatewayHolder() string {
+	ifs, _ := net.Interfaces()
+	for _, i := range ifs {
+		addrs, _ := i.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.String() == PodGateway {
+				return i.Name
+			}
+		}
+	}
+	return ""
+}
+
 func randHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -400,6 +419,11 @@ func (c *Cluster) start(ctx context.Context, o Options, bins string) error {
 		if _, err := os.Lstat(p); err == nil {
 			c.hostPre[p] = true
 		}
+	}
+	// Two clusters' bridges on one subnet break both: a Pod's packets to
+	// the node get their answers through the other bridge.
+	if other := gatewayHolder(); other != "" {
+		return fmt.Errorf("kcluster: interface %s already has %s, the Pods' gateway: another test cluster runs on this machine; run one at a time", other, PodGateway)
 	}
 	ip, err := hostIP()
 	if err != nil {
@@ -618,7 +642,15 @@ state = %[2]q
 		"podLogsDir":                  filepath.Join(dir, "pod-logs"),
 		"imageGCHighThresholdPercent": 100,
 		"imageGCLowThresholdPercent":  99,
-		"registerNode":                true,
+		// The node's disk is the machine's: the kubelet's defaults evict
+		// every Pod below 15% free (imagefs), which a build cache on a
+		// large disk reaches while the tests need a few hundred MiB. All
+		// five signals are given: one left out would be zero.
+		"evictionHard": map[string]string{
+			"memory.available": "50Mi", "nodefs.available": "1%", "imagefs.available": "1%",
+			"nodefs.inodesFree": "1%", "imagefs.inodesFree": "1%",
+		},
+		"registerNode": true,
 		"authentication": map[string]any{
 			"anonymous": map[string]any{"enabled": false},
 			"webhook":   map[string]any{"enabled": false},
@@ -982,6 +1014,10 @@ func (c *Cluster) stop() error {
 			}
 		}
 	}
+	// The enforcer's ipsets, once no rule matches on them.
+	if err := c.removeIPSets(); err != nil {
+		errs = append(errs, err)
+	}
 	if c.Dir != "" {
 		hostclean.UnmountUnder(c.Dir)
 		if err := os.RemoveAll(c.Dir); err != nil {
@@ -1153,17 +1189,32 @@ func netnsList() []string {
 	return out
 }
 
-// removeJumps deletes the rules of table that jump to chain.
+// removeJumps deletes the rules of table that jump to chain, by their
+// number (a rule's spec cannot be fed back to -D when a comment in it has
+// spaces), last first so the numbers before stay right.
 func removeJumps(table, chain string) {
-	b, err := exec.Command("iptables", "-t", table, "-S").Output()
+	b, err := exec.Command("iptables", "-w", "-t", table, "-S").Output()
 	if err != nil {
 		return
 	}
+	type jump struct {
+		chain string
+		n     int
+	}
+	var jumps []jump
+	num := map[string]int{}
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 2 && f[0] == "-A" && slices.Contains(f, "-j") && f[slices.Index(f, "-j")+1] == chain {
-			_ = exec.Command("iptables", append([]string{"-t", table, "-D"}, f[1:]...)...).Run()
+		if len(f) < 2 || f[0] != "-A" {
+			continue
 		}
+		num[f[1]]++
+		if i := slices.Index(f, "-j"); i > 0 && i+1 < len(f) && f[i+1] == chain {
+			jumps = append(jumps, jump{f[1], num[f[1]]})
+		}
+	}
+	for i := len(jumps) - 1; i >= 0; i-- {
+		_ = exec.Command("iptables", "-w", "-t", table, "-D", jumps[i].chain, strconv.Itoa(jumps[i].n)).Run()
 	}
 }
 
@@ -1222,7 +1273,7 @@ func removeCgroupTree(root string) {
 }
 
 // Leftovers lists what a stopped cluster left behind (processes, mounts,
-// interfaces, network namespaces, iptables chains, the directory, host
+// interfaces, network namespaces, iptables chains, ipsets, the directory, host
 // paths, hostPath volumes, cgroups), for tests.
 func (c *Cluster) Leftovers() []string {
 	var out []string
@@ -1263,6 +1314,9 @@ func (c *Cluster) Leftovers() []string {
 				out = append(out, "iptables chain "+ch)
 			}
 		}
+	}
+	for _, s := range c.enforcerIPSets() {
+		out = append(out, "ipset "+s)
 	}
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil && c.hostPre != nil && !c.hostPre[p] {

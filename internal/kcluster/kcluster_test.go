@@ -185,6 +185,9 @@ func TestCluster(t *testing.T) {
 	t.Run("an unprivileged user is refused until a Role grants it, then allowed exactly that", func(t *testing.T) {
 		testRBAC(ctx, t, c)
 	})
+	t.Run("with the NetworkPolicy enforcer on, a Pod a deny-all policy selects reaches no Pod and no address of the node, and no Pod reaches it, while a Pod without a policy reaches them all", func(t *testing.T) {
+		testNetworkPolicy(ctx, t, c)
+	})
 	t.Run("agent-sandbox binds a claim to its warm pool's Ready Pod of a tight template, refills, and deleting the claim leaves nothing", func(t *testing.T) {
 		testAgentSandbox(ctx, t, c)
 	})
@@ -530,16 +533,21 @@ const probeImage = "oac.local/kcluster/probe:1"
 
 // probeSource is a static test program: "echo ARGS" prints them (and a
 // line to stderr), "exit N" exits with N, "write FILE TEXT" writes TEXT
-// into FILE, else it waits for SIGTERM.
+// into FILE, "connect MS ADDR..." tries a TCP connection to each
+// HOST:PORT within MS milliseconds and prints "ADDR ok" or "ADDR fail:
+// ERROR" for each, "listen PORT" accepts (and closes) connections on
+// PORT until SIGTERM, else it waits for SIGTERM.
 const probeSource = `package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -558,6 +566,33 @@ func main() {
 				os.Exit(1)
 			}
 			return
+		case "connect":
+			ms, _ := strconv.Atoi(os.Args[2])
+			for _, addr := range os.Args[3:] {
+				conn, err := net.DialTimeout("tcp", addr, time.Duration(ms)*time.Millisecond)
+				if err != nil {
+					fmt.Println(addr, "fail:", err)
+					continue
+				}
+				conn.Close()
+				fmt.Println(addr, "ok")
+			}
+			return
+		case "listen":
+			l, err := net.Listen("tcp", ":"+os.Args[2])
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			go func() {
+				for {
+					conn, err := l.Accept()
+					if err != nil {
+						return
+					}
+					conn.Close()
+				}
+			}()
 		}
 	}
 	c := make(chan os.Signal, 1)

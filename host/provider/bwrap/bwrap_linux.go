@@ -200,6 +200,11 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		return nil, err
 	}
 	in.dir, in.stateRoot = state.Path, root
+	if bw != "" {
+		if _, err := killLeftovers(state.Path, bw); err != nil {
+			return nil, err
+		}
+	}
 	if spec.Keep != nil && len(spec.Volumes) > 0 {
 		return nil, fmt.Errorf("%w: a kept sandbox keeps its own /home and /environment: no --volume", provider.ErrInvalidSpec)
 	}

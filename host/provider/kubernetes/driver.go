@@ -41,6 +41,10 @@ type Provider struct {
 	// StorageClass and KeptSize of a kept sandbox's claim.
 	StorageClass string `flag:"k8s-storage-class" meta:"NAME" usage:"kept sandboxes' PersistentVolumeClaims' StorageClass (default: the cluster's default)"`
 	KeptSize     string `flag:"k8s-kept-size" meta:"SIZE" usage:"the size of a kept sandbox's claim for /home, /environment and /usr/local (default 10Gi)"`
+	// API is how a sandbox's Pod is made: APIPods (one bare Pod each) or
+	// APIAgentSandbox (a SandboxClaim on WarmPool).
+	API      string `flag:"k8s-api" meta:"API" usage:"how sandboxes' Pods are made: pods (default: one bare Pod each) or agent-sandbox (a SandboxClaim on --k8s-warm-pool: a warm Pod of the pool when it has one ready; kept sandboxes stay bare Pods)"`
+	WarmPool string `flag:"k8s-warm-pool" meta:"NAME" usage:"with --k8s-api agent-sandbox: the SandboxWarmPool sandboxes are claimed from (its template must be oac's, with a deny-all NetworkPolicy: examples/kubernetes/sandbox-template.yaml)"`
 	// Holder names whose shims own the objects (their annotation): one
 	// host's, or a Deployment's, whose replicas restart with new host
 	// names; default the host name.
@@ -58,7 +62,7 @@ func init() {
 	provider.Register(provider.Driver[Provider]{
 		Name: "kubernetes",
 		Defaults: &Provider{
-			PullPolicy: "IfNotPresent", UserNamespaces: "auto", Seccomp: DefaultSeccompProfile,
+			API: APIPods, PullPolicy: "IfNotPresent", UserNamespaces: "auto", Seccomp: DefaultSeccompProfile,
 			Requests: "cpu=100m,memory=128Mi", Limits: "cpu=2,memory=2Gi", KeptSize: "10Gi",
 		},
 		New: func(p *Provider) provider.Provider { return p },

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -46,6 +47,7 @@ const (
 type cluster struct {
 	cfg       *rest.Config
 	cs        kubernetes.Interface
+	dyn       dynamic.Interface // agent-sandbox's resources
 	namespace string
 	server    string
 }
@@ -76,11 +78,21 @@ func (p *Provider) connect() (*cluster, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "oac-shim"
 	cfg.Timeout = 0 // per call, by context; exec streams last
+	// client-go's default limit (5 a second, bursts of 10) held a
+	// claimed sandbox's checks back about 0.8 s: its create asks about
+	// 15 permissions and reads the pool and its template. One shim makes
+	// a few dozen calls in a sandbox's life; the API server's own
+	// priority and fairness is what protects it.
+	cfg.QPS, cfg.Burst = 50, 100
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes: %v", provider.ErrUnavailable, err)
 	}
-	return &cluster{cfg: cfg, cs: cs, namespace: ns, server: cfg.Host}, nil
+	c := &cluster{cfg: cfg, cs: cs, namespace: ns, server: cfg.Host}
+	if c.dyn, err = newDynamic(c); err != nil {
+		return nil, fmt.Errorf("%w: kubernetes: %v", provider.ErrUnavailable, err)
+	}
+	return c, nil
 }
 
 // found is what Check found.
@@ -93,9 +105,10 @@ type found struct {
 
 // check finds a reachable API server where the caller holds every
 // permission a run needs (kept: a kept sandbox's too) and may list Pods in the
-// namespace, an image, valid settings, and whether Pods get user
-// namespaces. Errors wrap ErrUnavailable (or ErrInvalidSpec for a bad
-// flag) and say what to do.
+// namespace, valid settings, and then what the sandbox's Pod comes from:
+// for a bare Pod an image and whether Pods get user namespaces, for a
+// claim the warm pool and its template (checkAgentSandbox). Errors wrap
+// ErrUnavailable (or ErrInvalidSpec for a bad flag) and say what to do.
 func (p *Provider) check(ctx context.Context, kept bool) (found, error) {
 	var f found
 	if err := p.checkFlags(); err != nil {
@@ -113,11 +126,15 @@ func (p *Provider) check(ctx context.Context, kept bool) (found, error) {
 		return f, fmt.Errorf("%w: kubernetes: the API server at %s does not answer: %v", provider.ErrUnavailable, c.server, err)
 	}
 	f.version = v.GitVersion
-	if err := checkPermissions(ctx, c, kept); err != nil {
+	claims := p.API == APIAgentSandbox && !kept
+	if err := checkPermissions(ctx, c, kept, claims); err != nil {
 		return f, err
 	}
 	if _, err := c.cs.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector(""), Limit: 1}); err != nil {
 		return f, fmt.Errorf("%w: kubernetes: cannot list Pods in namespace %s at %s: %v (grant the Role in docs/kubernetes.md)", provider.ErrUnavailable, c.namespace, c.server, err)
+	}
+	if claims {
+		return f, checkAgentSandbox(ctx, c, p.WarmPool)
 	}
 	if p.Image == "" {
 		return f, fmt.Errorf("%w: kubernetes: no guest image given (--k8s-image IMAGE: oac-image build's OCI image, pushed to a registry the nodes pull from)", provider.ErrUnavailable)
@@ -151,6 +168,18 @@ func (p *Provider) checkFlags() error {
 	}
 	if err := checkAppArmorName(p.AppArmor); err != nil {
 		return fmt.Errorf("%w: %v", provider.ErrInvalidSpec, err)
+	}
+	switch p.API {
+	case "", APIPods:
+		if p.WarmPool != "" {
+			return fmt.Errorf("%w: --k8s-warm-pool is for --k8s-api %s", provider.ErrInvalidSpec, APIAgentSandbox)
+		}
+	case APIAgentSandbox:
+		if p.WarmPool == "" {
+			return fmt.Errorf("%w: --k8s-api %s claims from a SandboxWarmPool: name it with --k8s-warm-pool NAME", provider.ErrInvalidSpec, APIAgentSandbox)
+		}
+	default:
+		return fmt.Errorf("%w: --k8s-api %q: want %s or %s", provider.ErrInvalidSpec, p.API, APIPods, APIAgentSandbox)
 	}
 	return nil
 }
@@ -225,8 +254,16 @@ func (p *Provider) Detail(ctx context.Context) string {
 	if p.AppArmor != "" {
 		aa = "Localhost " + p.AppArmor + " (every node must have it loaded: docs/kubernetes.md#apparmor)"
 	}
-	return fmt.Sprintf("cluster %s at %s, namespace %s, image %s, %s, seccomp %s, AppArmor %s, user namespaces %s",
-		f.version, f.c.server, f.c.namespace, p.Image, rc, p.seccompName(), aa, f.userWhy)
+	if p.API == APIAgentSandbox {
+		return fmt.Sprintf("cluster %s at %s, namespace %s, sandboxes claimed from SandboxWarmPool %s (agent-sandbox; the pool's template sets the Pod), kept sandboxes as bare Pods of image %s",
+			f.version, f.c.server, f.c.namespace, p.WarmPool, p.Image)
+	}
+	as := "agent-sandbox not served (bare Pods only)"
+	if res, err := f.c.cs.Discovery().ServerResourcesForGroupVersion(claimsGVR.GroupVersion().String()); err == nil && len(res.APIResources) > 0 {
+		as = "agent-sandbox served (--k8s-api agent-sandbox claims from its warm pools)"
+	}
+	return fmt.Sprintf("cluster %s at %s, namespace %s, one bare Pod per sandbox (%s), image %s, %s, seccomp %s, AppArmor %s, user namespaces %s",
+		f.version, f.c.server, f.c.namespace, as, p.Image, rc, p.seccompName(), aa, f.userWhy)
 }
 
 // checkAppArmorName refuses what is not the name of a profile loaded on
@@ -303,9 +340,9 @@ func (p *Provider) flagConfig() (podConfig, error) {
 	}, nil
 }
 
-// Create implements provider.Provider: it claims the name on this host,
-// removes what a killed shim of this host left of it (and of every other
-// sandbox no shim here runs), and for a kept sandbox makes or finds its
+// Create implements provider.Provider: it takes the name's Lease,
+// removes what a killed shim of this holder left of it (and of every other
+// sandbox of the holder no shim runs), and for a kept sandbox makes or finds its
 // claim. The Pod is made by Start.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if spec.Rootfs != "" {
@@ -321,16 +358,26 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	}
 	in := &Instance{
 		Process: provider.NewProcess(provider.Exits("the Pod's agent exited", "the sandbox's Pod ended"), errors.New("the sandbox's Pod was not gone within 10s of its deletion")),
-		p:       p, spec: spec, c: f.c, cfg: cfg, ln: newOnceListener(),
+		p:       p, spec: spec, c: f.c, cfg: cfg, ln: newOnceListener(), viaClaim: p.viaClaim(spec),
+	}
+	if !in.viaClaim {
+		in.pod = ObjectName(spec.Name)
 	}
 	defer in.DestroyOnError(&err)
 	lease, err := in.claimName(ctx)
 	if err != nil {
 		return nil, err
 	}
-	p.sweep(ctx, f.c, spec.Name)
-	if err := in.removeLeftover(ctx); err != nil {
-		return nil, err
+	if in.viaClaim {
+		p.sweepClaims(ctx, f.c, spec.Name)
+		if err := in.removeLeftoverClaim(ctx); err != nil {
+			return nil, err
+		}
+	} else {
+		p.sweep(ctx, f.c, spec.Name)
+		if err := in.removeLeftover(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if spec.Keep != nil {
 		if err := in.keep(ctx); err != nil {
@@ -340,7 +387,15 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 	in.Listen(in.ln)
 	in.OnDestroy(unlessLost(lease, in.removeObjects))
 	in.KillBy(func() error {
-		return in.KillAsking(func() { _ = in.deletePod(context.Background(), in.cfg.GracePeriodSeconds) }, time.Duration(in.cfg.GracePeriodSeconds+5)*time.Second)
+		return in.KillAsking(func() {
+			in.mu.Lock()
+			claim := in.claimUID
+			in.mu.Unlock()
+			if claim != "" {
+				_ = in.deleteSandboxClaim(context.Background(), claim)
+			}
+			_ = in.deletePod(context.Background(), in.cfg.GracePeriodSeconds)
+		}, time.Duration(in.cfg.GracePeriodSeconds+5)*time.Second)
 	})
 	return in, nil
 }
@@ -353,10 +408,24 @@ type Instance struct {
 	c    *cluster
 	cfg  podConfig
 	ln   *onceListener
+	// viaClaim: the Pod is a SandboxClaim's (--k8s-api agent-sandbox).
+	viaClaim bool
 
-	mu     sync.Mutex
-	uid    types.UID
-	cancel context.CancelFunc
+	mu sync.Mutex
+	// pod is the Pod's name: oac-NAME, or the claim's Sandbox's Pod
+	// once it is bound.
+	pod      string
+	uid      types.UID
+	claimUID types.UID
+	sandbox  string // the claim's Sandbox, once bound
+	cancel   context.CancelFunc
+}
+
+// podName is the sandbox's Pod's name ("" before a claim is bound).
+func (in *Instance) podName() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.pod
 }
 
 // owned reports whether meta is an object of this provider for the
@@ -455,6 +524,9 @@ func (in *Instance) Start(ctx context.Context) error {
 }
 
 func (in *Instance) start(ctx context.Context) error {
+	if in.viaClaim {
+		return in.startBound(ctx)
+	}
 	np := networkPolicy(in.cfg)
 	policies := in.c.cs.NetworkingV1().NetworkPolicies(in.c.namespace)
 	if _, err := policies.Create(ctx, np, metav1.CreateOptions{}); err != nil {
@@ -464,19 +536,44 @@ func (in *Instance) start(ctx context.Context) error {
 	if err != nil {
 		return in.apiErr("make the sandbox's Pod", err)
 	}
-	in.mu.Lock()
-	in.uid = pod.UID
-	bctx, cancel := context.WithCancel(context.Background())
-	in.cancel = cancel
-	in.mu.Unlock()
 	// The policy goes with the Pod wherever a garbage collector runs.
 	owner := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, pod.Name, pod.UID)
 	if _, err := policies.Patch(ctx, np.Name, types.MergePatchType, []byte(owner), metav1.PatchOptions{}); err != nil {
 		in.logf("kubernetes: could not make the Pod own its NetworkPolicy (it is removed with the sandbox all the same): %v", err)
 	}
-	in.Watch(&podWaiter{in: in, ctx: bctx, uid: pod.UID})
-	go in.bridge(bctx)
+	in.run(pod.UID)
 	return nil
+}
+
+// startBound is start for a claim: the claim, bound by agent-sandbox's
+// controller to a warm Pod of the pool (or one it makes), then the
+// bridge to that Pod as to a bare one. The template's NetworkPolicy
+// denies the Pod all traffic from before the claim (checkTemplate).
+func (in *Instance) startBound(ctx context.Context) error {
+	name, err := in.startClaim(ctx)
+	if err != nil {
+		return err
+	}
+	pod, err := in.c.cs.CoreV1().Pods(in.c.namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return in.apiErr("read the claimed Sandbox's Pod "+name, err)
+	}
+	in.mu.Lock()
+	in.pod = name
+	in.mu.Unlock()
+	in.run(pod.UID)
+	return nil
+}
+
+// run watches the Pod uid and starts the bridge to it.
+func (in *Instance) run(uid types.UID) {
+	in.mu.Lock()
+	in.uid = uid
+	bctx, cancel := context.WithCancel(context.Background())
+	in.cancel = cancel
+	in.mu.Unlock()
+	in.Watch(&podWaiter{in: in, ctx: bctx, uid: uid})
+	go in.bridge(bctx)
 }
 
 func (in *Instance) logf(format string, a ...any) {
@@ -511,7 +608,7 @@ func (in *Instance) bridge(ctx context.Context) {
 // executor is the exec of the bridge: WebSocket, SPDY where the server
 // refuses the upgrade.
 func (in *Instance) executor() (remotecommand.Executor, error) {
-	req := in.c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(in.c.namespace).Name(ObjectName(in.spec.Name)).SubResource("exec").
+	req := in.c.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(in.c.namespace).Name(in.podName()).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{
 			Container: ContainerName, Command: []string{AgentPath, "bridge", "unix://" + SessionSocket},
 			Stdin: true, Stdout: true, Stderr: true,
@@ -535,7 +632,7 @@ func (in *Instance) followLog(ctx context.Context) {
 	if in.spec.Stderr == nil {
 		return
 	}
-	rc, err := in.c.cs.CoreV1().Pods(in.c.namespace).GetLogs(ObjectName(in.spec.Name), &corev1.PodLogOptions{Container: ContainerName, Follow: true}).Stream(ctx)
+	rc, err := in.c.cs.CoreV1().Pods(in.c.namespace).GetLogs(in.podName(), &corev1.PodLogOptions{Container: ContainerName, Follow: true}).Stream(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			in.logf("kubernetes: the agent's log cannot be read (%s): grant get on pods/log (docs/kubernetes.md) to see it here", shortErr(err))
@@ -551,7 +648,7 @@ func (in *Instance) followLog(ctx context.Context) {
 // it lacks, a Pod that ended).
 func (in *Instance) waitRunning(ctx context.Context) error {
 	for {
-		pod, err := in.c.cs.CoreV1().Pods(in.c.namespace).Get(ctx, ObjectName(in.spec.Name), metav1.GetOptions{})
+		pod, err := in.c.cs.CoreV1().Pods(in.c.namespace).Get(ctx, in.podName(), metav1.GetOptions{})
 		if err != nil {
 			return in.apiErr("watch the sandbox's Pod", err)
 		}
@@ -626,7 +723,7 @@ type podWaiter struct {
 // Wait implements provider.Waiter.
 func (w *podWaiter) Wait() error {
 	pods := w.in.c.cs.CoreV1().Pods(w.in.c.namespace)
-	name := ObjectName(w.in.spec.Name)
+	name := w.in.podName()
 	for {
 		pod, err := pods.Get(w.ctx, name, metav1.GetOptions{})
 		switch {
@@ -675,14 +772,14 @@ func (w *podWaiter) Pid() int { return 0 }
 // deletePod deletes this run's Pod with a grace period.
 func (in *Instance) deletePod(ctx context.Context, grace int64) error {
 	in.mu.Lock()
-	uid := in.uid
+	uid, name := in.uid, in.pod
 	in.mu.Unlock()
 	if uid == "" {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, quickTimeout)
 	defer cancel()
-	err := in.c.cs.CoreV1().Pods(in.c.namespace).Delete(ctx, ObjectName(in.spec.Name), metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &uid}})
+	err := in.c.cs.CoreV1().Pods(in.c.namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace, Preconditions: &metav1.Preconditions{UID: &uid}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return in.apiErr("delete the sandbox's Pod", err)
 	}
@@ -747,17 +844,23 @@ func (in *Instance) deleteClaim(ctx context.Context, uid types.UID) error {
 // the policy. A kept sandbox's claim stays.
 func (in *Instance) removeObjects() error {
 	in.mu.Lock()
-	uid, cancel := in.uid, in.cancel
+	uid, claimUID, sandbox, cancel := in.uid, in.claimUID, in.sandbox, in.cancel
 	in.mu.Unlock()
 	ctx := context.Background()
 	var err error
-	if uid != "" {
+	switch {
+	case in.viaClaim && claimUID != "":
+		err = in.removeSandboxClaimAndWait(ctx, claimUID, sandbox)
+	case !in.viaClaim && uid != "":
 		err = in.deletePodAndWait(ctx, uid)
 	}
 	if cancel != nil {
 		cancel()
 	}
 	in.ln.Close()
+	if in.viaClaim {
+		return err
+	}
 	return errors.Join(err, in.deletePolicy(ctx))
 }
 

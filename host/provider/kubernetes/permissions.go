@@ -18,24 +18,31 @@ import (
 // examples/kubernetes/role.yaml grants it (a test holds the two equal).
 type permission struct {
 	group, resource, verb string
-	// need: "" always, "kept" for kept sandboxes, "log" only for the
-	// agent's log (a run goes on without it).
+	// need: "" always, "pods" for bare Pods (every sandbox without --k8s-api
+	// agent-sandbox, and kept ones with it), "claims" for SandboxClaims,
+	// "kept" for kept sandboxes, "log" only for the agent's log (a run goes
+	// on without it).
 	need string
 }
 
 // permissions are every verb the provider uses, in the Role's order.
 var permissions = []permission{
-	{"", "pods", "create", ""}, {"", "pods", "get", ""}, {"", "pods", "list", ""}, {"", "pods", "watch", ""}, {"", "pods", "delete", ""},
+	{"", "pods", "create", "pods"}, {"", "pods", "get", ""}, {"", "pods", "list", ""}, {"", "pods", "watch", ""}, {"", "pods", "delete", ""},
 	// WebSocket exec is a GET the server also checks as a create; SPDY a
 	// POST.
 	{"", "pods/exec", "create", ""}, {"", "pods/exec", "get", ""},
 	{"", "pods/log", "get", "log"},
-	{"networking.k8s.io", "networkpolicies", "create", ""}, {"networking.k8s.io", "networkpolicies", "get", ""},
-	{"networking.k8s.io", "networkpolicies", "patch", ""}, {"networking.k8s.io", "networkpolicies", "delete", ""},
-	// The name's lock (lease.go).
+	{"networking.k8s.io", "networkpolicies", "create", "pods"}, {"networking.k8s.io", "networkpolicies", "get", "pods"},
+	{"networking.k8s.io", "networkpolicies", "patch", "pods"}, {"networking.k8s.io", "networkpolicies", "delete", "pods"},
+	// The name's lock (lease.go), bare Pod or claim.
 	{"coordination.k8s.io", "leases", "create", ""}, {"coordination.k8s.io", "leases", "get", ""},
 	{"coordination.k8s.io", "leases", "update", ""}, {"coordination.k8s.io", "leases", "delete", ""},
 	{"", "persistentvolumeclaims", "create", "kept"}, {"", "persistentvolumeclaims", "get", "kept"}, {"", "persistentvolumeclaims", "delete", "kept"},
+	{"extensions.agents.x-k8s.io", "sandboxclaims", "create", "claims"}, {"extensions.agents.x-k8s.io", "sandboxclaims", "get", "claims"},
+	{"extensions.agents.x-k8s.io", "sandboxclaims", "list", "claims"}, {"extensions.agents.x-k8s.io", "sandboxclaims", "watch", "claims"},
+	{"extensions.agents.x-k8s.io", "sandboxclaims", "delete", "claims"},
+	{"extensions.agents.x-k8s.io", "sandboxwarmpools", "get", "claims"}, {"extensions.agents.x-k8s.io", "sandboxtemplates", "get", "claims"},
+	{"agents.x-k8s.io", "sandboxes", "get", "claims"}, {"agents.x-k8s.io", "sandboxes", "delete", "claims"},
 }
 
 func (p permission) String() string {
@@ -96,11 +103,24 @@ func missing(ctx context.Context, c *cluster, want func(permission) bool) ([]per
 }
 
 // checkPermissions refuses, before anything is made, a caller that lacks
-// a permission the run needs (kept: a kept sandbox's too), naming each.
-// A server that cannot answer the review is not refused here: the calls
-// themselves will say.
-func checkPermissions(ctx context.Context, c *cluster, kept bool) error {
-	lack, err := missing(ctx, c, func(p permission) bool { return p.need == "" || (kept && p.need == "kept") })
+// a permission the run needs (kept: a kept sandbox's too; claims: a
+// SandboxClaim's instead of a bare Pod's), naming each. A server that
+// cannot answer the review is not refused here: the calls themselves
+// will say.
+func checkPermissions(ctx context.Context, c *cluster, kept, claims bool) error {
+	lack, err := missing(ctx, c, func(p permission) bool {
+		switch p.need {
+		case "":
+			return true
+		case "pods":
+			return !claims
+		case "claims":
+			return claims
+		case "kept":
+			return kept
+		}
+		return false
+	})
 	if err != nil || len(lack) == 0 {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/oac/sandbox-agent/host/provider"
 )
@@ -173,6 +174,32 @@ func (p *Provider) SandboxTemplate(name string, userNamespaces bool) (*SandboxTe
 			EnvVarsInjectionPolicy:  "Disallowed",
 		},
 	}, nil
+}
+
+// WarmPoolManifest is agent-sandbox's SandboxTemplate named template for
+// the provider's flags and a SandboxWarmPool named pool that keeps
+// replicas of it warm, as YAML documents in the order to apply them (the
+// template first: a pool whose template is missing makes nothing). Its
+// Pods use user namespaces (hostUsers: false) only with
+// --k8s-user-namespaces require: whether the nodes have them is the
+// cluster's to say, and no cluster is asked here.
+func (p *Provider) WarmPoolManifest(template, pool string, replicas int32) ([]byte, error) {
+	if replicas < 0 {
+		return nil, fmt.Errorf("%w: a warm pool of %d sandboxes", provider.ErrInvalidSpec, replicas)
+	}
+	tmpl, err := p.SandboxTemplate(template, p.UserNamespaces == "require")
+	if err != nil {
+		return nil, err
+	}
+	tb, err := yaml.Marshal(tmpl)
+	if err != nil {
+		return nil, err
+	}
+	pb, err := yaml.Marshal(WarmPool(pool, template, replicas))
+	if err != nil {
+		return nil, err
+	}
+	return append(append(tb, "---\n"...), pb...), nil
 }
 
 // WarmPool is a pool named name that keeps replicas warm sandboxes of the

@@ -1,7 +1,8 @@
 //go:build linux
 
 // Command kbins builds the test cluster's binaries into their cache once
-// (internal/kcluster.EnsureBinaries and EnsureAgentSandbox); `make
+// (internal/kcluster.EnsureBinaries, EnsureAgentSandbox and
+// EnsureNetworkPolicy); `make
 // k8s-bins` runs it.
 package main
 
@@ -30,4 +31,11 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Fprintf(os.Stderr, "kbins: agent-sandbox %s %s in %s (%s)\n", kcluster.AgentSandboxVersion, kcluster.AgentSandboxController, dir, time.Since(t0).Round(time.Second))
+	t0 = time.Now()
+	dir, err = kcluster.EnsureNetworkPolicy(context.Background(), kcluster.NetworkPolicyOptions{Log: logf})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kbins:", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "kbins: NetworkPolicy enforcer %s %s in %s (%s)\n", kcluster.NetworkPolicyVersion, kcluster.NetworkPolicyController, dir, time.Since(t0).Round(time.Second))
 }
