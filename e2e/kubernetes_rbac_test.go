@@ -128,7 +128,7 @@ func without(rules []roleRule, resource string) []roleRule {
 func TestKubernetesTheRoleIsExactlyEnough(t *testing.T) {
 	r := newRBACNamespace(t)
 	rules := publishedRole(t)
-	require.Len(t, rules, 8, "pods, pods/exec, pods/log, networkpolicies, persistentvolumeclaims, sandboxclaims, sandboxwarmpools and sandboxtemplates, sandboxes")
+	require.Len(t, rules, 9, "pods, pods/exec, pods/log, networkpolicies, leases, persistentvolumeclaims, sandboxclaims, sandboxwarmpools and sandboxtemplates, sandboxes")
 
 	t.Run("with no Role the shim says what to grant", func(t *testing.T) {
 		r.grant(t, nil)
@@ -171,7 +171,8 @@ func TestKubernetesTheRoleIsExactlyEnough(t *testing.T) {
 		assert.Empty(t, kubeLeftovers(r.c, name))
 	})
 
-	for res, lacks := range map[string]string{"pods": "create pods, get pods", "pods/exec": "create pods/exec, get pods/exec", "networkpolicies": "create networkpolicies.networking.k8s.io"} {
+	for res, lacks := range map[string]string{"pods": "create pods, get pods", "pods/exec": "create pods/exec, get pods/exec", "networkpolicies": "create networkpolicies.networking.k8s.io",
+		"leases": "create leases.coordination.k8s.io, get leases.coordination.k8s.io, update leases.coordination.k8s.io, delete leases.coordination.k8s.io"} {
 		t.Run("without the rule for "+res+" no sandbox runs and the shim says what to grant", func(t *testing.T) {
 			r.grant(t, without(rules, res))
 			s := r.run(t)

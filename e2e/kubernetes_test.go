@@ -156,7 +156,9 @@ func rowKubernetes(t *testing.T, f *confFixtures) confEnv {
 	image := kubeImage(t, c)
 	return confEnv{
 		spec: sandboxSpec{provider: "kubernetes", shim: f.private.shim, agent: f.private.guest,
-			args: f.args("--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never")},
+			// A killed shim's sandbox is taken over 3s after its last
+			// renewal, not the default 15s.
+			args: f.args("--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never", "--k8s-lease-duration", "3s")},
 		bootTimeout: 2 * time.Minute,
 		stateDir:    runDir,
 		carrier:     carrierSession,
@@ -166,19 +168,21 @@ func rowKubernetes(t *testing.T, f *confFixtures) confEnv {
 }
 
 // TestKubernetesWhatAKilledShimLeftIsFoundByItsLabels kills a shim with
-// SIGKILL and runs another sandbox: its create finds the dead sandbox's
-// Pod and policy by their labels and removes them. A Pod of the name that
+// SIGKILL and, once its Lease went unrenewed, runs another sandbox: its
+// create finds the dead sandbox's Pod and policy by their labels and
+// removes them. A Pod of the name that
 // another host's shim holds is refused and left alone.
 func TestKubernetesWhatAKilledShimLeftIsFoundByItsLabels(t *testing.T) {
 	c := needKubernetes(t)
 	image := kubeImage(t, c)
-	args := []string{"--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never"}
+	args := []string{"--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never", "--k8s-lease-duration", "1s"}
 
 	dead := startShim(t, sandboxSpec{provider: "kubernetes", name: uniqueName("killed"), bootstrap: serveBootstrap("killed"), args: args})
 	dead.waitState(api.StateReady, 2*time.Minute)
 	dead.signal(syscall.SIGKILL)
 	dead.exit(30 * time.Second)
 	require.NotEmpty(t, kubeLeftovers(c, dead.name), "the killed shim left its Pod and policy")
+	leaseIdle(t, c, dead.name)
 
 	next := startShim(t, sandboxSpec{provider: "kubernetes", name: uniqueName("next"), bootstrap: serveBootstrap("next"), args: args})
 	next.waitState(api.StateReady, 2*time.Minute)

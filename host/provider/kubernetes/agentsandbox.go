@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/oac/sandbox-agent/host/provider"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 // The ways to make a sandbox's Pod (--k8s-api).
@@ -339,9 +338,10 @@ func (in *Instance) removeLeftoverClaim(ctx context.Context) error {
 	return in.removeSandboxClaimAndWait(ctx, have.GetUID(), sb)
 }
 
-// sweepClaims removes the claims of this host's sandboxes that no shim
-// here runs, as sweep does for bare Pods.
-func (p *Provider) sweepClaims(ctx context.Context, c *cluster, root, self string) {
+// sweepClaims removes the claims of this holder's sandboxes that no shim
+// runs (their Lease is gone, released or long unrenewed), as sweep does
+// for bare Pods.
+func (p *Provider) sweepClaims(ctx context.Context, c *cluster, self string) {
 	list, err := c.dyn.Resource(claimsGVR).Namespace(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector("")})
 	if err != nil {
 		return
@@ -353,7 +353,7 @@ func (p *Provider) sweepClaims(ctx context.Context, c *cluster, root, self strin
 		if name == self || cl.GetAnnotations()[AnnotationHolder] != holder || !provider.ValidName(name) {
 			continue
 		}
-		d, err := statedir.Claim(root, name)
+		d, err := p.idle(ctx, c, name)
 		if err != nil {
 			continue // a shim runs it, or we cannot tell
 		}

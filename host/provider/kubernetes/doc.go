@@ -27,10 +27,15 @@
 // image by an init container (oac-guest seed-kept).
 //
 // Everything it makes carries labels (app.kubernetes.io/managed-by,
-// oac.dev/sandbox, oac.dev/kept) and an annotation naming the host whose
-// shim made it: a leftover of a killed shim is found by its labels, never
-// from memory, and removed by the next command of that host (a Create
-// sweeps every sandbox of this host whose state directory no shim holds).
+// oac.dev/sandbox, oac.dev/kept) and an annotation naming the holder whose
+// shims made it (--k8s-holder: the host name, or a shim Deployment's
+// name). The lock on a sandbox's name is a Lease in the cluster (lease.go),
+// held by one shim process and renewed while it runs, so a shim Pod that
+// restarts with a new host name and an empty file system finds its
+// sandboxes: a leftover of a killed shim is found by its labels, never
+// from memory, and removed by the next command of that holder once the
+// killed shim's Lease went unrenewed (a Create sweeps every sandbox of
+// this holder whose Lease is gone or long unrenewed).
 //
 // It is built into oac-shim only with the build tag kubernetes (make build
 // makes that build as oac-shim-kubernetes): client-go's packages hold
@@ -43,8 +48,8 @@
 // (examples/kubernetes/sandbox-template.yaml is written from it); the
 // provider itself still makes bare Pods.
 //
-// It owns the Pod, policy and claim of each sandbox, the warm Pod's
-// template and the exec bridge.
+// It owns the Pod, policy, claim and Lease of each sandbox, the warm
+// Pod's template and the exec bridge.
 // It must not speak the protocol (package sandbox does), build images,
 // reach a node directly, or touch an object without its labels.
 package kubernetes

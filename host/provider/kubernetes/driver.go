@@ -3,6 +3,8 @@
 package kubernetes
 
 import (
+	"time"
+
 	"github.com/oac/sandbox-agent/host/provider"
 )
 
@@ -43,12 +45,14 @@ type Provider struct {
 	// APIAgentSandbox (a SandboxClaim on WarmPool).
 	API      string `flag:"k8s-api" meta:"API" usage:"how sandboxes' Pods are made: pods (default: one bare Pod each) or agent-sandbox (a SandboxClaim on --k8s-warm-pool: a warm Pod of the pool when it has one ready; kept sandboxes stay bare Pods)"`
 	WarmPool string `flag:"k8s-warm-pool" meta:"NAME" usage:"with --k8s-api agent-sandbox: the SandboxWarmPool sandboxes are claimed from (its template must be oac's, with a deny-all NetworkPolicy: examples/kubernetes/sandbox-template.yaml)"`
-	// StateRoot holds per-sandbox state on this host (the name's lock);
-	// default kit.DefaultStateRoot.
-	StateRoot string
-	// Holder names this host in its objects (default the host name).
-	Holder string
-	Debug  bool
+	// Holder names whose shims own the objects (their annotation): one
+	// host's, or a Deployment's, whose replicas restart with new host
+	// names; default the host name.
+	Holder string `flag:"k8s-holder" meta:"NAME" usage:"the holder written into the sandboxes' objects: a shim removes or takes over only its holder's (default: the host name; a shim Deployment's name when oac-shim runs in a Pod)"`
+	// LeaseDuration is how long a sandbox's Lease stays a live shim's
+	// without a renewal (default DefaultLeaseDuration).
+	LeaseDuration time.Duration `flag:"k8s-lease-duration" meta:"DURATION" usage:"how long a sandbox's Lease outlives its shim's last renewal before a shim of the same holder takes the sandbox over (default 15s)"`
+	Debug         bool
 }
 
 // Name implements provider.Provider.

@@ -31,7 +31,6 @@ import (
 	"github.com/oac/sandbox-agent/host/apparmor"
 	"github.com/oac/sandbox-agent/host/provider"
 	"github.com/oac/sandbox-agent/host/provider/kit"
-	"github.com/oac/sandbox-agent/host/provider/statedir"
 )
 
 // Bounds of the calls to the API server.
@@ -341,9 +340,9 @@ func (p *Provider) flagConfig() (podConfig, error) {
 	}, nil
 }
 
-// Create implements provider.Provider: it claims the name on this host,
-// removes what a killed shim of this host left of it (and of every other
-// sandbox no shim here runs), and for a kept sandbox makes or finds its
+// Create implements provider.Provider: it takes the name's Lease,
+// removes what a killed shim of this holder left of it (and of every other
+// sandbox of the holder no shim runs), and for a kept sandbox makes or finds its
 // claim. The Pod is made by Start.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.Instance, err error) {
 	if spec.Rootfs != "" {
@@ -365,17 +364,17 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		in.pod = ObjectName(spec.Name)
 	}
 	defer in.DestroyOnError(&err)
-	root := kit.StateRoot(p.StateRoot)
-	if _, err := kit.ClaimState(in.Process, root, spec.Name); err != nil {
+	lease, err := in.claimName(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if in.viaClaim {
-		p.sweepClaims(ctx, f.c, root, spec.Name)
+		p.sweepClaims(ctx, f.c, spec.Name)
 		if err := in.removeLeftoverClaim(ctx); err != nil {
 			return nil, err
 		}
 	} else {
-		p.sweep(ctx, f.c, root, spec.Name)
+		p.sweep(ctx, f.c, spec.Name)
 		if err := in.removeLeftover(ctx); err != nil {
 			return nil, err
 		}
@@ -386,7 +385,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (_ provider.I
 		}
 	}
 	in.Listen(in.ln)
-	in.OnDestroy(in.removeObjects)
+	in.OnDestroy(unlessLost(lease, in.removeObjects))
 	in.KillBy(func() error {
 		return in.KillAsking(func() {
 			in.mu.Lock()
@@ -459,11 +458,11 @@ func (in *Instance) removeLeftover(ctx context.Context) error {
 	return in.deletePolicy(ctx)
 }
 
-// sweep removes the Pods and policies of this host's sandboxes that no
-// shim here runs (their state directory's lock is free): what shims
+// sweep removes the Pods and policies of this holder's sandboxes that no
+// shim runs (their Lease is gone, released or long unrenewed): what shims
 // killed before they could remove them left. Errors are not fatal: the
 // next command tries again.
-func (p *Provider) sweep(ctx context.Context, c *cluster, root, self string) {
+func (p *Provider) sweep(ctx context.Context, c *cluster, self string) {
 	pods, err := c.cs.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: selector("")})
 	if err != nil {
 		return
@@ -474,7 +473,7 @@ func (p *Provider) sweep(ctx context.Context, c *cluster, root, self string) {
 		if name == self || pod.Annotations[AnnotationHolder] != holder || !provider.ValidName(name) {
 			continue
 		}
-		d, err := statedir.Claim(root, name)
+		d, err := p.idle(ctx, c, name)
 		if err != nil {
 			continue // a shim runs it, or we cannot tell
 		}
@@ -885,7 +884,7 @@ func (p *Provider) Discard(ctx context.Context, name, dir string) error {
 	if err != nil {
 		return err
 	}
-	return kit.DiscardRuntime(kit.StateRoot(p.StateRoot), name, func() error {
+	return p.withName(ctx, c, name, func() error {
 		in := &Instance{p: p, spec: provider.Spec{Name: name}, c: c, cfg: podConfig{Name: name, Holder: p.holder(), GracePeriodSeconds: 5}}
 		pod, err := c.cs.CoreV1().Pods(c.namespace).Get(ctx, ObjectName(name), metav1.GetOptions{})
 		switch {

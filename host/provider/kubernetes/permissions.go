@@ -34,6 +34,9 @@ var permissions = []permission{
 	{"", "pods/log", "get", "log"},
 	{"networking.k8s.io", "networkpolicies", "create", "pods"}, {"networking.k8s.io", "networkpolicies", "get", "pods"},
 	{"networking.k8s.io", "networkpolicies", "patch", "pods"}, {"networking.k8s.io", "networkpolicies", "delete", "pods"},
+	// The name's lock (lease.go), bare Pod or claim.
+	{"coordination.k8s.io", "leases", "create", ""}, {"coordination.k8s.io", "leases", "get", ""},
+	{"coordination.k8s.io", "leases", "update", ""}, {"coordination.k8s.io", "leases", "delete", ""},
 	{"", "persistentvolumeclaims", "create", "kept"}, {"", "persistentvolumeclaims", "get", "kept"}, {"", "persistentvolumeclaims", "delete", "kept"},
 	{"extensions.agents.x-k8s.io", "sandboxclaims", "create", "claims"}, {"extensions.agents.x-k8s.io", "sandboxclaims", "get", "claims"},
 	{"extensions.agents.x-k8s.io", "sandboxclaims", "list", "claims"}, {"extensions.agents.x-k8s.io", "sandboxclaims", "watch", "claims"},
