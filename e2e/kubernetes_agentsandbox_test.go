@@ -141,7 +141,7 @@ func rowKubernetesAgentSandbox(t *testing.T, f *confFixtures) confEnv {
 	return confEnv{
 		spec: sandboxSpec{provider: "kubernetes", shim: f.private.shim, agent: f.private.guest,
 			args: f.args("--kubeconfig", c.Kubeconfig, "--k8s-image", image, "--k8s-pull-policy", "Never",
-				"--k8s-api", "agent-sandbox", "--k8s-warm-pool", pool)},
+				"--k8s-api", "agent-sandbox", "--k8s-warm-pool", pool, "--k8s-lease-duration", "3s")},
 		bootTimeout: 2 * time.Minute,
 		stateDir:    runDir,
 		carrier:     carrierSession,
